@@ -1,0 +1,27 @@
+"""One ASGI application: the Recorder's MCP endpoint at /mcp/, Django for everything else.
+
+Run it with uvicorn. The lifespan protocol goes to the Recorder (Django has none): it opens the upstream
+sessions and the MCP session manager, and closes them on shutdown.
+"""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "approver.settings")
+django_app = get_asgi_application()
+
+from journal.mcp.gateway import build_app  # noqa: E402 - needs Django set up first
+
+recorder_app = build_app()
+
+
+async def application(scope, receive, send):
+    if scope["type"] == "lifespan":
+        return await recorder_app(scope, receive, send)
+    path = scope.get("path", "")
+    if scope["type"] == "http" and (path == "/mcp" or path.startswith("/mcp/")):
+        if path == "/mcp":
+            scope = {**scope, "path": "/mcp/", "raw_path": b"/mcp/"}
+        return await recorder_app(scope, receive, send)
+    return await django_app(scope, receive, send)

@@ -1,0 +1,165 @@
+"""A read-only JSON API for runs and steps, described by an OpenAPI document at /api/openapi.json.
+
+Same access rule as the pages (any of the three roles, signed in with a session); agents' bearer tokens
+do not open it: an agent never reads other runs.
+"""
+
+from django.core.paginator import Paginator
+from django.http import JsonResponse
+from django.shortcuts import get_object_or_404
+from django.urls import reverse
+from django.views.decorators.http import require_GET
+
+from approver.access import READERS, require_role
+
+from .models import Run, Step
+
+PAGE_SIZE = 100
+
+
+def run_json(run: Run) -> dict:
+    return {
+        "id": str(run.public_id),
+        "agent": run.agent_name,
+        "onBehalfOf": run.agent.on_behalf_of.get_username() if run.agent_id else None,
+        "state": run.state,
+        "startedAt": run.started_at.isoformat(),
+        "lastActivityAt": run.last_activity_at.isoformat(),
+        "steps": run.step_count,
+        "reversible": run.reversible_count,
+        "irreversible": run.irreversible_count,
+        "unknown": run.unknown_count,
+        "failed": run.failed_count,
+        "chain": {"headSeq": run.head_seq, "headHash": run.head_hash, "checkpointedSeq": run.checkpointed_seq},
+    }
+
+
+def step_json(step: Step) -> dict:
+    return {
+        "number": step.number,
+        "server": step.server_name,
+        "tool": step.tool,
+        "arguments": step.arguments,
+        "status": step.status,
+        "isError": step.is_error,
+        "result": step.result,
+        "error": step.error_message or None,
+        "failureClass": step.failure_class or None,
+        "startedAt": step.started_at.isoformat(),
+        "finishedAt": step.finished_at.isoformat() if step.finished_at else None,
+        "durationMs": step.duration_ms,
+        "undo": {
+            "kind": step.reversibility,
+            "source": step.declaration_source,
+            "declaration": step.declaration,
+            "compensationArguments": step.compensation_arguments,
+            "problems": step.undo_problems,
+            "undoBy": step.undo_by.isoformat() if step.undo_by else None,
+        },
+        "effect": {"summary": step.effect_summary, "resource": step.effect_resource, "version": step.effect_version},
+        "compensationToken": step.compensation_token or None,
+        "receipt": step.receipt,
+        "receiptVerified": step.receipt_verified,
+    }
+
+
+def _page(request, queryset, render, url):
+    page = Paginator(queryset, PAGE_SIZE).get_page(request.GET.get("page"))
+    return {
+        "items": [render(item) for item in page.object_list],
+        "page": page.number,
+        "pages": page.paginator.num_pages,
+        "count": page.paginator.count,
+        "next": f"{url}?page={page.next_page_number()}" if page.has_next() else None,
+    }
+
+
+@require_GET
+def run_list(request):
+    require_role(request, *READERS)
+    return JsonResponse(_page(request, Run.objects.for_list(), run_json, reverse("journal:api_run_list")))
+
+
+@require_GET
+def run_detail(request, run_id):
+    require_role(request, *READERS)
+    return JsonResponse(run_json(get_object_or_404(Run.objects.for_list(), public_id=run_id)))
+
+
+@require_GET
+def step_list(request, run_id):
+    require_role(request, *READERS)
+    run = get_object_or_404(Run, public_id=run_id)
+    url = reverse("journal:api_step_list", args=[run.public_id])
+    return JsonResponse(_page(request, run.steps.order_by("number"), step_json, url))
+
+
+def _schema() -> dict:
+    string, integer, nullable_string = {"type": "string"}, {"type": "integer"}, {"type": ["string", "null"]}
+    run = {
+        "type": "object",
+        "required": ["id", "agent", "state", "startedAt", "steps", "chain"],
+        "properties": {
+            "id": {"type": "string", "format": "uuid"}, "agent": string, "onBehalfOf": nullable_string,
+            "state": {"enum": ["active", "failed", "imported"]}, "startedAt": {"type": "string", "format": "date-time"},
+            "lastActivityAt": {"type": "string", "format": "date-time"}, "steps": integer, "reversible": integer,
+            "irreversible": integer, "unknown": integer, "failed": integer,
+            "chain": {"type": "object", "properties": {"headSeq": integer, "headHash": string, "checkpointedSeq": integer}},
+        },
+    }
+    step = {
+        "type": "object",
+        "required": ["number", "server", "tool", "status", "undo"],
+        "properties": {
+            "number": integer, "server": string, "tool": string, "arguments": {"type": "object"},
+            "status": {"enum": ["pending", "ok", "error"]}, "isError": {"type": "boolean"},
+            "result": {"type": ["object", "null"]}, "error": nullable_string, "failureClass": nullable_string,
+            "startedAt": {"type": "string", "format": "date-time"}, "finishedAt": nullable_string,
+            "durationMs": {"type": ["number", "null"]},
+            "undo": {"type": "object", "properties": {
+                "kind": {"enum": ["compensate", "none", "unknown", "read_only"]}, "source": string,
+                "declaration": {"type": "object"}, "compensationArguments": {"type": ["object", "null"]},
+                "problems": {"type": "array", "items": string}, "undoBy": nullable_string}},
+            "effect": {"type": "object", "properties": {"summary": string, "resource": string, "version": string}},
+            "compensationToken": nullable_string, "receipt": {"type": ["object", "null"]},
+            "receiptVerified": {"type": ["boolean", "null"]},
+        },
+    }
+
+    def paged(item_ref):
+        return {"type": "object", "properties": {
+            "items": {"type": "array", "items": {"$ref": item_ref}}, "page": integer, "pages": integer,
+            "count": integer, "next": nullable_string}}
+
+    run_id = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
+    page = {"name": "page", "in": "query", "required": False, "schema": integer}
+
+    def ok(ref):
+        return {"200": {"description": "OK", "content": {"application/json": {"schema": ref}}},
+                "403": {"description": "Signed in without a role that may read runs"},
+                "404": {"description": "No such run"}}
+
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Agent undo: runs and steps", "version": "1"},
+        "components": {
+            "schemas": {"Run": run, "Step": step, "RunPage": paged("#/components/schemas/Run"),
+                        "StepPage": paged("#/components/schemas/Step")},
+            "securitySchemes": {"session": {"type": "apiKey", "in": "cookie", "name": "sessionid"}},
+        },
+        "security": [{"session": []}],
+        "paths": {
+            "/api/runs/": {"get": {"summary": "Runs, newest first", "parameters": [page],
+                                   "responses": ok({"$ref": "#/components/schemas/RunPage"})}},
+            "/api/runs/{run_id}/": {"get": {"summary": "One run", "parameters": [run_id],
+                                            "responses": ok({"$ref": "#/components/schemas/Run"})}},
+            "/api/runs/{run_id}/steps/": {"get": {"summary": "A run's steps in order", "parameters": [run_id, page],
+                                                  "responses": ok({"$ref": "#/components/schemas/StepPage"})}},
+        },
+    }
+
+
+@require_GET
+def openapi(request):
+    require_role(request, *READERS)
+    return JsonResponse(_schema())

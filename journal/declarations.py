@@ -1,0 +1,337 @@
+"""Undo declarations: three dialects in, one model out (DESIGN.md, "Undo declarations").
+
+Precedence: per-call journal `_meta` > tool-level `hatp/journal` > `dev.chronomcp/compensate` >
+`annotations.recovery` > nothing. `readOnlyHint` counts only when no other source speaks. Nothing declared
+is `unknown`, never safe.
+
+Declarations come from servers that may be wrong or hostile, so the first source that is present decides,
+and if it is malformed the answer is `unknown` with the problem spelled out: a broken high-precedence
+declaration never silently falls through to a more permissive one below it.
+"""
+
+import re
+from collections.abc import Collection, Mapping
+from datetime import datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+Kind = Literal["compensate", "none", "unknown", "read_only"]
+Source = Literal[
+    "hatp/journal (call)",
+    "hatp/journal (tool)",
+    "dev.chronomcp/compensate",
+    "annotations.recovery",
+    "annotations.readOnlyHint",
+    "none",
+]
+Dialect = Literal["hatp", "sep3172", "chronomcp"]
+
+HATP_KEY = "hatp/journal"
+CHRONO_KEY = "dev.chronomcp/compensate"
+HATP_CHECK = "hatp_check"
+HATP_COMPENSATE = "hatp_compensate"
+HIDDEN_TOOLS = frozenset({HATP_CHECK, HATP_COMPENSATE})
+
+_TEXT = 500  # longest server-written sentence we keep; longer is treated as hostile, not truncated
+_DURATION = re.compile(r"^P(?:(?P<w>\d+)W)?(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+)S)?)?$")
+
+
+def parse_duration(text: str) -> timedelta:
+    """ISO 8601 durations in weeks, days, hours, minutes and seconds. Years and months are refused:
+    their length depends on the calendar, and an undo deadline must not."""
+    match = _DURATION.match(text) if isinstance(text, str) else None
+    if not match or text in {"P", "PT"} or text.endswith("T"):
+        raise ValueError(f"{text!r} is not an ISO 8601 duration like P7D or PT12H (years and months are not accepted)")
+    parts = {k: int(v) for k, v in match.groupdict().items() if v}
+    return timedelta(
+        weeks=parts.get("w", 0), days=parts.get("d", 0), hours=parts.get("h", 0),
+        minutes=parts.get("m", 0), seconds=parts.get("s", 0),
+    )
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True, populate_by_name=True)
+
+
+class Cost(_Strict):
+    amount: str = Field(max_length=32)
+    currency: str = Field(pattern=r"^[A-Z]{3}$")
+
+    @field_validator("amount")
+    @classmethod
+    def _decimal(cls, value: str) -> str:
+        try:
+            number = Decimal(value)
+        except InvalidOperation:
+            raise ValueError(f"{value!r} is not a decimal amount") from None
+        if not number.is_finite() or number < 0:
+            raise ValueError(f"{value!r} is not a non-negative amount")
+        return value
+
+
+class HatpUndo(_Strict):
+    kind: Literal["compensate", "none", "unknown"]
+    window: str | None = None
+    via: Literal["api", "ui"] | None = None
+    side_effect: str | None = Field(None, alias="sideEffect", max_length=_TEXT)
+    cost: Cost | None = None
+    reason: str | None = Field(None, max_length=_TEXT)
+    remedy: str | None = Field(None, max_length=_TEXT)
+    undo_by: str | None = Field(None, alias="undoBy", max_length=64)
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_duration(value)
+        return value
+
+    @field_validator("undo_by")
+    @classmethod
+    def _undo_by(cls, value: str | None) -> str | None:
+        if value is not None:
+            moment = datetime.fromisoformat(value)
+            if moment.tzinfo is None:
+                raise ValueError(f"undoBy {value!r} has no time zone")
+        return value
+
+
+class Effect(_Strict):
+    summary: str | None = Field(None, max_length=_TEXT)
+    resource: str | None = Field(None, max_length=_TEXT)
+    version: str | None = Field(None, max_length=200)
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version(cls, value: Any) -> Any:
+        # Versions are opaque; an integer version is common and harmless, so keep it as its string.
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+class Receipt(_Strict):
+    key_id: str = Field(alias="keyId", max_length=200)
+    alg: Literal["Ed25519"]
+    signature: str = Field(max_length=200)
+
+
+class CallJournal(_Strict):
+    """`result._meta["hatp/journal"]` of one call."""
+
+    undo: HatpUndo | None = None
+    compensation_token: str | None = Field(None, alias="compensationToken", max_length=500)
+    effect: Effect | None = None
+    receipt: Receipt | None = None
+
+
+class ChronoCompensation(_Strict):
+    tool_name: str = Field(alias="toolName", max_length=200)
+    parameter_mapping: dict[str, str] = Field(alias="parameterMapping")
+    timeout_ms: int | None = Field(None, alias="timeoutMs", ge=0)
+    max_retries: int | None = Field(None, alias="maxRetries", ge=0, le=100)
+
+
+class ChronoDeclaration(_Strict):
+    reversibility: Literal["readonly", "compensable", "irreversible"]
+    compensation: ChronoCompensation | None = None
+    side_effect_scope: list[str] = Field(default_factory=list, alias="sideEffectScope")
+    notes: str | None = Field(None, max_length=_TEXT)
+
+
+class SepOperation(_Strict):
+    operation_id: str = Field(alias="operationId", max_length=200)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class SepRecovery(_Strict):
+    strategy: str = Field(max_length=100)
+    compensating_operation: SepOperation | None = Field(None, alias="compensatingOperation")
+
+
+class Compensation(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    tool: str
+    dialect: Dialect
+    # Parameter name -> binding expression (SEP-3172 runtime expression or ChronoMCP path). Empty for HATP,
+    # whose compensation takes the call's compensation token.
+    bindings: dict[str, Any] = Field(default_factory=dict)
+    timeout_ms: int | None = None
+    max_retries: int | None = None
+
+
+class UndoDeclaration(BaseModel):
+    """What a call says about its own undo, whichever dialect said it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Kind
+    source: Source
+    via: Literal["api", "ui"] | None = None
+    window: str | None = None
+    undo_by: str | None = None
+    side_effect: str | None = None
+    cost: Cost | None = None
+    reason: str | None = None
+    remedy: str | None = None
+    compensation: Compensation | None = None
+    problems: tuple[str, ...] = ()
+
+    def deadline(self, completed_at: datetime) -> datetime | None:
+        """When the undo window closes: the call's own `undoBy`, else completion time plus the window."""
+        if self.kind != "compensate":
+            return None
+        if self.undo_by:
+            return datetime.fromisoformat(self.undo_by)
+        if self.window:
+            return completed_at + parse_duration(self.window)
+        return None
+
+
+def _problem_text(where: str, error: ValidationError) -> list[str]:
+    problems = []
+    for detail in error.errors(include_url=False, include_input=False):
+        location = ".".join(str(part) for part in detail["loc"]) or "(root)"
+        problems.append(f"{where}: {location}: {detail['msg']}")
+    return problems
+
+
+def _unknown(source: Source, problems: list[str]) -> UndoDeclaration:
+    return UndoDeclaration(kind="unknown", source=source, problems=tuple(problems))
+
+
+def _from_hatp(undo: dict[str, Any], source: Source, catalogue: Collection[str]) -> UndoDeclaration:
+    parsed = HatpUndo.model_validate(undo)
+    compensation = None
+    problems: list[str] = []
+    if parsed.kind == "compensate":
+        if parsed.via == "ui":
+            problems.append("the server says this is undone through its user interface, not automatically")
+        elif HATP_COMPENSATE not in catalogue:
+            problems.append(f"the server declares a compensation but does not offer {HATP_COMPENSATE}")
+        else:
+            compensation = Compensation(tool=HATP_COMPENSATE, dialect="hatp")
+    return UndoDeclaration(
+        kind=parsed.kind,
+        source=source,
+        via=parsed.via or ("api" if parsed.kind == "compensate" else None),
+        window=parsed.window,
+        undo_by=parsed.undo_by,
+        side_effect=parsed.side_effect,
+        cost=parsed.cost,
+        reason=parsed.reason,
+        remedy=parsed.remedy,
+        compensation=compensation,
+        problems=tuple(problems),
+    )
+
+
+def _from_chronomcp(raw: Any, catalogue: Collection[str]) -> UndoDeclaration:
+    source: Source = "dev.chronomcp/compensate"
+    parsed = ChronoDeclaration.model_validate(raw)
+    side_effect = ", ".join(parsed.side_effect_scope) or None
+    if parsed.reversibility == "readonly":
+        return UndoDeclaration(kind="read_only", source=source)
+    if parsed.reversibility == "irreversible":
+        return UndoDeclaration(kind="none", source=source, reason=parsed.notes, side_effect=side_effect)
+    if parsed.compensation is None:
+        return _unknown(source, ["compensable, but no compensation is given"])
+    tool = parsed.compensation.tool_name
+    if tool not in catalogue or tool in HIDDEN_TOOLS:
+        return _unknown(source, [f"the compensating tool {tool!r} is not a tool of this server"])
+    return UndoDeclaration(
+        kind="compensate",
+        source=source,
+        via="api",
+        side_effect=side_effect,
+        reason=parsed.notes,
+        compensation=Compensation(
+            tool=tool,
+            dialect="chronomcp",
+            bindings=dict(parsed.compensation.parameter_mapping),
+            timeout_ms=parsed.compensation.timeout_ms,
+            max_retries=parsed.compensation.max_retries,
+        ),
+    )
+
+
+def _from_sep3172(raw: Any, catalogue: Collection[str]) -> UndoDeclaration:
+    source: Source = "annotations.recovery"
+    parsed = SepRecovery.model_validate(raw)
+    if parsed.strategy != "compensation":
+        return _unknown(source, [f"unknown recovery strategy {parsed.strategy!r}"])
+    if parsed.compensating_operation is None:
+        return _unknown(source, ["strategy is compensation, but no compensatingOperation is given"])
+    tool = parsed.compensating_operation.operation_id
+    if tool not in catalogue or tool in HIDDEN_TOOLS:
+        return _unknown(source, [f"the compensating operation {tool!r} is not a tool of this server"])
+    return UndoDeclaration(
+        kind="compensate",
+        source=source,
+        via="api",
+        compensation=Compensation(tool=tool, dialect="sep3172", bindings=dict(parsed.compensating_operation.parameters)),
+    )
+
+
+def normalise(
+    tool: Mapping[str, Any],
+    *,
+    catalogue: Collection[str],
+    call_journal: Any = None,
+) -> UndoDeclaration:
+    """Read a tool's raw `tools/list` entry (and, after a call, its result's `_meta["hatp/journal"]`).
+
+    `catalogue` is the set of tool names the same server currently offers: a compensation must be one of them.
+    """
+    meta = tool.get("_meta") if isinstance(tool.get("_meta"), Mapping) else {}
+    annotations = tool.get("annotations") if isinstance(tool.get("annotations"), Mapping) else {}
+    tool_hatp = meta.get(HATP_KEY)
+
+    call_undo = call_journal.get("undo") if isinstance(call_journal, Mapping) else None
+    if call_undo is not None:
+        # Fields the call leaves out (a side effect, say) are taken from the tool's own declaration.
+        base = tool_hatp.get("undo") if isinstance(tool_hatp, Mapping) and isinstance(tool_hatp.get("undo"), Mapping) else {}
+        source: Source = "hatp/journal (call)"
+        if not isinstance(call_undo, Mapping):
+            return _unknown(source, ["undo is not an object"])
+        try:
+            return _from_hatp({**base, **call_undo}, source, catalogue)
+        except ValidationError as exc:
+            return _unknown(source, _problem_text("undo", exc))
+
+    if tool_hatp is not None:
+        source = "hatp/journal (tool)"
+        undo = tool_hatp.get("undo") if isinstance(tool_hatp, Mapping) else None
+        if not isinstance(undo, Mapping):
+            return _unknown(source, ["hatp/journal has no undo object"])
+        try:
+            return _from_hatp(dict(undo), source, catalogue)
+        except ValidationError as exc:
+            return _unknown(source, _problem_text("undo", exc))
+
+    if CHRONO_KEY in meta:
+        try:
+            return _from_chronomcp(meta[CHRONO_KEY], catalogue)
+        except ValidationError as exc:
+            return _unknown("dev.chronomcp/compensate", _problem_text(CHRONO_KEY, exc))
+
+    if "recovery" in annotations:
+        try:
+            return _from_sep3172(annotations["recovery"], catalogue)
+        except ValidationError as exc:
+            return _unknown("annotations.recovery", _problem_text("recovery", exc))
+
+    if annotations.get("readOnlyHint") is True:
+        return UndoDeclaration(kind="read_only", source="annotations.readOnlyHint")
+    return UndoDeclaration(kind="unknown", source="none")
+
+
+def parse_call_journal(raw: Any) -> tuple[CallJournal | None, list[str]]:
+    """The per-call journal of a result, or the reasons it could not be read."""
+    if raw is None:
+        return None, []
+    try:
+        return CallJournal.model_validate(raw), []
+    except ValidationError as exc:
+        return None, _problem_text(HATP_KEY, exc)

@@ -1,0 +1,75 @@
+"""The Recorder's Ed25519 signing keys.
+
+Private keys live in files under `settings.RECORDER_KEY_DIR` (outside the repository, mode 0600); public
+keys live in the database with their validity windows and are never deleted, so a checkpoint signed by a
+retired key still verifies. The newest key whose private file is present signs.
+"""
+
+import base64
+import logging
+import os
+import secrets
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from .chain import b64url, b64url_decode
+from .models import RecorderKey
+
+logger = logging.getLogger(__name__)
+
+
+def _path(key_id: str):
+    return settings.RECORDER_KEY_DIR / f"{key_id}.ed25519"
+
+
+def _load_private(key_id: str) -> Ed25519PrivateKey | None:
+    path = _path(key_id)
+    if not path.exists():
+        return None
+    return Ed25519PrivateKey.from_private_bytes(base64.b64decode(path.read_text().strip()))
+
+
+def public_key_from_text(text: str) -> Ed25519PublicKey:
+    return Ed25519PublicKey.from_public_bytes(b64url_decode(text))
+
+
+def create_key() -> RecorderKey:
+    """Add a signing key; the previous one stops signing but its public key stays valid for verification."""
+    private = Ed25519PrivateKey.generate()
+    raw_public = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    raw_private = private.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    key_id = "rk-" + timezone.now().strftime("%Y%m%d") + "-" + secrets.token_hex(4)
+    settings.RECORDER_KEY_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = _path(key_id)
+    # Created with 0600 from the start: the key is never readable by others, not even briefly.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(base64.b64encode(raw_private).decode())
+    now = timezone.now()
+    with transaction.atomic():
+        RecorderKey.objects.filter(valid_until__isnull=True).update(valid_until=now)
+        return RecorderKey.objects.create(key_id=key_id, public_key=b64url(raw_public), valid_from=now)
+
+
+def signing_key() -> tuple[str, Ed25519PrivateKey]:
+    """The key that signs now, created on first use."""
+    current = RecorderKey.objects.filter(valid_until__isnull=True).order_by("-valid_from").first()
+    private = _load_private(current.key_id) if current else None
+    if private is None:
+        if current is not None:
+            logger.warning("Recorder key %s has no private file in %s; adding a new key", current.key_id,
+                           settings.RECORDER_KEY_DIR)
+        current = create_key()
+        private = _load_private(current.key_id)
+    assert private is not None
+    return current.key_id, private
+
+
+def public_keys() -> dict[str, Ed25519PublicKey]:
+    return {key.key_id: public_key_from_text(key.public_key) for key in RecorderKey.objects.all()}

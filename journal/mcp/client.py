@@ -1,0 +1,287 @@
+"""The one door to tool servers.
+
+Every MCP exchange the project makes with a tool server goes through `Upstreams`: one long-lived session per
+server per process (reused across calls, reconnected when it breaks), a timeout on every call, raw JSON in
+and out (the SDK's models drop fields such as `annotations.recovery`), and one error type that says how a
+failure should be treated: its MCP-Rescue failure class, whether repeating could help, and whether the
+server may have acted before it failed.
+"""
+
+import contextlib
+import logging
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx2 as httpx  # the HTTP library the mcp SDK itself uses
+import mcp_types as types
+from mcp import Client, MCPError, StdioServerParameters
+from pydantic import TypeAdapter, ValidationError
+
+logger = logging.getLogger(__name__)
+
+_RAW = TypeAdapter(dict[str, Any])
+_MAX_PAGES = 50
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """How to reach one tool server; plain data so tasks and the gateway can share it without the ORM."""
+
+    name: str
+    transport: str  # "http" or "stdio"
+    url: str = ""
+    command: str = ""
+
+
+class ToolServerError(Exception):
+    """A call that did not produce a tool result.
+
+    `failure_class` is one of MCP-Rescue's categories; `transient` failures may succeed if repeated;
+    `may_have_acted` is true when the request left us but no answer came back, so the server may have
+    done the work (a timeout after sending): such a call must never be repeated blindly.
+    """
+
+    def __init__(self, message: str, *, failure_class: str, transient: bool = False, may_have_acted: bool = False,
+                 code: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.failure_class = failure_class
+        self.transient = transient
+        self.may_have_acted = may_have_acted
+        self.code = code
+
+
+# JSON-RPC codes from the MCP spec and JSON-RPC 2.0.
+_RPC_CLASSES = {
+    -32700: "invalid_arguments",  # parse error: our request was not understood
+    -32600: "invalid_arguments",
+    -32601: "not_found",
+    -32602: "invalid_arguments",
+    -32603: "unknown",
+    -32001: "transient",  # request timeout (SDK)
+}
+
+
+def classify_rpc_error(code: int) -> str:
+    return _RPC_CLASSES.get(code, "unknown")
+
+
+def classify_tool_error(result: Mapping[str, Any]) -> str:
+    """A best reading of an `isError` result: structured codes first, then the server's words."""
+    structured = result.get("structuredContent")
+    code = structured.get("code") if isinstance(structured, Mapping) else None
+    by_code = {
+        "UNDO_CONFLICT": "conflict", "CONFLICT": "conflict", "UNDO_EXPIRED": "business_rule",
+        "UNDO_UNKNOWN_TOKEN": "not_found", "NOT_FOUND": "not_found", "UNDO_FAILED": "business_rule",
+        "INVALID_ARGUMENTS": "invalid_arguments", "UNAUTHENTICATED": "authentication",
+        "PERMISSION_DENIED": "permission", "FORBIDDEN": "permission", "UNAVAILABLE": "transient",
+        "RATE_LIMITED": "transient", "BUSINESS_RULE": "business_rule",
+    }
+    if isinstance(code, str) and code.upper() in by_code:
+        return by_code[code.upper()]
+    text = " ".join(
+        block.get("text", "") for block in result.get("content") or [] if isinstance(block, Mapping)
+    ).lower()
+    for needles, failure_class in (
+        (("timed out", "timeout", "temporarily", "unavailable", "try again", "rate limit"), "transient"),
+        (("unauthori", "unauthenticated", "invalid token", "not authenticated"), "authentication"),
+        (("permission", "forbidden", "not allowed", "access denied"), "permission"),
+        (("not found", "no such", "does not exist", "unknown"), "not_found"),
+        (("conflict", "version mismatch", "was modified", "changed since"), "conflict"),
+        (("invalid", "validation", "required", "must be", "expected"), "invalid_arguments"),
+    ):
+        if any(needle in text for needle in needles):
+            return failure_class
+    return "business_rule" if text else "unknown"
+
+
+def _http_status_class(status: int) -> tuple[str, bool]:
+    if status == 401:
+        return "authentication", False
+    if status == 403:
+        return "permission", False
+    if status == 404:
+        return "not_found", False
+    if status == 409:
+        return "conflict", False
+    if status in (408, 429) or status >= 500:
+        return "transient", True
+    return "invalid_arguments", False
+
+
+def _leaf_exceptions(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = []
+        for inner in exc.exceptions:
+            leaves.extend(_leaf_exceptions(inner))
+        return leaves
+    return [exc]
+
+
+def translate(exc: BaseException, *, server: str, sent: bool) -> ToolServerError:
+    """Map whatever the SDK or the transport raised to one ToolServerError."""
+    for leaf in _leaf_exceptions(exc):
+        cause = leaf
+        while cause is not None:
+            if isinstance(cause, ToolServerError):
+                return cause
+            if isinstance(cause, httpx.HTTPStatusError):
+                failure_class, transient = _http_status_class(cause.response.status_code)
+                return ToolServerError(
+                    f"{server} answered HTTP {cause.response.status_code}",
+                    failure_class=failure_class, transient=transient,
+                    may_have_acted=sent and cause.response.status_code >= 500,
+                )
+            if isinstance(cause, httpx.ConnectError | ConnectionRefusedError):
+                return ToolServerError(f"{server} refused the connection", failure_class="transient", transient=True)
+            if isinstance(cause, TimeoutError | httpx.TimeoutException):
+                return ToolServerError(
+                    f"{server} did not answer in time", failure_class="transient", transient=True, may_have_acted=sent
+                )
+            if isinstance(cause, MCPError):
+                code = cause.error.code
+                failure_class = classify_rpc_error(code)
+                if code == -32001:
+                    return ToolServerError(
+                        f"{server} did not answer in time", failure_class="transient", transient=True,
+                        may_have_acted=sent, code=code,
+                    )
+                return ToolServerError(
+                    f"{server} answered with JSON-RPC error {code}: {cause.error.message}",
+                    failure_class=failure_class, transient=False, code=code,
+                )
+            if isinstance(cause, ValidationError):
+                return ToolServerError(
+                    f"{server} answered with something that is not a valid MCP result",
+                    failure_class="unknown", may_have_acted=sent,
+                )
+            if isinstance(cause, httpx.TransportError | OSError | anyio.BrokenResourceError | anyio.ClosedResourceError):
+                return ToolServerError(
+                    f"{server} connection failed: {type(cause).__name__}", failure_class="transient",
+                    transient=True, may_have_acted=sent,
+                )
+            cause = cause.__cause__ or cause.__context__
+    return ToolServerError(f"{server} failed: {type(exc).__name__}: {exc}", failure_class="unknown", may_have_acted=sent)
+
+
+def _client_for(endpoint: Endpoint, timeout: float) -> Client:
+    if endpoint.transport == "stdio":
+        argv = shlex.split(endpoint.command)
+        target: Any = StdioServerParameters(command=argv[0], args=argv[1:])
+    else:
+        target = endpoint.url
+    return Client(target, read_timeout_seconds=timeout, cache=None)
+
+
+class _Connection:
+    """One open session, owned by a keeper task so that it is entered and left in the same task."""
+
+    def __init__(self, client: Client):
+        self.client = client
+        self.ready = anyio.Event()
+        self.closing = anyio.Event()
+        self.error: BaseException | None = None
+
+    async def keep(self) -> None:
+        try:
+            async with self.client:
+                self.ready.set()
+                await self.closing.wait()
+        except BaseException as exc:  # noqa: BLE001 - reported to whoever waits on `ready`
+            self.error = exc
+            self.ready.set()
+            if not isinstance(exc, Exception):
+                raise
+
+
+class Upstreams:
+    """Open sessions to tool servers, one per server, for the life of an `async with` block."""
+
+    def __init__(self, *, timeout: float = 30.0):
+        self.timeout = timeout
+        self._connections: dict[Endpoint, _Connection] = {}
+        self._lock = anyio.Lock()
+        self._task_group: anyio.abc.TaskGroup | None = None
+
+    async def __aenter__(self) -> "Upstreams":
+        self._task_group = anyio.create_task_group()
+        await self._task_group.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        for connection in self._connections.values():
+            connection.closing.set()
+        self._connections.clear()
+        assert self._task_group is not None
+        with contextlib.suppress(Exception):
+            await self._task_group.__aexit__(None, None, None)
+
+    async def _session(self, endpoint: Endpoint):
+        async with self._lock:
+            connection = self._connections.get(endpoint)
+            if connection is None or connection.error is not None or connection.closing.is_set():
+                connection = _Connection(_client_for(endpoint, self.timeout))
+                self._connections[endpoint] = connection
+                assert self._task_group is not None
+                self._task_group.start_soon(connection.keep)
+        with anyio.fail_after(self.timeout):
+            await connection.ready.wait()
+        if connection.error is not None:
+            raise translate(connection.error, server=endpoint.name, sent=False)
+        return connection
+
+    def _discard(self, endpoint: Endpoint, connection: _Connection) -> None:
+        connection.closing.set()
+        if self._connections.get(endpoint) is connection:
+            del self._connections[endpoint]
+
+    async def request(self, endpoint: Endpoint, request: Any, *, timeout: float | None = None) -> dict[str, Any]:
+        """Send one request and return the raw result dict, or raise ToolServerError."""
+        timeout = timeout or self.timeout
+        try:
+            connection = await self._session(endpoint)
+        except TimeoutError:
+            raise ToolServerError(f"{endpoint.name} did not accept a connection in time", failure_class="transient",
+                                  transient=True) from None
+        except ToolServerError:
+            raise
+        except Exception as exc:
+            raise translate(exc, server=endpoint.name, sent=False) from exc
+        try:
+            with anyio.fail_after(timeout):
+                return await connection.client.session.send_request(request, _RAW, request_read_timeout_seconds=timeout)
+        except MCPError as exc:
+            # An error answer leaves the session healthy; a transport failure does not.
+            if exc.error.code == -32001:
+                self._discard(endpoint, connection)
+            raise translate(exc, server=endpoint.name, sent=True) from exc
+        except Exception as exc:
+            self._discard(endpoint, connection)
+            raise translate(exc, server=endpoint.name, sent=True) from exc
+
+    async def list_tools(self, endpoint: Endpoint, *, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Every page of the server's raw `tools/list`."""
+        tools: list[dict[str, Any]] = []
+        cursor = None
+        for _ in range(_MAX_PAGES):
+            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = await self.request(endpoint, types.ListToolsRequest(params=params), timeout=timeout)
+            listed = page.get("tools")
+            if not isinstance(listed, list):
+                raise ToolServerError(f"{endpoint.name} sent a tools/list without a tools array", failure_class="unknown")
+            tools.extend(tool for tool in listed if isinstance(tool, dict))
+            cursor = page.get("nextCursor")
+            if not cursor:
+                return tools
+        raise ToolServerError(f"{endpoint.name} sent more than {_MAX_PAGES} pages of tools", failure_class="unknown")
+
+    async def call_tool(
+        self, endpoint: Endpoint, name: str, arguments: Mapping[str, Any] | None,
+        *, meta: Mapping[str, Any] | None = None, timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """The raw `tools/call` result, `isError` results included (they are answers, not failures)."""
+        params = types.CallToolRequestParams(name=name, arguments=dict(arguments or {}), _meta=dict(meta) if meta else None)
+        return await self.request(endpoint, types.CallToolRequest(params=params), timeout=timeout)

@@ -1,0 +1,294 @@
+"""Tool servers, agents, runs, steps and the hash-chained run record.
+
+Writes go through `journal.services`; this module holds state, invariants and read helpers only.
+"""
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class ToolServer(models.Model):
+    class Transport(models.TextChoices):
+        HTTP = "http", "Streamable HTTP"
+        STDIO = "stdio", "stdio"
+
+    name = models.SlugField(max_length=60, unique=True, help_text="Prefix of its tools' names: name__tool.")
+    transport = models.CharField(max_length=10, choices=Transport.choices, default=Transport.HTTP)
+    url = models.URLField(blank=True, max_length=500)
+    command = models.CharField(blank=True, max_length=1000, help_text="For stdio: the command line to start it.")
+    enabled = models.BooleanField(default=True)
+    # The raw `tools/list` JSON, exactly as the server sent it (the SDK's models drop annotations.recovery).
+    catalogue = models.JSONField(default=list, blank=True)
+    catalogue_fetched_at = models.DateTimeField(null=True, blank=True)
+    catalogue_error = models.TextField(blank=True)
+    # Receipt keys the server published ({keyId: base64url Ed25519 public key}), pinned on first sight.
+    receipt_keys = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    def clean(self):
+        from django.core.exceptions import ValidationError
+
+        if self.transport == self.Transport.HTTP and not self.url:
+            raise ValidationError({"url": "A streamable HTTP server needs a URL."})
+        if self.transport == self.Transport.STDIO and not self.command:
+            raise ValidationError({"command": "A stdio server needs a command."})
+
+    def tool(self, name: str) -> dict | None:
+        for tool in self.catalogue:
+            if isinstance(tool, dict) and tool.get("name") == name:
+                return tool
+        return None
+
+    @property
+    def tool_names(self) -> set[str]:
+        return {tool["name"] for tool in self.catalogue if isinstance(tool, dict) and isinstance(tool.get("name"), str)}
+
+
+class Agent(models.Model):
+    name = models.SlugField(max_length=60, unique=True)
+    on_behalf_of = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="agents")
+    # SHA-256 of the bearer token; the token itself is shown once and never stored.
+    token_hash = models.CharField(max_length=64, unique=True)
+    token_prefix = models.CharField(max_length=12, help_text="The first characters, to tell tokens apart.")
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class RunQuerySet(models.QuerySet):
+    def for_list(self):
+        return self.select_related("agent", "agent__on_behalf_of")
+
+
+class Run(models.Model):
+    class State(models.TextChoices):
+        ACTIVE = "active", "Active"
+        FAILED = "failed", "Has failed calls"
+        IMPORTED = "imported", "Imported"
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="runs", null=True, blank=True)
+    # How the Recorder found this run again: the agent's runId, its MCP session id, or nothing (idle rule).
+    key = models.CharField(max_length=200, blank=True)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.ACTIVE)
+    started_at = models.DateTimeField(default=timezone.now)
+    last_activity_at = models.DateTimeField(default=timezone.now)
+    # Counters kept with each step so the run list needs no aggregate per row.
+    step_count = models.PositiveIntegerField(default=0)
+    reversible_count = models.PositiveIntegerField(default=0)
+    irreversible_count = models.PositiveIntegerField(default=0)
+    unknown_count = models.PositiveIntegerField(default=0)
+    failed_count = models.PositiveIntegerField(default=0)
+    # Chain head, updated under the run's row lock with every entry appended.
+    head_seq = models.PositiveIntegerField(default=0)
+    head_hash = models.CharField(max_length=64, default="GENESIS")
+    checkpointed_seq = models.PositiveIntegerField(default=0)
+    # For runs imported from elsewhere: where they came from.
+    imported_from = models.CharField(max_length=200, blank=True)
+    agent_label = models.CharField(max_length=200, blank=True, help_text="Agent name for imported runs.")
+
+    objects = RunQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        indexes = [models.Index(fields=["agent", "key", "-last_activity_at"])]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["agent", "key"], condition=~models.Q(key=""), name="unique_run_key_per_agent"
+            )
+        ]
+
+    def __str__(self):
+        return f"run {self.public_id}"
+
+    @property
+    def agent_name(self) -> str:
+        return self.agent.name if self.agent_id else self.agent_label
+
+
+class Step(models.Model):
+    class Reversibility(models.TextChoices):
+        COMPENSATE = "compensate", "Reversible"
+        NONE = "none", "Cannot be undone"
+        UNKNOWN = "unknown", "Unknown"
+        READ_ONLY = "read_only", "Read-only"
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "In flight"
+        OK = "ok", "Succeeded"
+        ERROR = "error", "Failed"
+
+    class FailureClass(models.TextChoices):
+        # MCP-Rescue's categories.
+        TRANSIENT = "transient", "Transient"
+        INVALID_ARGUMENTS = "invalid_arguments", "Invalid arguments"
+        AUTHENTICATION = "authentication", "Authentication"
+        PERMISSION = "permission", "Permission"
+        NOT_FOUND = "not_found", "Not found"
+        CONFLICT = "conflict", "Conflict"
+        BUSINESS_RULE = "business_rule", "Business rule"
+        UNKNOWN = "unknown", "Unknown"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    number = models.PositiveIntegerField()
+    server = models.ForeignKey(ToolServer, on_delete=models.PROTECT, related_name="steps", null=True, blank=True)
+    server_name = models.CharField(max_length=60)
+    tool = models.CharField(max_length=200)
+    arguments = models.JSONField(default=dict)
+    request_meta = models.JSONField(null=True, blank=True)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    result = models.JSONField(null=True, blank=True)
+    is_error = models.BooleanField(default=False)
+    error_message = models.TextField(blank=True)
+    failure_class = models.CharField(max_length=20, choices=FailureClass.choices, blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+    # The normalised UndoDeclaration (journal.declarations) and what it means for this call.
+    declaration = models.JSONField(default=dict)
+    declaration_source = models.CharField(max_length=40, blank=True)
+    reversibility = models.CharField(max_length=12, choices=Reversibility.choices, default=Reversibility.UNKNOWN)
+    compensation_arguments = models.JSONField(null=True, blank=True)
+    undo_problems = models.JSONField(default=list, blank=True)
+    effect_summary = models.CharField(max_length=500, blank=True)
+    effect_resource = models.CharField(max_length=500, blank=True)
+    effect_version = models.CharField(max_length=200, blank=True)
+    compensation_token = models.CharField(max_length=500, blank=True)
+    undo_by = models.DateTimeField(null=True, blank=True)
+    receipt = models.JSONField(null=True, blank=True)
+    receipt_verified = models.BooleanField(null=True, help_text="None when the call carried no receipt.")
+    receipt_problem = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["run", "number"]
+        constraints = [models.UniqueConstraint(fields=["run", "number"], name="unique_step_number_per_run")]
+
+    def __str__(self):
+        return f"step {self.number} {self.server_name}__{self.tool}"
+
+    @property
+    def namespaced_tool(self) -> str:
+        return f"{self.server_name}__{self.tool}"
+
+    @property
+    def automatically_undoable(self) -> bool:
+        return self.reversibility == self.Reversibility.COMPENSATE and not self.undo_problems
+
+    @property
+    def badge(self) -> tuple[str, str]:
+        """(css class, words) for the reversibility badge on the run page."""
+        if self.reversibility == self.Reversibility.COMPENSATE:
+            if self.undo_problems:
+                return "needs-human", "Reversible with a human"
+            via = self.declaration.get("via") or "api"
+            return "reversible", f"Reversible via {via}"
+        return {
+            self.Reversibility.NONE: ("irreversible", "Cannot be undone"),
+            self.Reversibility.READ_ONLY: ("read-only", "Read-only"),
+        }.get(self.reversibility, ("unknown", "Unknown"))
+
+
+class StepDependency(models.Model):
+    """A link between two steps found by inference or declared by the agent.
+
+    The safe default rule (every later step depends on every earlier one) is not stored: it holds for
+    every pair, and storing it would cost n² rows on a long run.
+    """
+
+    class Rule(models.TextChoices):
+        INFERRED = "inferred", "Inferred from values"
+        DECLARED = "declared", "Declared"
+
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="dependencies")
+    depends_on = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="dependents")
+    rule = models.CharField(max_length=10, choices=Rule.choices)
+    # For inferred links: [{"from": pointer into the earlier result, "to": pointer into these arguments}].
+    pointers = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["step", "depends_on", "rule"], name="unique_dependency_per_rule")
+        ]
+
+
+class ResultValue(models.Model):
+    """An index of the distinctive values in a run's results, so inferring links costs one query per call
+    instead of a scan of every earlier result."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+")
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="+")
+    digest = models.CharField(max_length=32)
+    pointer = models.CharField(max_length=500)
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "digest"])]
+
+
+class ChainEntry(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="entries")
+    seq = models.PositiveIntegerField()
+    ts = models.CharField(max_length=40)
+    event = models.CharField(max_length=40)
+    data = models.JSONField()
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="unique_chain_seq_per_run")]
+
+    def as_wire(self) -> dict:
+        return {
+            "seq": self.seq, "ts": self.ts, "event": self.event, "data": self.data,
+            "prevHash": self.prev_hash, "hash": self.hash,
+        }
+
+
+class RecorderKey(models.Model):
+    key_id = models.CharField(max_length=40, unique=True)
+    public_key = models.CharField(max_length=100, help_text="Raw Ed25519 public key, base64url.")
+    valid_from = models.DateTimeField(default=timezone.now)
+    valid_until = models.DateTimeField(null=True, blank=True, help_text="Set when a newer key replaces it.")
+
+    class Meta:
+        ordering = ["valid_from"]
+
+    def as_wire(self) -> dict:
+        return {
+            "keyId": self.key_id, "alg": "Ed25519", "publicKey": self.public_key,
+            "validFrom": self.valid_from.isoformat(),
+            "validUntil": self.valid_until.isoformat() if self.valid_until else None,
+        }
+
+
+class Checkpoint(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    seq = models.PositiveIntegerField()
+    head_hash = models.CharField(max_length=64)
+    key_id = models.CharField(max_length=40)
+    signature = models.CharField(max_length=200)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="unique_checkpoint_per_seq")]
+
+    def as_wire(self) -> dict:
+        return {
+            "run": str(self.run.public_id), "seq": self.seq, "headHash": self.head_hash,
+            "keyId": self.key_id, "signature": self.signature,
+        }

@@ -1,0 +1,386 @@
+"""Every write on the Recorder side: agents, tool servers, runs, steps and the chain.
+
+Rule of the house: no outside I/O inside a transaction. A call is journaled in two short transactions, the
+intent before it is forwarded and the outcome after it returns; the tool server is called in between with
+no transaction open.
+"""
+
+import hashlib
+import logging
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from . import chain, declarations, dependencies, keys
+from .bindings import BindingError, resolve_arguments
+from .canonical import to_ijson
+from .models import Agent, ChainEntry, Checkpoint, ResultValue, Run, Step, StepDependency, ToolServer
+
+logger = logging.getLogger(__name__)
+
+TOKEN_PREFIX = "agt_"
+
+
+# -- agents -----------------------------------------------------------------------------------------------
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create_agent(*, name: str, on_behalf_of) -> tuple[Agent, str]:
+    """Create an agent and return it with its bearer token, which is shown once and never stored."""
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    agent = Agent.objects.create(
+        name=name, on_behalf_of=on_behalf_of, token_hash=hash_token(token), token_prefix=token[:10]
+    )
+    return agent, token
+
+
+def authenticate_agent(token: str) -> Agent | None:
+    if not token.startswith(TOKEN_PREFIX):
+        return None
+    return (
+        Agent.objects.select_related("on_behalf_of")
+        .filter(token_hash=hash_token(token), is_active=True, on_behalf_of__is_active=True)
+        .first()
+    )
+
+
+# -- tool servers -----------------------------------------------------------------------------------------
+
+
+def register_tool_server(*, name: str, url: str = "", command: str = "") -> ToolServer:
+    transport = ToolServer.Transport.STDIO if command else ToolServer.Transport.HTTP
+    server = ToolServer(name=name, transport=transport, url=url, command=command)
+    server.full_clean()
+    server.save()
+    return server
+
+
+def save_catalogue(*, server: ToolServer, tools: list[dict[str, Any]] | None, error: str = "",
+                   now: datetime | None = None) -> ToolServer:
+    """Keep the raw catalogue and pin receipt keys on first sight; a key id that later changes its key is
+    refused (and said so), because a server that swaps keys under the same id could forge old receipts."""
+    now = now or timezone.now()
+    if tools is None:
+        server.catalogue_error = error
+        server.save(update_fields=["catalogue_error"])
+        return server
+    tools = to_ijson(tools)
+    problems = []
+    pinned = dict(server.receipt_keys)
+    for tool in tools:
+        journal = (tool.get("_meta") or {}).get(declarations.HATP_KEY) if isinstance(tool.get("_meta"), dict) else None
+        published = journal.get("receiptKeys") if isinstance(journal, dict) else None
+        for key in published if isinstance(published, list) else []:
+            if not isinstance(key, dict) or key.get("alg") != "Ed25519":
+                continue
+            key_id, public = str(key.get("keyId", "")), str(key.get("publicKey", ""))
+            if not key_id or not public:
+                continue
+            if key_id in pinned and pinned[key_id] != public:
+                problems.append(f"receipt key {key_id} changed; the pinned key is kept")
+                continue
+            try:
+                keys.public_key_from_text(public)
+            except ValueError:
+                problems.append(f"receipt key {key_id} is not an Ed25519 public key")
+                continue
+            pinned[key_id] = public
+    server.catalogue = tools
+    server.catalogue_fetched_at = now
+    server.catalogue_error = "; ".join(sorted(set(problems)))
+    server.receipt_keys = pinned
+    server.save(update_fields=["catalogue", "catalogue_fetched_at", "catalogue_error", "receipt_keys"])
+    return server
+
+
+# -- the chain --------------------------------------------------------------------------------------------
+
+
+def append_entry(*, run: Run, event: str, data: Any, now: datetime) -> ChainEntry:
+    """Append one event to a run's chain.
+
+    The caller holds a transaction and the run's row lock (`select_for_update`): the lock serialises
+    writers on one run across processes, and the unique (run, seq) constraint is the backstop if anyone
+    ever forgets it.
+    """
+    entry = chain.make_entry(
+        seq=run.head_seq + 1, ts=chain.format_ts(now), event=event, data=data, prev_hash=run.head_hash
+    )
+    row = ChainEntry.objects.create(
+        run=run, seq=entry["seq"], ts=entry["ts"], event=event, data=entry["data"],
+        prev_hash=entry["prevHash"], hash=entry["hash"],
+    )
+    run.head_seq, run.head_hash = entry["seq"], entry["hash"]
+    if run.head_seq - run.checkpointed_seq >= settings.RECORDER_CHECKPOINT_EVERY:
+        _checkpoint(run=run, now=now)
+    return row
+
+
+def _checkpoint(*, run: Run, now: datetime) -> Checkpoint:
+    key_id, private = keys.signing_key()
+    payload = chain.checkpoint_payload(run=str(run.public_id), seq=run.head_seq, head_hash=run.head_hash)
+    checkpoint = Checkpoint.objects.create(
+        run=run, seq=run.head_seq, head_hash=run.head_hash, key_id=key_id,
+        signature=chain.sign(private, payload), created_at=now,
+    )
+    run.checkpointed_seq = run.head_seq
+    return checkpoint
+
+
+def checkpoint_run(*, run: Run, now: datetime | None = None) -> Checkpoint | None:
+    """Sign the run's current head, if anything was appended since the last checkpoint."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        if run.head_seq == run.checkpointed_seq:
+            return None
+        checkpoint = _checkpoint(run=run, now=now or timezone.now())
+        run.save(update_fields=["checkpointed_seq"])
+        return checkpoint
+
+
+# -- runs and steps ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpenedStep:
+    step_id: int
+    run_id: int
+    number: int
+
+
+def _find_run(*, agent: Agent, key: str, now: datetime) -> Run:
+    """The agent's run for this key, locked. Without a key, the agent's latest keyless run unless it has
+    been idle longer than RECORDER_RUN_IDLE_SECONDS."""
+    if key:
+        run = Run.objects.select_for_update().filter(agent=agent, key=key).first()
+        if run is None:
+            try:
+                with transaction.atomic():
+                    run = Run.objects.create(agent=agent, key=key, started_at=now, last_activity_at=now)
+            except IntegrityError:  # another Recorder process created it a moment ago
+                run = Run.objects.get(agent=agent, key=key)
+            run = Run.objects.select_for_update().get(pk=run.pk)
+        return run
+    idle = now - timedelta(seconds=settings.RECORDER_RUN_IDLE_SECONDS)
+    run = (
+        Run.objects.select_for_update()
+        .filter(agent=agent, key="", last_activity_at__gte=idle)
+        .order_by("-last_activity_at")
+        .first()
+    )
+    return run or Run.objects.create(agent=agent, key="", started_at=now, last_activity_at=now)
+
+
+def open_step(
+    *, agent: Agent, run_key: str, server: ToolServer | None, server_name: str, tool: str,
+    arguments: dict[str, Any], request_meta: dict[str, Any] | None, now: datetime,
+) -> OpenedStep:
+    """Journal the intent of a call, before it is forwarded."""
+    arguments = to_ijson(arguments)
+    request_meta = to_ijson(request_meta) if request_meta else None
+    tool_def = server.tool(tool) if server else None
+    declaration = declarations.normalise(tool_def or {}, catalogue=server.tool_names if server else set())
+    with transaction.atomic():
+        run = _find_run(agent=agent, key=run_key, now=now)
+        number = run.step_count + 1
+        step = Step.objects.create(
+            run=run, number=number, server=server, server_name=server_name, tool=tool, arguments=arguments,
+            request_meta=request_meta, started_at=now, declaration=declaration.model_dump(mode="json"),
+            declaration_source=declaration.source, reversibility=declaration.kind,
+        )
+        run.step_count = number
+        run.last_activity_at = now
+        append_entry(run=run, event="call", now=now, data={
+            "step": number, "server": server_name, "tool": tool, "arguments": arguments,
+            "agent": agent.name, "onBehalfOf": agent.on_behalf_of.get_username(),
+        })
+        run.save()
+    return OpenedStep(step_id=step.pk, run_id=run.pk, number=number)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What came back for a call: a raw result (which may be an `isError` result), or a failure."""
+
+    result: dict[str, Any] | None = None
+    error_message: str = ""
+    failure_class: str = ""
+    may_have_acted: bool = False
+
+
+def _receipt_check(server: ToolServer | None, journal_raw: Any, parsed) -> tuple[bool | None, str]:
+    if parsed is None or parsed.receipt is None:
+        return None, ""
+    public = (server.receipt_keys if server else {}).get(parsed.receipt.key_id)
+    if public is None:
+        return False, f"unknown receipt key {parsed.receipt.key_id}"
+    body = {k: v for k, v in journal_raw.items() if k != "receipt"}
+    try:
+        ok = chain.signature_valid(keys.public_key_from_text(public), to_ijson(body), parsed.receipt.signature)
+    except ValueError:
+        ok = False
+    return ok, "" if ok else "the receipt's signature does not verify"
+
+
+def _undo_facts(step: Step, server: ToolServer | None, result: dict[str, Any], finished: datetime) -> dict[str, Any]:
+    """Everything the result says about this call's undo, read through the declaration rules."""
+    meta = result.get("_meta") if isinstance(result.get("_meta"), dict) else {}
+    journal_raw = meta.get(declarations.HATP_KEY)
+    parsed, problems = declarations.parse_call_journal(journal_raw)
+    tool_def = server.tool(step.tool) if server else None
+    declaration = declarations.normalise(
+        tool_def or {}, catalogue=server.tool_names if server else set(),
+        call_journal=journal_raw if parsed is not None else None,
+    )
+    problems = [*problems, *declaration.problems]
+    effect = parsed.effect if parsed and parsed.effect else declarations.Effect()
+    token = parsed.compensation_token if parsed else None
+    compensation_arguments = None
+    if declaration.kind == "compensate" and declaration.compensation is not None:
+        spec = declaration.compensation
+        if spec.dialect == "hatp":
+            if not token:
+                problems.append("the server declared a compensation but returned no compensation token")
+            else:
+                compensation_arguments = {"compensationToken": token}
+        else:
+            response = result.get("structuredContent") if spec.dialect == "sep3172" else result
+            try:
+                compensation_arguments = resolve_arguments(
+                    spec.bindings, dialect=spec.dialect, request=step.arguments, response=response
+                )
+            except BindingError as exc:
+                problems.append(f"a binding does not resolve: {exc}")
+        if not effect.version:
+            problems.append("no version was reported, so a later change could not be detected: a human must decide")
+    deadline = declaration.deadline(finished)
+    verified, receipt_problem = _receipt_check(server, journal_raw, parsed)
+    return {
+        "declaration": declaration.model_dump(mode="json"),
+        "declaration_source": declaration.source,
+        "reversibility": declaration.kind,
+        "compensation_arguments": compensation_arguments,
+        "undo_problems": problems,
+        "effect_summary": effect.summary or "",
+        "effect_resource": effect.resource or "",
+        "effect_version": effect.version or "",
+        "compensation_token": token or "",
+        "undo_by": deadline,
+        "receipt": journal_raw.get("receipt") if isinstance(journal_raw, dict) else None,
+        "receipt_verified": verified,
+        "receipt_problem": receipt_problem,
+    }
+
+
+def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finished: datetime) -> Step:
+    """Journal what came back, with the undo facts, dependencies and counters, in one transaction."""
+    step = Step.objects.select_related("server").get(pk=opened.step_id)
+    fields: dict[str, Any] = {"finished_at": finished, "duration_ms": (finished - started).total_seconds() * 1000}
+    if outcome.result is not None:
+        result = to_ijson(outcome.result)
+        is_error = result.get("isError") is True
+        fields.update(result=result, is_error=is_error, status=Step.Status.ERROR if is_error else Step.Status.OK)
+        if is_error:
+            from .mcp.client import classify_tool_error
+
+            fields["failure_class"] = classify_tool_error(result)
+        else:
+            fields.update(_undo_facts(step, step.server, result, finished))
+    else:
+        fields.update(status=Step.Status.ERROR, is_error=True, error_message=outcome.error_message,
+                      failure_class=outcome.failure_class or Step.FailureClass.UNKNOWN)
+        if outcome.may_have_acted:
+            fields.update(reversibility=Step.Reversibility.UNKNOWN, undo_problems=[
+                "the server did not answer, so it may or may not have acted"])
+
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=opened.run_id)
+        Step.objects.filter(pk=step.pk).update(**fields)
+        for name, value in fields.items():
+            setattr(step, name, value)
+        _count(run, step, acted=(outcome.result is not None and not step.is_error) or outcome.may_have_acted)
+        links = _link(run, step)
+        run.last_activity_at = finished
+        append_entry(run=run, event="result", now=finished, data={
+            "step": step.number,
+            "status": step.status,
+            "isError": step.is_error,
+            "result": step.result,
+            "error": step.error_message or None,
+            "failureClass": step.failure_class or None,
+            "durationMs": round(step.duration_ms or 0, 3),
+            "undo": {
+                "kind": step.reversibility, "source": step.declaration_source,
+                "compensationArguments": step.compensation_arguments, "problems": step.undo_problems,
+                "undoBy": chain.format_ts(step.undo_by) if step.undo_by else None,
+            },
+            "effect": {"summary": step.effect_summary, "resource": step.effect_resource,
+                       "version": step.effect_version} if step.effect_summary or step.effect_version else None,
+            "receiptVerified": step.receipt_verified,
+            "dependsOn": links,
+        })
+        run.save()
+    return step
+
+
+def _count(run: Run, step: Step, *, acted: bool) -> None:
+    """Keep the run list's counters. A failed call counts as failed; only calls that acted (or may have,
+    when the server never answered) count towards reversible, irreversible or unknown."""
+    if step.status == Step.Status.ERROR:
+        run.failed_count += 1
+        run.state = Run.State.FAILED
+    if not acted:
+        return
+    if step.reversibility == Step.Reversibility.COMPENSATE:
+        run.reversible_count += 1
+    elif step.reversibility == Step.Reversibility.NONE:
+        run.irreversible_count += 1
+    elif step.reversibility == Step.Reversibility.UNKNOWN:
+        run.unknown_count += 1
+
+
+def _link(run: Run, step: Step) -> list[dict[str, Any]]:
+    """Record inferred and declared dependencies of `step`, and index its result for later steps."""
+    links: list[dict[str, Any]] = []
+    wanted = dependencies.distinctive_values(step.arguments)
+    if wanted:
+        by_digest: dict[str, list[str]] = {}
+        for value_digest, pointer in wanted:
+            by_digest.setdefault(value_digest, []).append(pointer)
+        found: dict[int, list[dict[str, str]]] = {}
+        earlier = ResultValue.objects.filter(run=run, digest__in=list(by_digest)).values_list("step_id", "digest", "pointer")
+        for step_id, value_digest, pointer in earlier:
+            if step_id == step.pk:
+                continue
+            for to in by_digest[value_digest]:
+                found.setdefault(step_id, []).append({"from": pointer, "to": to})
+        numbers = dict(Step.objects.filter(pk__in=list(found)).values_list("pk", "number"))
+        StepDependency.objects.bulk_create([
+            StepDependency(step=step, depends_on_id=step_id, rule=StepDependency.Rule.INFERRED, pointers=pointers)
+            for step_id, pointers in found.items()
+        ])
+        links += [{"step": numbers[s], "rule": "inferred", "pointers": p} for s, p in sorted(found.items())]
+
+    declared = ((step.request_meta or {}).get(declarations.HATP_KEY) or {}).get("dependsOn")
+    if isinstance(declared, list):
+        wanted_numbers = {n for n in declared if isinstance(n, int) and not isinstance(n, bool) and 0 < n < step.number}
+        targets = dict(Step.objects.filter(run=run, number__in=wanted_numbers).values_list("number", "pk"))
+        StepDependency.objects.bulk_create([
+            StepDependency(step=step, depends_on_id=pk, rule=StepDependency.Rule.DECLARED) for pk in targets.values()
+        ])
+        links += [{"step": number, "rule": "declared"} for number in sorted(targets)]
+
+    if step.status == Step.Status.OK and isinstance(step.result, dict):
+        ResultValue.objects.bulk_create([
+            ResultValue(run=run, step=step, digest=value_digest, pointer=pointer)
+            for value_digest, pointer in dependencies.distinctive_values(step.result)
+        ])
+    return links

@@ -1,0 +1,49 @@
+from django.core.paginator import Paginator
+from django.db.models import Prefetch
+from django.shortcuts import get_object_or_404, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from approver.access import READERS, require_role
+
+from .forms import RunFilterForm
+from .models import Run, Step, StepDependency
+
+RUNS_PER_PAGE = 25
+STEPS_PER_PAGE = 200
+
+
+@require_GET
+def run_list(request):
+    require_role(request, *READERS)
+    form = RunFilterForm(request.GET or None)
+    runs = form.filter(Run.objects.for_list()) if form.is_bound else Run.objects.for_list()
+    page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    template = "journal/run_list.html#runs" if request.htmx else "journal/run_list.html"
+    return render(request, template, {"form": form, "page": page})
+
+
+@require_GET
+def run_detail(request, run_id):
+    require_role(request, *READERS)
+    run = get_object_or_404(Run.objects.for_list(), public_id=run_id)
+    steps = (
+        Step.objects.filter(run=run)
+        .order_by("number")
+        .prefetch_related(
+            Prefetch(
+                "dependencies",
+                queryset=StepDependency.objects.select_related("depends_on").only(
+                    "step_id", "rule", "pointers", "depends_on__number"
+                ),
+            )
+        )
+        .only(
+            "number", "server_name", "tool", "status", "is_error", "error_message", "failure_class", "started_at",
+            "duration_ms", "declaration", "declaration_source", "reversibility", "undo_problems", "effect_summary",
+            "effect_resource", "effect_version", "undo_by", "receipt_verified", "receipt_problem", "run_id",
+            "arguments", "compensation_arguments",
+        )
+    )
+    page = Paginator(steps, STEPS_PER_PAGE).get_page(request.GET.get("page"))
+    return render(request, "journal/run_detail.html", {"run": run, "page": page, "now": timezone.now()})

@@ -1,0 +1,93 @@
+"""All sample servers in one ASGI app: `/<name>/mcp` (MCP, streamable HTTP), `/<name>/ledger`,
+`/<name>/control`, and the CRM's colleague door. Run it with `python -m samples`."""
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.routing import Mount, Route
+
+from .base import SampleServer, local_transport_security
+from .servers import ALL
+
+
+class PutBackRecovery:
+    """The SDK sieves every result through its own schema and drops `annotations.recovery` (SEP-3172) from
+    `tools/list`; this wrapper puts the declared value back into the JSON response on the wire."""
+
+    def __init__(self, app, server: SampleServer):
+        self.app = app
+        self.server = server
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        start: dict[str, Any] = {}
+        chunks: list[bytes] = []
+
+        async def capture(message):
+            if message["type"] == "http.response.start":
+                start.update(message)
+                return
+            if message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+                if message.get("more_body"):
+                    return
+                body = self._restore(b"".join(chunks), start)
+                headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+                headers.append((b"content-length", str(len(body)).encode()))
+                await send({**start, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+            await send(message)
+
+        await self.app(scope, receive, capture)
+
+    def _restore(self, body: bytes, start: dict[str, Any]) -> bytes:
+        content_type = dict(start.get("headers", [])).get(b"content-type", b"")
+        if not content_type.startswith(b"application/json"):
+            return body
+        try:
+            message = json.loads(body)
+        except ValueError:
+            return body
+        tools = message.get("result", {}).get("tools") if isinstance(message, dict) else None
+        if not isinstance(tools, list):
+            return body
+        declared = {t["name"]: t["annotations"]["recovery"] for t in self.server.tools()
+                    if "recovery" in t.get("annotations", {})}
+        for tool in tools:
+            if tool.get("name") in declared:
+                tool.setdefault("annotations", {})["recovery"] = declared[tool["name"]]
+        return json.dumps(message).encode()
+
+
+def build_app(state_dir: Path | None) -> tuple[Starlette, dict[str, SampleServer]]:
+    servers = {cls.name: cls(state_dir) for cls in ALL}
+    subapps = []
+    routes = []
+    for name, server in servers.items():
+        sub = server.mcp_server().streamable_http_app(
+            streamable_http_path="/mcp",
+            json_response=True,
+            transport_security=local_transport_security(),
+            custom_starlette_routes=[
+                Route("/ledger", server.ledger, methods=["GET"]),
+                Route("/control", server.control, methods=["POST"]),
+                *server.colleague_routes(),
+            ],
+        )
+        subapps.append(sub)
+        asgi = PutBackRecovery(sub, server) if name == "payments" else sub
+        routes.append(Mount(f"/{name}", app=asgi))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        async with contextlib.AsyncExitStack() as stack:
+            for sub in subapps:
+                await stack.enter_async_context(sub.router.lifespan_context(sub))
+            yield
+
+    return Starlette(routes=routes, lifespan=lifespan), servers

@@ -1,0 +1,126 @@
+"""What every sample server shares: persistent state with a ledger, an MCP endpoint, and a control door."""
+
+import json
+import os
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server.lowlevel import Server
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+Handler = Callable[[dict[str, Any]], Awaitable[types.CallToolResult]]
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+class Store:
+    """A JSON document on disk, rewritten atomically after every change, so a restarted server (or a second
+    demo start) remembers its records, tokens and ledger."""
+
+    def __init__(self, path: Path | None, initial: dict[str, Any]):
+        self.path = path
+        self.lock = anyio.Lock()
+        if path is not None and path.exists():
+            self.data = json.loads(path.read_text())
+        else:
+            self.data = initial
+            self.data.setdefault("ledger", [])
+            self.save()
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
+        os.replace(tmp, self.path)
+
+    def record(self, entry: dict[str, Any]) -> None:
+        self.data["ledger"].append({"at": rfc3339(now()), **entry})
+
+
+def text_result(text: str, *, structured: Any = None, meta: dict | None = None, is_error: bool = False):
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)],
+        structured_content=structured,
+        is_error=is_error,
+        _meta=meta,
+    )
+
+
+def tool_error(text: str, *, code: str | None = None, **structured: Any) -> types.CallToolResult:
+    return text_result(text, structured={"code": code, **structured} if code else None, is_error=True)
+
+
+class SampleServer:
+    """A name, some tools (raw dicts, exactly as listed) and their handlers."""
+
+    name: str = ""
+
+    def __init__(self, state_dir: Path | None):
+        self.store = Store(state_dir / f"{self.name}.json" if state_dir else None, self.initial_state())
+        self.delay_ms = 0
+        self.mode = "normal"  # normal | error_5xx | garbage | hang
+
+    def initial_state(self) -> dict[str, Any]:
+        return {"ledger": []}
+
+    def tools(self) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def handlers(self) -> dict[str, Handler]:
+        raise NotImplementedError
+
+    def colleague_routes(self) -> list[Route]:
+        return []
+
+    async def list_tools(self, ctx, params) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[types.Tool.model_validate(tool) for tool in self.tools()])
+
+    async def call_tool(self, ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+        if self.delay_ms:
+            await anyio.sleep(self.delay_ms / 1000)
+        handler = self.handlers().get(params.name)
+        if handler is None:
+            return tool_error(f"Unknown tool {params.name!r}", code="NOT_FOUND")
+        arguments = dict(params.arguments or {})
+        if params.meta and isinstance(params.meta, dict):
+            arguments["__meta"] = params.meta.get("hatp/journal") or {}
+        try:
+            async with self.store.lock:
+                return await handler(arguments)
+        except (KeyError, TypeError, ValueError) as exc:
+            return tool_error(f"Invalid arguments: {exc}", code="INVALID_ARGUMENTS")
+
+    def mcp_server(self) -> Server:
+        return Server(self.name, version="1.0", on_list_tools=self.list_tools, on_call_tool=self.call_tool)
+
+    async def ledger(self, request: Request) -> JSONResponse:
+        return JSONResponse({"server": self.name, "ledger": self.store.data["ledger"]})
+
+    async def control(self, request: Request) -> JSONResponse:
+        body = await request.json()
+        self.delay_ms = int(body.get("delay_ms", self.delay_ms))
+        self.mode = str(body.get("mode", self.mode))
+        return JSONResponse({"delay_ms": self.delay_ms, "mode": self.mode})
+
+
+def local_transport_security() -> TransportSecuritySettings:
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
+        allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+    )

@@ -1,0 +1,127 @@
+"""Personas and real servers for the whole suite.
+
+`sample_servers` runs the sample tool servers over streamable HTTP on a free port; `recorder` runs the
+project's own ASGI application (Django and the Recorder at /mcp/) under uvicorn against the test database.
+Both are real HTTP servers in this process's threads: what crosses them is real MCP.
+"""
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from django.contrib.auth.models import Group, User
+
+from approver import roles
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerThread:
+    def __init__(self, app, port: int):
+        self.port = port
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                                    lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"server on port {self.port} did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class Samples:
+    def __init__(self, thread: ServerThread, servers):
+        self.thread = thread
+        self.servers = servers
+
+    def url(self, name: str) -> str:
+        return f"{self.thread.base}/{name}/mcp"
+
+    def ledger(self, name: str) -> list[dict]:
+        return httpx.get(f"{self.thread.base}/{name}/ledger").json()["ledger"]
+
+    def colleague_update(self, deal_id: str, changes: dict, by: str = "priya") -> dict:
+        response = httpx.post(f"{self.thread.base}/crm/colleague/update_deal",
+                              json={"deal_id": deal_id, "changes": changes, "by": by})
+        response.raise_for_status()
+        return response.json()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_keys(settings, tmp_path):
+    settings.RECORDER_KEY_DIR = tmp_path / "recorder-keys"
+
+
+@pytest.fixture
+def sample_servers(tmp_path):
+    from samples.app import build_app
+
+    app, servers = build_app(Path(tmp_path) / "samples")
+    with ServerThread(app, free_port()) as thread:
+        yield Samples(thread, servers)
+
+
+@pytest.fixture
+def recorder(transactional_db):
+    from approver.asgi import application
+
+    with ServerThread(application, free_port()) as thread:
+        yield thread
+
+
+def _persona(username: str, *role_names: str) -> User:
+    user = User.objects.create_user(username=username, password=f"{username}-password-1")
+    for name in role_names:
+        user.groups.add(Group.objects.get_or_create(name=name)[0])
+    return user
+
+
+@pytest.fixture
+def dana(db):
+    """The person the agent acts for."""
+    return _persona("dana")
+
+
+@pytest.fixture
+def on_call(db):
+    return _persona("olivia", roles.ON_CALL)
+
+
+@pytest.fixture
+def approver_user(db):
+    return _persona("ana", roles.APPROVER)
+
+
+@pytest.fixture
+def second_approver(db):
+    return _persona("bo", roles.APPROVER)
+
+
+@pytest.fixture
+def admin_user(db):
+    return _persona("ada", roles.ADMIN)
+
+
+@pytest.fixture
+def outsider(db):
+    return _persona("otto")
