@@ -13,15 +13,23 @@ django_app = get_asgi_application()
 
 from journal.mcp.gateway import build_app  # noqa: E402 - needs Django set up first
 
-recorder_app = build_app()
+
+def build_application():
+    """A fresh application; the MCP session manager inside it can be started once only."""
+    recorder_app = build_app()
+
+    async def application(scope, receive, send):
+        if scope["type"] == "lifespan":
+            return await recorder_app(scope, receive, send)
+        path = scope.get("path", "")
+        if scope["type"] == "http" and (path == "/mcp" or path.startswith("/mcp/")):
+            if path == "/mcp":
+                scope = {**scope, "path": "/mcp/", "raw_path": b"/mcp/"}
+            return await recorder_app(scope, receive, send)
+        return await django_app(scope, receive, send)
+
+    application.recorder = recorder_app.recorder  # for tests and benchmarks that tune the upstream timeout
+    return application
 
 
-async def application(scope, receive, send):
-    if scope["type"] == "lifespan":
-        return await recorder_app(scope, receive, send)
-    path = scope.get("path", "")
-    if scope["type"] == "http" and (path == "/mcp" or path.startswith("/mcp/")):
-        if path == "/mcp":
-            scope = {**scope, "path": "/mcp/", "raw_path": b"/mcp/"}
-        return await recorder_app(scope, receive, send)
-    return await django_app(scope, receive, send)
+application = build_application()

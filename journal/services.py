@@ -384,3 +384,23 @@ def _link(run: Run, step: Step) -> list[dict[str, Any]]:
             for value_digest, pointer in dependencies.distinctive_values(step.result)
         ])
     return links
+
+
+def refresh_catalogue(*, server: ToolServer) -> ToolServer:
+    """Read the server's raw `tools/list` and keep it. Called outside any transaction (it is network I/O),
+    from commands, the admin and tests; the Recorder itself reads what was kept."""
+    import anyio
+
+    from .mcp.client import Endpoint, ToolServerError, Upstreams
+
+    endpoint = Endpoint(name=server.name, transport=server.transport, url=server.url, command=server.command)
+
+    async def fetch():
+        async with Upstreams(timeout=settings.TOOL_SERVER_TIMEOUT) as upstreams:
+            return await upstreams.list_tools(endpoint)
+
+    try:
+        tools = anyio.run(fetch)
+    except ToolServerError as exc:
+        return save_catalogue(server=server, tools=None, error=f"Could not read the catalogue: {exc.message}")
+    return save_catalogue(server=server, tools=tools)

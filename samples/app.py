@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 from starlette.applications import Starlette
+from starlette.responses import Response as PlainText
 from starlette.routing import Mount, Route
 
 from .base import SampleServer, local_transport_security
@@ -64,6 +66,26 @@ class PutBackRecovery:
         return json.dumps(message).encode()
 
 
+class Faults:
+    """Misbehaviour on demand, set through `/<name>/control`: answer 5xx, answer garbage, or never answer."""
+
+    def __init__(self, app, server: SampleServer):
+        self.app = app
+        self.server = server
+
+    async def __call__(self, scope, receive, send):
+        mode = self.server.mode
+        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].endswith("/mcp"):
+            return await self.app(scope, receive, send)
+        if mode == "error_5xx":
+            return await PlainText("upstream exploded", status_code=502)(scope, receive, send)
+        if mode == "garbage":
+            return await PlainText("{not json at all", media_type="application/json")(scope, receive, send)
+        if mode == "hang":
+            await anyio.sleep(3600)
+        return await self.app(scope, receive, send)
+
+
 def build_app(state_dir: Path | None) -> tuple[Starlette, dict[str, SampleServer]]:
     servers = {cls.name: cls(state_dir) for cls in ALL}
     subapps = []
@@ -80,7 +102,7 @@ def build_app(state_dir: Path | None) -> tuple[Starlette, dict[str, SampleServer
             ],
         )
         subapps.append(sub)
-        asgi = PutBackRecovery(sub, server) if name == "payments" else sub
+        asgi = Faults(PutBackRecovery(sub, server) if name == "payments" else sub, server)
         routes.append(Mount(f"/{name}", app=asgi))
 
     @contextlib.asynccontextmanager

@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+from mcp import MCPError
 from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.requests import Request
@@ -73,7 +74,7 @@ class SampleServer:
     def __init__(self, state_dir: Path | None):
         self.store = Store(state_dir / f"{self.name}.json" if state_dir else None, self.initial_state())
         self.delay_ms = 0
-        self.mode = "normal"  # normal | error_5xx | garbage | hang
+        self.mode = "normal"  # normal | rpc_error | error_5xx | garbage | hang (see samples.app.Faults)
 
     def initial_state(self) -> dict[str, Any]:
         return {"ledger": []}
@@ -93,6 +94,8 @@ class SampleServer:
     async def call_tool(self, ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
         if self.delay_ms:
             await anyio.sleep(self.delay_ms / 1000)
+        if self.mode == "rpc_error":
+            raise MCPError(code=-32602, message=f"Invalid params for {params.name}")
         handler = self.handlers().get(params.name)
         if handler is None:
             return tool_error(f"Unknown tool {params.name!r}", code="NOT_FOUND")

@@ -27,8 +27,9 @@ def free_port() -> int:
 class ServerThread:
     def __init__(self, app, port: int):
         self.port = port
+        self.app = app
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                                    lifespan="on"))
+                                                    lifespan="on", timeout_graceful_shutdown=1))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self):
@@ -60,6 +61,9 @@ class Samples:
     def ledger(self, name: str) -> list[dict]:
         return httpx.get(f"{self.thread.base}/{name}/ledger").json()["ledger"]
 
+    def set_mode(self, name: str, mode: str = "normal", delay_ms: int = 0) -> None:
+        httpx.post(f"{self.thread.base}/{name}/control", json={"mode": mode, "delay_ms": delay_ms}).raise_for_status()
+
     def colleague_update(self, deal_id: str, changes: dict, by: str = "priya") -> dict:
         response = httpx.post(f"{self.thread.base}/crm/colleague/update_deal",
                               json={"deal_id": deal_id, "changes": changes, "by": by})
@@ -83,9 +87,9 @@ def sample_servers(tmp_path):
 
 @pytest.fixture
 def recorder(transactional_db):
-    from approver.asgi import application
+    from approver.asgi import build_application
 
-    with ServerThread(application, free_port()) as thread:
+    with ServerThread(build_application(), free_port()) as thread:
         yield thread
 
 

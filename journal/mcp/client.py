@@ -18,6 +18,7 @@ import anyio
 import httpx2 as httpx  # the HTTP library the mcp SDK itself uses
 import mcp_types as types
 from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 from pydantic import TypeAdapter, ValidationError
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,6 @@ class ToolServerError(Exception):
 
 # JSON-RPC codes from the MCP spec and JSON-RPC 2.0.
 _RPC_CLASSES = {
-    -32700: "invalid_arguments",  # parse error: our request was not understood
     -32600: "invalid_arguments",
     -32601: "not_found",
     -32602: "invalid_arguments",
@@ -121,6 +121,11 @@ def _leaf_exceptions(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
+def _first_leaf(exc: BaseException) -> BaseException:
+    leaves = _leaf_exceptions(exc)
+    return leaves[0] if leaves else exc
+
+
 def translate(exc: BaseException, *, server: str, sent: bool) -> ToolServerError:
     """Map whatever the SDK or the transport raised to one ToolServerError."""
     for leaf in _leaf_exceptions(exc):
@@ -144,6 +149,13 @@ def translate(exc: BaseException, *, server: str, sent: bool) -> ToolServerError
             if isinstance(cause, MCPError):
                 code = cause.error.code
                 failure_class = classify_rpc_error(code)
+                if code == -32700:
+                    # Raised by our own client when the server's answer is not JSON-RPC: the server's fault,
+                    # not the agent's, so it must not be relayed as a parse error of the agent's request.
+                    return ToolServerError(
+                        f"{server} answered with something that is not valid MCP", failure_class="unknown",
+                        may_have_acted=sent,
+                    )
                 if code == -32001:
                     return ToolServerError(
                         f"{server} did not answer in time", failure_class="transient", transient=True,
@@ -167,27 +179,38 @@ def translate(exc: BaseException, *, server: str, sent: bool) -> ToolServerError
     return ToolServerError(f"{server} failed: {type(exc).__name__}: {exc}", failure_class="unknown", may_have_acted=sent)
 
 
-def _client_for(endpoint: Endpoint, timeout: float) -> Client:
-    if endpoint.transport == "stdio":
-        argv = shlex.split(endpoint.command)
-        target: Any = StdioServerParameters(command=argv[0], args=argv[1:])
-    else:
-        target = endpoint.url
-    return Client(target, read_timeout_seconds=timeout, cache=None)
-
-
 class _Connection:
-    """One open session, owned by a keeper task so that it is entered and left in the same task."""
+    """One open session, owned by a keeper task so that it is entered and left in the same task.
 
-    def __init__(self, client: Client):
-        self.client = client
+    The SDK turns an HTTP error status into a generic JSON-RPC internal error; the response hook keeps the
+    status so the failure can still be classified (a 502 is transient, a 403 is not).
+    """
+
+    def __init__(self, endpoint: Endpoint, timeout: float):
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.client: Client | None = None
         self.ready = anyio.Event()
         self.closing = anyio.Event()
         self.error: BaseException | None = None
+        self.last_http_error: int | None = None
+
+    async def _saw(self, response) -> None:
+        if response.status_code >= 400:
+            self.last_http_error = response.status_code
 
     async def keep(self) -> None:
         try:
-            async with self.client:
+            async with contextlib.AsyncExitStack() as stack:
+                if self.endpoint.transport == "stdio":
+                    argv = shlex.split(self.endpoint.command)
+                    target: Any = StdioServerParameters(command=argv[0], args=argv[1:])
+                else:
+                    http = await stack.enter_async_context(httpx.AsyncClient(
+                        timeout=httpx.Timeout(self.timeout), event_hooks={"response": [self._saw]}))
+                    target = streamable_http_client(self.endpoint.url, http_client=http)
+                self.client = Client(target, read_timeout_seconds=self.timeout, cache=None)
+                await stack.enter_async_context(self.client)
                 self.ready.set()
                 await self.closing.wait()
         except BaseException as exc:  # noqa: BLE001 - reported to whoever waits on `ready`
@@ -195,6 +218,14 @@ class _Connection:
             self.ready.set()
             if not isinstance(exc, Exception):
                 raise
+
+    def translate(self, exc: BaseException, *, sent: bool) -> "ToolServerError":
+        status, self.last_http_error = self.last_http_error, None
+        if status is not None and isinstance(exc, MCPError) and exc.error.code in (-32603, -32600, -32601):
+            failure_class, transient = _http_status_class(status)
+            return ToolServerError(f"{self.endpoint.name} answered HTTP {status}", failure_class=failure_class,
+                                   transient=transient, may_have_acted=sent and status >= 500)
+        return translate(exc, server=self.endpoint.name, sent=sent)
 
 
 class Upstreams:
@@ -223,14 +254,14 @@ class Upstreams:
         async with self._lock:
             connection = self._connections.get(endpoint)
             if connection is None or connection.error is not None or connection.closing.is_set():
-                connection = _Connection(_client_for(endpoint, self.timeout))
+                connection = _Connection(endpoint, self.timeout)
                 self._connections[endpoint] = connection
                 assert self._task_group is not None
                 self._task_group.start_soon(connection.keep)
         with anyio.fail_after(self.timeout):
             await connection.ready.wait()
         if connection.error is not None:
-            raise translate(connection.error, server=endpoint.name, sent=False)
+            raise connection.translate(_first_leaf(connection.error), sent=False)
         return connection
 
     def _discard(self, endpoint: Endpoint, connection: _Connection) -> None:
@@ -257,10 +288,10 @@ class Upstreams:
             # An error answer leaves the session healthy; a transport failure does not.
             if exc.error.code == -32001:
                 self._discard(endpoint, connection)
-            raise translate(exc, server=endpoint.name, sent=True) from exc
+            raise connection.translate(exc, sent=True) from exc
         except Exception as exc:
             self._discard(endpoint, connection)
-            raise translate(exc, server=endpoint.name, sent=True) from exc
+            raise connection.translate(exc, sent=True) from exc
 
     async def list_tools(self, endpoint: Endpoint, *, timeout: float | None = None) -> list[dict[str, Any]]:
         """Every page of the server's raw `tools/list`."""

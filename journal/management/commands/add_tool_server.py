@@ -1,0 +1,37 @@
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+
+from journal import services
+from journal.models import ToolServer
+
+
+class Command(BaseCommand):
+    help = "Register a tool server (streamable HTTP URL or stdio command) and read its catalogue."
+
+    def add_arguments(self, parser):
+        parser.add_argument("name", help="Short name; its tools appear to agents as NAME__tool.")
+        parser.add_argument("url", nargs="?", default="", help="Streamable HTTP endpoint, e.g. http://localhost:8100/crm/mcp")
+        parser.add_argument("--command", dest="stdio_command", default="", help='stdio: the command line, e.g. "uvx mcp-server-time"')
+        parser.add_argument("--update", action="store_true", help="Change the URL or command of an existing server.")
+
+    def handle(self, name, url, stdio_command, update, **options):
+        if bool(url) == bool(stdio_command):
+            raise CommandError("Give either a URL or --command, not both and not neither.")
+        existing = ToolServer.objects.filter(name=name).first()
+        if existing and not update:
+            raise CommandError(f"A tool server named {name!r} exists. Use --update to change it.")
+        try:
+            if existing:
+                existing.url, existing.command = url, stdio_command
+                existing.transport = ToolServer.Transport.STDIO if stdio_command else ToolServer.Transport.HTTP
+                existing.full_clean()
+                existing.save()
+                server = existing
+            else:
+                server = services.register_tool_server(name=name, url=url, command=stdio_command)
+        except ValidationError as exc:
+            raise CommandError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())) from None
+        server = services.refresh_catalogue(server=server)
+        if server.catalogue_error:
+            self.stderr.write(self.style.WARNING(server.catalogue_error))
+        self.stdout.write(f"{server.name}: {len(server.catalogue)} tools")

@@ -1,0 +1,24 @@
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+from django.db import IntegrityError
+
+from journal import services
+
+
+class Command(BaseCommand):
+    help = "Create an agent acting for a user and print its bearer token (shown once; only a hash is kept)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("name")
+        parser.add_argument("--on-behalf-of", required=True, metavar="USERNAME")
+
+    def handle(self, name, on_behalf_of, **options):
+        user = get_user_model().objects.filter(username=on_behalf_of).first()
+        if user is None:
+            raise CommandError(f"No user {on_behalf_of!r}.")
+        try:
+            agent, token = services.create_agent(name=name, on_behalf_of=user)
+        except IntegrityError:
+            raise CommandError(f"An agent named {name!r} exists already.") from None
+        self.stdout.write(f"Agent {agent.name} acts for {user.get_username()}. Its token (shown once):")
+        self.stdout.write(token)

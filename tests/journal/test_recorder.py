@@ -1,0 +1,233 @@
+"""End to end: a real MCP client calls through the Recorder to the real sample servers."""
+
+import pytest
+from mcp import MCPError
+
+from journal import chain, keys, services
+from journal.models import ChainEntry, Checkpoint, Run, Step, StepDependency
+
+from .helpers import register_samples, run_agent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def agent_token(dana):
+    _, token = services.create_agent(name="sales-bot", on_behalf_of=dana)
+    return token
+
+
+def test_tools_list_is_the_namespaced_union_without_the_undo_tools(recorder, sample_servers, agent_token):
+    register_samples(sample_servers)
+
+    async def script(client):
+        return await client.list_tools()
+
+    names = {tool.name for tool in run_agent(recorder, agent_token, script).tools}
+    assert {"crm__update_deal", "crm__get_deal", "calendar__create_event", "mail__send_email",
+            "payments__charge_payment", "payments__refund_payment", "inventory__reserve_inventory",
+            "legacy__create_ticket"} <= names
+    assert not any(name.endswith(("hatp_check", "hatp_compensate")) for name in names)
+
+
+def test_globex_story_is_journaled_with_the_right_undo_facts(recorder, sample_servers, agent_token):
+    register_samples(sample_servers)
+
+    async def script(client):
+        meta = {"hatp/journal": {"runId": "globex-1"}}
+        deal = await client.call_tool("crm__update_deal", {"deal_id": "D-881", "stage": "Won"}, meta=meta)
+        event = await client.call_tool("calendar__create_event", {
+            "title": "Kickoff with Globex", "start": "2026-12-04T15:00:00+00:00",
+            "attendees": ["dana@acme.example", "buyer@globex.example"]}, meta=meta)
+        mail = await client.call_tool("mail__send_email", {
+            "to": "buyer@globex.example", "subject": "Welcome aboard", "body": "See you on the 4th"}, meta=meta)
+        return deal, event, mail
+
+    deal, event, mail = run_agent(recorder, agent_token, script)
+    # The agent gets the tool server's result unchanged, _meta and all.
+    assert deal.meta["hatp/journal"]["effect"]["summary"] == "Deal D-881 stage: Proposal → Won"
+    assert not deal.is_error and not event.is_error and not mail.is_error
+
+    run = Run.objects.get(key="run:globex-1")
+    steps = list(run.steps.order_by("number"))
+    assert [s.namespaced_tool for s in steps] == ["crm__update_deal", "calendar__create_event", "mail__send_email"]
+
+    crm, calendar, email = steps
+    assert (crm.reversibility, crm.declaration_source, crm.undo_problems) == ("compensate", "hatp/journal (call)", [])
+    assert crm.effect_version == "v13" and crm.effect_resource == "crm://acme/deal/D-881"
+    assert crm.compensation_arguments == {"compensationToken": crm.compensation_token}
+    assert crm.receipt_verified is True
+    assert crm.undo_by is not None and crm.badge == ("reversible", "Reversible via api")
+    assert calendar.declaration["side_effect"] == "attendees get a cancellation notice"
+    assert calendar.reversibility == "compensate" and calendar.receipt_verified is True
+    assert email.reversibility == "none"
+    assert email.declaration["remedy"] == "send a correction email"
+    assert (run.reversible_count, run.irreversible_count, run.unknown_count) == (2, 1, 0)
+    assert all(s.duration_ms > 0 and s.result is not None for s in steps)
+
+    # The chain holds an intent and an outcome per call, and verifies.
+    events = list(ChainEntry.objects.filter(run=run).values_list("event", flat=True))
+    assert events == ["call", "result"] * 3
+    services.checkpoint_run(run=run)
+    verdict = chain.verify(run=str(run.public_id), entries=[e.as_wire() for e in run.entries.order_by("seq")],
+                           checkpoints=[c.as_wire() for c in run.checkpoints.all()], public_keys=keys.public_keys())
+    assert verdict.ok, str(verdict)
+    assert Checkpoint.objects.filter(run=run).count() == 1
+
+    # The server's own ledger agrees with what was journaled.
+    assert [e["op"] for e in sample_servers.ledger("crm")] == ["update_deal"]
+    assert [e["op"] for e in sample_servers.ledger("mail")] == ["send_email"]
+
+
+def test_sep3172_and_chronomcp_bindings_resolve_and_links_are_inferred(recorder, sample_servers, agent_token):
+    register_samples(sample_servers)
+
+    async def script(client):
+        meta = {"hatp/journal": {"runId": "bindings"}}
+        charge = await client.call_tool("payments__charge_payment", {"customer": "globex", "amount": "2500.00"}, meta=meta)
+        hold = await client.call_tool("inventory__reserve_inventory", {"sku": "SKU-GLOBEX-KIT", "quantity": 3}, meta=meta)
+        # The agent reuses the transaction id in a later call: the Recorder should link the two.
+        await client.call_tool("legacy__echo", {"note": charge.structured_content["transactionId"]},
+                               meta={"hatp/journal": {"runId": "bindings", "dependsOn": [2]}})
+        return charge, hold
+
+    charge, hold = run_agent(recorder, agent_token, script)
+    payment, reservation, echo = Step.objects.filter(run__key="run:bindings").order_by("number")
+    assert payment.declaration_source == "annotations.recovery"
+    assert payment.compensation_arguments == {"transactionId": charge.structured_content["transactionId"]}
+    assert reservation.declaration_source == "dev.chronomcp/compensate"
+    assert reservation.compensation_arguments == {"id": hold.structured_content["id"]}
+    # Neither dialect reports a version, so neither can be undone without a human deciding.
+    assert any("no version" in p for p in payment.undo_problems)
+    assert echo.reversibility == "unknown" and echo.declaration_source == "none"
+
+    links = {(d.depends_on.number, d.rule): d.pointers for d in StepDependency.objects.filter(step=echo)}
+    assert links[(1, "inferred")] == [{"from": "/structuredContent/transactionId", "to": "/note"}]
+    assert (2, "declared") in links
+
+
+def test_upstream_failures_reach_the_agent_faithfully_and_are_classified(recorder, sample_servers, agent_token):
+    servers = register_samples(sample_servers, names=("crm", "legacy"))
+    services.register_tool_server(name="gone", url="http://127.0.0.1:9/mcp")
+    dead = servers["legacy"]
+    dead.catalogue = dead.catalogue  # keep its catalogue, then point it at a closed port
+    dead.url = "http://127.0.0.1:9/mcp"
+    dead.save()
+
+    async def script(client):
+        meta = {"hatp/journal": {"runId": "failures"}}
+        not_found = await client.call_tool("crm__get_deal", {"deal_id": "D-999"}, meta=meta)
+        refused = await client.call_tool("legacy__create_ticket", {"title": "x"}, meta=meta)
+        return not_found, refused
+
+    not_found, refused = run_agent(recorder, agent_token, script)
+    assert not_found.is_error and "not found" in not_found.content[0].text
+    assert refused.is_error and "refused the connection" in refused.content[0].text
+
+    first, second = Step.objects.filter(run__key="run:failures").order_by("number")
+    assert (first.status, first.failure_class) == ("error", "not_found")
+    assert (second.status, second.failure_class) == ("error", "transient")
+    assert Run.objects.get(key="run:failures").failed_count == 2
+
+
+def test_json_rpc_errors_from_the_server_go_back_as_json_rpc_errors(recorder, sample_servers, agent_token):
+    register_samples(sample_servers, names=("crm",))
+
+    sample_servers.set_mode("crm", "rpc_error")
+
+    async def script(client):
+        with pytest.raises(MCPError) as failure:
+            await client.call_tool("crm__get_deal", {"deal_id": "D-881"})
+        assert failure.value.error.code == -32602
+        return await client.call_tool("nowhere__tool", {})
+
+    unknown_server = run_agent(recorder, agent_token, script)
+    assert unknown_server.is_error and "Unknown tool server" in unknown_server.content[0].text
+    step = Step.objects.get()
+    assert (step.status, step.failure_class) == ("error", "invalid_arguments")
+
+
+@pytest.mark.parametrize(("mode", "failure_class", "words"), [
+    ("error_5xx", "transient", "HTTP 502"),
+    ("garbage", "unknown", ""),
+])
+def test_a_server_that_answers_5xx_or_garbage_is_a_classified_tool_error(
+    recorder, sample_servers, agent_token, mode, failure_class, words
+):
+    register_samples(sample_servers, names=("crm",))
+    sample_servers.set_mode("crm", mode)
+
+    async def script(client):
+        return await client.call_tool("crm__get_deal", {"deal_id": "D-881"})
+
+    result = run_agent(recorder, agent_token, script)
+    assert result.is_error and words in result.content[0].text
+    step = Step.objects.get()
+    assert (step.status, step.failure_class) == ("error", failure_class)
+
+
+def test_a_server_that_cannot_be_reached_in_time_did_not_act(recorder, sample_servers, agent_token):
+    register_samples(sample_servers, names=("crm",))
+    recorder.app.recorder.upstreams.timeout = 1.0
+    sample_servers.set_mode("crm", "hang")
+
+    async def script(client):
+        return await client.call_tool("crm__update_deal", {"deal_id": "D-881", "stage": "Won"})
+
+    result = run_agent(recorder, agent_token, script)
+    assert result.is_error and "did not accept a connection in time" in result.content[0].text
+    step = Step.objects.get()
+    assert (step.failure_class, step.reversibility) == ("transient", "compensate")
+    assert Run.objects.get().unknown_count == 0
+
+
+def test_a_server_that_never_answers_times_out_and_may_have_acted(recorder, sample_servers, agent_token, settings):
+    register_samples(sample_servers, names=("crm",))
+    recorder.app.recorder.upstreams.timeout = 1.0
+
+    async def script(client):
+        await client.call_tool("crm__get_deal", {"deal_id": "D-881"})
+        sample_servers.set_mode("crm", "hang")
+        return await client.call_tool("crm__update_deal", {"deal_id": "D-881", "stage": "Won"})
+
+    result = run_agent(recorder, agent_token, script)
+    assert result.is_error and "did not answer in time" in result.content[0].text
+    assert "do not repeat" in result.content[0].text
+    step = Step.objects.get(number=2)
+    assert (step.status, step.failure_class, step.reversibility) == ("error", "transient", "unknown")
+    assert Run.objects.get().unknown_count == 1
+
+
+def test_the_undo_contract_tools_are_refused_to_agents(recorder, sample_servers, agent_token):
+    register_samples(sample_servers, names=("crm",))
+
+    async def script(client):
+        return await client.call_tool("crm__hatp_compensate", {"compensationToken": "ctk_x"})
+
+    result = run_agent(recorder, agent_token, script)
+    assert result.is_error and "reserved" in result.content[0].text
+    assert not [e for e in sample_servers.ledger("crm") if e["op"] == "compensate"]
+    assert Step.objects.count() == 0
+
+
+def test_a_missing_or_wrong_token_is_refused_before_anything_happens(recorder, sample_servers, agent_token):
+    import httpx
+
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    for headers in ({}, {"Authorization": "Bearer agt_wrong"}, {"Authorization": agent_token}):
+        response = httpx.post(f"{recorder.base}/mcp/", json=body, headers=headers)
+        assert response.status_code == 401
+        assert response.headers["www-authenticate"].startswith("Bearer")
+
+
+def test_legacy_handshake_clients_get_a_run_per_session(recorder, sample_servers, agent_token):
+    register_samples(sample_servers, names=("legacy",))
+
+    async def script(client):
+        await client.call_tool("legacy__echo", {"n": 1})
+        await client.call_tool("legacy__echo", {"n": 2})
+
+    run_agent(recorder, agent_token, script, mode="legacy")
+    run_agent(recorder, agent_token, script, mode="legacy")
+    runs = list(Run.objects.all())
+    assert len(runs) == 2 and all(r.key.startswith("session:") and r.step_count == 2 for r in runs)
