@@ -53,13 +53,13 @@ def create_key() -> RecorderKey:
         handle.write(base64.b64encode(raw_private).decode())
     now = timezone.now()
     with transaction.atomic():
-        RecorderKey.objects.filter(valid_until__isnull=True).update(valid_until=now)
+        RecorderKey.objects.filter(origin="", valid_until__isnull=True).update(valid_until=now)
         return RecorderKey.objects.create(key_id=key_id, public_key=b64url(raw_public), valid_from=now)
 
 
 def signing_key() -> tuple[str, Ed25519PrivateKey]:
     """The key that signs now, created on first use."""
-    current = RecorderKey.objects.filter(valid_until__isnull=True).order_by("-valid_from").first()
+    current = RecorderKey.objects.filter(origin="", valid_until__isnull=True).order_by("-valid_from").first()
     private = _load_private(current.key_id) if current else None
     if private is None:
         if current is not None:
@@ -71,5 +71,6 @@ def signing_key() -> tuple[str, Ed25519PrivateKey]:
     return current.key_id, private
 
 
-def public_keys() -> dict[str, Ed25519PublicKey]:
-    return {key.key_id: public_key_from_text(key.public_key) for key in RecorderKey.objects.all()}
+def public_keys(origin: str = "") -> dict[str, Ed25519PublicKey]:
+    """Every public key of one Recorder (this one by default), retired keys included."""
+    return {key.key_id: public_key_from_text(key.public_key) for key in RecorderKey.objects.filter(origin=origin)}

@@ -224,6 +224,9 @@ class StepDependency(models.Model):
             models.UniqueConstraint(fields=["step", "depends_on", "rule"], name="unique_dependency_per_rule")
         ]
 
+    def __str__(self):
+        return f"{self.step} depends on {self.depends_on} ({self.rule})"
+
 
 class ResultValue(models.Model):
     """An index of the distinctive values in a run's results, so inferring links costs one query per call
@@ -236,6 +239,9 @@ class ResultValue(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["run", "digest"])]
+
+    def __str__(self):
+        return f"{self.pointer} of step {self.step_id}"
 
 
 class ChainEntry(models.Model):
@@ -251,6 +257,9 @@ class ChainEntry(models.Model):
         ordering = ["run", "seq"]
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="unique_chain_seq_per_run")]
 
+    def __str__(self):
+        return f"#{self.seq} {self.event}"
+
     def as_wire(self) -> dict:
         return {
             "seq": self.seq, "ts": self.ts, "event": self.event, "data": self.data,
@@ -259,13 +268,21 @@ class ChainEntry(models.Model):
 
 
 class RecorderKey(models.Model):
-    key_id = models.CharField(max_length=40, unique=True)
+    """A Recorder's public key. `origin` is blank for this Recorder's own keys and names the other Recorder
+    for keys that came with an imported bundle (they verify that bundle's checkpoints, and sign nothing)."""
+
+    origin = models.CharField(max_length=500, blank=True)
+    key_id = models.CharField(max_length=40)
     public_key = models.CharField(max_length=100, help_text="Raw Ed25519 public key, base64url.")
     valid_from = models.DateTimeField(default=timezone.now)
     valid_until = models.DateTimeField(null=True, blank=True, help_text="Set when a newer key replaces it.")
 
     class Meta:
         ordering = ["valid_from"]
+        constraints = [models.UniqueConstraint(fields=["origin", "key_id"], name="unique_key_id_per_origin")]
+
+    def __str__(self):
+        return f"{self.origin or 'this Recorder'}: {self.key_id}"
 
     def as_wire(self) -> dict:
         return {
@@ -286,6 +303,9 @@ class Checkpoint(models.Model):
     class Meta:
         ordering = ["run", "seq"]
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="unique_checkpoint_per_seq")]
+
+    def __str__(self):
+        return f"checkpoint #{self.seq} by {self.key_id}"
 
     def as_wire(self) -> dict:
         return {

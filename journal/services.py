@@ -404,3 +404,185 @@ def refresh_catalogue(*, server: ToolServer) -> ToolServer:
     except ToolServerError as exc:
         return save_catalogue(server=server, tools=None, error=f"Could not read the catalogue: {exc.message}")
     return save_catalogue(server=server, tools=tools)
+
+
+# -- the run record: verify, export, import ---------------------------------------------------------------
+
+
+def verify_run(*, run: Run) -> chain.Verdict:
+    """Check a run's chain and checkpoints. Entries are read in the order they were stored (by row id), not
+    sorted by `seq`, so a reordering shows up as a wrong seq."""
+    entries = (entry.as_wire() for entry in run.entries.order_by("id").iterator(chunk_size=2000))
+    checkpoints = [checkpoint.as_wire() for checkpoint in run.checkpoints.order_by("seq").select_related("run")]
+    return chain.verify(
+        run=str(run.public_id), entries=entries, checkpoints=checkpoints,
+        public_keys=keys.public_keys(origin=run.imported_from if run.state == Run.State.IMPORTED else ""),
+    )
+
+
+def export_bundle(*, run: Run) -> dict[str, Any]:
+    """The run's record as a self-contained bundle; signs the head first so the whole chain is covered."""
+    checkpoint_run(run=run)
+    run.refresh_from_db()
+    origin = run.imported_from if run.state == Run.State.IMPORTED else ""
+    from .models import RecorderKey
+
+    return {
+        "format": "agent-undo/run-bundle@1",
+        "run": {
+            "id": str(run.public_id),
+            "agent": run.agent_name,
+            "onBehalfOf": run.agent.on_behalf_of.get_username() if run.agent_id else None,
+            "startedAt": run.started_at.isoformat(),
+            "recorder": origin or settings.PUBLIC_URL,
+        },
+        "entries": [entry.as_wire() for entry in run.entries.order_by("seq")],
+        "checkpoints": [checkpoint.as_wire() for checkpoint in run.checkpoints.order_by("seq").select_related("run")],
+        "publicKeys": [key.as_wire() for key in RecorderKey.objects.filter(origin=origin)],
+        "approvals": [],
+    }
+
+
+def _parse_ts(text: str, fallback: datetime) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return fallback
+    return moment if moment.tzinfo else fallback
+
+
+def _steps_from_entries(run: Run, entries: list[dict[str, Any]]) -> list[Step]:
+    """Rebuild the step rows of an imported run from its call and result events."""
+    steps: dict[int, Step] = {}
+    for entry in entries:
+        data = entry["data"] if isinstance(entry["data"], dict) else {}
+        number = data.get("step")
+        if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+            continue
+        at = _parse_ts(entry["ts"], run.started_at)
+        if entry["event"] == "call" and number not in steps:
+            arguments = data.get("arguments")
+            steps[number] = Step(
+                run=run, number=number, server_name=str(data.get("server", ""))[:60], tool=str(data.get("tool", ""))[:200],
+                arguments=arguments if isinstance(arguments, dict) else {}, started_at=at,
+            )
+        elif entry["event"] == "result" and number in steps:
+            step = steps[number]
+            undo = data.get("undo") if isinstance(data.get("undo"), dict) else {}
+            effect = data.get("effect") if isinstance(data.get("effect"), dict) else {}
+            step.status = Step.Status.ERROR if data.get("status") == "error" else Step.Status.OK
+            step.is_error = data.get("isError") is True
+            step.result = data.get("result") if isinstance(data.get("result"), dict) else None
+            step.failure_class = str(data.get("failureClass") or "")[:20]
+            step.finished_at = at
+            kind = undo.get("kind")
+            step.reversibility = kind if kind in Step.Reversibility.values else Step.Reversibility.UNKNOWN
+            step.declaration_source = str(undo.get("source") or "")[:40]
+            step.compensation_arguments = undo.get("compensationArguments") if isinstance(
+                undo.get("compensationArguments"), dict) else None
+            problems = undo.get("problems")
+            step.undo_problems = [str(p) for p in problems] if isinstance(problems, list) else []
+            step.undo_by = _parse_ts(undo.get("undoBy") or "", None) if undo.get("undoBy") else None
+            step.effect_summary = str(effect.get("summary") or "")[:500]
+            step.effect_resource = str(effect.get("resource") or "")[:500]
+            step.effect_version = str(effect.get("version") or "")[:200]
+            step.receipt_verified = data.get("receiptVerified") if isinstance(data.get("receiptVerified"), bool) else None
+    return [steps[n] for n in sorted(steps)]
+
+
+def import_bundle(*, text: str) -> Run:
+    """Import another Recorder's bundle after verifying it; all or nothing."""
+    import uuid
+
+    from .bundle import ImportRefused, parse_bundle, verify_bundle
+    from .models import RecorderKey
+
+    bundle = parse_bundle(text)
+    try:
+        public_id = uuid.UUID(bundle.run.id)
+    except ValueError:
+        raise ImportRefused(f"run.id: {bundle.run.id!r} is not a UUID") from None
+    verdict = verify_bundle(bundle)
+    if not verdict.ok:
+        raise ImportRefused(f"the record does not verify: {verdict}")
+    if not bundle.checkpoints:
+        raise ImportRefused("the bundle has no signed checkpoint, so nothing vouches for its entries")
+    if bundle.checkpoints[-1].seq != bundle.entries[-1].seq:
+        raise ImportRefused(f"entries after seq {bundle.checkpoints[-1].seq} are not covered by a signed checkpoint")
+    if Run.objects.filter(public_id=public_id).exists():
+        raise ImportRefused(f"run {public_id} is already here")
+    origin = bundle.run.recorder
+    started = _parse_ts(bundle.run.startedAt, timezone.now())
+    entries = [entry.model_dump() for entry in bundle.entries]
+    with transaction.atomic():
+        run = Run.objects.create(
+            public_id=public_id, state=Run.State.IMPORTED, imported_from=origin, agent_label=bundle.run.agent,
+            started_at=started, last_activity_at=started,
+            head_seq=entries[-1]["seq"], head_hash=entries[-1]["hash"], checkpointed_seq=bundle.checkpoints[-1].seq,
+        )
+        ChainEntry.objects.bulk_create([
+            ChainEntry(run=run, seq=e["seq"], ts=e["ts"], event=e["event"], data=e["data"], prev_hash=e["prevHash"],
+                       hash=e["hash"]) for e in entries
+        ])
+        Checkpoint.objects.bulk_create([
+            Checkpoint(run=run, seq=c.seq, head_hash=c.headHash, key_id=c.keyId, signature=c.signature)
+            for c in bundle.checkpoints
+        ])
+        for key in bundle.publicKeys:
+            existing = RecorderKey.objects.filter(origin=origin, key_id=key.keyId).first()
+            if existing and existing.public_key != key.publicKey:
+                raise ImportRefused(f"publicKeys: {key.keyId} of {origin} differs from the key imported before")
+            if not existing:
+                RecorderKey.objects.create(
+                    origin=origin, key_id=key.keyId, public_key=key.publicKey,
+                    valid_from=_parse_ts(key.validFrom, started),
+                    valid_until=_parse_ts(key.validUntil, None) if key.validUntil else None,
+                )
+        steps = _steps_from_entries(run, entries)
+        Step.objects.bulk_create(steps)
+        _recount(run, steps)
+        run.save()
+    return run
+
+
+def _recount(run: Run, steps: list[Step]) -> None:
+    run.step_count = len(steps)
+    for step in steps:
+        _count(run, step, acted=step.status == Step.Status.OK)
+    run.state = Run.State.IMPORTED
+
+
+def import_chronomcp_log(*, text: str, source: str) -> Run:
+    """Import a ChronoMCP audit log after verifying its own chain. Its entries are kept verbatim inside a
+    new chain of ours (their hashes use JSON.stringify, ours JCS), which this Recorder then signs."""
+    from .bundle import ImportRefused, parse_chronomcp_log
+
+    parsed = parse_chronomcp_log(text)
+    key = f"chronomcp:{parsed[-1][1].hash}"
+    if Run.objects.filter(key=key).exists():
+        raise ImportRefused("this audit log (same last hash) was imported before")
+    now = timezone.now()
+    first_ts = _parse_ts(parsed[0][1].ts, now)
+    with transaction.atomic():
+        run = Run.objects.create(state=Run.State.IMPORTED, imported_from="", agent_label="chronomcp",
+                                 key=key, started_at=first_ts,
+                                 last_activity_at=_parse_ts(parsed[-1][1].ts, now))
+        append_entry(run=run, event="imported", now=now, data={
+            "format": "chronomcp-audit-log", "source": source, "entries": len(parsed), "headHash": parsed[-1][1].hash})
+        steps = []
+        for line, (raw, entry) in enumerate(parsed, start=1):
+            append_entry(run=run, event="chronomcp", now=now, data={"line": line, "entry": raw})
+            if entry.tool:
+                arguments = entry.data.get("args", entry.data.get("arguments", entry.data))
+                steps.append(Step(
+                    run=run, number=len(steps) + 1, server_name="chronomcp", tool=entry.tool[:200],
+                    arguments=to_ijson(arguments if isinstance(arguments, dict) else {"value": arguments}),
+                    started_at=_parse_ts(entry.ts, now), finished_at=_parse_ts(entry.ts, now),
+                    status=Step.Status.OK, declaration_source="none", reversibility=Step.Reversibility.UNKNOWN,
+                    effect_summary=f"ChronoMCP {entry.kind}"[:500],
+                ))
+        Step.objects.bulk_create(steps)
+        _recount(run, steps)
+        _checkpoint(run=run, now=now)
+        run.save()
+    return run

@@ -2,7 +2,12 @@
 
 import pytest
 
-from journal.bindings import BindingError, resolve_arguments, resolve_chronomcp_path, resolve_runtime_expression
+from journal.bindings import (
+    BindingError,
+    resolve_arguments,
+    resolve_chronomcp_path,
+    resolve_runtime_expression,
+)
 
 RFC6901_DOC = {"foo": ["bar", "baz"], "": 0, "a/b": 1, "c%d": 2, "e^f": 3, "g|h": 4, "i\\j": 5, 'k"l': 6, " ": 7,
                "m~n": 8}

@@ -1,0 +1,164 @@
+"""Wire formats for moving run records between systems, validated strictly with pydantic.
+
+- Our bundle (`export_run` / `import_run`): the chain entries, the signed checkpoints, and the public keys
+  that verify them; later issues add approvals.
+- A ChronoMCP audit log: JSON Lines of `{"ts", "kind", "tool"?, "data", "prevHash", "hash"}`, the first
+  `prevHash` "GENESIS", each `hash` the SHA-256 hex of JavaScript's `JSON.stringify` of the entry without
+  `hash`, keys in the order they appear. JSON.stringify is JCS without the key sort (RFC 8785 defines its
+  strings and numbers by ECMAScript's), so the bytes are rebuilt with the JCS library's scalar encoding.
+"""
+
+import hashlib
+import json
+from typing import Any, Literal
+
+import rfc8785
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from . import chain
+
+BUNDLE_FORMAT = "agent-undo/run-bundle@1"
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class WireEntry(_Wire):
+    seq: int = Field(ge=1)
+    ts: str = Field(max_length=40)
+    event: str = Field(max_length=40)
+    data: Any
+    prevHash: str = Field(max_length=64)
+    hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class WireCheckpoint(_Wire):
+    run: str = Field(max_length=64)
+    seq: int = Field(ge=1)
+    headHash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    keyId: str = Field(max_length=40)
+    signature: str = Field(max_length=200)
+
+
+class WireKey(_Wire):
+    keyId: str = Field(max_length=40)
+    alg: Literal["Ed25519"]
+    publicKey: str = Field(max_length=100)
+    validFrom: str
+    validUntil: str | None = None
+
+
+class WireRun(_Wire):
+    id: str = Field(max_length=64)
+    agent: str = Field(max_length=200)
+    onBehalfOf: str | None = Field(None, max_length=200)
+    startedAt: str
+    recorder: str = Field(max_length=500)
+
+
+class Bundle(_Wire):
+    format: Literal["agent-undo/run-bundle@1"]
+    run: WireRun
+    entries: list[WireEntry] = Field(min_length=1)
+    checkpoints: list[WireCheckpoint]
+    publicKeys: list[WireKey]
+    approvals: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ImportRefused(ValueError):
+    """A file that cannot be imported; the message names the bad field or entry."""
+
+
+def describe_validation(error: ValidationError, *, line: int | None = None) -> str:
+    first = error.errors(include_url=False, include_input=False)[0]
+    location = ".".join(str(part) for part in first["loc"]) or "(root)"
+    where = f"line {line}: " if line is not None else ""
+    more = f" (and {error.error_count() - 1} more problems)" if error.error_count() > 1 else ""
+    return f"{where}{location}: {first['msg']}{more}"
+
+
+def parse_bundle(text: str) -> Bundle:
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise ImportRefused(f"not JSON: {exc}") from None
+    try:
+        return Bundle.model_validate(raw)
+    except ValidationError as exc:
+        raise ImportRefused(describe_validation(exc)) from None
+
+
+def verify_bundle(bundle: Bundle) -> chain.Verdict:
+    from .keys import public_key_from_text
+
+    keys = {}
+    for key in bundle.publicKeys:
+        try:
+            keys[key.keyId] = public_key_from_text(key.publicKey)
+        except ValueError:
+            raise ImportRefused(f"publicKeys: {key.keyId} is not an Ed25519 public key") from None
+    return chain.verify(
+        run=bundle.run.id,
+        entries=[entry.model_dump() for entry in bundle.entries],
+        checkpoints=[checkpoint.model_dump() for checkpoint in bundle.checkpoints],
+        public_keys=keys,
+    )
+
+
+# -- ChronoMCP --------------------------------------------------------------------------------------------
+
+
+class ChronoEntry(_Wire):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    ts: str = Field(max_length=40)
+    kind: str = Field(max_length=60)
+    tool: str | None = Field(None, max_length=200)
+    data: dict[str, Any]
+    prevHash: str = Field(max_length=64)
+    hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+def js_stringify(value: Any) -> str:
+    """JavaScript's JSON.stringify with no indentation: insertion-ordered keys, ECMAScript scalars."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{js_stringify(str(k))}:{js_stringify(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(js_stringify(v) for v in value) + "]"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
+        value = float(value)  # JSON.parse read it as a double; stringify prints that double
+    return rfc8785.dumps(value).decode("utf-8")
+
+
+def parse_chronomcp_log(text: str) -> list[tuple[dict[str, Any], ChronoEntry]]:
+    """Parse and verify a ChronoMCP audit log; refuse it whole, naming the first bad line."""
+    entries = []
+    expected_prev = chain.GENESIS
+    # split("\n"), not splitlines(): JSON.stringify leaves U+2028 and U+2029 raw inside strings.
+    lines = [line for line in text.split("\n") if line.strip()]
+    if not lines:
+        raise ImportRefused("the audit log is empty")
+    for number, line in enumerate(lines, start=1):
+        try:
+            raw = json.loads(line)
+        except ValueError as exc:
+            raise ImportRefused(f"line {number}: not JSON ({exc})") from None
+        if not isinstance(raw, dict):
+            raise ImportRefused(f"line {number}: not a JSON object")
+        try:
+            entry = ChronoEntry.model_validate(raw)
+        except ValidationError as exc:
+            raise ImportRefused(describe_validation(exc, line=number)) from None
+        if entry.prevHash != expected_prev:
+            raise ImportRefused(f"line {number}: prevHash does not match the previous entry's hash")
+        payload = {key: value for key, value in raw.items() if key != "hash"}
+        try:
+            recomputed = hashlib.sha256(js_stringify(payload).encode("utf-8")).hexdigest()
+        except (rfc8785.CanonicalizationError, ValueError) as exc:
+            raise ImportRefused(f"line {number}: cannot serialise ({exc})") from None
+        if recomputed != entry.hash:
+            raise ImportRefused(f"line {number}: content does not match its hash")
+        expected_prev = entry.hash
+        entries.append((raw, entry))
+    return entries

@@ -1,0 +1,38 @@
+import json
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from journal import services
+from journal.bundle import ImportRefused
+
+
+class Command(BaseCommand):
+    help = "Import a run bundle from another Recorder, or a ChronoMCP audit log (JSONL), after verifying it."
+
+    def add_arguments(self, parser):
+        parser.add_argument("file", type=Path)
+        parser.add_argument("--format", choices=["auto", "bundle", "chronomcp"], default="auto")
+
+    def handle(self, file, format, **options):
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CommandError(f"Cannot read {file}: {exc}") from None
+        if format == "auto":
+            format = "bundle" if _looks_like_bundle(text) else "chronomcp"
+        try:
+            if format == "bundle":
+                run = services.import_bundle(text=text)
+            else:
+                run = services.import_chronomcp_log(text=text, source=file.name)
+        except ImportRefused as exc:
+            raise CommandError(f"Refused {file.name}: {exc}. Nothing was imported.") from None
+        self.stdout.write(f"Imported run {run.public_id}: {run.step_count} steps, {run.head_seq} entries.")
+
+
+def _looks_like_bundle(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict) and "format" in json.loads(text)
+    except ValueError:
+        return False
