@@ -231,3 +231,37 @@ def test_legacy_handshake_clients_get_a_run_per_session(recorder, sample_servers
     run_agent(recorder, agent_token, script, mode="legacy")
     runs = list(Run.objects.all())
     assert len(runs) == 2 and all(r.key.startswith("session:") and r.step_count == 2 for r in runs)
+
+
+def test_third_party_stdio_servers_work_through_the_recorder_and_their_writes_are_unknown(
+    recorder, agent_token, tmp_path
+):
+    import subprocess
+    import sys
+
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "notes.txt").write_text("kickoff agenda")
+    git = services.refresh_catalogue(server=services.register_tool_server(
+        name="git", command=f"{sys.executable} -m mcp_server_git --repository {repo}"))
+    clock = services.refresh_catalogue(server=services.register_tool_server(
+        name="clock", command=f"{sys.executable} -m mcp_server_time --local-timezone UTC"))
+    assert "git_add" in git.tool_names and "get_current_time" in clock.tool_names
+
+    async def script(client):
+        meta = {"hatp/journal": {"runId": "third-party"}}
+        added = await client.call_tool("git__git_add", {"repo_path": str(repo), "files": ["notes.txt"]}, meta=meta)
+        status = await client.call_tool("git__git_status", {"repo_path": str(repo)}, meta=meta)
+        now = await client.call_tool("clock__get_current_time", {"timezone": "Europe/Paris"}, meta=meta)
+        return added, status, now
+
+    added, status, now = run_agent(recorder, agent_token, script)
+    assert added.content[0].text == "Files staged successfully"
+    assert "new file:   notes.txt" in status.content[0].text
+    assert now.structured_content["timezone"] == "Europe/Paris"
+    git_add, git_status, clock_now = Step.objects.filter(run__key="run:third-party").order_by("number")
+    # Nothing declares an undo for git_add: unknown, never safe. Reads say so with readOnlyHint.
+    assert (git_add.reversibility, git_add.declaration_source) == ("unknown", "none")
+    assert (git_status.reversibility, git_status.declaration_source) == ("read_only", "annotations.readOnlyHint")
+    assert clock_now.reversibility == "read_only" and clock_now.status == "ok"
+    assert Run.objects.get(key="run:third-party").unknown_count == 1

@@ -1,0 +1,150 @@
+"""The runs list and the run page: access, content, filters, and constant query counts."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from journal import services
+from journal.models import Run
+
+from .factories import journal_call, make_run
+
+HATP_RESULT = {
+    "content": [{"type": "text", "text": "Deal D-881 stage: Proposal → Won"}],
+    "structuredContent": {"deal": {"id": "D-881"}},
+    "_meta": {"hatp/journal": {
+        "undo": {"kind": "compensate", "window": "P7D", "via": "api", "undoBy": "2099-12-06T10:00:00Z"},
+        "compensationToken": "ctk_1", "effect": {"summary": "Deal D-881 stage: Proposal → Won",
+                                                  "resource": "crm://acme/deal/D-881", "version": "v13"}}},
+}
+
+
+@pytest.fixture
+def agent(dana):
+    return services.create_agent(name="sales-bot", on_behalf_of=dana)[0]
+
+
+@pytest.fixture
+def crm(db):
+    server = services.register_tool_server(name="crm", url="http://127.0.0.1:9/crm/mcp")
+    tools = [{"name": "update_deal", "inputSchema": {"type": "object"},
+              "_meta": {"hatp/journal": {"undo": {"kind": "compensate", "window": "P7D"}}}},
+             {"name": "hatp_compensate", "inputSchema": {"type": "object"}}]
+    return services.save_catalogue(server=server, tools=tools)
+
+
+PAGES = [
+    lambda run: reverse("journal:run_list"),
+    lambda run: reverse("journal:run_detail", args=[run.public_id]),
+    lambda run: reverse("journal:api_run_list"),
+    lambda run: reverse("journal:api_run_detail", args=[run.public_id]),
+    lambda run: reverse("journal:api_step_list", args=[run.public_id]),
+    lambda run: reverse("journal:api_openapi"),
+]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_pages_send_anonymous_users_to_login_and_refuse_users_without_a_role(client, agent, outsider, page):
+    url = page(make_run(agent, steps=1))
+    response = client.get(url)
+    assert response.status_code == 302 and response.url.startswith(reverse("login"))
+    client.force_login(outsider)
+    assert client.get(url).status_code == 403
+
+
+@pytest.mark.parametrize("persona", ["on_call", "approver_user", "admin_user"])
+@pytest.mark.parametrize("page", PAGES)
+def test_every_role_may_read_runs(client, agent, request, persona, page):
+    client.force_login(request.getfixturevalue(persona))
+    assert client.get(page(make_run(agent, steps=1))).status_code == 200
+
+
+def test_run_page_shows_effect_badge_deadline_and_failure(client, agent, crm, on_call):
+    journal_call(agent, server=crm, result=HATP_RESULT)
+    journal_call(agent, server=crm, error=services.Outcome(error_message="crm refused the connection",
+                                                            failure_class="transient"))
+    journal_call(agent, server=crm, arguments={"note": "unrelated"}, result=HATP_RESULT)
+    run = Run.objects.get()
+    client.force_login(on_call)
+    html = client.get(reverse("journal:run_detail", args=[run.public_id])).content.decode()
+    assert "Deal D-881 stage: Proposal → Won" in html
+    assert "Reversible via api" in html and "hatp/journal (call)" in html
+    assert "Undo possible for" in html
+    assert "Failed (transient): crm refused the connection" in html
+    assert "First step" in html
+    # Step 2 passed the deal id that step 1's result returned: an inferred link, with the pointers.
+    assert "Depends on <a href=\"#step-1\">step 1</a>" in html
+    assert "<code>/structuredContent/deal/id</code> is this call's <code>/deal_id</code>" in html
+    assert "Depends on steps 1–2 (all-earlier rule)" in html
+
+
+def test_run_page_query_count_does_not_grow_with_steps(client, agent, crm, on_call):
+    client.force_login(on_call)
+    counts = []
+    for steps, key in ((3, "run:small"), (60, "run:large")):
+        run = make_run(agent, steps=steps, run_key=key, server=crm, result=HATP_RESULT)
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get(reverse("journal:run_detail", args=[run.public_id])).status_code == 200
+        counts.append(len(queries))
+    assert counts[0] == counts[1], counts
+
+
+def test_run_list_query_count_does_not_grow_with_runs(client, agent, on_call):
+    client.force_login(on_call)
+    counts = []
+    for total in (2, 20):
+        while Run.objects.count() < total:
+            make_run(agent, steps=1, run_key=f"run:{Run.objects.count()}")
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get(reverse("journal:run_list")).status_code == 200
+        counts.append(len(queries))
+    assert counts[0] == counts[1], counts
+
+
+def test_run_list_filters_by_agent_and_state_and_paginates(client, dana, on_call):
+    bot, _ = services.create_agent(name="sales-bot", on_behalf_of=dana)
+    other, _ = services.create_agent(name="ops-bot", on_behalf_of=dana)
+    for index in range(30):
+        make_run(bot, steps=1, run_key=f"run:b{index}")
+    journal_call(other, run_key="run:o", error=services.Outcome(error_message="x", failure_class="unknown"))
+    client.force_login(on_call)
+    html = client.get(reverse("journal:run_list"), {"agent": "ops-bot"}).content.decode()
+    assert html.count("ops-bot</a>") == 1 and "sales-bot</a>" not in html
+    failed = client.get(reverse("journal:run_list"), {"state": "failed"}).content.decode()
+    assert "ops-bot</a>" in failed and "sales-bot</a>" not in failed
+    first = client.get(reverse("journal:run_list")).content.decode()
+    assert "Page 1 of 2" in first
+    assert "Page 2 of 2" in client.get(reverse("journal:run_list"), {"page": 2}).content.decode()
+
+
+def test_run_list_htmx_request_gets_only_the_fragment(client, agent, on_call):
+    make_run(agent, steps=1)
+    client.force_login(on_call)
+    html = client.get(reverse("journal:run_list"), HTTP_HX_REQUEST="true").content.decode()
+    assert html.lstrip().startswith('<div id="runs">') and "<html" not in html
+
+
+def test_a_bad_filter_value_shows_no_runs_rather_than_failing(client, agent, on_call):
+    make_run(agent, steps=1)
+    client.force_login(on_call)
+    response = client.get(reverse("journal:run_list"), {"agent": "nobody", "state": "x"})
+    assert response.status_code == 200 and "No runs yet" in response.content.decode()
+
+
+def test_api_returns_steps_with_undo_facts_and_the_openapi_document_describes_them(client, agent, crm, on_call):
+    journal_call(agent, server=crm, result=HATP_RESULT)
+    run = Run.objects.get()
+    client.force_login(on_call)
+    steps = client.get(reverse("journal:api_step_list", args=[run.public_id])).json()
+    step = steps["items"][0]
+    assert step["undo"]["kind"] == "compensate" and step["effect"]["version"] == "v13"
+    schema = client.get(reverse("journal:api_openapi")).json()
+    assert set(step) == set(schema["components"]["schemas"]["Step"]["properties"])
+    assert set(client.get(reverse("journal:api_run_detail", args=[run.public_id])).json()) == set(
+        schema["components"]["schemas"]["Run"]["properties"])
+
+
+def test_an_unknown_run_is_404(client, on_call):
+    client.force_login(on_call)
+    assert client.get("/runs/00000000-0000-4000-8000-000000000000/").status_code == 404
