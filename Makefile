@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m approver.demo
 
+# Tests keep their database, broker folder and keys apart from the demo's, so a running demo never
+# picks up a test's tasks.
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	VAR_DIR=$(CURDIR)/var/test $(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

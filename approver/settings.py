@@ -173,10 +173,17 @@ else:
         "processed_folder": str(BROKER_DIR / "processed"),
         "store_processed": False,
     }
+    # The filesystem transport expects its folders to exist.
+    for _folder in ("queue", "control", "processed"):
+        (BROKER_DIR / _folder).mkdir(parents=True, exist_ok=True)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+# Celery beat (run it with `celery -A approver beat`, or `worker --beat` for a single worker as the demo does).
+CELERY_BEAT_SCHEDULE = {
+    "checkpoint-quiet-runs": {"task": "journal.checkpoint_quiet_runs", "schedule": 15.0},
+}
 
 # The Recorder's Ed25519 signing keys live outside the repository. Public keys are also kept in the
 # database (RecorderKey), so rotating a key never loses the ability to verify old checkpoints.
@@ -213,5 +220,11 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"httpx": {"level": "WARNING"}, "mcp": {"level": "WARNING"}},
+    "loggers": {
+        "httpx": {"level": "WARNING"},
+        "httpx2": {"level": "WARNING"},
+        "mcp": {"level": "WARNING"},
+        # The filesystem broker has no host; kombu warns about it on every connection.
+        "kombu.connection": {"level": "ERROR"},
+    },
 }

@@ -586,3 +586,11 @@ def import_chronomcp_log(*, text: str, source: str) -> Run:
         _checkpoint(run=run, now=now)
         run.save()
     return run
+
+
+def reset_agent_token(*, agent: Agent) -> str:
+    """Give an agent a new token; the old one stops working at once."""
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    agent.token_hash, agent.token_prefix = hash_token(token), token[:10]
+    agent.save(update_fields=["token_hash", "token_prefix"])
+    return token

@@ -1,0 +1,200 @@
+"""`make demo`: everything a new user needs, started and stopped together.
+
+Migrates the SQLite database in var/, creates one user per role, starts the sample tool servers, the web
+app with the Recorder (uvicorn on localhost:8000), and a Celery worker with beat; registers the tool
+servers, creates the sales-bot agent for Dana, and replays the Globex story through the Recorder with a
+real MCP client. Ctrl-C stops every process it started. A second start reuses var/ and the keys.
+"""
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+VAR = Path(os.environ.setdefault("VAR_DIR", str(ROOT / "var")))
+WEB_PORT = int(os.environ.get("DEMO_PORT", "8000"))
+SAMPLES_PORT = int(os.environ.get("DEMO_SAMPLES_PORT", "8100"))
+SAMPLE_SERVERS = ("crm", "calendar", "mail", "payments", "inventory", "legacy")
+USERS = [  # username, role, what they do in the story
+    ("olivia", "on-call", "on-call engineer"),
+    ("ana", "approver", "team lead"),
+    ("bo", "approver", "team lead"),
+    ("ada", "admin", "admin"),
+    ("dana", None, "account executive; sales-bot acts for her"),
+]
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def wait_for(url: str, what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise SystemExit(f"{what} did not start within {seconds:.0f} s ({url}); see the output above.")
+
+
+def setup_django():
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "approver.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def ensure_users() -> dict[str, str]:
+    from django.contrib.auth.models import Group, User
+
+    path = VAR / "demo-users.json"
+    passwords = json.loads(path.read_text()) if path.exists() else {}
+    for username, role, _ in USERS:
+        password = passwords.setdefault(username, f"{username}-{secrets.token_hex(4)}")
+        user, created = User.objects.get_or_create(username=username)
+        if created or not user.check_password(password):
+            user.set_password(password)
+        if role == "admin":
+            user.is_staff = user.is_superuser = True
+        user.save()
+        if role:
+            user.groups.add(Group.objects.get(name=role))
+    path.write_text(json.dumps(passwords, indent=1))
+    path.chmod(0o600)
+    return passwords
+
+
+def ensure_tool_servers() -> None:
+    from journal import services
+    from journal.models import ToolServer
+
+    for name in SAMPLE_SERVERS:
+        url = f"http://localhost:{SAMPLES_PORT}/{name}/mcp"
+        server = ToolServer.objects.filter(name=name).first()
+        if server is None:
+            server = services.register_tool_server(name=name, url=url)
+        elif server.url != url:
+            server.url = url
+            server.save(update_fields=["url"])
+        server = services.refresh_catalogue(server=server)
+        status = server.catalogue_error or f"{len(server.catalogue)} tools"
+        say(f"  tool server {name:<10} {url}  ({status})")
+
+
+def ensure_agent() -> str:
+    from django.contrib.auth.models import User
+
+    from journal import services
+    from journal.models import Agent
+
+    path = VAR / "demo-agent-token"
+    agent = Agent.objects.filter(name="sales-bot").first()
+    if agent is None:
+        agent, token = services.create_agent(name="sales-bot", on_behalf_of=User.objects.get(username="dana"))
+    elif path.exists() and services.authenticate_agent(path.read_text().strip()) == agent:
+        return path.read_text().strip()
+    else:
+        token = services.reset_agent_token(agent=agent)
+    path.write_text(token)
+    path.chmod(0o600)
+    return token
+
+
+def replay_globex(token: str) -> None:
+    import anyio
+
+    from journal.models import Run
+    from samples import agent as scripted
+
+    if Run.objects.filter(key=f"run:{scripted.RUN_ID}").exists():
+        say("  the Globex run is already recorded (kept from the last start)")
+        return
+    say("  sales-bot replays the Globex story through the Recorder:")
+    anyio.run(lambda: scripted.replay(f"http://localhost:{WEB_PORT}/mcp/", token, say=say))
+
+
+def wait_for_worker(seconds: float = 60) -> bool:
+    from approver.celery import app
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if app.control.ping(timeout=1.0):
+            return True
+    return False
+
+
+def main() -> None:
+    VAR.mkdir(parents=True, exist_ok=True)
+    setup_django()
+    passwords = ensure_users()
+    python = sys.executable
+    children: list[subprocess.Popen] = []
+
+    def start(argv: list[str], name: str) -> None:
+        say(f"  starting {name}")
+        children.append(subprocess.Popen(argv, cwd=ROOT, start_new_session=True))
+
+    def stop(*_args) -> None:
+        say("\nStopping the demo…")
+        for child in children:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+        say("Stopped everything the demo started.")
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    say("Starting the demo")
+    start([python, "-m", "samples", "--host", "localhost", "--port", str(SAMPLES_PORT), "--state", str(VAR / "samples")],
+          "sample tool servers")
+    start([python, "-m", "uvicorn", "approver.asgi:application", "--host", "localhost", "--port", str(WEB_PORT),
+           "--log-level", "warning"], "web app and Recorder")
+    start([python, "-m", "celery", "-A", "approver", "worker", "--beat", "--pool=solo", "--loglevel=WARNING",
+           f"--schedule={VAR / 'celerybeat-schedule'}", "--hostname=demo@%h"], "Celery worker (with beat)")
+    try:
+        wait_for(f"http://localhost:{SAMPLES_PORT}/crm/ledger", "The sample tool servers")
+        wait_for(f"http://localhost:{WEB_PORT}/login/", "The web app")
+        ensure_tool_servers()
+        token = ensure_agent()
+        replay_globex(token)
+        worker = "running" if wait_for_worker() else "NOT answering (see its output above)"
+    except BaseException:
+        stop()
+        raise
+    say()
+    say(f"Ready: http://localhost:{WEB_PORT}/   (health: http://localhost:{WEB_PORT}/health/; worker {worker})")
+    say("Log in as:")
+    for username, role, what in USERS:
+        say(f"  {username:<7} {passwords[username]:<16} {role or 'no role':<9} {what}")
+    say(f"Agents connect to http://localhost:{WEB_PORT}/mcp/ with the token in {VAR / 'demo-agent-token'}.")
+    say(f"A colleague's edit: curl -X POST localhost:{SAMPLES_PORT}/crm/colleague/update_deal "
+        "-d '{\"deal_id\": \"D-881\", \"changes\": {\"stage\": \"Negotiation\"}, \"by\": \"priya\"}'")
+    say("Ctrl-C stops everything.")
+    while True:
+        for child in children:
+            if child.poll() is not None:
+                say(f"A demo process exited with code {child.returncode}: {' '.join(child.args[:4])}")
+                stop()
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    main()

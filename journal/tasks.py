@@ -1,0 +1,24 @@
+"""Thin Celery entry points for the Recorder side."""
+
+from datetime import timedelta
+
+from celery import shared_task
+from django.db.models import F
+from django.utils import timezone
+
+from . import services
+from .models import Run
+
+QUIET_AFTER = timedelta(seconds=30)
+
+
+@shared_task(name="journal.checkpoint_quiet_runs")
+def checkpoint_quiet_runs() -> int:
+    """Sign the head of every run that went quiet with unsigned entries. Safe to run twice: a run whose
+    head is already signed is skipped inside `checkpoint_run`, under the run's lock."""
+    quiet = timezone.now() - QUIET_AFTER
+    signed = 0
+    for run in Run.objects.filter(last_activity_at__lt=quiet, head_seq__gt=F("checkpointed_seq")).only("pk"):
+        if services.checkpoint_run(run=run) is not None:
+            signed += 1
+    return signed

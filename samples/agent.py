@@ -1,0 +1,54 @@
+"""A scripted agent: a real MCP client that replays the Globex story through the Recorder.
+
+    python -m samples.agent --url http://localhost:8000/mcp/ --token agt_…
+
+sales-bot, acting for Dana, reads deal D-881, marks it Won, books a kickoff with Globex, and emails their
+buyer. The first two can be undone; the email cannot.
+"""
+
+import argparse
+import contextlib
+
+import anyio
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+RUN_ID = "globex-kickoff"
+
+STORY = [
+    ("crm__get_deal", {"deal_id": "D-881"}),
+    ("crm__update_deal", {"deal_id": "D-881", "stage": "Won"}),
+    ("calendar__create_event", {"title": "Kickoff with Globex", "start": "2026-12-04T15:00:00+00:00",
+                                "attendees": ["dana@acme.example", "buyer@globex.example", "cto@globex.example"]}),
+    ("mail__send_email", {"to": "buyer@globex.example", "subject": "Welcome aboard, Globex",
+                          "body": "Thanks for choosing us. Your kickoff is booked for Dec 4."}),
+]
+
+
+@contextlib.asynccontextmanager
+async def connect(url: str, token: str):
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
+        async with Client(streamable_http_client(url, http_client=http), cache=None) as client:
+            yield client
+
+
+async def replay(url: str, token: str, *, run_id: str = RUN_ID, say=print) -> None:
+    async with connect(url, token) as client:
+        for name, arguments in STORY:
+            result = await client.call_tool(name, arguments, meta={"hatp/journal": {"runId": run_id}})
+            text = result.content[0].text if result.content else ""
+            say(f"  {name}: {'ERROR ' if result.is_error else ''}{text}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="http://localhost:8000/mcp/")
+    parser.add_argument("--token", required=True)
+    parser.add_argument("--run-id", default=RUN_ID)
+    args = parser.parse_args()
+    anyio.run(lambda: replay(args.url, args.token, run_id=args.run_id))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from django.urls import reverse
+
+
+def test_login_and_logout(client, on_call):
+    response = client.post(reverse("login"), {"username": "olivia", "password": "olivia-password-1"})
+    assert response.status_code == 302 and response.url == reverse("journal:run_list")
+    assert client.get(reverse("journal:run_list")).status_code == 200
+    assert client.get(reverse("logout")).status_code == 405  # logging out is a POST, so a link cannot do it
+    assert client.post(reverse("logout")).status_code == 302
+    assert client.get(reverse("journal:run_list")).status_code == 302
+
+
+def test_a_wrong_password_says_so(client, on_call):
+    response = client.post(reverse("login"), {"username": "olivia", "password": "nope"})
+    assert response.status_code == 200 and "do not match" in response.content.decode()
+
+
+def test_login_needs_the_csrf_token(on_call):
+    from django.test import Client
+
+    strict = Client(enforce_csrf_checks=True)
+    assert strict.post(reverse("login"), {"username": "olivia", "password": "olivia-password-1"}).status_code == 403
+
+
+def test_roles_exist_after_migrate(db):
+    from django.contrib.auth.models import Group
+
+    assert set(Group.objects.values_list("name", flat=True)) >= {"on-call", "approver", "admin"}
+
+
+def test_health_reports_a_missing_worker(client, db):
+    response = client.get(reverse("health"))
+    body = response.json()
+    assert body["database"] == "ok" and body["broker"] == "ok"
+    if body["worker"] == "none running":
+        assert response.status_code == 503 and body["status"] == "degraded"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_health_sees_a_real_worker_process(client):
+    # The worker inherits this process's environment, so it reads the same broker (Redis or folder).
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "approver.settings"}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "approver", "worker", "--pool=solo", "--loglevel=WARNING",
+         "--hostname=health-test@%h"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            body = client.get(reverse("health")).json()
+            if body["worker"] == "ok" or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert body == {"status": "ok", "database": "ok", "broker": "ok", "worker": "ok", "workers": 1}
+        from approver.tasks import ping
+
+        assert ping.delay().id  # enqueued on the same broker the worker reads
+    finally:
+        worker.terminate()
+        worker.wait(timeout=20)
