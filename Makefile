@@ -19,6 +19,7 @@ demo: $(STAMP)
 # picks up a test's tasks.
 test: $(STAMP)
 	VAR_DIR=$(CURDIR)/var/test $(PY) -m pytest $(PYTEST_ARGS)
+	VAR_DIR=$(CURDIR)/var/test-pg $(PY) tests/on_postgres.py $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -57,9 +57,27 @@ def test_health_sees_a_real_worker_process(client):
                 break
             time.sleep(0.5)
         assert body == {"status": "ok", "database": "ok", "broker": "ok", "worker": "ok", "workers": 1}
-        from approver.tasks import ping
+    finally:
+        worker.terminate()
+        worker.wait(timeout=20)
 
-        assert ping.delay().id  # enqueued on the same broker the worker reads
+
+def test_health_command_sees_a_real_worker_on_redis():
+    from tests.services import redis_url
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "approver.settings", "REDIS_URL": redis_url()}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "approver", "worker", "--pool=solo", "--loglevel=WARNING",
+         "--hostname=redis-health-test@%h"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            result = subprocess.run([sys.executable, "manage.py", "health"], env=env, capture_output=True, text=True)
+            if result.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert '"broker": "ok", "worker": "ok"' in result.stdout
     finally:
         worker.terminate()
         worker.wait(timeout=20)
