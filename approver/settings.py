@@ -88,6 +88,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -156,6 +157,11 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
+# WhiteNoise serves static files from the same process (uvicorn serves no files itself). Without a
+# `collectstatic` run it finds them in place, which is all the demo and the tests need.
+WHITENOISE_USE_FINDERS = not PRODUCTION or env_bool("WHITENOISE_USE_FINDERS", False)
+if not PRODUCTION:
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns when it is missing
 
 # Celery: Redis when REDIS_URL is set, otherwise kombu's filesystem transport, which needs no server and
 # still runs a real worker process (and supports the fanout that `control.ping` needs for the health page).

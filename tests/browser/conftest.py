@@ -1,0 +1,30 @@
+import contextlib
+
+import pytest
+
+from tests.services import chromium_path
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture
+def chromium():
+    """Opens Debian's Chromium under Playwright (Playwright's own browser download does not work here).
+
+    Use it after the test's database and network set-up: Playwright's sync API keeps an event loop in the
+    thread while it is open, and Django's ORM and anyio.run refuse to run inside one."""
+    path = chromium_path()
+
+    @contextlib.contextmanager
+    def open_browser():
+        from playwright.sync_api import sync_playwright
+
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=path, headless=True, args=CHROMIUM_ARGS)
+            try:
+                yield browser
+            finally:
+                browser.close()
+
+    return open_browser
