@@ -26,11 +26,19 @@ def _path(key_id: str):
     return settings.RECORDER_KEY_DIR / f"{key_id}.ed25519"
 
 
+_loaded: dict[tuple[str, str], Ed25519PrivateKey] = {}
+
+
 def _load_private(key_id: str) -> Ed25519PrivateKey | None:
+    # Kept in memory once read: a checkpoint is signed inside the journaling transaction.
+    cache_key = (str(settings.RECORDER_KEY_DIR), key_id)
+    if cache_key in _loaded:
+        return _loaded[cache_key]
     path = _path(key_id)
     if not path.exists():
         return None
-    return Ed25519PrivateKey.from_private_bytes(base64.b64decode(path.read_text().strip()))
+    _loaded[cache_key] = Ed25519PrivateKey.from_private_bytes(base64.b64decode(path.read_text().strip()))
+    return _loaded[cache_key]
 
 
 def public_key_from_text(text: str) -> Ed25519PublicKey:

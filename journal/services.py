@@ -151,9 +151,17 @@ def checkpoint_run(*, run: Run, now: datetime | None = None) -> Checkpoint | Non
 
 @dataclass(frozen=True)
 class OpenedStep:
+    """What `close_step` needs from `open_step`, carried in memory so closing costs no extra read."""
+
     step_id: int
     run_id: int
     number: int
+    server: ToolServer | None = None
+    tool: str = ""
+    arguments: dict[str, Any] | None = None
+    request_meta: dict[str, Any] | None = None
+    kind: str = "unknown"  # the tool-level declaration, which a failed call keeps
+    source: str = "none"
 
 
 def _find_run(*, agent: Agent, key: str, now: datetime) -> Run:
@@ -202,8 +210,16 @@ def open_step(
             "step": number, "server": server_name, "tool": tool, "arguments": arguments,
             "agent": agent.name, "onBehalfOf": agent.on_behalf_of.get_username(),
         })
-        run.save()
-    return OpenedStep(step_id=step.pk, run_id=run.pk, number=number)
+        run.save(update_fields=_RUN_MOVING_FIELDS)
+    return OpenedStep(step_id=step.pk, run_id=run.pk, number=number, server=server, tool=tool, arguments=arguments,
+                      request_meta=request_meta, kind=declaration.kind, source=declaration.source)
+
+
+# The run columns a call moves; saving only these keeps each journaling transaction small.
+_RUN_MOVING_FIELDS = [
+    "step_count", "last_activity_at", "head_seq", "head_hash", "checkpointed_seq", "state",
+    "reversible_count", "irreversible_count", "unknown_count", "failed_count",
+]
 
 
 @dataclass(frozen=True)
@@ -282,7 +298,9 @@ def _undo_facts(step: Step, server: ToolServer | None, result: dict[str, Any], f
 
 def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finished: datetime) -> Step:
     """Journal what came back, with the undo facts, dependencies and counters, in one transaction."""
-    step = Step.objects.select_related("server").get(pk=opened.step_id)
+    step = Step(pk=opened.step_id, run_id=opened.run_id, number=opened.number, server=opened.server,
+                server_name=opened.server.name if opened.server else "", tool=opened.tool,
+                arguments=opened.arguments or {}, request_meta=opened.request_meta)
     fields: dict[str, Any] = {"finished_at": finished, "duration_ms": (finished - started).total_seconds() * 1000}
     if outcome.result is not None:
         result = to_ijson(outcome.result)
@@ -306,6 +324,9 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
         Step.objects.filter(pk=step.pk).update(**fields)
         for name, value in fields.items():
             setattr(step, name, value)
+        step.reversibility = fields.get("reversibility", opened.kind)
+        step.declaration_source = fields.get("declaration_source", opened.source)
+        step.undo_problems = fields.get("undo_problems", [])
         _count(run, step, acted=(outcome.result is not None and not step.is_error) or outcome.may_have_acted)
         links = _link(run, step)
         run.last_activity_at = finished
@@ -327,7 +348,7 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
             "receiptVerified": step.receipt_verified,
             "dependsOn": links,
         })
-        run.save()
+        run.save(update_fields=_RUN_MOVING_FIELDS)
     return step
 
 
@@ -378,10 +399,12 @@ def _link(run: Run, step: Step) -> list[dict[str, Any]]:
         ])
         links += [{"step": number, "rule": "declared"} for number in sorted(targets)]
 
-    if step.status == Step.Status.OK and isinstance(step.result, dict):
+    structured = step.result.get("structuredContent") if isinstance(step.result, dict) else None
+    if step.status == Step.Status.OK and structured is not None:
+        # Only structured results are indexed: free text ("echo", "Files staged") would link everything.
         ResultValue.objects.bulk_create([
             ResultValue(run=run, step=step, digest=value_digest, pointer=pointer)
-            for value_digest, pointer in dependencies.distinctive_values(step.result)
+            for value_digest, pointer in dependencies.distinctive_values(structured, "/structuredContent")
         ])
     return links
 

@@ -9,6 +9,7 @@ request by `BearerAgent` and handed to the handlers through the request's ASGI s
 
 import contextlib
 import logging
+import time
 from typing import Any
 
 import mcp_types as types
@@ -57,8 +58,14 @@ def _enabled_servers() -> list[ToolServer]:
     return list(ToolServer.objects.filter(enabled=True))
 
 
-def _server_named(name: str) -> ToolServer | None:
-    return ToolServer.objects.filter(name=name, enabled=True).first()
+def _begin(*, agent: Agent, server_name: str, tool: str, arguments: dict, ctx_run_key: str,
+           request_meta: dict | None, now) -> services.OpenedStep | None:
+    """Find the server and journal the intent in one trip to the database thread."""
+    server = ToolServer.objects.filter(name=server_name, enabled=True).first()
+    if server is None:
+        return None
+    return services.open_step(agent=agent, run_key=ctx_run_key, server=server, server_name=server_name, tool=tool,
+                              arguments=arguments, request_meta=request_meta, now=now)
 
 
 def _agent(ctx) -> Agent:
@@ -109,18 +116,18 @@ class Recorder:
             return tool_error(f"Unknown tool {params.name!r}: tools are named server{SEPARATOR}tool.")
         if tool in declarations.HIDDEN_TOOLS:
             return tool_error(f"{tool} is reserved for the undo service and not available to agents.")
-        server = await sync_to_async(_server_named)(server_name)
-        if server is None:
-            return tool_error(f"Unknown tool server {server_name!r}.")
-
         arguments = dict(params.arguments or {})
         started = timezone.now()
-        opened = await sync_to_async(services.open_step)(
-            agent=agent, run_key=_run_key(ctx), server=server, server_name=server_name, tool=tool,
-            arguments=arguments, request_meta=_forwarded_meta(ctx), now=started,
+        opened = await sync_to_async(_begin)(
+            agent=agent, server_name=server_name, tool=tool, arguments=arguments, ctx_run_key=_run_key(ctx),
+            request_meta=_forwarded_meta(ctx), now=started,
         )
+        if opened is None:
+            return tool_error(f"Unknown tool server {server_name!r}.")
         try:
-            result = await self.upstreams.call_tool(endpoint_of(server), tool, arguments, meta=_forwarded_meta(ctx))
+            result = await self.upstreams.call_tool(
+                endpoint_of(opened.server), tool, arguments, meta=_forwarded_meta(ctx)
+            )
         except ToolServerError as exc:
             await sync_to_async(services.close_step)(
                 opened=opened, started=started, finished=timezone.now(),
@@ -139,17 +146,39 @@ class Recorder:
 
 
 class BearerAgent:
-    """Authenticate the agent from `Authorization: Bearer …` before any MCP processing."""
+    """Authenticate the agent from `Authorization: Bearer …` before any MCP processing.
+
+    A token's agent is remembered for AUTH_TTL seconds, so an agent's burst of calls costs one lookup;
+    deactivating an agent (or its user) therefore takes effect within that many seconds. Refusals are
+    never remembered, so a new agent works at once.
+    """
+
+    AUTH_TTL = 5.0
 
     def __init__(self, app):
         self.app = app
+        self._known: dict[str, tuple[Agent, float]] = {}
+
+    async def _agent_for(self, token: str) -> Agent | None:
+        key = services.hash_token(token)
+        known = self._known.get(key)
+        if known is not None and known[1] > time.monotonic():
+            return known[0]
+        agent = await sync_to_async(services.authenticate_agent)(token)
+        if agent is None:
+            self._known.pop(key, None)
+            return None
+        if len(self._known) > 10_000:  # bounded: one entry per live token is all it ever needs
+            self._known.clear()
+        self._known[key] = (agent, time.monotonic() + self.AUTH_TTL)
+        return agent
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
         scheme, _, token = header.partition(" ")
-        agent = await sync_to_async(services.authenticate_agent)(token.strip()) if scheme.lower() == "bearer" else None
+        agent = await self._agent_for(token.strip()) if scheme.lower() == "bearer" else None
         if agent is None:
             response = JSONResponse(
                 {"error": "invalid_token", "error_description": "Send the agent's token as 'Authorization: Bearer agt_…'."},

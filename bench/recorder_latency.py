@@ -1,0 +1,111 @@
+"""How much the Recorder adds to a tool call.
+
+    .venv/bin/python bench/recorder_latency.py [--calls 1000]
+
+Starts the sample tool servers and the web app (Recorder included) as separate uvicorn processes on a
+scratch database, then makes N calls from one MCP client to the same sample tool (`legacy__echo`): first
+directly, then through the Recorder, which journals each one (two short transactions, chain entries,
+dependency inference). Prints median and p99 latency of each and their ratio; the target is a median
+ratio of at most 2.0 (one extra hop is the floor).
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def wait(url: str) -> None:
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise SystemExit(f"{url} did not come up")
+
+
+def measure(url: str, token: str | None, calls: int, warmup: int) -> list[float]:
+    import anyio
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    tool = "legacy__echo" if token else "echo"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def main():
+        timings = []
+        async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+            async with Client(streamable_http_client(url, http_client=http), cache=None) as client:
+                for index in range(warmup + calls):
+                    started = time.perf_counter()
+                    result = await client.call_tool(tool, {"i": index})
+                    elapsed = time.perf_counter() - started
+                    assert not result.is_error, result
+                    if index >= warmup:
+                        timings.append(elapsed * 1000)
+        return timings
+
+    return anyio.run(main)
+
+
+def summary(timings: list[float]) -> tuple[float, float]:
+    ordered = sorted(timings)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--warmup", type=int, default=50)
+    args = parser.parse_args()
+
+    scratch = Path(tempfile.mkdtemp(prefix="recorder-bench-"))
+    env = {**os.environ, "VAR_DIR": str(scratch), "RECORDER_KEY_DIR": str(scratch / "keys"),
+           "DJANGO_SETTINGS_MODULE": "approver.settings", "LOG_LEVEL": "WARNING"}
+    env.pop("DATABASE_URL", None)
+    os.environ.update(env)
+    import django
+
+    django.setup()
+    from django.contrib.auth.models import User
+    from django.core.management import call_command
+
+    from journal import services
+
+    call_command("migrate", verbosity=0)
+    samples = subprocess.Popen([sys.executable, "-m", "samples", "--port", "8190"], cwd=ROOT, env=env)
+    web = subprocess.Popen([sys.executable, "-m", "uvicorn", "approver.asgi:application", "--port", "8191",
+                            "--log-level", "warning"], cwd=ROOT, env=env)
+    try:
+        wait("http://127.0.0.1:8190/legacy/ledger")
+        wait("http://127.0.0.1:8191/login/")
+        services.refresh_catalogue(server=services.register_tool_server(
+            name="legacy", url="http://127.0.0.1:8190/legacy/mcp"))
+        _, token = services.create_agent(name="bench-bot", on_behalf_of=User.objects.create_user("bench"))
+        direct = measure("http://127.0.0.1:8190/legacy/mcp", None, args.calls, args.warmup)
+        through = measure("http://127.0.0.1:8191/mcp/", token, args.calls, args.warmup)
+    finally:
+        for process in (samples, web):
+            process.terminate()
+            process.wait(timeout=20)
+    (d_median, d_p99), (r_median, r_p99) = summary(direct), summary(through)
+    print(f"{args.calls} calls to legacy echo from one MCP client (after {args.warmup} warm-up calls)")
+    print(f"  direct:           median {d_median:7.2f} ms   p99 {d_p99:7.2f} ms")
+    print(f"  through Recorder: median {r_median:7.2f} ms   p99 {r_p99:7.2f} ms")
+    print(f"  ratio:            median {r_median / d_median:5.2f}x     p99 {r_p99 / d_p99:5.2f}x   (target: median <= 2.0)")
+
+
+if __name__ == "__main__":
+    main()
