@@ -76,7 +76,10 @@ def save_catalogue(*, server: ToolServer, tools: list[dict[str, Any]] | None, er
     problems = []
     pinned = dict(server.receipt_keys)
     for tool in tools:
-        journal = (tool.get("_meta") or {}).get(declarations.HATP_KEY) if isinstance(tool.get("_meta"), dict) else None
+        if not isinstance(tool, dict):
+            problems.append("the catalogue has entries that are not tool objects; agents will not see them")
+            continue
+        journal = tool["_meta"].get(declarations.HATP_KEY) if isinstance(tool.get("_meta"), dict) else None
         published = journal.get("receiptKeys") if isinstance(journal, dict) else None
         for key in published if isinstance(published, list) else []:
             if not isinstance(key, dict) or key.get("alg") != "Ed25519":

@@ -1,0 +1,128 @@
+"""The sample servers keep the undo contract of DESIGN.md, over real MCP: the later issues rely on it."""
+
+import anyio
+import pytest
+
+from journal.mcp.client import Endpoint, Upstreams
+
+
+def call(samples, server: str, tool: str, arguments: dict, meta: dict | None = None) -> dict:
+    async def main():
+        async with Upstreams(timeout=10) as upstreams:
+            return await upstreams.call_tool(Endpoint(server, "http", samples.url(server)), tool, arguments, meta=meta)
+
+    return anyio.run(main)
+
+
+def journal(result: dict) -> dict:
+    return result["_meta"]["hatp/journal"]
+
+
+@pytest.fixture
+def won(sample_servers):
+    result = call(sample_servers, "crm", "update_deal", {"deal_id": "D-881", "stage": "Won"})
+    return journal(result)
+
+
+def test_update_deal_reports_the_change_with_a_signed_receipt(sample_servers, won):
+    import rfc8785
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from journal.chain import b64url_decode
+
+    assert won["effect"] == {"summary": "Deal D-881 stage: Proposal → Won", "resource": "crm://acme/deal/D-881",
+                             "version": "v13"}
+    assert won["undo"]["kind"] == "compensate" and won["undo"]["window"] == "P7D"
+    crm = sample_servers.servers["crm"]
+    body = {k: v for k, v in won.items() if k != "receipt"}
+    Ed25519PublicKey.from_public_bytes(b64url_decode(crm.public_key)).verify(
+        b64url_decode(won["receipt"]["signature"]), rfc8785.dumps(body))
+
+
+def test_check_changes_nothing_and_compensate_restores(sample_servers, won):
+    token = won["compensationToken"]
+    check = call(sample_servers, "crm", "hatp_check", {"compensationToken": token, "ifVersion": "v13"})
+    assert check["isError"] is False and check["structuredContent"]["ok"] is True
+    assert [e["op"] for e in sample_servers.ledger("crm")] == ["update_deal"]
+    done = call(sample_servers, "crm", "hatp_compensate",
+                {"compensationToken": token, "ifVersion": "v13", "idempotencyKey": "plan-1-item-1"})
+    assert done["structuredContent"]["restored"] == {"stage": "Proposal"}
+    deal = call(sample_servers, "crm", "get_deal", {"deal_id": "D-881"})["structuredContent"]
+    assert deal["stage"] == "Proposal" and deal["version"] == "v14"
+
+
+def test_a_replayed_idempotency_key_returns_the_first_outcome_and_changes_nothing(sample_servers, won):
+    arguments = {"compensationToken": won["compensationToken"], "ifVersion": "v13", "idempotencyKey": "k-1"}
+    first = call(sample_servers, "crm", "hatp_compensate", arguments)
+    second = call(sample_servers, "crm", "hatp_compensate", arguments)
+    assert first["structuredContent"] == second["structuredContent"]
+    assert [e["op"] for e in sample_servers.ledger("crm")].count("compensate") == 1
+
+
+def test_a_colleagues_edit_is_a_conflict_naming_who_and_what(sample_servers, won):
+    sample_servers.colleague_update("D-881", {"stage": "Negotiation"}, by="priya")
+    conflict = call(sample_servers, "crm", "hatp_check", {"compensationToken": won["compensationToken"],
+                                                          "ifVersion": "v13"})
+    assert conflict["isError"] is True
+    structured = conflict["structuredContent"]
+    assert structured["code"] == "UNDO_CONFLICT"
+    assert structured["current"]["version"] == "v14" and structured["current"]["changedBy"] == "priya"
+    assert structured["current"]["summary"] == "Deal D-881 stage: Won → Negotiation"
+    refused = call(sample_servers, "crm", "hatp_compensate", {"compensationToken": won["compensationToken"],
+                                                              "ifVersion": "v13", "idempotencyKey": "k"})
+    assert refused["structuredContent"]["code"] == "UNDO_CONFLICT"
+    assert "compensate" not in [e["op"] for e in sample_servers.ledger("crm")]
+
+
+def test_unknown_tokens_and_closed_windows(sample_servers, won):
+    unknown = call(sample_servers, "crm", "hatp_check", {"compensationToken": "ctk_nope"})
+    assert unknown["structuredContent"]["code"] == "UNDO_UNKNOWN_TOKEN"
+    crm = sample_servers.servers["crm"]
+    crm.store.data["tokens"][won["compensationToken"]]["undoBy"] = "2020-01-01T00:00:00Z"
+    expired = call(sample_servers, "crm", "hatp_check", {"compensationToken": won["compensationToken"]})
+    assert expired["structuredContent"]["code"] == "UNDO_EXPIRED"
+
+
+def test_cancelling_the_kickoff_sends_the_attendees_notices(sample_servers):
+    booked = call(sample_servers, "calendar", "create_event", {
+        "title": "Kickoff with Globex", "start": "2026-12-04T15:00:00+00:00",
+        "attendees": ["dana@acme.example", "buyer@globex.example"]})
+    assert journal(booked)["undo"]["sideEffect"] == "attendees get a cancellation notice"
+    assert journal(booked)["undo"]["window"] == "P30D"
+    done = call(sample_servers, "calendar", "hatp_compensate", {"compensationToken": journal(booked)["compensationToken"]})
+    assert "Cancel 'Kickoff with Globex' on Dec 4" in done["content"][0]["text"]
+    cancel = [e for e in sample_servers.ledger("calendar") if e["op"] == "compensate"][0]
+    assert [n["to"] for n in cancel["notices"]] == ["dana@acme.example", "buyer@globex.example"]
+
+
+def test_mail_says_it_cannot_be_undone_and_what_to_do(sample_servers):
+    sent = call(sample_servers, "mail", "send_email", {"to": "buyer@globex.example", "subject": "Hi", "body": "x"})
+    assert journal(sent)["undo"] == {"kind": "none", "reason": "delivered to external recipients",
+                                     "remedy": "send a correction email"}
+    assert "compensationToken" not in journal(sent)
+
+
+def test_payments_refund_by_transaction_id_honours_the_idempotency_key(sample_servers):
+    charge = call(sample_servers, "payments", "charge_payment", {"customer": "globex", "amount": "2500.00"})
+    transaction = charge["structuredContent"]["transactionId"]
+    meta = {"hatp/journal": {"ifVersion": None, "idempotencyKey": "refund-1"}}
+    first = call(sample_servers, "payments", "refund_payment", {"transactionId": transaction}, meta=meta)
+    again = call(sample_servers, "payments", "refund_payment", {"transactionId": transaction}, meta=meta)
+    assert first == again and first["isError"] is False
+    assert [e["op"] for e in sample_servers.ledger("payments")] == ["charge", "refund"]
+
+
+def test_inventory_release_undoes_a_reservation(sample_servers):
+    hold = call(sample_servers, "inventory", "reserve_inventory", {"sku": "SKU-GLOBEX-KIT", "quantity": 5})
+    assert call(sample_servers, "inventory", "check_stock", {"sku": "SKU-GLOBEX-KIT"})["structuredContent"]["free"] == 35
+    call(sample_servers, "inventory", "release_inventory", {"id": hold["structuredContent"]["id"]})
+    assert call(sample_servers, "inventory", "check_stock", {"sku": "SKU-GLOBEX-KIT"})["structuredContent"]["free"] == 40
+
+
+def test_state_survives_a_restart(tmp_path):
+    from samples.servers import Crm
+
+    first = Crm(tmp_path)
+    anyio.run(first.update_deal, {"deal_id": "D-881", "stage": "Won"})
+    again = Crm(tmp_path)
+    assert again.records["deal/D-881"]["stage"] == "Won" and again.public_key == first.public_key
