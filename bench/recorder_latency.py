@@ -69,6 +69,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--server-delay-ms", type=int, default=0,
+                        help="Make the sample tool take this long, like a remote API (0: answer at once).")
     args = parser.parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="recorder-bench-"))
@@ -94,6 +96,9 @@ def main() -> None:
         services.refresh_catalogue(server=services.register_tool_server(
             name="legacy", url="http://127.0.0.1:8190/legacy/mcp"))
         _, token = services.create_agent(name="bench-bot", on_behalf_of=User.objects.create_user("bench"))
+        import httpx
+
+        httpx.post("http://127.0.0.1:8190/legacy/control", json={"delay_ms": args.server_delay_ms}).raise_for_status()
         direct = measure("http://127.0.0.1:8190/legacy/mcp", None, args.calls, args.warmup)
         through = measure("http://127.0.0.1:8191/mcp/", token, args.calls, args.warmup)
     finally:
@@ -101,9 +106,13 @@ def main() -> None:
             process.terminate()
             process.wait(timeout=20)
     (d_median, d_p99), (r_median, r_p99) = summary(direct), summary(through)
-    print(f"{args.calls} calls to legacy echo from one MCP client (after {args.warmup} warm-up calls)")
+    delay = f", tool answering in {args.server_delay_ms} ms" if args.server_delay_ms else ""
+    print(f"{args.calls} calls to legacy echo from one MCP client (after {args.warmup} warm-up calls{delay})")
     print(f"  direct:           median {d_median:7.2f} ms   p99 {d_p99:7.2f} ms")
     print(f"  through Recorder: median {r_median:7.2f} ms   p99 {r_p99:7.2f} ms")
+    tenth = max(1, len(through) // 10)
+    drift = [round(statistics.median(through[i:i + tenth]), 1) for i in range(0, len(through), tenth)]
+    print(f"  through Recorder, median of each tenth of the run: {drift} ms")
     print(f"  ratio:            median {r_median / d_median:5.2f}x     p99 {r_p99 / d_p99:5.2f}x   (target: median <= 2.0)")
 
 

@@ -67,7 +67,8 @@ class PutBackRecovery:
 
 
 class Faults:
-    """Misbehaviour on demand, set through `/<name>/control`: answer 5xx, answer garbage, or never answer."""
+    """Misbehaviour on demand, set through `/<name>/control`: answer 5xx, answer garbage, answer a result
+    that is not an MCP tool result ("lie"), or never answer."""
 
     def __init__(self, app, server: SampleServer):
         self.app = app
@@ -83,7 +84,31 @@ class Faults:
             return await PlainText("{not json at all", media_type="application/json")(scope, receive, send)
         if mode == "hang":
             await anyio.sleep(3600)
+        if mode == "lie":
+            return await self._lie(scope, receive, send)
         return await self.app(scope, receive, send)
+
+    async def _lie(self, scope, receive, send):
+        """Answer tools/call with well-formed JSON-RPC whose result is not an MCP tool result."""
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        request = json.loads(body)
+        if request.get("method") != "tools/call":
+            replay = iter([{"type": "http.request", "body": body, "more_body": False}])
+            return await self.app(scope, lambda: _next(replay, receive), send)
+        lie = {"jsonrpc": "2.0", "id": request.get("id"), "result": {"content": 5, "isError": "no"}}
+        return await PlainText(json.dumps(lie), media_type="application/json")(scope, receive, send)
+
+
+async def _next(replay, receive):
+    try:
+        return next(replay)
+    except StopIteration:
+        return await receive()
 
 
 def build_app(state_dir: Path | None) -> tuple[Starlette, dict[str, SampleServer]]:

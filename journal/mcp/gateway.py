@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 
-from .. import declarations, services
+from .. import declarations, keys, services
 from ..models import Agent, ToolServer
 from .client import Endpoint, ToolServerError, Upstreams
 
@@ -210,6 +210,8 @@ def build_app() -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        # The signing key is created on the Recorder's first start, not at its first checkpoint.
+        await sync_to_async(keys.signing_key)()
         async with recorder.upstreams, session_manager_lifespan(app):
             yield
 

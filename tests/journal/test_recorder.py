@@ -149,21 +149,26 @@ def test_json_rpc_errors_from_the_server_go_back_as_json_rpc_errors(recorder, sa
 
 @pytest.mark.parametrize(("mode", "failure_class", "words"), [
     ("error_5xx", "transient", "HTTP 502"),
-    ("garbage", "unknown", ""),
+    ("garbage", "unknown", "not valid MCP"),
+    ("lie", "unknown", "not a valid MCP result"),
 ])
 def test_a_server_that_answers_5xx_or_garbage_is_a_classified_tool_error(
     recorder, sample_servers, agent_token, mode, failure_class, words
 ):
     register_samples(sample_servers, names=("crm",))
-    sample_servers.set_mode("crm", mode)
 
     async def script(client):
+        await client.call_tool("crm__get_deal", {"deal_id": "D-881"})  # a healthy session first
+        sample_servers.set_mode("crm", mode)
         return await client.call_tool("crm__get_deal", {"deal_id": "D-881"})
 
     result = run_agent(recorder, agent_token, script)
     assert result.is_error and words in result.content[0].text
-    step = Step.objects.get()
+    step = Step.objects.get(number=2)
     assert (step.status, step.failure_class) == ("error", failure_class)
+    # Whatever the server sent, the record is intact and nothing crashed.
+    services.checkpoint_run(run=step.run)
+    assert services.verify_run(run=step.run).ok
 
 
 def test_a_server_that_cannot_be_reached_in_time_did_not_act(recorder, sample_servers, agent_token):
@@ -207,6 +212,17 @@ def test_the_undo_contract_tools_are_refused_to_agents(recorder, sample_servers,
     result = run_agent(recorder, agent_token, script)
     assert result.is_error and "reserved" in result.content[0].text
     assert not [e for e in sample_servers.ledger("crm") if e["op"] == "compensate"]
+    assert Step.objects.count() == 0
+
+
+def test_malformed_requests_from_an_agent_get_json_rpc_errors_not_crashes(recorder, agent_token):
+    import httpx
+
+    headers = {"Authorization": f"Bearer {agent_token}", "Accept": "application/json, text/event-stream",
+               "Content-Type": "application/json"}
+    for body in (b"{not json", b"[]", b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": 5}'):
+        response = httpx.post(f"{recorder.base}/mcp/", content=body, headers=headers)
+        assert response.status_code < 500, (body, response.status_code, response.text)
     assert Step.objects.count() == 0
 
 
@@ -265,3 +281,10 @@ def test_third_party_stdio_servers_work_through_the_recorder_and_their_writes_ar
     assert (git_status.reversibility, git_status.declaration_source) == ("read_only", "annotations.readOnlyHint")
     assert clock_now.reversibility == "read_only" and clock_now.status == "ok"
     assert Run.objects.get(key="run:third-party").unknown_count == 1
+
+
+def test_the_recorder_key_exists_from_the_first_start(recorder, settings):
+    from journal.models import RecorderKey
+
+    key = RecorderKey.objects.get(origin="")
+    assert (settings.RECORDER_KEY_DIR / f"{key.key_id}.ed25519").exists()
