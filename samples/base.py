@@ -108,6 +108,18 @@ class SampleServer:
         except (KeyError, TypeError, ValueError) as exc:
             return tool_error(f"Invalid arguments: {exc}", code="INVALID_ARGUMENTS")
 
+    def once(self, key: str | None, action: Callable[[], types.CallToolResult]) -> types.CallToolResult:
+        """Run `action` at most once per idempotency key: a replayed key returns the first outcome and
+        changes nothing (DESIGN.md). Without a key the action simply runs."""
+        remembered = self.store.data.setdefault("idempotency", {})
+        if key and key in remembered:
+            return types.CallToolResult.model_validate(remembered[key])
+        result = action()
+        if key:
+            remembered[key] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        self.store.save()
+        return result
+
     def mcp_server(self) -> Server:
         return Server(self.name, version="1.0", on_list_tools=self.list_tools, on_call_tool=self.call_tool)
 

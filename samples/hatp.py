@@ -131,27 +131,24 @@ class HatpServer(SampleServer):
                            structured={"ok": True, "wouldDo": self.describe_undo(token), "undoBy": token["undoBy"]})
 
     async def hatp_compensate(self, arguments: dict[str, Any]) -> types.CallToolResult:
-        key = arguments.get("idempotencyKey")
-        if key and key in self.store.data["idempotency"]:
-            # A replayed key returns the first outcome and changes nothing.
-            return types.CallToolResult.model_validate(self.store.data["idempotency"][key])
-        result = self._problem(arguments)
-        if result is None:
-            token_id = arguments["compensationToken"]
-            token = self.store.data["tokens"][token_id]
-            record = self.records[token["resource"]]
-            notes = self.revert(token["resource"], record, token["revert"])
-            record["version"] = self.next_version(record["version"])
-            record.update(changedBy="undo", changedAt=rfc3339(now()), lastSummary=self.describe_undo(token))
-            token["compensated"] = True
-            self.store.record({"op": "compensate", "token": token_id, "resource": token["resource"],
-                               "idempotencyKey": key, "version": record["version"], **notes})
-            result = text_result(f"Undone: {self.describe_undo(token)}.", structured={
-                "ok": True, "summary": self.describe_undo(token), "version": record["version"], **notes})
-        if key:
-            self.store.data["idempotency"][key] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-        self.store.save()
-        return result
+        return self.once(arguments.get("idempotencyKey"), lambda: self._compensate(arguments))
+
+    def _compensate(self, arguments: dict[str, Any]) -> types.CallToolResult:
+        problem = self._problem(arguments)
+        if problem is not None:
+            return problem
+        token_id = arguments["compensationToken"]
+        token = self.store.data["tokens"][token_id]
+        record = self.records[token["resource"]]
+        summary = self.describe_undo(token)  # in the words of the record before it changes back
+        notes = self.revert(token["resource"], record, token["revert"])
+        record["version"] = self.next_version(record["version"])
+        record.update(changedBy="undo", changedAt=rfc3339(now()), lastSummary=summary)
+        token["compensated"] = True
+        self.store.record({"op": "compensate", "token": token_id, "resource": token["resource"],
+                           "idempotencyKey": arguments.get("idempotencyKey"), "version": record["version"], **notes})
+        return text_result(f"Undone: {summary}.", structured={
+            "ok": True, "summary": summary, "version": record["version"], **notes})
 
     @staticmethod
     def next_version(version: str) -> str:

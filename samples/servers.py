@@ -237,21 +237,17 @@ class Payments(SampleServer):
 
     async def refund(self, arguments):
         key = (arguments.get("__meta") or {}).get("idempotencyKey")
-        if key and key in self.store.data["idempotency"]:
-            return types.CallToolResult.model_validate(self.store.data["idempotency"][key])
-        charge = self.store.data["charges"].get(arguments["transactionId"])
+        return self.once(key, lambda: self._refund(arguments["transactionId"], key))
+
+    def _refund(self, transaction: str, key: str | None) -> types.CallToolResult:
+        charge = self.store.data["charges"].get(transaction)
         if charge is None:
-            result = tool_error(f"No charge {arguments['transactionId']}.", code="NOT_FOUND")
-        elif charge["refunded"]:
-            result = tool_error("Already refunded.", code="BUSINESS_RULE")
-        else:
-            charge["refunded"] = True
-            self.store.record({"op": "refund", "transactionId": arguments["transactionId"], "idempotencyKey": key})
-            result = text_result(f"Refunded {charge['amount']}", structured={"refunded": charge["amount"]})
-        if key:
-            self.store.data["idempotency"][key] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-        self.store.save()
-        return result
+            return tool_error(f"No charge {transaction}.", code="NOT_FOUND")
+        if charge["refunded"]:
+            return tool_error("Already refunded.", code="BUSINESS_RULE")
+        charge["refunded"] = True
+        self.store.record({"op": "refund", "transactionId": transaction, "idempotencyKey": key})
+        return text_result(f"Refunded {charge['amount']}", structured={"refunded": charge["amount"]})
 
 
 class Inventory(SampleServer):
@@ -295,22 +291,18 @@ class Inventory(SampleServer):
 
     async def release(self, arguments):
         key = (arguments.get("__meta") or {}).get("idempotencyKey")
-        if key and key in self.store.data["idempotency"]:
-            return types.CallToolResult.model_validate(self.store.data["idempotency"][key])
-        reservation = self.store.data["reservations"].get(arguments["id"])
+        return self.once(key, lambda: self._release(arguments["id"], key))
+
+    def _release(self, reservation_id: str, key: str | None) -> types.CallToolResult:
+        reservation = self.store.data["reservations"].get(reservation_id)
         if reservation is None:
-            result = tool_error(f"No reservation {arguments['id']}.", code="NOT_FOUND")
-        elif reservation["released"]:
-            result = tool_error("Already released.", code="BUSINESS_RULE")
-        else:
-            reservation["released"] = True
-            self.store.data["stock"][reservation["sku"]] += reservation["quantity"]
-            self.store.record({"op": "release", "id": arguments["id"], "idempotencyKey": key})
-            result = text_result(f"Released {arguments['id']}", structured={"released": arguments["id"]})
-        if key:
-            self.store.data["idempotency"][key] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-        self.store.save()
-        return result
+            return tool_error(f"No reservation {reservation_id}.", code="NOT_FOUND")
+        if reservation["released"]:
+            return tool_error("Already released.", code="BUSINESS_RULE")
+        reservation["released"] = True
+        self.store.data["stock"][reservation["sku"]] += reservation["quantity"]
+        self.store.record({"op": "release", "id": reservation_id, "idempotencyKey": key})
+        return text_result(f"Released {reservation_id}", structured={"released": reservation_id})
 
     async def check(self, arguments):
         count = self.store.data["stock"].get(str(arguments["sku"]), 0)

@@ -47,6 +47,7 @@ def test_check_changes_nothing_and_compensate_restores(sample_servers, won):
     done = call(sample_servers, "crm", "hatp_compensate",
                 {"compensationToken": token, "ifVersion": "v13", "idempotencyKey": "plan-1-item-1"})
     assert done["structuredContent"]["restored"] == {"stage": "Proposal"}
+    assert done["structuredContent"]["summary"] == "Deal D-881 stage: Won → Proposal"
     deal = call(sample_servers, "crm", "get_deal", {"deal_id": "D-881"})["structuredContent"]
     assert deal["stage"] == "Proposal" and deal["version"] == "v14"
 
