@@ -6,6 +6,7 @@ from django.views.decorators.http import require_GET
 
 from approver.access import READERS, require_role
 
+from . import services
 from .forms import RunFilterForm
 from .models import Run, Step, StepDependency
 
@@ -47,3 +48,17 @@ def run_detail(request, run_id):
     )
     page = Paginator(steps, STEPS_PER_PAGE).get_page(request.GET.get("page"))
     return render(request, "journal/run_detail.html", {"run": run, "page": page, "now": timezone.now()})
+
+
+@require_GET
+def run_verify(request, run_id):
+    """Recompute the run's hash chain and check its signed checkpoints, as `manage.py verify_run` does."""
+    require_role(request, *READERS)
+    run = get_object_or_404(Run.objects.for_list(), public_id=run_id)
+    verdict = services.verify_run(run=run)
+    if request.htmx:
+        return render(request, "journal/run_detail.html#verdict", {"run": run, "verdict": verdict})
+    steps = Step.objects.none()
+    page = Paginator(steps, STEPS_PER_PAGE).get_page(1)
+    return render(request, "journal/run_detail.html", {"run": run, "page": page, "now": timezone.now(),
+                                                        "verdict": verdict, "verdict_only": True})

@@ -37,6 +37,7 @@ def crm(db):
 PAGES = [
     lambda run: reverse("journal:run_list"),
     lambda run: reverse("journal:run_detail", args=[run.public_id]),
+    lambda run: reverse("journal:run_verify", args=[run.public_id]),
     lambda run: reverse("journal:api_run_list"),
     lambda run: reverse("journal:api_run_detail", args=[run.public_id]),
     lambda run: reverse("journal:api_step_list", args=[run.public_id]),
@@ -148,3 +149,17 @@ def test_api_returns_steps_with_undo_facts_and_the_openapi_document_describes_th
 def test_an_unknown_run_is_404(client, on_call):
     client.force_login(on_call)
     assert client.get("/runs/00000000-0000-4000-8000-000000000000/").status_code == 404
+
+
+def test_verifying_a_run_from_its_page_with_and_without_htmx(client, agent, on_call):
+    from journal.models import ChainEntry
+
+    run = make_run(agent, steps=2)
+    services.checkpoint_run(run=run)
+    client.force_login(on_call)
+    url = reverse("journal:run_verify", args=[run.public_id])
+    fragment = client.get(url, HTTP_HX_REQUEST="true").content.decode()
+    assert fragment.lstrip().startswith('<div id="verdict">') and "Record intact: 4 entries" in fragment
+    ChainEntry.objects.filter(run=run, seq=2).update(data={"forged": True})
+    page = client.get(url).content.decode()
+    assert "<html" in page and "Record broken at entry 2" in page
