@@ -32,7 +32,9 @@ class Command(BaseCommand):
 
 
 def _looks_like_bundle(text: str) -> bool:
+    """A bundle is one JSON object with a "format"; a ChronoMCP log is one object per line."""
     try:
-        return isinstance(json.loads(text), dict) and "format" in json.loads(text)
+        document = json.loads(text)
     except ValueError:
         return False
+    return isinstance(document, dict) and "format" in document
