@@ -1,3 +1,4 @@
+import contextlib
 import os
 import subprocess
 import sys
@@ -42,42 +43,45 @@ def test_health_reports_a_missing_worker(client, db):
         assert response.status_code == 503 and body["status"] == "degraded"
 
 
-@pytest.mark.django_db(transaction=True)
-def test_health_sees_a_real_worker_process(client):
-    # The worker inherits this process's environment, so it reads the same broker (Redis or folder).
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "approver.settings"}
+@contextlib.contextmanager
+def running_worker(env: dict, name: str):
+    """A real Celery worker process on whatever broker `env` names, stopped afterwards."""
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "approver", "worker", "--pool=solo", "--loglevel=WARNING",
-         "--hostname=health-test@%h"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         f"--hostname={name}@%h"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            body = client.get(reverse("health")).json()
-            if body["worker"] == "ok" or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        assert body == {"status": "ok", "database": "ok", "broker": "ok", "worker": "ok", "workers": 1}
+        yield
     finally:
         worker.terminate()
         worker.wait(timeout=20)
+
+
+def poll(ready, seconds: float = 30) -> None:
+    """Wait until `ready()` is true, or give up after `seconds` and let the test's assertion say why."""
+    deadline = time.monotonic() + seconds
+    while not ready() and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_health_sees_a_real_worker_process(client):
+    # The worker inherits this process's environment, so it reads the same broker folder.
+    with running_worker({**os.environ, "DJANGO_SETTINGS_MODULE": "approver.settings"}, "health-test"):
+        poll(lambda: client.get(reverse("health")).json()["worker"] == "ok")
+        body = client.get(reverse("health")).json()
+    assert body == {"status": "ok", "database": "ok", "broker": "ok", "worker": "ok", "workers": 1}
 
 
 def test_health_command_sees_a_real_worker_on_redis():
     from tests.services import redis_url
 
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "approver.settings", "REDIS_URL": redis_url()}
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "approver", "worker", "--pool=solo", "--loglevel=WARNING",
-         "--hostname=redis-health-test@%h"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            result = subprocess.run([sys.executable, "manage.py", "health"], env=env, capture_output=True, text=True)
-            if result.returncode == 0 or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        assert result.returncode == 0, result.stdout + result.stderr
-        assert '"broker": "ok", "worker": "ok"' in result.stdout
-    finally:
-        worker.terminate()
-        worker.wait(timeout=20)
+
+    def health():
+        return subprocess.run([sys.executable, "manage.py", "health"], env=env, capture_output=True, text=True)
+
+    with running_worker(env, "redis-health-test"):
+        poll(lambda: health().returncode == 0)
+        result = health()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert '"broker": "ok", "worker": "ok"' in result.stdout

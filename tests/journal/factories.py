@@ -18,3 +18,15 @@ def make_run(agent, steps=5, **kwargs):
     for index in range(steps):
         journal_call(agent, arguments={"n": index}, **kwargs)
     return agent.runs.get(key=kwargs.get("run_key", "run:test"))
+
+
+def crm_server(receipt_keys=None):
+    """A registered CRM whose catalogue is saved without a network: update_deal, compensable through
+    hatp_compensate, with the receipt keys given."""
+    server = services.register_tool_server(name="crm", url="http://127.0.0.1:9/crm/mcp")
+    journal = {"undo": {"kind": "compensate", "window": "P7D"}}
+    if receipt_keys:
+        journal["receiptKeys"] = receipt_keys
+    tools = [{"name": "update_deal", "inputSchema": {"type": "object"}, "_meta": {"hatp/journal": journal}},
+             {"name": "hatp_compensate", "inputSchema": {"type": "object"}}]
+    return services.save_catalogue(server=server, tools=tools)

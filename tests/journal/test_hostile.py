@@ -10,7 +10,7 @@ from journal import chain, services
 from journal.canonical import to_ijson
 from journal.mcp.gateway import agent_tools
 
-from .factories import journal_call
+from .factories import crm_server, journal_call
 
 KEY = Ed25519PrivateKey.generate()
 PUBLIC = chain.b64url(KEY.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
@@ -33,12 +33,7 @@ def agent(dana):
 
 @pytest.fixture
 def crm(db):
-    server = services.register_tool_server(name="crm", url="http://127.0.0.1:9/crm/mcp")
-    tools = [{"name": "update_deal", "inputSchema": {"type": "object"}, "_meta": {"hatp/journal": {
-        "undo": {"kind": "compensate", "window": "P7D"},
-        "receiptKeys": [{"keyId": "crm-1", "alg": "Ed25519", "publicKey": PUBLIC}]}}},
-        {"name": "hatp_compensate", "inputSchema": {"type": "object"}}]
-    return services.save_catalogue(server=server, tools=tools)
+    return crm_server(receipt_keys=[{"keyId": "crm-1", "alg": "Ed25519", "publicKey": PUBLIC}])
 
 
 def test_a_genuine_receipt_verifies(agent, crm):

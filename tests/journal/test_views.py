@@ -8,7 +8,7 @@ from django.urls import reverse
 from journal import services
 from journal.models import Run
 
-from .factories import journal_call, make_run
+from .factories import crm_server, journal_call, make_run
 
 HATP_RESULT = {
     "content": [{"type": "text", "text": "Deal D-881 stage: Proposal → Won"}],
@@ -27,11 +27,7 @@ def agent(dana):
 
 @pytest.fixture
 def crm(db):
-    server = services.register_tool_server(name="crm", url="http://127.0.0.1:9/crm/mcp")
-    tools = [{"name": "update_deal", "inputSchema": {"type": "object"},
-              "_meta": {"hatp/journal": {"undo": {"kind": "compensate", "window": "P7D"}}}},
-             {"name": "hatp_compensate", "inputSchema": {"type": "object"}}]
-    return services.save_catalogue(server=server, tools=tools)
+    return crm_server()
 
 
 PAGES = [
