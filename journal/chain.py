@@ -69,7 +69,9 @@ class Verdict:
 
     def __str__(self) -> str:
         if self.ok:
-            return f"intact: {self.entries} entries, {self.checkpoints} signed checkpoints"
+            entries = f"{self.entries} entr{'y' if self.entries == 1 else 'ies'}"
+            checkpoints = f"{self.checkpoints} signed checkpoint{'' if self.checkpoints == 1 else 's'}"
+            return f"intact: {entries}, {checkpoints}"
         where = f"entry {self.bad_seq}" if self.bad_seq is not None else "the record"
         return f"broken at {where}: {self.problem}"
 
