@@ -10,6 +10,7 @@ ratio of at most 2.0 (one extra hop is the floor).
 """
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -35,27 +36,49 @@ def wait(url: str) -> None:
     raise SystemExit(f"{url} did not come up")
 
 
-def measure(url: str, token: str | None, calls: int, warmup: int) -> list[float]:
-    import anyio
+@contextlib.asynccontextmanager
+async def client_for(url: str, token: str | None):
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
-    tool = "legacy__echo" if token else "echo"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+        async with Client(streamable_http_client(url, http_client=http), cache=None) as client:
+            yield client
+
+
+async def timed_call(client, tool: str, index: int) -> float:
+    started = time.perf_counter()
+    result = await client.call_tool(tool, {"i": index})
+    elapsed = (time.perf_counter() - started) * 1000
+    assert not result.is_error, result
+    return elapsed
+
+
+def measure(url: str, token: str | None, calls: int, warmup: int) -> list[float]:
+    """Latencies (ms) of `calls` calls from one client, after `warmup` unmeasured ones."""
+    import anyio
+
+    tool = "legacy__echo" if token else "echo"
 
     async def main():
-        timings = []
-        async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
-            async with Client(streamable_http_client(url, http_client=http), cache=None) as client:
-                for index in range(warmup + calls):
-                    started = time.perf_counter()
-                    result = await client.call_tool(tool, {"i": index})
-                    elapsed = time.perf_counter() - started
-                    assert not result.is_error, result
-                    if index >= warmup:
-                        timings.append(elapsed * 1000)
-        return timings
+        async with client_for(url, token) as client:
+            timings = [await timed_call(client, tool, index) for index in range(warmup + calls)]
+        return timings[warmup:]
+
+    return anyio.run(main)
+
+
+def measure_pair(direct_url: str, recorder_url: str, token: str, calls: int, warmup: int):
+    """Direct and Recorder calls interleaved one by one, so both see the same moments of a noisy machine."""
+    import anyio
+
+    async def main():
+        async with client_for(direct_url, None) as direct, client_for(recorder_url, token) as through:
+            pairs = [(await timed_call(direct, "echo", i), await timed_call(through, "legacy__echo", i))
+                     for i in range(warmup + calls)]
+        return [d for d, _ in pairs[warmup:]], [t for _, t in pairs[warmup:]]
 
     return anyio.run(main)
 
@@ -71,6 +94,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--server-delay-ms", type=int, default=0,
                         help="Make the sample tool take this long, like a remote API (0: answer at once).")
+    parser.add_argument("--interleave", action="store_true",
+                        help="Alternate direct and Recorder calls one by one instead of 1,000 of each in turn.")
     args = parser.parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="recorder-bench-"))
@@ -99,15 +124,21 @@ def main() -> None:
         import httpx
 
         httpx.post("http://127.0.0.1:8190/legacy/control", json={"delay_ms": args.server_delay_ms}).raise_for_status()
-        direct = measure("http://127.0.0.1:8190/legacy/mcp", None, args.calls, args.warmup)
-        through = measure("http://127.0.0.1:8191/mcp/", token, args.calls, args.warmup)
+        if args.interleave:
+            direct, through = measure_pair("http://127.0.0.1:8190/legacy/mcp", "http://127.0.0.1:8191/mcp/", token,
+                                           args.calls, args.warmup)
+        else:
+            direct = measure("http://127.0.0.1:8190/legacy/mcp", None, args.calls, args.warmup)
+            through = measure("http://127.0.0.1:8191/mcp/", token, args.calls, args.warmup)
     finally:
         for process in (samples, web):
             process.terminate()
             process.wait(timeout=20)
     (d_median, d_p99), (r_median, r_p99) = summary(direct), summary(through)
     delay = f", tool answering in {args.server_delay_ms} ms" if args.server_delay_ms else ""
-    print(f"{args.calls} calls to legacy echo from one MCP client (after {args.warmup} warm-up calls{delay})")
+    order = "interleaved" if args.interleave else "one block after the other"
+    print(f"{args.calls} calls to legacy echo, directly and through the Recorder, {order}"
+          f" (after {args.warmup} warm-up calls{delay})")
     print(f"  direct:           median {d_median:7.2f} ms   p99 {d_p99:7.2f} ms")
     print(f"  through Recorder: median {r_median:7.2f} ms   p99 {r_p99:7.2f} ms")
     tenth = max(1, len(through) // 10)

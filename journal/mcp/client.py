@@ -8,6 +8,8 @@ server may have acted before it failed.
 """
 
 import contextlib
+import itertools
+import json
 import logging
 import shlex
 from collections.abc import Mapping
@@ -19,11 +21,16 @@ import httpx2 as httpx  # the HTTP library the mcp SDK itself uses
 import mcp_types as types
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.inbound import encode_header_value
+from mcp_types import CLIENT_CAPABILITIES_META_KEY, CLIENT_INFO_META_KEY, PROTOCOL_VERSION_META_KEY
+from mcp_types import methods as _methods
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter, ValidationError
 
 logger = logging.getLogger(__name__)
 
 _RAW = TypeAdapter(dict[str, Any])
+CLIENT_INFO = types.Implementation(name="agent-undo-recorder", version="0.1.0")
 _MAX_PAGES = 50
 
 
@@ -179,6 +186,22 @@ def translate(exc: BaseException, *, server: str, sent: bool) -> ToolServerError
     return ToolServerError(f"{server} failed: {type(exc).__name__}: {exc}", failure_class="unknown", may_have_acted=sent)
 
 
+def _reply(raw: bytes, content_type: str, request_id: int) -> Any:
+    """The JSON-RPC message answering `request_id`, from a JSON body or an SSE stream; None if neither."""
+    try:
+        if content_type.startswith("text/event-stream"):
+            for event in raw.decode("utf-8", "replace").replace("\r\n", "\n").split("\n\n"):
+                data = "\n".join(line[5:].lstrip() for line in event.split("\n") if line.startswith("data:"))
+                if data:
+                    message = json.loads(data)
+                    if isinstance(message, dict) and message.get("id") == request_id:
+                        return message
+            return None
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
 class _Connection:
     """One open session, owned by a keeper task so that it is entered and left in the same task.
 
@@ -194,6 +217,8 @@ class _Connection:
         self.closing = anyio.Event()
         self.error: BaseException | None = None
         self.last_http_error: int | None = None
+        self.http: Any = None  # our own HTTP client, for the direct tools/call path
+        self.request_ids = itertools.count(1)
 
     async def _saw(self, response) -> None:
         if response.status_code >= 400:
@@ -206,10 +231,10 @@ class _Connection:
                     argv = shlex.split(self.endpoint.command)
                     target: Any = StdioServerParameters(command=argv[0], args=argv[1:])
                 else:
-                    http = await stack.enter_async_context(httpx.AsyncClient(
+                    self.http = await stack.enter_async_context(httpx.AsyncClient(
                         timeout=httpx.Timeout(self.timeout), event_hooks={"response": [self._saw]}))
-                    target = streamable_http_client(self.endpoint.url, http_client=http)
-                self.client = Client(target, read_timeout_seconds=self.timeout, cache=None)
+                    target = streamable_http_client(self.endpoint.url, http_client=self.http)
+                self.client = Client(target, read_timeout_seconds=self.timeout, cache=None, client_info=CLIENT_INFO)
                 await stack.enter_async_context(self.client)
                 self.ready.set()
                 await self.closing.wait()
@@ -218,6 +243,66 @@ class _Connection:
             self.ready.set()
             if not isinstance(exc, Exception):
                 raise
+
+    @property
+    def direct_calls(self) -> bool:
+        """Whether tools/call can skip the SDK: a streamable HTTP server that negotiated the stateless
+        2026-07-28 protocol, where each call is one self-contained POST."""
+        return (
+            self.http is not None and self.client is not None
+            and self.client.protocol_version in MODERN_PROTOCOL_VERSIONS
+        )
+
+    async def call_tool_directly(self, name: str, arguments: dict[str, Any], meta: Mapping[str, Any] | None,
+                                 timeout: float) -> dict[str, Any]:
+        """One tools/call as the SDK would send it on a 2026-07-28 connection (the per-request `_meta`
+        envelope and the Mcp-* headers), without its per-call machinery: this is the Recorder's hot path.
+
+        The answer is validated against the protocol's tools/call result, exactly as the SDK would, so a
+        server that lies still gets the same error."""
+        version = self.client.protocol_version
+        envelope = {
+            PROTOCOL_VERSION_META_KEY: version,
+            CLIENT_INFO_META_KEY: CLIENT_INFO.model_dump(mode="json", exclude_none=True),
+            CLIENT_CAPABILITIES_META_KEY: {},
+        }
+        request_id = next(self.request_ids)
+        body = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                "params": {"name": name, "arguments": arguments, "_meta": {**(meta or {}), **envelope}}}
+        headers = {"accept": "application/json, text/event-stream", "content-type": "application/json",
+                   "mcp-protocol-version": version, "mcp-method": "tools/call", "mcp-name": encode_header_value(name)}
+        server = self.endpoint.name
+        try:
+            with anyio.fail_after(timeout):
+                response = await self.http.post(self.endpoint.url, content=json.dumps(body), headers=headers)
+                raw = await response.aread()
+        except httpx.ConnectError:
+            raise ToolServerError(f"{server} refused the connection", failure_class="transient", transient=True) from None
+        except (TimeoutError, httpx.TimeoutException):
+            raise ToolServerError(f"{server} did not answer in time", failure_class="transient", transient=True,
+                                  may_have_acted=True) from None
+        except httpx.TransportError as exc:
+            raise ToolServerError(f"{server} connection failed: {type(exc).__name__}", failure_class="transient",
+                                  transient=True, may_have_acted=True) from None
+        message = _reply(raw, response.headers.get("content-type", ""), request_id)
+        if isinstance(message, dict) and isinstance(message.get("error"), dict):
+            error = message["error"]
+            code = error.get("code") if isinstance(error.get("code"), int) else -32603
+            raise translate(MCPError(code=code, message=str(error.get("message", ""))), server=server, sent=True)
+        if response.status_code >= 400:
+            failure_class, transient = _http_status_class(response.status_code)
+            raise ToolServerError(f"{server} answered HTTP {response.status_code}", failure_class=failure_class,
+                                  transient=transient, may_have_acted=response.status_code >= 500)
+        result = message.get("result") if isinstance(message, dict) else None
+        if not isinstance(result, dict):
+            raise ToolServerError(f"{server} answered with something that is not valid MCP", failure_class="unknown",
+                                  may_have_acted=True)
+        try:
+            _methods.validate_server_result("tools/call", version, result)
+        except (ValidationError, ValueError, KeyError):
+            raise ToolServerError(f"{server} answered with something that is not a valid MCP result",
+                                  failure_class="unknown", may_have_acted=True) from None
+        return result
 
     def translate(self, exc: BaseException, *, sent: bool) -> "ToolServerError":
         status, self.last_http_error = self.last_http_error, None
@@ -231,8 +316,9 @@ class _Connection:
 class Upstreams:
     """Open sessions to tool servers, one per server, for the life of an `async with` block."""
 
-    def __init__(self, *, timeout: float = 30.0):
+    def __init__(self, *, timeout: float = 30.0, direct: bool = True):
         self.timeout = timeout
+        self.direct = direct  # False forces every call through the SDK (tests compare the two paths)
         self._connections: dict[Endpoint, _Connection] = {}
         self._lock = anyio.Lock()
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -269,11 +355,10 @@ class Upstreams:
         if self._connections.get(endpoint) is connection:
             del self._connections[endpoint]
 
-    async def request(self, endpoint: Endpoint, request: Any, *, timeout: float | None = None) -> dict[str, Any]:
-        """Send one request and return the raw result dict, or raise ToolServerError."""
-        timeout = timeout or self.timeout
+    async def _open(self, endpoint: Endpoint) -> "_Connection":
+        """The open session to `endpoint`, or a ToolServerError saying why there is none (nothing was sent)."""
         try:
-            connection = await self._session(endpoint)
+            return await self._session(endpoint)
         except TimeoutError:
             raise ToolServerError(f"{endpoint.name} did not accept a connection in time", failure_class="transient",
                                   transient=True) from None
@@ -281,6 +366,11 @@ class Upstreams:
             raise
         except Exception as exc:
             raise translate(exc, server=endpoint.name, sent=False) from exc
+
+    async def request(self, endpoint: Endpoint, request: Any, *, timeout: float | None = None) -> dict[str, Any]:
+        """Send one request and return the raw result dict, or raise ToolServerError."""
+        timeout = timeout or self.timeout
+        connection = await self._open(endpoint)
         try:
             with anyio.fail_after(timeout):
                 return await connection.client.session.send_request(request, _RAW, request_read_timeout_seconds=timeout)
@@ -314,5 +404,14 @@ class Upstreams:
         *, meta: Mapping[str, Any] | None = None, timeout: float | None = None,
     ) -> dict[str, Any]:
         """The raw `tools/call` result, `isError` results included (they are answers, not failures)."""
+        if endpoint.transport == "http" and self.direct:
+            connection = await self._open(endpoint)
+            if connection.direct_calls:
+                try:
+                    return await connection.call_tool_directly(name, dict(arguments or {}), meta, timeout or self.timeout)
+                except ToolServerError as exc:
+                    if exc.transient:  # the connection may be what broke; open a fresh one next time
+                        self._discard(endpoint, connection)
+                    raise
         params = types.CallToolRequestParams(name=name, arguments=dict(arguments or {}), _meta=dict(meta) if meta else None)
         return await self.request(endpoint, types.CallToolRequest(params=params), timeout=timeout)
