@@ -29,6 +29,7 @@ def build_application():
         return await django_app(scope, receive, send)
 
     application.recorder = recorder_app.recorder  # for tests and benchmarks that tune the upstream timeout
+    application.fast_calls = recorder_app.fast_calls
     return application
 
 

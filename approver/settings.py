@@ -203,6 +203,8 @@ RECORDER_KEY_DIR = Path(
 RECORDER_CHECKPOINT_EVERY = env_int("RECORDER_CHECKPOINT_EVERY", 20)
 # Every call to a tool server has a timeout (seconds); a slow server is a failed call, never a hung agent.
 TOOL_SERVER_TIMEOUT = float(env_str("TOOL_SERVER_TIMEOUT", "30"))
+# Plain 2026-07-28 tools/call requests skip the SDK's per-request machinery (journal.mcp.gateway.FastCalls).
+RECORDER_FAST_CALLS = env_bool("RECORDER_FAST_CALLS", True)
 # Without a runId or an MCP session id, an agent's calls join its latest run unless it has been idle this long.
 RECORDER_RUN_IDLE_SECONDS = env_int("RECORDER_RUN_IDLE_SECONDS", 1800)
 # The public base URL, used in links printed by commands and sent in notifications.

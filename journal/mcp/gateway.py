@@ -8,6 +8,7 @@ request by `BearerAgent` and handed to the handlers through the request's ASGI s
 """
 
 import contextlib
+import json
 import logging
 import time
 from typing import Any
@@ -18,10 +19,19 @@ from django.conf import settings
 from django.utils import timezone
 from mcp import MCPError
 from mcp.server.lowlevel import Server
-from mcp.server.transport_security import TransportSecuritySettings
+from mcp.server.transport_security import (
+    DEFAULT_MAX_REQUEST_BODY_SIZE,
+    TransportSecurityMiddleware,
+    TransportSecuritySettings,
+)
+from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, encode_header_value
+from mcp_types import PROTOCOL_VERSION_META_KEY, SERVER_INFO_META_KEY
+from mcp_types import methods as _methods
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from starlette.applications import Starlette
-from starlette.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from .. import declarations, keys, services
 from ..models import Agent, ToolServer
@@ -76,19 +86,18 @@ def _agent(ctx) -> Agent:
     return agent
 
 
-def _run_key(ctx) -> str:
-    meta = ctx.meta or {}
+def run_key(meta: Any, session_id: str | None) -> str:
+    """Which run a call joins: the agent's runId, else its MCP session, else none (the idle rule)."""
     journal = meta.get(declarations.HATP_KEY) if isinstance(meta, dict) else None
     run_id = journal.get(RUN_ID_KEY) if isinstance(journal, dict) else None
     if isinstance(run_id, str) and run_id.strip():
         return "run:" + run_id.strip()[:190]
-    session = ctx.request.headers.get("mcp-session-id") if ctx.request is not None else None
-    return "session:" + session[:180] if session else ""
+    return "session:" + session_id[:180] if session_id else ""
 
 
-def _forwarded_meta(ctx) -> dict[str, Any] | None:
-    """The agent's `_meta`, minus the protocol envelope the SDK writes for each hop itself."""
-    meta = ctx.meta if isinstance(ctx.meta, dict) else {}
+def forwarded_meta(meta: Any) -> dict[str, Any] | None:
+    """The agent's `_meta`, minus the protocol envelope each hop writes for itself."""
+    meta = meta if isinstance(meta, dict) else {}
     kept = {k: v for k, v in meta.items() if not k.startswith(_ENVELOPE_PREFIX) and k != "progressToken"}
     return kept or None
 
@@ -110,24 +119,29 @@ class Recorder:
         return types.ListToolsResult(tools=agent_tools(servers))
 
     async def call_tool(self, ctx, params: types.CallToolRequestParams):
-        agent = _agent(ctx)
-        server_name, separator, tool = params.name.partition(SEPARATOR)
+        session_id = ctx.request.headers.get("mcp-session-id") if ctx.request is not None else None
+        return await self.forward(agent=_agent(ctx), name=params.name, arguments=params.arguments, meta=ctx.meta,
+                                  session_id=session_id)
+
+    async def forward(self, *, agent: Agent, name: str, arguments: Any, meta: Any, session_id: str | None):
+        """Journal, forward and journal one tools/call; the result dict goes back unchanged, a failure
+        comes back as a tool error, and a JSON-RPC error from the server as the same JSON-RPC error."""
+        server_name, separator, tool = name.partition(SEPARATOR)
         if not separator or not tool:
-            return tool_error(f"Unknown tool {params.name!r}: tools are named server{SEPARATOR}tool.")
+            return tool_error(f"Unknown tool {name!r}: tools are named server{SEPARATOR}tool.")
         if tool in declarations.HIDDEN_TOOLS:
             return tool_error(f"{tool} is reserved for the undo service and not available to agents.")
-        arguments = dict(params.arguments or {})
+        arguments = dict(arguments or {})
+        kept_meta = forwarded_meta(meta)
         started = timezone.now()
         opened = await sync_to_async(_begin)(
-            agent=agent, server_name=server_name, tool=tool, arguments=arguments, ctx_run_key=_run_key(ctx),
-            request_meta=_forwarded_meta(ctx), now=started,
+            agent=agent, server_name=server_name, tool=tool, arguments=arguments,
+            ctx_run_key=run_key(meta, session_id), request_meta=kept_meta, now=started,
         )
         if opened is None:
             return tool_error(f"Unknown tool server {server_name!r}.")
         try:
-            result = await self.upstreams.call_tool(
-                endpoint_of(opened.server), tool, arguments, meta=_forwarded_meta(ctx)
-            )
+            result = await self.upstreams.call_tool(endpoint_of(opened.server), tool, arguments, meta=kept_meta)
         except ToolServerError as exc:
             await sync_to_async(services.close_step)(
                 opened=opened, started=started, finished=timezone.now(),
@@ -155,8 +169,9 @@ class BearerAgent:
 
     AUTH_TTL = 5.0
 
-    def __init__(self, app):
+    def __init__(self, app, fast_calls: "FastCalls | None" = None):
         self.app = app
+        self.fast_calls = fast_calls
         self._known: dict[str, tuple[Agent, float]] = {}
 
     async def _agent_for(self, token: str) -> Agent | None:
@@ -186,7 +201,114 @@ class BearerAgent:
             )
             return await response(scope, receive, send)
         scope.setdefault("state", {})["agent"] = agent
+        if self.fast_calls is not None and await self.fast_calls.handle(agent, scope, receive, send):
+            return
         await self.app(scope, receive, send)
+
+
+class FastCalls:
+    """`tools/call` on the stateless 2026-07-28 protocol, answered without the SDK's per-request machinery.
+
+    This is the Recorder's hot path: an agent's call costs one JSON parse, the journal and the upstream call.
+    Only plain, well-formed requests take it (JSON in and out, no session, no progress token, no extra
+    parameters, headers that agree with the body, within the body limit, passing the same host and origin
+    checks). Everything else, including every malformed request, goes to the SDK, which answers it as it
+    would have anyway. Replies are built with the SDK's own result sieve, error table and serverInfo stamp,
+    so a client cannot tell which path answered.
+    """
+
+    def __init__(self, recorder: "Recorder", security: TransportSecuritySettings):
+        self.recorder = recorder
+        self.security = TransportSecurityMiddleware(security)
+        self.answered = 0  # how many calls took this path (tests and the benchmark read it)
+
+    def _candidate(self, scope) -> str | None:
+        """The protocol version, when the headers alone allow the fast path."""
+        if scope["method"] != "POST":
+            return None
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers") or []}
+        version = headers.get("mcp-protocol-version", "")
+        length = headers.get("content-length", "")
+        if (
+            headers.get("mcp-method") != "tools/call"
+            or version not in MODERN_PROTOCOL_VERSIONS
+            or "mcp-session-id" in headers
+            or any(name.startswith("mcp-param-") for name in headers)
+            or not headers.get("content-type", "").startswith("application/json")
+            or "application/json" not in headers.get("accept", "")
+            or not length.isdigit()
+            or int(length) > DEFAULT_MAX_REQUEST_BODY_SIZE
+        ):
+            return None
+        return version
+
+    @staticmethod
+    def _request(body: bytes, version: str, name_header: str | None) -> dict | None:
+        try:
+            request = json.loads(body)
+        except ValueError:
+            return None
+        params = request.get("params") if isinstance(request, dict) else None
+        if not isinstance(params, dict):
+            return None
+        meta = params.get("_meta")
+        request_id = request.get("id")
+        plain = (
+            request.get("jsonrpc") == "2.0" and request.get("method") == "tools/call"
+            and set(request) == {"jsonrpc", "id", "method", "params"}
+            and (isinstance(request_id, str) or (isinstance(request_id, int) and not isinstance(request_id, bool)))
+            and set(params) <= {"name", "arguments", "_meta"}
+            and isinstance(params.get("name"), str) and name_header == encode_header_value(params["name"])
+            and isinstance(params.get("arguments", {}), dict)
+            and isinstance(meta, dict) and meta.get(PROTOCOL_VERSION_META_KEY) == version
+            and "progressToken" not in meta
+        )
+        return request if plain else None
+
+    async def handle(self, agent: Agent, scope, receive, send) -> bool:
+        """Answer the request and return True, or return False having consumed nothing."""
+        version = self._candidate(scope)
+        if version is None:
+            return False
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        name_header = dict(scope.get("headers") or []).get(b"mcp-name", b"").decode("latin-1") or None
+        request = self._request(body, version, name_header)
+        if request is None or await self.security.validate_request(Request(scope), is_post=True) is not None:
+            # Hand the untouched body to the SDK, which gives the standard answer.
+            replay = iter([{"type": "http.request", "body": body, "more_body": False}])
+
+            async def replayed():
+                return next(replay, None) or await receive()
+
+            await self.recorder.sdk_app(scope, replayed, send)
+            return True
+        params = request["params"]
+        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": request["id"]}
+        status = 200
+        try:
+            result = await self.recorder.forward(agent=agent, name=params["name"], arguments=params.get("arguments"),
+                                                 meta=params["_meta"], session_id=None)
+            if isinstance(result, types.CallToolResult):
+                result = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+            wire = _methods.serialize_server_result("tools/call", version, result)
+            wire_meta = wire.get("_meta") if isinstance(wire.get("_meta"), dict) else {}
+            if wire_meta.get(SERVER_INFO_META_KEY) is None:
+                wire["_meta"] = {**wire_meta, SERVER_INFO_META_KEY: self.recorder.server.server_info_stamp}
+            reply["result"] = wire
+        except MCPError as exc:
+            reply["error"] = exc.error.model_dump(mode="json", by_alias=True, exclude_none=True)
+            status = ERROR_CODE_HTTP_STATUS.get(exc.error.code, 200)
+        except ValidationError:
+            logger.exception("a tools/call result did not fit the %s result schema", version)
+            reply["error"] = {"code": -32603, "message": "Handler returned an invalid result"}
+        await Response(json.dumps(reply, separators=(",", ":")), status_code=status,
+                       media_type="application/json")(scope, receive, send)
+        self.answered += 1
+        return True
 
 
 def _transport_security() -> TransportSecuritySettings:
@@ -202,9 +324,11 @@ def _transport_security() -> TransportSecuritySettings:
 
 def build_app() -> Starlette:
     recorder = Recorder(timeout=settings.TOOL_SERVER_TIMEOUT)
+    security = _transport_security()
     mcp_app = recorder.server.streamable_http_app(
-        streamable_http_path="/mcp/", json_response=True, transport_security=_transport_security()
+        streamable_http_path="/mcp/", json_response=True, transport_security=security
     )
+    recorder.sdk_app = mcp_app
 
     session_manager_lifespan = mcp_app.router.lifespan_context
 
@@ -216,6 +340,6 @@ def build_app() -> Starlette:
             yield
 
     mcp_app.router.lifespan_context = lifespan
-    app = BearerAgent(mcp_app)
+    app = BearerAgent(mcp_app, FastCalls(recorder, security) if settings.RECORDER_FAST_CALLS else None)
     app.recorder = recorder  # type: ignore[attr-defined]
     return app

@@ -288,3 +288,75 @@ def test_the_recorder_key_exists_from_the_first_start(recorder, settings):
 
     key = RecorderKey.objects.get(origin="")
     assert (settings.RECORDER_KEY_DIR / f"{key.key_id}.ed25519").exists()
+
+
+def _story(client_meta):
+    async def script(client):
+        results = []
+        for name, arguments in [
+            ("crm__get_deal", {"deal_id": "D-882"}),
+            ("crm__update_deal", {"deal_id": "D-882", "stage": "Won"}),
+            ("crm__get_deal", {"deal_id": "D-404"}),
+            ("nowhere__tool", {}),
+            ("crm__hatp_check", {}),
+        ]:
+            result = await client.call_tool(name, arguments, meta=client_meta)
+            results.append(result.model_dump(exclude={"meta"}))
+        return results
+
+    return script
+
+
+def test_the_fast_path_answers_plain_calls_exactly_as_the_sdk_would(sample_servers, agent_token, settings):
+    from approver.asgi import build_application
+    from tests.conftest import ServerThread, free_port
+
+    register_samples(sample_servers, names=("crm",))
+    answers = {}
+    for fast in (True, False):
+        settings.RECORDER_FAST_CALLS = fast
+        application = build_application()
+        with ServerThread(application, free_port()) as recorder:
+            answers[fast] = run_agent(recorder, agent_token, _story({"hatp/journal": {"runId": f"fast-{fast}"}}))
+            if fast:
+                assert application.fast_calls.answered == 5
+            else:
+                assert application.fast_calls is None
+        sample_servers.colleague_update("D-882", {"stage": "Qualification"}, by="reset")
+    # Same answers either way, token and version aside (each run changed the deal once).
+    for fast_answer, sdk_answer in zip(answers[True], answers[False], strict=True):
+        assert fast_answer["is_error"] == sdk_answer["is_error"]
+        assert fast_answer["structured_content"] is None or set(fast_answer["structured_content"]) == set(
+            sdk_answer["structured_content"])
+        assert [c["text"].split(" v")[0] for c in fast_answer["content"]] == [
+            c["text"].split(" v")[0] for c in sdk_answer["content"]]
+    fast_steps = Step.objects.filter(run__key="run:fast-True").order_by("number")
+    sdk_steps = Step.objects.filter(run__key="run:fast-False").order_by("number")
+    assert [(s.tool, s.status, s.reversibility, s.failure_class) for s in fast_steps] == [
+        (s.tool, s.status, s.reversibility, s.failure_class) for s in sdk_steps]
+
+
+def test_unusual_requests_fall_back_to_the_sdk(recorder, sample_servers, agent_token):
+    import httpx
+
+    register_samples(sample_servers, names=("crm",))
+    headers = {"Authorization": f"Bearer {agent_token}", "Accept": "application/json, text/event-stream",
+               "Content-Type": "application/json", "Mcp-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call",
+               "Mcp-Name": "crm__get_deal"}
+    envelope = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+                "io.modelcontextprotocol/clientCapabilities": {}}
+    plain = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+             "params": {"name": "crm__get_deal", "arguments": {"deal_id": "D-881"}, "_meta": envelope}}
+    response = httpx.post(f"{recorder.base}/mcp/", json=plain, headers=headers)
+    assert response.status_code == 200 and response.json()["result"]["structuredContent"]["id"] == "D-881"
+    assert recorder.app.fast_calls.answered == 1
+
+    # The Mcp-Name header disagrees with the body: the SDK refuses it, as it always would.
+    mismatch = httpx.post(f"{recorder.base}/mcp/", json=plain, headers={**headers, "Mcp-Name": "crm__update_deal"})
+    assert mismatch.status_code == 400 and "error" in mismatch.json()
+    # A request from a page on another origin is refused by the SDK's origin check.
+    foreign = httpx.post(f"{recorder.base}/mcp/", json=plain, headers={**headers, "Origin": "https://evil.example"})
+    assert foreign.status_code == 403
+    assert recorder.app.fast_calls.answered == 1
+    assert Step.objects.count() == 1
