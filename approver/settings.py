@@ -189,6 +189,7 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 # Celery beat (run it with `celery -A approver beat`, or `worker --beat` for a single worker as the demo does).
 CELERY_BEAT_SCHEDULE = {
     "checkpoint-quiet-runs": {"task": "journal.checkpoint_quiet_runs", "schedule": 15.0},
+    "reconcile-stale-steps": {"task": "journal.reconcile_stale_steps", "schedule": 60.0},
 }
 
 # The Recorder's Ed25519 signing keys live outside the repository. Public keys are also kept in the

@@ -299,8 +299,11 @@ def _undo_facts(step: Step, server: ToolServer | None, result: dict[str, Any], f
     }
 
 
-def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finished: datetime) -> Step:
-    """Journal what came back, with the undo facts, dependencies and counters, in one transaction."""
+def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finished: datetime) -> Step | None:
+    """Journal what came back, with the undo facts, dependencies and counters, in one transaction.
+
+    Only a `pending` step is closed (a conditional update): if the reconciler already closed it as
+    unrecorded, a late answer changes nothing and None is returned."""
     step = Step(pk=opened.step_id, run_id=opened.run_id, number=opened.number, server=opened.server,
                 server_name=opened.server.name if opened.server else "", tool=opened.tool,
                 arguments=opened.arguments or {}, request_meta=opened.request_meta)
@@ -324,7 +327,10 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
 
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=opened.run_id)
-        Step.objects.filter(pk=step.pk).update(**fields)
+        if not Step.objects.filter(pk=step.pk, status=Step.Status.PENDING).update(**fields):
+            logger.warning("step %s of run %s was already closed; this late outcome is not recorded",
+                           opened.number, opened.run_id)
+            return None
         for name, value in fields.items():
             setattr(step, name, value)
         step.reversibility = fields.get("reversibility", opened.kind)
@@ -612,6 +618,27 @@ def import_chronomcp_log(*, text: str, source: str) -> Run:
         _checkpoint(run=run, now=now)
         run.save()
     return run
+
+
+def reconcile_stale_steps(*, older_than: datetime, now: datetime | None = None) -> int:
+    """Close steps still `pending` long after any call could have lasted: the Recorder stopped (or its
+    database failed) between forwarding a call and recording the answer. The server may have acted, so the
+    step becomes a failed call whose outcome is unknown, never a silent gap in the record."""
+    now = now or timezone.now()
+    closed = 0
+    stale = Step.objects.filter(status=Step.Status.PENDING, started_at__lt=older_than).select_related("server")
+    for step in stale.iterator():
+        opened = OpenedStep(
+            step_id=step.pk, run_id=step.run_id, number=step.number, server=step.server, tool=step.tool,
+            arguments=step.arguments, request_meta=step.request_meta, kind=step.reversibility,
+            source=step.declaration_source,
+        )
+        # close_step closes only a step that is still pending, so a real answer recorded a moment ago wins.
+        if close_step(opened=opened, started=step.started_at, finished=now, outcome=Outcome(
+                error_message="The Recorder stopped before the tool server's answer was recorded.",
+                failure_class=Step.FailureClass.UNKNOWN, may_have_acted=True)):
+            closed += 1
+    return closed
 
 
 def reset_agent_token(*, agent: Agent) -> str:

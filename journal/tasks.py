@@ -22,3 +22,12 @@ def checkpoint_quiet_runs() -> int:
         if services.checkpoint_run(run=run) is not None:
             signed += 1
     return signed
+
+
+@shared_task(name="journal.reconcile_stale_steps")
+def reconcile_stale_steps() -> int:
+    """Mark calls whose outcome was never recorded (a Recorder that died mid-call). Safe to run twice."""
+    from django.conf import settings
+
+    horizon = timezone.now() - timedelta(seconds=settings.TOOL_SERVER_TIMEOUT + 60)
+    return services.reconcile_stale_steps(older_than=horizon)

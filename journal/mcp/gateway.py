@@ -143,21 +143,26 @@ class Recorder:
         try:
             result = await self.upstreams.call_tool(endpoint_of(opened.server), tool, arguments, meta=kept_meta)
         except ToolServerError as exc:
-            await sync_to_async(services.close_step)(
-                opened=opened, started=started, finished=timezone.now(),
-                outcome=services.Outcome(error_message=exc.message, failure_class=exc.failure_class,
-                                         may_have_acted=exc.may_have_acted),
-            )
+            await self._close(opened, started, services.Outcome(
+                error_message=exc.message, failure_class=exc.failure_class, may_have_acted=exc.may_have_acted))
             if exc.code is not None and exc.failure_class != "transient":
                 # A JSON-RPC error from the server goes back as the same JSON-RPC error.
                 raise MCPError(code=exc.code, message=exc.message) from None
             note = " It may have acted before failing; do not repeat the call blindly." if exc.may_have_acted else ""
             return tool_error(f"{exc.message} ({exc.failure_class}).{note}")
-        await sync_to_async(services.close_step)(
-            opened=opened, outcome=services.Outcome(result=result), started=started, finished=timezone.now()
-        )
+        await self._close(opened, started, services.Outcome(result=result))
         return result
 
+    async def _close(self, opened: services.OpenedStep, started, outcome: services.Outcome) -> None:
+        """Journal the outcome. The tool server has already acted, so a database failure here must not turn
+        its answer into an error (the agent would retry and act twice): the step stays `pending` in the
+        record, and `journal.reconcile_stale_steps` later marks it as acted-but-unrecorded."""
+        try:
+            await sync_to_async(services.close_step)(
+                opened=opened, outcome=outcome, started=started, finished=timezone.now())
+        except Exception:
+            logger.exception("could not journal the outcome of step %s of run %s; the reconciler will mark it",
+                             opened.number, opened.run_id)
 
 class BearerAgent:
     """Authenticate the agent from `Authorization: Bearer …` before any MCP processing.
@@ -305,6 +310,9 @@ class FastCalls:
         except ValidationError:
             logger.exception("a tools/call result did not fit the %s result schema", version)
             reply["error"] = {"code": -32603, "message": "Handler returned an invalid result"}
+        except Exception:  # as the SDK does: log it, and never let internals reach the wire
+            logger.exception("tools/call failed inside the Recorder")
+            reply["error"] = {"code": -32603, "message": "Internal server error"}
         await Response(json.dumps(reply, separators=(",", ":")), status_code=status,
                        media_type="application/json")(scope, receive, send)
         self.answered += 1

@@ -360,3 +360,28 @@ def test_unusual_requests_fall_back_to_the_sdk(recorder, sample_servers, agent_t
     assert foreign.status_code == 403
     assert recorder.app.fast_calls.answered == 1
     assert Step.objects.count() == 1
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_when_the_intent_cannot_be_journaled_nothing_is_forwarded(sample_servers, agent_token, settings, monkeypatch,
+                                                                   fast):
+    from approver.asgi import build_application
+    from tests.conftest import ServerThread, free_port
+
+    register_samples(sample_servers, names=("crm",))
+    settings.RECORDER_FAST_CALLS = fast
+
+    def broken(**kwargs):
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr(services, "open_step", broken)
+
+    async def script(client):
+        with pytest.raises(MCPError) as failure:
+            await client.call_tool("crm__update_deal", {"deal_id": "D-881", "stage": "Won"})
+        return failure.value.error
+
+    with ServerThread(build_application(), free_port()) as recorder:
+        error = run_agent(recorder, agent_token, script)
+    assert error.code == -32603 and "database" not in error.message  # no internals on the wire
+    assert sample_servers.ledger("crm") == []
