@@ -1,4 +1,5 @@
 from django.contrib import admin, messages
+from django.db import transaction
 
 from . import services
 from .models import Agent, RecorderKey, Run, ToolServer
@@ -12,7 +13,9 @@ class ToolServerAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
-        self._refresh(request, obj)
+        # The admin saves inside a transaction; reading the catalogue is network I/O, so it waits for the
+        # commit rather than holding the transaction open while a tool server answers.
+        transaction.on_commit(lambda: self._refresh(request, obj))
 
     @admin.action(description="Read the selected servers' catalogues again")
     def refresh_catalogues(self, request, queryset):
