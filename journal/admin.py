@@ -1,5 +1,5 @@
 from django.contrib import admin, messages
-from django.db import transaction
+from django.db import models, transaction
 
 from . import services
 from .models import Agent, RecorderKey, Run, ToolServer
@@ -10,6 +10,8 @@ class ToolServerAdmin(admin.ModelAdmin):
     list_display = ["name", "transport", "url", "command", "enabled", "catalogue_fetched_at", "catalogue_error"]
     readonly_fields = ["catalogue", "catalogue_fetched_at", "catalogue_error", "receipt_keys", "created_at"]
     actions = ["refresh_catalogues"]
+    # Django 6's default, adopted now: a URL typed without a scheme is taken as https.
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
