@@ -19,6 +19,7 @@ from django.utils import timezone
 from . import chain, declarations, dependencies, keys
 from .bindings import BindingError, resolve_arguments
 from .canonical import to_ijson
+from .mcp.client import classify_tool_error
 from .models import Agent, ChainEntry, Checkpoint, ResultValue, Run, Step, StepDependency, ToolServer
 
 logger = logging.getLogger(__name__)
@@ -313,8 +314,6 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
         is_error = result.get("isError") is True
         fields.update(result=result, is_error=is_error, status=Step.Status.ERROR if is_error else Step.Status.OK)
         if is_error:
-            from .mcp.client import classify_tool_error
-
             fields["failure_class"] = classify_tool_error(result)
         else:
             fields.update(_undo_facts(step, step.server, result, finished))
