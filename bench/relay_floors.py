@@ -31,6 +31,8 @@ HEADERS = {"accept": "application/json, text/event-stream", "mcp-protocol-versio
 def lean_app(journal: bool):
     import httpx2
 
+    from journal.mcp.asgi import read_body
+
     state = {}
     if journal:
         from asgiref.sync import sync_to_async
@@ -90,13 +92,7 @@ def lean_app(journal: bool):
             await send({"type": "http.response.start", "status": 405, "headers": []})
             await send({"type": "http.response.body", "body": b""})
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        request = json.loads(body)
+        request = json.loads(await read_body(receive))
         method = request.get("method")
         if method == "server/discover":
             result = {"cacheScope": "private", "capabilities": {"tools": {"listChanged": False}},

@@ -1,33 +1,33 @@
-"""Outside services some tests need. On a laptop such a test skips and says which service is missing;
-in CI (REQUIRE_SERVICES=1, set by .ci/run) a missing service fails the test instead."""
+"""Outside services some tests need, as skip markers.
+
+On a laptop without the service such a test is skipped, and the reason names the service. In CI
+(REQUIRE_SERVICES=1, set by .ci/run) the markers never skip: the test runs and fails if the service is missing.
+"""
 
 import os
 import shutil
 
 import pytest
 
-
-def unavailable(what: str) -> None:
-    if os.environ.get("REQUIRE_SERVICES") == "1":
-        pytest.fail(f"{what} is required in CI but not available")
-    pytest.skip(f"{what} is not available on this machine")
+REQUIRED = os.environ.get("REQUIRE_SERVICES") == "1"
+REDIS_URL = os.environ.get("TEST_REDIS_URL", "")
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 
 
-def redis_url() -> str:
-    url = os.environ.get("TEST_REDIS_URL", "")
-    if not url:
-        unavailable("Redis (set TEST_REDIS_URL)")
+def _redis_answers() -> bool:
+    if not REDIS_URL:
+        return False
     import redis
 
     try:
-        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+        return bool(redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1).ping())
     except redis.RedisError:
-        unavailable(f"Redis at {url}")
-    return url
+        return False
 
 
-def chromium_path() -> str:
-    path = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
-    if not shutil.which(path):
-        unavailable(f"Chromium ({path})")
-    return path
+needs_redis = pytest.mark.skipif(
+    not REQUIRED and not _redis_answers(), reason="Redis is not available here (set TEST_REDIS_URL)"
+)
+needs_chromium = pytest.mark.skipif(
+    not REQUIRED and not shutil.which(CHROMIUM), reason=f"Chromium is not available here ({CHROMIUM})"
+)

@@ -39,6 +39,7 @@ from starlette.responses import JSONResponse, Response
 
 from .. import declarations, keys, services
 from ..models import Agent, ToolServer
+from .asgi import read_body
 from .client import Endpoint, ToolServerError, Upstreams
 
 logger = logging.getLogger(__name__)
@@ -279,11 +280,7 @@ class FastCalls:
         version = self._candidate(scope)
         if version is None:
             return False
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
+        body = await read_body(receive)
         name_header = dict(scope.get("headers") or []).get(b"mcp-name", b"").decode("latin-1") or None
         request = self._request(body, version, name_header)
         if request is None or await self.security.validate_request(Request(scope), is_post=True) is not None:

@@ -7,6 +7,8 @@ import time
 import pytest
 from django.urls import reverse
 
+from tests.services import REDIS_URL, needs_redis
+
 
 def test_login_and_logout(client, on_call):
     response = client.post(reverse("login"), {"username": "olivia", "password": "olivia-password-1"})
@@ -72,10 +74,9 @@ def test_health_sees_a_real_worker_process(client):
     assert body == {"status": "ok", "database": "ok", "broker": "ok", "worker": "ok", "workers": 1}
 
 
+@needs_redis
 def test_health_command_sees_a_real_worker_on_redis():
-    from tests.services import redis_url
-
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "approver.settings", "REDIS_URL": redis_url()}
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "approver.settings", "REDIS_URL": REDIS_URL}
 
     def health():
         return subprocess.run([sys.executable, "manage.py", "health"], env=env, capture_output=True, text=True)

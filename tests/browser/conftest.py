@@ -2,7 +2,7 @@ import contextlib
 
 import pytest
 
-from tests.services import chromium_path
+from tests.services import CHROMIUM
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -14,7 +14,7 @@ def chromium():
 
     Use it after the test's database and network set-up: Playwright's sync API keeps an event loop in the
     thread while it is open, and Django's ORM and anyio.run refuse to run inside one."""
-    path = chromium_path()
+    path = CHROMIUM
 
     @contextlib.contextmanager
     def open_browser():

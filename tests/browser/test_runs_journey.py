@@ -8,8 +8,9 @@ from journal import services
 from journal.models import Run
 from samples import agent as scripted
 from tests.journal.helpers import register_samples
+from tests.services import needs_chromium
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.browser, needs_chromium, pytest.mark.django_db(transaction=True)]
 
 
 def test_on_call_opens_the_globex_run_and_reads_its_badges(recorder, sample_servers, dana, on_call, chromium):
