@@ -27,6 +27,8 @@ class ToolServer(models.Model):
     # Receipt keys the server published ({keyId: base64url Ed25519 public key}), pinned on first sight.
     receipt_keys = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # Moves with every save; the Recorder compares it to know its copy of the server is still current.
+    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["name"]

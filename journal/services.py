@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from . import chain, declarations, dependencies, keys
+from . import chain, declarations, dependencies, keys, sql
 from .bindings import BindingError, resolve_arguments
 from .canonical import to_ijson
 from .mcp.client import classify_tool_error
@@ -71,7 +71,7 @@ def save_catalogue(*, server: ToolServer, tools: list[dict[str, Any]] | None, er
     now = now or timezone.now()
     if tools is None:
         server.catalogue_error = error
-        server.save(update_fields=["catalogue_error"])
+        server.save(update_fields=["catalogue_error", "updated_at"])
         return server
     tools = to_ijson(tools)
     problems = []
@@ -101,7 +101,7 @@ def save_catalogue(*, server: ToolServer, tools: list[dict[str, Any]] | None, er
     server.catalogue_fetched_at = now
     server.catalogue_error = "; ".join(sorted(set(problems)))
     server.receipt_keys = pinned
-    server.save(update_fields=["catalogue", "catalogue_fetched_at", "catalogue_error", "receipt_keys"])
+    server.save(update_fields=["catalogue", "catalogue_fetched_at", "catalogue_error", "receipt_keys", "updated_at"])
     return server
 
 
@@ -111,17 +111,17 @@ def save_catalogue(*, server: ToolServer, tools: list[dict[str, Any]] | None, er
 def append_entry(*, run: Run, event: str, data: Any, now: datetime) -> ChainEntry:
     """Append one event to a run's chain.
 
-    The caller holds a transaction and the run's row lock (`select_for_update`): the lock serialises
-    writers on one run across processes, and the unique (run, seq) constraint is the backstop if anyone
-    ever forgets it.
+    The caller holds a transaction and the run's row lock (`_locked_run`, or `select_for_update`): the lock
+    serialises writers on one run across processes, and the unique (run, seq) constraint is the backstop if
+    anyone ever forgets it. The caller saves the run's head afterwards (`_save_moving`).
     """
     entry = chain.make_entry(
         seq=run.head_seq + 1, ts=chain.format_ts(now), event=event, data=data, prev_hash=run.head_hash
     )
-    row = ChainEntry.objects.create(
-        run=run, seq=entry["seq"], ts=entry["ts"], event=event, data=entry["data"],
-        prev_hash=entry["prevHash"], hash=entry["hash"],
-    )
+    row = ChainEntry(run_id=run.pk, seq=entry["seq"], ts=entry["ts"], event=event, data=entry["data"],
+                     prev_hash=entry["prevHash"], hash=entry["hash"])
+    row.pk = sql.insert(ChainEntry, {f: getattr(row, f) for f in ("run_id", "seq", "ts", "event", "data",
+                                                                   "prev_hash", "hash")})
     run.head_seq, run.head_hash = entry["seq"], entry["hash"]
     if run.head_seq - run.checkpointed_seq >= settings.RECORDER_CHECKPOINT_EVERY:
         _checkpoint(run=run, now=now)
@@ -168,27 +168,46 @@ class OpenedStep:
     source: str = "none"
 
 
+# The run columns a call reads and moves. They are integers and text, so the hot path reads them raw
+# (`sql.locked_row`) and writes back only these (`_save_moving`), which keeps each transaction small.
+_RUN_MOVING_FIELDS = (
+    "step_count", "head_seq", "head_hash", "checkpointed_seq", "state",
+    "reversible_count", "irreversible_count", "unknown_count", "failed_count",
+)
+_RUN_LOCKED_FIELDS = ("id", *_RUN_MOVING_FIELDS)
+
+
+def _locked_run(where: str, params: list[Any]) -> Run | None:
+    return sql.locked_row(Run, _RUN_LOCKED_FIELDS, where, params)
+
+
+def _save_moving(run: Run, *, now: datetime) -> None:
+    values = {name: getattr(run, name) for name in _RUN_MOVING_FIELDS}
+    sql.update(Run, run.pk, {**values, "last_activity_at": now})
+
+
 def _find_run(*, agent: Agent, key: str, now: datetime) -> Run:
     """The agent's run for this key, locked. Without a key, the agent's latest keyless run unless it has
     been idle longer than RECORDER_RUN_IDLE_SECONDS."""
     if key:
-        run = Run.objects.select_for_update().filter(agent=agent, key=key).first()
+        run = _locked_run('agent_id = %s AND "key" = %s', [agent.pk, key])
         if run is None:
             try:
                 with transaction.atomic():
-                    run = Run.objects.create(agent=agent, key=key, started_at=now, last_activity_at=now)
+                    created = Run.objects.create(agent=agent, key=key, started_at=now, last_activity_at=now)
             except IntegrityError:  # another Recorder process created it a moment ago
-                run = Run.objects.get(agent=agent, key=key)
-            run = Run.objects.select_for_update().get(pk=run.pk)
+                created = Run.objects.get(agent=agent, key=key)
+            run = _locked_run("id = %s", [created.pk])
         return run
-    idle = now - timedelta(seconds=settings.RECORDER_RUN_IDLE_SECONDS)
-    run = (
-        Run.objects.select_for_update()
-        .filter(agent=agent, key="", last_activity_at__gte=idle)
-        .order_by("-last_activity_at")
-        .first()
+    idle = sql.prep(Run, "last_activity_at", now - timedelta(seconds=settings.RECORDER_RUN_IDLE_SECONDS))
+    run = _locked_run(
+        'agent_id = %s AND "key" = %s AND last_activity_at >= %s ORDER BY last_activity_at DESC LIMIT 1',
+        [agent.pk, "", idle],
     )
-    return run or Run.objects.create(agent=agent, key="", started_at=now, last_activity_at=now)
+    if run is None:
+        created = Run.objects.create(agent=agent, key="", started_at=now, last_activity_at=now)
+        run = _locked_run("id = %s", [created.pk])
+    return run
 
 
 def open_step(
@@ -203,27 +222,20 @@ def open_step(
     with transaction.atomic():
         run = _find_run(agent=agent, key=run_key, now=now)
         number = run.step_count + 1
-        step = Step.objects.create(
-            run=run, number=number, server=server, server_name=server_name, tool=tool, arguments=arguments,
-            request_meta=request_meta, started_at=now, declaration=declaration.model_dump(mode="json"),
-            declaration_source=declaration.source, reversibility=declaration.kind,
-        )
+        step_id = sql.insert(Step, dict(
+            run_id=run.pk, number=number, server_id=server.pk if server else None, server_name=server_name,
+            tool=tool, arguments=arguments, request_meta=request_meta, started_at=now,
+            declaration=declaration.model_dump(mode="json"), declaration_source=declaration.source,
+            reversibility=declaration.kind,
+        ))
         run.step_count = number
-        run.last_activity_at = now
         append_entry(run=run, event="call", now=now, data={
             "step": number, "server": server_name, "tool": tool, "arguments": arguments,
             "agent": agent.name, "onBehalfOf": agent.on_behalf_of.get_username(),
         })
-        run.save(update_fields=_RUN_MOVING_FIELDS)
-    return OpenedStep(step_id=step.pk, run_id=run.pk, number=number, server=server, tool=tool, arguments=arguments,
+        _save_moving(run, now=now)
+    return OpenedStep(step_id=step_id, run_id=run.pk, number=number, server=server, tool=tool, arguments=arguments,
                       request_meta=request_meta, kind=declaration.kind, source=declaration.source)
-
-
-# The run columns a call moves; saving only these keeps each journaling transaction small.
-_RUN_MOVING_FIELDS = [
-    "step_count", "last_activity_at", "head_seq", "head_hash", "checkpointed_seq", "state",
-    "reversible_count", "irreversible_count", "unknown_count", "failed_count",
-]
 
 
 @dataclass(frozen=True)
@@ -325,8 +337,8 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
                 "the server did not answer, so it may or may not have acted"])
 
     with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=opened.run_id)
-        if not Step.objects.filter(pk=step.pk, status=Step.Status.PENDING).update(**fields):
+        run = _locked_run("id = %s", [opened.run_id])
+        if not sql.update(Step, step.pk, fields, only_if={"status": Step.Status.PENDING}):
             logger.warning("step %s of run %s was already closed; this late outcome is not recorded",
                            opened.number, opened.run_id)
             return None
@@ -337,7 +349,6 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
         step.undo_problems = fields.get("undo_problems", [])
         _count(run, step, acted=(outcome.result is not None and not step.is_error) or outcome.may_have_acted)
         links = _link(run, step)
-        run.last_activity_at = finished
         append_entry(run=run, event="result", now=finished, data={
             "step": step.number,
             "status": step.status,
@@ -356,7 +367,7 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
             "receiptVerified": step.receipt_verified,
             "dependsOn": links,
         })
-        run.save(update_fields=_RUN_MOVING_FIELDS)
+        _save_moving(run, now=finished)
     return step
 
 

@@ -8,18 +8,24 @@ request by `BearerAgent` and handed to the handlers through the request's ASGI s
 
 The SDK's server answers everything, except that plain 2026-07-28 `tools/call` requests take `FastCalls`,
 which gives the same answer with less work per call (the Recorder's latency is the product's tax on every
-agent action).
+agent action). All journal work runs on one thread of its own (`JournalThread`), in the order it was handed
+in; the outcome of a call is queued before its answer goes back, so it is journaled before anything the
+agent does next, but the answer does not wait for the commit.
 """
 
+import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import mcp_types as types
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 from mcp import MCPError
 from mcp.server.lowlevel import Server
@@ -37,7 +43,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from .. import declarations, keys, services
+from .. import declarations, keys, services, sql
 from ..models import Agent, ToolServer
 from .asgi import read_body
 from .client import Endpoint, ToolServerError, Upstreams
@@ -73,10 +79,73 @@ def _enabled_servers() -> list[ToolServer]:
     return list(ToolServer.objects.filter(enabled=True))
 
 
-def _begin(*, agent: Agent, server_name: str, tool: str, arguments: dict, key: str,
+class JournalThread:
+    """The Recorder's journal work, on one thread with one database connection of its own.
+
+    Jobs run one at a time in the order they were handed in. That order is the guarantee the Recorder
+    relies on: a call's outcome is queued before its answer goes back to the agent, so the next call of
+    that agent (and a test's `settle`) always finds it journaled, while the answer itself does not wait
+    for the commit. Shutting down runs every queued job first, so a restart loses nothing.
+    """
+
+    def __init__(self):
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recorder-journal")
+        self.servers = ServerDirectory()  # only ever touched on this thread
+
+    def _job(self, fn, kwargs):
+        try:
+            return fn(**kwargs)
+        except Exception:
+            # A broken connection must not poison every later job; Django reconnects on next use.
+            connection.close()
+            raise
+
+    def submit(self, fn, /, **kwargs) -> asyncio.Future:
+        """Queue `fn(**kwargs)` now; await the future for its result."""
+        return asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(self._job, fn, kwargs))
+
+    async def run(self, fn, /, **kwargs):
+        return await self.submit(fn, **kwargs)
+
+    def settle(self) -> None:
+        """Wait (from any thread) until everything queued so far has run."""
+        self._executor.submit(lambda: None).result()
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError):  # already closed
+            self._executor.submit(connection.close)
+        self._executor.shutdown(wait=True)
+
+
+class ServerDirectory:
+    """The enabled tool servers by name, each kept until its row's `updated_at` moves.
+
+    A call checks one small indexed row instead of loading and parsing the server's whole catalogue, so a
+    catalogue refresh or an admin edit still takes effect on the very next call."""
+
+    def __init__(self):
+        self._known: dict[str, tuple[Any, ToolServer]] = {}
+
+    def get(self, name: str) -> ToolServer | None:
+        row = sql.first_row(ToolServer, ("id", "updated_at"), "name = %s AND enabled = %s",
+                            [name, sql.prep(ToolServer, "enabled", True)])
+        if row is None:
+            self._known.pop(name, None)
+            return None
+        pk, stamp = row
+        known = self._known.get(name)
+        if known is not None and known[0] == stamp:
+            return known[1]
+        server = ToolServer.objects.filter(pk=pk).first()
+        if server is not None:
+            self._known[name] = (stamp, server)
+        return server
+
+
+def _begin(*, servers: ServerDirectory, agent: Agent, server_name: str, tool: str, arguments: dict, key: str,
            request_meta: dict | None, now) -> services.OpenedStep | None:
-    """Find the server and journal the intent in one trip to the database thread."""
-    server = ToolServer.objects.filter(name=server_name, enabled=True).first()
+    """Find the server and journal the intent in one job on the journal thread."""
+    server = servers.get(server_name)
     if server is None:
         return None
     return services.open_step(agent=agent, run_key=key, server=server, server_name=server_name, tool=tool,
@@ -114,60 +183,76 @@ def tool_error(text: str) -> types.CallToolResult:
 class Recorder:
     def __init__(self, *, timeout: float):
         self.upstreams = Upstreams(timeout=timeout)
+        self.journal = JournalThread()
         self.server = Server(
             "agent-undo-recorder", version="0.1.0", on_list_tools=self.list_tools, on_call_tool=self.call_tool
         )
 
     async def list_tools(self, ctx, params) -> types.ListToolsResult:
         _agent(ctx)
+        # Not on the journal thread: a read has no reason to queue behind the journal's writes.
         servers = await sync_to_async(_enabled_servers)()
         return types.ListToolsResult(tools=agent_tools(servers))
 
     async def call_tool(self, ctx, params: types.CallToolRequestParams):
         session_id = ctx.request.headers.get("mcp-session-id") if ctx.request is not None else None
-        return await self.forward(agent=_agent(ctx), name=params.name, arguments=params.arguments, meta=ctx.meta,
-                                  session_id=session_id)
+        result, journaled = await self.forward(agent=_agent(ctx), name=params.name, arguments=params.arguments,
+                                               meta=ctx.meta, session_id=session_id)
+        if journaled is not None:
+            await journaled
+        return result
 
     async def forward(self, *, agent: Agent, name: str, arguments: Any, meta: Any, session_id: str | None):
         """Journal, forward and journal one tools/call; the result dict goes back unchanged, a failure
-        comes back as a tool error, and a JSON-RPC error from the server as the same JSON-RPC error."""
+        comes back as a tool error, and a JSON-RPC error from the server as the same JSON-RPC error.
+
+        Returns the result and the journal write of its outcome, already queued (None when nothing was
+        journaled): the caller awaits it, after replying if it can."""
         server_name, separator, tool = name.partition(SEPARATOR)
         if not separator or not tool:
-            return tool_error(f"Unknown tool {name!r}: tools are named server{SEPARATOR}tool.")
+            return tool_error(f"Unknown tool {name!r}: tools are named server{SEPARATOR}tool."), None
         if tool in declarations.HIDDEN_TOOLS:
-            return tool_error(f"{tool} is reserved for the undo service and not available to agents.")
+            return tool_error(f"{tool} is reserved for the undo service and not available to agents."), None
         arguments = dict(arguments or {})
         kept_meta = forwarded_meta(meta)
         started = timezone.now()
-        opened = await sync_to_async(_begin)(
-            agent=agent, server_name=server_name, tool=tool, arguments=arguments,
-            key=run_key(meta, session_id), request_meta=kept_meta, now=started,
+        opened = await self.journal.run(
+            _begin, servers=self.journal.servers, agent=agent, server_name=server_name, tool=tool,
+            arguments=arguments, key=run_key(meta, session_id), request_meta=kept_meta, now=started,
         )
         if opened is None:
-            return tool_error(f"Unknown tool server {server_name!r}.")
+            return tool_error(f"Unknown tool server {server_name!r}."), None
         try:
             result = await self.upstreams.call_tool(endpoint_of(opened.server), tool, arguments, meta=kept_meta)
         except ToolServerError as exc:
-            await self._close(opened, started, services.Outcome(
+            journaled = self._journal_outcome(opened, started, services.Outcome(
                 error_message=exc.message, failure_class=exc.failure_class, may_have_acted=exc.may_have_acted))
             if exc.code is not None and exc.failure_class != "transient":
                 # A JSON-RPC error from the server goes back as the same JSON-RPC error.
+                await journaled
                 raise MCPError(code=exc.code, message=exc.message) from None
             note = " It may have acted before failing; do not repeat the call blindly." if exc.may_have_acted else ""
-            return tool_error(f"{exc.message} ({exc.failure_class}).{note}")
-        await self._close(opened, started, services.Outcome(result=result))
-        return result
+            return tool_error(f"{exc.message} ({exc.failure_class}).{note}"), journaled
+        return result, self._journal_outcome(opened, started, services.Outcome(result=result))
 
-    async def _close(self, opened: services.OpenedStep, started, outcome: services.Outcome) -> None:
-        """Journal the outcome. The tool server has already acted, so a database failure here must not turn
-        its answer into an error (the agent would retry and act twice): the step stays `pending` in the
-        record, and `journal.reconcile_stale_steps` later marks it as acted-but-unrecorded."""
+    def _journal_outcome(self, opened: services.OpenedStep, started, outcome: services.Outcome):
+        """Queue the outcome's journal write now (so it comes before anything the agent does next) and
+        return an awaitable for it."""
+        written = self.journal.submit(services.close_step, opened=opened, outcome=outcome, started=started,
+                                      finished=timezone.now())
+        return self._outcome_written(written, opened)
+
+    @staticmethod
+    async def _outcome_written(written: asyncio.Future, opened: services.OpenedStep) -> None:
+        """The tool server has already acted, so a database failure here must not turn its answer into an
+        error (the agent would retry and act twice): the step stays `pending` in the record, and
+        `journal.reconcile_stale_steps` later marks it as acted-but-unrecorded."""
         try:
-            await sync_to_async(services.close_step)(
-                opened=opened, outcome=outcome, started=started, finished=timezone.now())
+            await written
         except Exception:
             logger.exception("could not journal the outcome of step %s of run %s; the reconciler will mark it",
                              opened.number, opened.run_id)
+
 
 class BearerAgent:
     """Authenticate the agent from `Authorization: Bearer …` before any MCP processing.
@@ -295,9 +380,11 @@ class FastCalls:
         params = request["params"]
         reply: dict[str, Any] = {"jsonrpc": "2.0", "id": request["id"]}
         status = 200
+        journaled = None
         try:
-            result = await self.recorder.forward(agent=agent, name=params["name"], arguments=params.get("arguments"),
-                                                 meta=params["_meta"], session_id=None)
+            result, journaled = await self.recorder.forward(
+                agent=agent, name=params["name"], arguments=params.get("arguments"), meta=params["_meta"],
+                session_id=None)
             if isinstance(result, types.CallToolResult):
                 result = result.model_dump(by_alias=True, mode="json", exclude_none=True)
             wire = _methods.serialize_server_result("tools/call", version, result)
@@ -314,9 +401,13 @@ class FastCalls:
         except Exception:  # as the SDK does: log it, and never let internals reach the wire
             logger.exception("tools/call failed inside the Recorder")
             reply["error"] = {"code": -32603, "message": "Internal server error"}
-        await Response(json.dumps(reply, separators=(",", ":")), status_code=status,
-                       media_type="application/json")(scope, receive, send)
         self.answered += 1
+        try:
+            await Response(json.dumps(reply, separators=(",", ":")), status_code=status,
+                           media_type="application/json")(scope, receive, send)
+        finally:
+            if journaled is not None:  # queued before the reply, so it is journaled before the agent's next call
+                await journaled
         return True
 
 
@@ -344,9 +435,12 @@ def build_app() -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app):
         # The signing key is created on the Recorder's first start, not at its first checkpoint.
-        await sync_to_async(keys.signing_key)()
-        async with recorder.upstreams, session_manager_lifespan(app):
-            yield
+        await recorder.journal.run(keys.signing_key)
+        try:
+            async with recorder.upstreams, session_manager_lifespan(app):
+                yield
+        finally:
+            recorder.journal.close()  # runs every queued journal write first
 
     mcp_app.router.lifespan_context = lifespan
     app = BearerAgent(mcp_app, FastCalls(recorder, security) if settings.RECORDER_FAST_CALLS else None)

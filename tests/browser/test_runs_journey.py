@@ -7,7 +7,7 @@ import pytest
 from journal import services
 from journal.models import Run
 from samples import agent as scripted
-from tests.journal.helpers import register_samples
+from tests.journal.helpers import register_samples, settle
 from tests.services import needs_chromium
 
 pytestmark = [pytest.mark.browser, needs_chromium, pytest.mark.django_db(transaction=True)]
@@ -19,6 +19,7 @@ def test_on_call_opens_the_globex_run_and_reads_its_badges(recorder, sample_serv
     register_samples(sample_servers)
     _, token = services.create_agent(name="sales-bot", on_behalf_of=dana)
     anyio.run(lambda: scripted.replay(f"{recorder.base}/mcp/", token, say=lambda _: None))
+    settle(recorder)
     run = Run.objects.get()
     base = f"http://localhost:{recorder.port}"
 

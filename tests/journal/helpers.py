@@ -25,10 +25,19 @@ async def agent_client(recorder, token: str, *, mode: str = "auto"):
 
 
 def run_agent(recorder, token: str, script, *, mode: str = "auto") -> Any:
-    """Run `script(client)` in a fresh event loop and return what it returns."""
+    """Run `script(client)` in a fresh event loop and return what it returns, once the Recorder has
+    journaled everything the script did (it may answer a call before the outcome's commit)."""
 
     async def main():
         async with agent_client(recorder, token, mode=mode) as client:
             return await script(client)
 
-    return anyio.run(main)
+    try:
+        return anyio.run(main)
+    finally:
+        settle(recorder)
+
+
+def settle(recorder) -> None:
+    """Wait until the Recorder served by `recorder` (a ServerThread) has run every queued journal write."""
+    recorder.app.recorder.journal.settle()

@@ -1,12 +1,13 @@
 """End to end: a real MCP client calls through the Recorder to the real sample servers."""
 
+import anyio
 import pytest
 from mcp import MCPError
 
 from journal import chain, keys, services
 from journal.models import ChainEntry, Checkpoint, Run, Step, StepDependency
 
-from .helpers import register_samples, run_agent
+from .helpers import agent_client, register_samples, run_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -385,3 +386,66 @@ def test_when_the_intent_cannot_be_journaled_nothing_is_forwarded(sample_servers
         error = run_agent(recorder, agent_token, script)
     assert error.code == -32603 and "database" not in error.message  # no internals on the wire
     assert sample_servers.ledger("crm") == []
+
+
+def test_the_answer_does_not_wait_for_the_outcome_commit_but_the_next_call_does(
+        sample_servers, agent_token, monkeypatch):
+    import time
+
+    from approver.asgi import build_application
+    from tests.conftest import ServerThread, free_port
+
+    register_samples(sample_servers, names=("legacy",))
+    close_step = services.close_step
+
+    def slow_close_step(**kwargs):
+        time.sleep(1.0)  # a database that takes its time to commit
+        return close_step(**kwargs)
+
+    monkeypatch.setattr(services, "close_step", slow_close_step)
+    meta = {"hatp/journal": {"runId": "slow-db"}}
+
+    async def script(client):
+        started = time.monotonic()
+        await client.call_tool("legacy__echo", {"text": "one"}, meta=meta)
+        first = time.monotonic() - started
+        await client.call_tool("legacy__echo", {"text": "two"}, meta=meta)
+        return first
+
+    with ServerThread(build_application(), free_port()) as recorder:
+
+        async def main():
+            async with agent_client(recorder, agent_token) as client:
+                return await script(client)
+
+        first_answer = anyio.run(main)
+        # No settling here: the server stops at once, and its shutdown runs the queued outcome first.
+    assert first_answer < 0.8
+    run = Run.objects.get(key="run:slow-db")
+    assert [(s.number, s.status) for s in run.steps.order_by("number")] == [(1, "ok"), (2, "ok")]
+    # The first outcome was journaled before the second call's intent: the chain keeps call order.
+    assert [(e.event, e.data["step"]) for e in run.entries.order_by("seq")] == [
+        ("call", 1), ("result", 1), ("call", 2), ("result", 2)]
+
+
+def test_a_disabled_server_or_a_new_catalogue_counts_from_the_next_call(recorder, sample_servers, agent_token):
+    servers = register_samples(sample_servers, names=("legacy",))
+    meta = {"hatp/journal": {"runId": "directory"}}
+
+    async def call(client):
+        return await client.call_tool("legacy__echo", {"text": "hi"}, meta=meta)
+
+    assert not run_agent(recorder, agent_token, call).is_error
+    legacy = servers["legacy"]
+    catalogue = [
+        {**tool, "annotations": {**(tool.get("annotations") or {}), "readOnlyHint": True}}
+        if tool["name"] == "echo" else tool for tool in legacy.catalogue
+    ]
+    services.save_catalogue(server=legacy, tools=catalogue)
+    run_agent(recorder, agent_token, call)
+    legacy.enabled = False
+    legacy.save()
+    refused = run_agent(recorder, agent_token, call)
+    assert refused.is_error and "Unknown tool server 'legacy'" in refused.content[0].text
+    steps = Run.objects.get(key="run:directory").steps.order_by("number")
+    assert [s.reversibility for s in steps] == ["unknown", "read_only"]

@@ -1,0 +1,106 @@
+"""Hand-built statements for the Recorder's hot path.
+
+Every tool call is journaled in two short transactions (the intent, then the outcome), and building their
+handful of statements with the ORM's query compiler cost more than running them. These helpers build each
+statement once per model and database vendor from the model's own metadata (table, columns, and each field's
+conversion for the database in use), so a column list cannot drift from the model. Values go through the
+same `get_db_prep_save` the ORM uses. Everything that is not on the hot path uses the ORM.
+
+The caller holds the transaction (and, for a run, its row lock); these helpers only run statements.
+"""
+
+from functools import cache
+from typing import Any
+
+from django.db import connection
+from django.db.models import Field, Model
+
+
+@cache
+def _insert_sql(model: type[Model], vendor: str) -> tuple[tuple[Field, ...], str]:
+    fields = tuple(f for f in model._meta.concrete_fields if not f.primary_key)
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(f.column) for f in fields)
+    marks = ", ".join(["%s"] * len(fields))
+    pk = quote(model._meta.pk.column)
+    return fields, f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES ({marks}) RETURNING {pk}"
+
+
+def insert(model: type[Model], values: dict[str, Any]) -> int:
+    """Insert one row and return its primary key. Fields not given take their model default."""
+    fields, sql = _insert_sql(model, connection.vendor)
+    unknown = values.keys() - {f.attname for f in fields}
+    if unknown:
+        raise TypeError(f"{model.__name__} has no field(s) {sorted(unknown)}")
+    params = [f.get_db_prep_save(values[f.attname] if f.attname in values else f.get_default(), connection)
+              for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone()[0]
+
+
+@cache
+def _fields(model: type[Model]) -> dict[str, Field]:
+    return {f.attname: f for f in model._meta.concrete_fields}
+
+
+@cache
+def _update_sql(model: type[Model], vendor: str, names: tuple[str, ...], guards: tuple[str, ...]) -> str:
+    quote = connection.ops.quote_name
+    fields = _fields(model)
+    assignments = ", ".join(f"{quote(fields[name].column)} = %s" for name in names)
+    conditions = " AND ".join(f"{quote(fields[name].column)} = %s" for name in ("id", *guards))
+    return f"UPDATE {quote(model._meta.db_table)} SET {assignments} WHERE {conditions}"
+
+
+def update(model: type[Model], pk: int, values: dict[str, Any], *, only_if: dict[str, Any] | None = None) -> int:
+    """Set `values` on the row `pk` (and only if its columns still equal `only_if`); the number of rows changed.
+
+    The conditional form is how a claim or a close stays exactly-once: check the count."""
+    only_if = only_if or {}
+    fields = _fields(model)
+    names, guards = tuple(values), tuple(only_if)
+    sql = _update_sql(model, connection.vendor, names, guards)
+    params = [fields[name].get_db_prep_save(value, connection) for name, value in values.items()]
+    params += [pk, *(fields[name].get_db_prep_save(value, connection) for name, value in only_if.items())]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+@cache
+def _select_sql(model: type[Model], vendor: str, names: tuple[str, ...], where: str, lock: bool) -> str:
+    quote = connection.ops.quote_name
+    fields = _fields(model)
+    columns = ", ".join(quote(fields[name].column) for name in names)
+    lock_clause = " FOR UPDATE" if lock and connection.features.has_select_for_update else ""
+    return f"SELECT {columns} FROM {quote(model._meta.db_table)} WHERE {where}{lock_clause}"
+
+
+def first_row(model: type[Model], names: tuple[str, ...], where: str, params: list[Any], *,
+              lock: bool = False) -> tuple | None:
+    """The raw database values of `names` in the first row matching `where` (SQL over column names with %s
+    placeholders), row-locked if asked and the database has row locks (SQLite's `BEGIN IMMEDIATE` already
+    holds the whole database)."""
+    sql = _select_sql(model, connection.vendor, names, where, lock)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone()
+
+
+def locked_row(model: type[Model], names: tuple[str, ...], where: str, params: list[Any]) -> Model | None:
+    """The first row matching `where`, locked, as a model instance with only `names` loaded (others load on
+    first access). `names` must be fields whose raw database values need no conversion (integers, text)."""
+    names = _in_model_order(model, names)  # `from_db` reads a partial row in the model's field order
+    row = first_row(model, names, where, params, lock=True)
+    return model.from_db(connection.alias, list(names), row) if row is not None else None
+
+
+@cache
+def _in_model_order(model: type[Model], names: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(name for name in _fields(model) if name in names)
+
+
+def prep(model: type[Model], name: str, value: Any) -> Any:
+    """A value as the database takes it for `model.name` (for the parameters of a `where`)."""
+    return _fields(model)[name].get_db_prep_save(value, connection)
