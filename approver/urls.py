@@ -12,4 +12,5 @@ urlpatterns = [
     path("health/", views.health, name="health"),
     path("admin/", admin.site.urls),
     path("", include("journal.urls")),
+    path("", include("approver.plan_urls")),
 ]

@@ -1,8 +1,19 @@
+from django.contrib import messages
+from django.core.paginator import Paginator
 from django.http import JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_POST
+
+from journal.models import Run
 
 from . import health as health_report
+from . import roles, services
+from .access import READERS, require_role
+from .forms import UndoRequestForm
+from .models import Plan, PlanItem
 
 
 @require_GET
@@ -11,3 +22,87 @@ def health(request):
     """Public, for load balancers and monitors; it names states, never hosts, versions or errors."""
     body = health_report.report()
     return JsonResponse(body, status=200 if body["status"] == "ok" else 503)
+
+
+# -- reversal plans ---------------------------------------------------------------------------------------
+
+PLANS_PER_PAGE = 25
+
+
+@require_POST
+def request_undo(request, run_id):
+    """On-call asks to undo a run from step N; the plan is built at once and its checks are queued."""
+    require_role(request, roles.ON_CALL)
+    run = get_object_or_404(Run, public_id=run_id)
+    form = UndoRequestForm(request.POST)
+    if not form.is_valid():
+        for errors in form.errors.values():
+            for error in errors:
+                messages.error(request, error)
+        return redirect(reverse("journal:run_detail", args=[run.public_id]))
+    try:
+        plan = services.request_plan(run=run, requested_by=request.user, reason=form.cleaned_data["reason"],
+                                     from_step=form.cleaned_data["from_step"])
+    except services.PlanRefused as refused:
+        messages.error(request, refused.message)
+        target = services.plan_url(refused.open_plan) if refused.open_plan else reverse(
+            "journal:run_detail", args=[run.public_id])
+        return redirect(target)
+    messages.success(request, f"Plan created: undo {plan.selection_text}. Checks with the tool servers have started.")
+    return redirect(services.plan_url(plan))
+
+
+@require_GET
+def plan_list(request):
+    require_role(request, *READERS)
+    plans = Plan.objects.for_page().order_by("-created_at", "-id")
+    page = Paginator(plans, PLANS_PER_PAGE).get_page(request.GET.get("page"))
+    return render(request, "approver/plan_list.html", {"page": page})
+
+
+@require_GET
+def plan_detail(request, plan_id):
+    require_role(request, *READERS)
+    plan = get_object_or_404(Plan.objects.for_page(), public_id=plan_id)
+    template = "approver/plan_detail.html#checks" if request.htmx else "approver/plan_detail.html"
+    return render(request, template, _plan_context(request, plan))
+
+
+def _plan_context(request, plan: Plan) -> dict:
+    items = list(services.items_for_page(plan))
+    by_action = {action: [i for i in items if i.action == action] for action in PlanItem.Action.values}
+    return {
+        "plan": plan,
+        "undo": by_action[PlanItem.Action.COMPENSATE],
+        "cannot": by_action[PlanItem.Action.CANNOT_UNDO],
+        "nothing": by_action[PlanItem.Action.NOTHING_TO_UNDO],
+        "already": by_action[PlanItem.Action.ALREADY_UNDONE],
+        "changed": [i for i in items if i.check_status == PlanItem.Check.CONFLICT],
+        "may_check": roles.has_any_role(request.user, roles.ON_CALL, roles.APPROVER)
+        and plan.state in (Plan.State.DRAFT, Plan.State.READY),
+        "may_cancel": roles.has_any_role(request.user, roles.ON_CALL, roles.ADMIN)
+        and plan.state in (Plan.State.DRAFT, Plan.State.CHECKING, Plan.State.READY),
+        "now": timezone.now(),
+    }
+
+
+@require_POST
+def check_again(request, plan_id):
+    require_role(request, roles.ON_CALL, roles.APPROVER)
+    plan = get_object_or_404(Plan, public_id=plan_id)
+    if services.queue_checks(plan=plan):
+        messages.success(request, "Checking again with the tool servers.")
+    else:
+        messages.error(request, f"This plan is {plan.get_state_display().lower()}; it cannot be checked now.")
+    return redirect(services.plan_url(plan))
+
+
+@require_POST
+def cancel(request, plan_id):
+    require_role(request, roles.ON_CALL, roles.ADMIN)
+    plan = get_object_or_404(Plan, public_id=plan_id)
+    if services.cancel_plan(plan=plan, by=request.user):
+        messages.success(request, "Plan cancelled. Its steps can go into a new plan.")
+    else:
+        messages.error(request, f"This plan is {plan.get_state_display().lower()}; it can no longer be cancelled.")
+    return redirect(services.plan_url(plan))

@@ -32,6 +32,9 @@ HATP_KEY = "hatp/journal"
 CHRONO_KEY = "dev.chronomcp/compensate"
 HATP_CHECK = "hatp_check"
 HATP_COMPENSATE = "hatp_compensate"
+# The problem a compensable call without a reported version has: it may still be undone, but only with a
+# human deciding, since a later change to the record could not be detected (DESIGN.md).
+NO_VERSION_PROBLEM = "no version was reported, so a later change could not be detected: a human must decide"
 HIDDEN_TOOLS = frozenset({HATP_CHECK, HATP_COMPENSATE})
 
 _TEXT = 500  # longest server-written sentence we keep; longer is treated as hostile, not truncated

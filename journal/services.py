@@ -150,6 +150,17 @@ def checkpoint_run(*, run: Run, now: datetime | None = None) -> Checkpoint | Non
         return checkpoint
 
 
+def record_event(*, run_id: int, event: str, data: Any, now: datetime) -> ChainEntry:
+    """Append an event from outside the Recorder (a plan, a check, an approval) to a run's chain.
+
+    Runs inside the caller's transaction if there is one, so the event commits with the change it records."""
+    with transaction.atomic():
+        run = _locked_run("id = %s", [run_id])
+        entry = append_entry(run=run, event=event, data=data, now=now)
+        _save_moving(run, now=None)
+    return entry
+
+
 # -- runs and steps ---------------------------------------------------------------------------------------
 
 
@@ -181,9 +192,11 @@ def _locked_run(where: str, params: list[Any]) -> Run | None:
     return sql.locked_row(Run, _RUN_LOCKED_FIELDS, where, params)
 
 
-def _save_moving(run: Run, *, now: datetime) -> None:
+def _save_moving(run: Run, *, now: datetime | None) -> None:
+    """Write back the moving columns; `now` is the agent's latest activity (None for events that are not
+    the agent's, such as a plan, which must not keep an idle run alive)."""
     values = {name: getattr(run, name) for name in _RUN_MOVING_FIELDS}
-    sql.update(Run, run.pk, {**values, "last_activity_at": now})
+    sql.update(Run, run.pk, values if now is None else {**values, "last_activity_at": now})
 
 
 def _find_run(*, agent: Agent, key: str, now: datetime) -> Run:
@@ -292,7 +305,7 @@ def _undo_facts(step: Step, server: ToolServer | None, result: dict[str, Any], f
             except BindingError as exc:
                 problems.append(f"a binding does not resolve: {exc}")
         if not effect.version:
-            problems.append("no version was reported, so a later change could not be detected: a human must decide")
+            problems.append(declarations.NO_VERSION_PROBLEM)
     deadline = declaration.deadline(finished)
     verified, receipt_problem = _receipt_check(server, journal_raw, parsed)
     return {
@@ -433,9 +446,9 @@ def refresh_catalogue(*, server: ToolServer) -> ToolServer:
     from commands, the admin and tests; the Recorder itself reads what was kept."""
     import anyio
 
-    from .mcp.client import Endpoint, ToolServerError, Upstreams
+    from .mcp.client import ToolServerError, Upstreams, endpoint_of
 
-    endpoint = Endpoint(name=server.name, transport=server.transport, url=server.url, command=server.command)
+    endpoint = endpoint_of(server)
 
     async def fetch():
         async with Upstreams(timeout=settings.TOOL_SERVER_TIMEOUT) as upstreams:

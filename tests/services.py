@@ -4,8 +4,11 @@ On a laptop without the service such a test is skipped, and the reason names the
 (REQUIRE_SERVICES=1, set by .ci/run) the markers never skip: the test runs and fails if the service is missing.
 """
 
+import contextlib
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -31,3 +34,25 @@ needs_redis = pytest.mark.skipif(
 needs_chromium = pytest.mark.skipif(
     not REQUIRED and not shutil.which(CHROMIUM), reason=f"Chromium is not available here ({CHROMIUM})"
 )
+
+
+@contextlib.contextmanager
+def running_worker(env: dict, name: str):
+    """A real Celery worker process on whatever broker and database `env` names, stopped afterwards."""
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "approver", "worker", "--pool=solo", "--loglevel=WARNING",
+         f"--hostname={name}@%h"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        worker.terminate()
+        worker.wait(timeout=20)
+
+
+def worker_env_for_test_database() -> dict:
+    """This process's environment, pointed at the database the running test uses (SQLite's file), so a
+    worker process sees what the test wrote."""
+    from django.db import connection
+
+    return {**os.environ, "DJANGO_SETTINGS_MODULE": "approver.settings",
+            "DATABASE_URL": f"sqlite:///{connection.settings_dict['NAME']}"}

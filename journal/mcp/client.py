@@ -44,6 +44,11 @@ class Endpoint:
     command: str = ""
 
 
+def endpoint_of(server) -> Endpoint:
+    """The Endpoint of a `journal.models.ToolServer` row."""
+    return Endpoint(name=server.name, transport=server.transport, url=server.url, command=server.command)
+
+
 class ToolServerError(Exception):
     """A call that did not produce a tool result.
 

@@ -46,17 +46,13 @@ from starlette.responses import JSONResponse, Response
 from .. import declarations, keys, services, sql
 from ..models import Agent, ToolServer
 from .asgi import read_body
-from .client import Endpoint, ToolServerError, Upstreams
+from .client import ToolServerError, Upstreams, endpoint_of
 
 logger = logging.getLogger(__name__)
 
 SEPARATOR = "__"
 RUN_ID_KEY = "runId"
 _ENVELOPE_PREFIX = "io.modelcontextprotocol/"
-
-
-def endpoint_of(server: ToolServer) -> Endpoint:
-    return Endpoint(name=server.name, transport=server.transport, url=server.url, command=server.command)
 
 
 def agent_tools(servers: list[ToolServer]) -> list[types.Tool]:

@@ -1,4 +1,3 @@
-import contextlib
 import os
 import subprocess
 import sys
@@ -7,7 +6,7 @@ import time
 import pytest
 from django.urls import reverse
 
-from tests.services import REDIS_URL, needs_redis
+from tests.services import REDIS_URL, needs_redis, running_worker
 
 
 def test_login_and_logout(client, on_call):
@@ -43,19 +42,6 @@ def test_health_reports_a_missing_worker(client, db):
     assert body["database"] == "ok" and body["broker"] == "ok"
     if body["worker"] == "none running":
         assert response.status_code == 503 and body["status"] == "degraded"
-
-
-@contextlib.contextmanager
-def running_worker(env: dict, name: str):
-    """A real Celery worker process on whatever broker `env` names, stopped afterwards."""
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "approver", "worker", "--pool=solo", "--loglevel=WARNING",
-         f"--hostname={name}@%h"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        yield
-    finally:
-        worker.terminate()
-        worker.wait(timeout=20)
 
 
 def poll(ready, seconds: float = 30) -> None:

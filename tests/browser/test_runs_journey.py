@@ -49,8 +49,8 @@ def test_on_call_opens_the_globex_run_and_reads_its_badges(recorder, sample_serv
         assert steps.nth(0).locator(".badge").inner_text() == "Read-only"
 
         # The exact undo call is one click away.
-        deal.locator("summary").click()
-        assert "hatp_compensate" in deal.locator("details").inner_text()
+        deal.locator("details.call summary").click()
+        assert "hatp_compensate" in deal.locator("details.call").inner_text()
 
         page.click("text=Log out")
         page.wait_for_url(re.compile(r".*/login/$"))

@@ -1,0 +1,29 @@
+"""Read-only JSON for reversal plans: a plan's content exactly as it is digested.
+
+Same access rule as the pages (any of the three roles, signed in with a session). Recompute the digest
+yourself: SHA-256 of the RFC 8785 (JCS) bytes of `content` equals `digest`.
+"""
+
+from django.http import JsonResponse
+from django.shortcuts import get_object_or_404
+from django.views.decorators.http import require_GET
+
+from . import planning
+from .access import READERS, require_role
+from .models import Plan
+from .services import items_for_content, plan_content
+
+
+@require_GET
+def plan_detail(request, plan_id):
+    require_role(request, *READERS)
+    plan = get_object_or_404(Plan.objects.for_page(), public_id=plan_id)
+    content = plan_content(plan, list(items_for_content(plan)))
+    # While checks run, the content moves with every answer; once the plan is ready, its digest is this one.
+    return JsonResponse({
+        "id": str(plan.public_id),
+        "state": plan.state,
+        "checks": {"total": plan.checks_total, "done": plan.checks_done},
+        "digest": planning.digest(content),
+        "content": content,
+    })

@@ -1,0 +1,145 @@
+"""Asking tool servers, without changing anything, whether each undo in a plan would work right now.
+
+All traffic goes through the one client (`journal.mcp.client.Upstreams`), with its timeout on every call.
+Items are checked concurrently, at most `per_server` at a time on any one server. A server's answers are
+untrusted input: only the fields the plan page shows are kept, as bounded strings.
+
+- HATP: the server's own `hatp_check` with the compensation token, `ifVersion` and the idempotency key.
+- SEP-3172 and mcp-compensate have no check call, so: the compensating tool must still be in the server's
+  current catalogue (read once per server), its input schema must accept the resolved arguments, and the
+  undo window must be open.
+"""
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import anyio
+import jsonschema
+
+from journal.mcp.client import Endpoint, ToolServerError, Upstreams, classify_tool_error
+
+HATP_CHECK = "hatp_check"
+_TEXT = 500
+
+
+@dataclass(frozen=True)
+class CheckTarget:
+    item_id: int
+    endpoint: Endpoint
+    dialect: str
+    tool: str
+    arguments: dict[str, Any]
+    if_version: str
+    idempotency_key: str
+    undo_by: datetime | None
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    status: str  # ok | conflict | expired | unavailable | error
+    detail: dict[str, Any]
+
+
+def _text(value: Any) -> str:
+    return value[:_TEXT] if isinstance(value, str) else ""
+
+
+def _error(failure_class: str, message: str) -> CheckResult:
+    return CheckResult("error", {"failureClass": failure_class, "message": _text(message)})
+
+
+def _from_failure(exc: ToolServerError) -> CheckResult:
+    if exc.transient:
+        return CheckResult("unavailable", {"failureClass": exc.failure_class, "message": _text(exc.message)})
+    return _error(exc.failure_class, exc.message)
+
+
+def _first_text(result: dict[str, Any]) -> str:
+    for block in result.get("content") or []:
+        if isinstance(block, dict) and block.get("type") == "text":
+            return _text(block.get("text"))
+    return ""
+
+
+def read_hatp_answer(result: dict[str, Any]) -> CheckResult:
+    """A `hatp_check` answer, read as DESIGN.md's UNDO_* contract."""
+    structured = result.get("structuredContent") if isinstance(result.get("structuredContent"), dict) else {}
+    message = _first_text(result)
+    if result.get("isError") is not True:
+        return CheckResult("ok", {"wouldDo": _text(structured.get("wouldDo")) or message})
+    code = structured.get("code")
+    if code == "UNDO_CONFLICT":
+        current = structured.get("current") if isinstance(structured.get("current"), dict) else {}
+        return CheckResult("conflict", {"message": message, "current": {
+            key: _text(current.get(key)) for key in ("version", "summary", "changedBy", "changedAt")}})
+    if code == "UNDO_EXPIRED":
+        return CheckResult("expired", {"message": message})
+    return _error(classify_tool_error(result), message or "The server refused the check.")
+
+
+def read_catalogue(catalogue: list[dict[str, Any]], target: CheckTarget) -> CheckResult:
+    """The compensating tool is listed now, and its input schema accepts the resolved arguments."""
+    tool = next((t for t in catalogue if isinstance(t, dict) and t.get("name") == target.tool), None)
+    if tool is None:
+        return CheckResult("unavailable", {
+            "message": f"{target.endpoint.name} no longer lists {target.tool}, the tool that would undo this."})
+    schema = tool.get("inputSchema")
+    if not isinstance(schema, dict):
+        return _error("invalid_arguments", f"{target.tool} publishes no input schema to check the arguments against.")
+    try:
+        validator_class = jsonschema.validators.validator_for(schema)
+        validator_class.check_schema(schema)
+        problem = jsonschema.exceptions.best_match(validator_class(schema).iter_errors(target.arguments))
+    except (jsonschema.exceptions.SchemaError, RecursionError, TypeError, ValueError):
+        return _error("invalid_arguments", f"{target.tool}'s input schema is not a valid JSON Schema.")
+    if problem is not None:
+        return _error("invalid_arguments", f"{target.tool} would refuse the arguments: {problem.message}")
+    return CheckResult("ok", {"wouldDo": f"Call {target.tool} on {target.endpoint.name}."})
+
+
+async def check_all(targets: list[CheckTarget], *, upstreams: Upstreams, now: datetime, per_server: int,
+                    timeout: float, on_result: Callable[[int, CheckResult], Awaitable[None]]) -> None:
+    """Check every target; `on_result(item_id, result)` is awaited as each answer arrives."""
+    limits: dict[str, anyio.Semaphore] = {}
+    catalogues: dict[str, Any] = {}  # server name -> (event, result) so each catalogue is read once
+
+    async def catalogue_of(endpoint: Endpoint) -> list[dict[str, Any]] | ToolServerError:
+        entry = catalogues.get(endpoint.name)
+        if entry is None:
+            entry = catalogues[endpoint.name] = {"ready": anyio.Event(), "value": None}
+            try:
+                entry["value"] = await upstreams.list_tools(endpoint, timeout=timeout)
+            except ToolServerError as exc:
+                entry["value"] = exc
+            entry["ready"].set()
+        await entry["ready"].wait()
+        return entry["value"]
+
+    async def check(target: CheckTarget) -> None:
+        if target.undo_by is not None and target.undo_by <= now:
+            result = CheckResult("expired", {"message": f"The undo window closed at {target.undo_by.isoformat()}."})
+        else:
+            limit = limits.setdefault(target.endpoint.name, anyio.Semaphore(per_server))
+            async with limit:
+                result = await _check_one(target, upstreams=upstreams, timeout=timeout, catalogue_of=catalogue_of)
+        await on_result(target.item_id, result)
+
+    async with anyio.create_task_group() as group:
+        for target in targets:
+            group.start_soon(check, target)
+
+
+async def _check_one(target: CheckTarget, *, upstreams: Upstreams, timeout: float, catalogue_of) -> CheckResult:
+    if target.dialect == "hatp":
+        arguments = {**target.arguments, "ifVersion": target.if_version, "idempotencyKey": target.idempotency_key}
+        try:
+            answer = await upstreams.call_tool(target.endpoint, HATP_CHECK, arguments, timeout=timeout)
+        except ToolServerError as exc:
+            return _from_failure(exc)
+        return read_hatp_answer(answer)
+    catalogue = await catalogue_of(target.endpoint)
+    if isinstance(catalogue, ToolServerError):
+        return _from_failure(catalogue)
+    return read_catalogue(catalogue, target)

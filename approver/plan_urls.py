@@ -1,0 +1,14 @@
+from django.urls import path
+
+from . import api, views
+
+app_name = "approver"
+
+urlpatterns = [
+    path("runs/<uuid:run_id>/undo/", views.request_undo, name="request_undo"),
+    path("plans/", views.plan_list, name="plan_list"),
+    path("plans/<uuid:plan_id>/", views.plan_detail, name="plan_detail"),
+    path("plans/<uuid:plan_id>/check/", views.check_again, name="check_again"),
+    path("plans/<uuid:plan_id>/cancel/", views.cancel, name="cancel"),
+    path("api/plans/<uuid:plan_id>/", api.plan_detail, name="api_plan_detail"),
+]

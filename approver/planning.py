@@ -1,0 +1,207 @@
+"""Reversal plans, as pure functions: which steps a plan must take back, in which order, and how.
+
+No ORM and no clock: `approver.services` reads the steps into `StepFacts`, passes `now` in, and writes
+what comes out.
+
+Dependencies (DESIGN.md): a step depends on an earlier one when it used its result. Undoing a step
+therefore means undoing every later step that depended on it, transitively. Three rules say which steps
+depend on which:
+- **declared**: the call itself listed the steps it depends on (`_meta["hatp/journal"]["dependsOn"]`);
+  then that list (plus any inferred links) is the whole truth for it;
+- **inferred**: a value in its arguments equals a value in an earlier result (the JSON pointers are kept);
+- **all-earlier**: otherwise, to be safe, it depends on every earlier step.
+Each item records the rule that pulled it in, and from which step.
+"""
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from journal.canonical import sha256_hex
+from journal.declarations import NO_VERSION_PROBLEM
+
+# The dialect of a compensation decides how it is checked and run.
+HATP = "hatp"
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """What planning needs to know of one step."""
+
+    id: int
+    number: int
+    server: str
+    tool: str
+    status: str  # pending | ok | error
+    reversibility: str  # compensate | none | unknown | read_only
+    declaration: dict[str, Any]
+    compensation_arguments: dict[str, Any] | None
+    undo_problems: tuple[str, ...]
+    effect_summary: str
+    effect_resource: str
+    effect_version: str
+    undo_by: datetime | None
+    finished_at: datetime | None
+    declared_deps: tuple[int, ...] | None = None  # None: the call declared nothing
+    inferred_deps: dict[int, tuple[dict[str, str], ...]] = field(default_factory=dict)  # earlier number -> pointers
+    already_undone: bool = False
+
+
+@dataclass(frozen=True)
+class Pull:
+    rule: str  # chosen | inferred | declared | all-earlier
+    by: int | None = None  # the step (number) whose dependency pulled this one in
+    pointers: tuple[dict[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class ItemDraft:
+    step: StepFacts
+    position: int
+    action: str  # compensate | cannot_undo | nothing_to_undo | already_undone
+    pull: Pull
+    tool: str = ""
+    arguments: dict[str, Any] | None = None
+    if_version: str = ""
+    idempotency_key: str = ""
+    dialect: str = ""
+    via: str = ""
+    side_effect: str = ""
+    cost: dict[str, Any] | None = None
+    undo_by: datetime | None = None
+    needs_human: str = ""
+    reason: str = ""
+    remedy: str = ""
+
+
+class PlanningError(ValueError):
+    """The request cannot become a plan; the message says why, for the person who asked."""
+
+
+def closure(steps: list[StepFacts], chosen: set[int]) -> dict[int, Pull]:
+    """The chosen steps and every later step that depends on one of them, each with the rule that pulled it
+    in. One pass in step order: a step can only depend on earlier ones."""
+    known = {s.number for s in steps}
+    missing = sorted(chosen - known)
+    if missing:
+        raise PlanningError(f"The run has no step {', '.join(map(str, missing))}.")
+    pulled: dict[int, Pull] = {}
+    first_in_plan: int | None = None
+    for step in sorted(steps, key=lambda s: s.number):
+        if step.number in chosen:
+            pulled[step.number] = Pull("chosen")
+        elif first_in_plan is not None:
+            pull = _pull(step, pulled, first_in_plan)
+            if pull is not None:
+                pulled[step.number] = pull
+        if step.number in pulled and first_in_plan is None:
+            first_in_plan = step.number
+    return pulled
+
+
+def _pull(step: StepFacts, pulled: dict[int, Pull], first_in_plan: int) -> Pull | None:
+    for number in sorted(step.inferred_deps):
+        if number in pulled:
+            return Pull("inferred", number, step.inferred_deps[number])
+    if step.declared_deps is not None:
+        for number in sorted(step.declared_deps):
+            if number in pulled:
+                return Pull("declared", number)
+        return None
+    return Pull("all-earlier", first_in_plan) if first_in_plan < step.number else None
+
+
+def reverse_completion_order(steps: list[StepFacts]) -> list[StepFacts]:
+    """Last finished is undone first. A step still in flight sorts as if it finished last (it is the most
+    recent thing the agent did); ties go by step number, later first."""
+    far_future = datetime.max.replace(tzinfo=None)
+
+    def key(step: StepFacts):
+        finished = step.finished_at.replace(tzinfo=None) if step.finished_at else far_future
+        return finished, step.number
+
+    return sorted(steps, key=key, reverse=True)
+
+
+def idempotency_key(plan_id: str, step_number: int) -> str:
+    """Stable for the plan's life, so a retried compensation is the same request to the server."""
+    return f"undo-{plan_id}-{step_number}"
+
+
+def draft_items(steps: list[StepFacts], pulled: dict[int, Pull], *, plan_id: str, now: datetime) -> list[ItemDraft]:
+    in_plan = [s for s in steps if s.number in pulled]
+    return [
+        _item(step, position, pulled[step.number], plan_id=plan_id, now=now)
+        for position, step in enumerate(reverse_completion_order(in_plan), start=1)
+    ]
+
+
+def _item(step: StepFacts, position: int, pull: Pull, *, plan_id: str, now: datetime) -> ItemDraft:
+    declaration = step.declaration or {}
+    base = {"step": step, "position": position, "pull": pull}
+    if step.already_undone:
+        return ItemDraft(**base, action="already_undone", reason="An earlier plan already undid this step.")
+    if step.status == "pending":
+        return ItemDraft(**base, action="cannot_undo",
+                         reason="The call's outcome was never recorded, so what it did is not known.",
+                         remedy=f"Check {step.server} by hand for what {step.tool} did.")
+    if step.reversibility == "read_only":
+        return ItemDraft(**base, action="nothing_to_undo", reason="A read: it changed nothing.")
+    if step.status == "error" and step.reversibility != "unknown":
+        return ItemDraft(**base, action="nothing_to_undo", reason="The call failed and changed nothing.")
+    remedy = declaration.get("remedy") or ""
+    if step.reversibility == "none":
+        return ItemDraft(**base, action="cannot_undo",
+                         reason=declaration.get("reason") or f"{step.server} says this cannot be undone.",
+                         remedy=remedy)
+    if step.reversibility != "compensate":
+        reason = "; ".join(step.undo_problems) or f"{step.server} says nothing about undoing {step.tool}."
+        return ItemDraft(**base, action="cannot_undo", reason=_sentence(reason),
+                         remedy=remedy or f"Check {step.server} by hand for what {step.tool} did.")
+    # Without a version the undo can still run, but a later change could not be detected: it is listed
+    # with the others and flagged for the approver, never run on its own (DESIGN.md).
+    problems = [p for p in step.undo_problems if p != NO_VERSION_PROBLEM]
+    needs_human = "" if step.effect_version else _sentence(NO_VERSION_PROBLEM.capitalize())
+    if step.undo_by is not None and step.undo_by <= now:
+        problems.append(f"the undo window closed at {step.undo_by.isoformat()}")
+    compensation = declaration.get("compensation") or {}
+    if not compensation.get("tool") or step.compensation_arguments is None:
+        problems.append("no compensation could be prepared")
+    common = {"via": declaration.get("via") or "api", "side_effect": declaration.get("side_effect") or "",
+              "cost": declaration.get("cost"), "undo_by": step.undo_by, "remedy": remedy}
+    if problems:
+        return ItemDraft(**base, action="cannot_undo", **common,
+                         reason="Not automatically undoable: " + _sentence("; ".join(dict.fromkeys(problems))))
+    return ItemDraft(
+        **base, action="compensate", **common, tool=compensation["tool"], dialect=compensation.get("dialect", ""),
+        arguments=step.compensation_arguments, if_version=step.effect_version,
+        idempotency_key=idempotency_key(plan_id, step.number), needs_human=needs_human,
+    )
+
+
+def _sentence(text: str) -> str:
+    text = text.strip()
+    return text if text.endswith(".") else text + "."
+
+
+def plan_content(*, plan: dict[str, Any], items: list[dict[str, Any]]) -> dict[str, Any]:
+    """What an approver signs: the plan's header and its items, check results and conflict choices
+    included. `items` are `item_content` dicts in position order."""
+    return {**plan, "items": items}
+
+
+def item_content(*, position: int, step: int, server: str, tool: str, action: str, rule: str,
+                 pulled_in_by: int | None, compensation: dict[str, Any] | None, needs_human: str, via: str,
+                 side_effect: str, cost: Any, undo_by: str | None, reason: str, remedy: str,
+                 effect: dict[str, str], check: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "position": position, "step": step, "server": server, "tool": tool, "action": action,
+        "pulledInBy": {"rule": rule, "step": pulled_in_by}, "compensation": compensation,
+        "needsHuman": needs_human or None, "via": via or None,
+        "sideEffect": side_effect or None, "cost": cost, "undoBy": undo_by, "reason": reason or None,
+        "remedy": remedy or None, "effect": effect, "check": check,
+    }
+
+
+def digest(content: dict[str, Any]) -> str:
+    return sha256_hex(content)

@@ -1,0 +1,333 @@
+"""Every write on the approval side: reversal plans, their items and their checks.
+
+Rule of the house: no outside I/O inside a transaction. Checks talk to tool servers (`approver.checks`)
+with no transaction open; each answer is written in its own short transaction as it arrives.
+"""
+
+import logging
+from datetime import datetime
+from typing import Any
+
+import anyio
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.urls import reverse
+from django.utils import timezone
+
+from journal import declarations
+from journal import services as journal_services
+from journal.mcp.client import Upstreams, endpoint_of
+from journal.models import Run, Step, StepDependency
+
+from . import checks, planning
+from .checks import CheckResult
+from .models import Plan, PlanItem
+
+logger = logging.getLogger(__name__)
+
+# The Step columns planning reads; a 10,000-step run is one query of these.
+_FACT_FIELDS = (
+    "id", "number", "server_name", "tool", "status", "reversibility", "declaration", "compensation_arguments",
+    "undo_problems", "effect_summary", "effect_resource", "effect_version", "undo_by", "finished_at",
+    "request_meta",
+)
+
+
+class PlanRefused(Exception):
+    """The request cannot become a plan. `message` is for the person who asked; `open_plan` is set when a
+    step is already in another open plan."""
+
+    def __init__(self, message: str, *, open_plan: Plan | None = None):
+        super().__init__(message)
+        self.message = message
+        self.open_plan = open_plan
+
+
+def _facts(run: Run) -> list[planning.StepFacts]:
+    inferred: dict[int, dict[int, tuple]] = {}
+    for step_id, earlier, pointers in (
+        StepDependency.objects.filter(step__run=run, rule=StepDependency.Rule.INFERRED)
+        .values_list("step_id", "depends_on__number", "pointers")
+    ):
+        inferred.setdefault(step_id, {})[earlier] = tuple(pointers or ())
+    undone = set(
+        PlanItem.objects.filter(step__run=run, outcome="compensated").values_list("step_id", flat=True)
+    )
+    facts = []
+    for row in Step.objects.filter(run=run).order_by("number").values(*_FACT_FIELDS):
+        journal = (row["request_meta"] or {}).get(declarations.HATP_KEY)
+        declared = journal.get("dependsOn") if isinstance(journal, dict) else None
+        facts.append(planning.StepFacts(
+            id=row["id"], number=row["number"], server=row["server_name"], tool=row["tool"], status=row["status"],
+            reversibility=row["reversibility"], declaration=row["declaration"] or {},
+            compensation_arguments=row["compensation_arguments"], undo_problems=tuple(row["undo_problems"] or ()),
+            effect_summary=row["effect_summary"], effect_resource=row["effect_resource"],
+            effect_version=row["effect_version"], undo_by=row["undo_by"], finished_at=row["finished_at"],
+            declared_deps=tuple(n for n in declared if isinstance(n, int) and not isinstance(n, bool))
+            if isinstance(declared, list) else None,
+            inferred_deps=inferred.get(row["id"], {}), already_undone=row["id"] in undone,
+        ))
+    return facts
+
+
+def request_plan(*, run: Run, requested_by, reason: str = "", from_step: int | None = None,
+                 steps: list[int] | None = None, now: datetime | None = None) -> Plan:
+    """Build a reversal plan for `run`, from step N onwards or for a chosen set of steps, and queue its
+    checks. Refused (PlanRefused) when the selection is empty or unknown, or when a step in it is already
+    in an open plan."""
+    now = now or timezone.now()
+    if (from_step is None) == (not steps):
+        raise PlanRefused("Say where to undo from (a step number), or which steps to undo.")
+    facts = _facts(run)
+    if from_step is not None:
+        chosen = {s.number for s in facts if s.number >= from_step}
+        if not chosen:
+            raise PlanRefused(f"The run has no step {from_step}.")
+    else:
+        chosen = set(steps)
+    try:
+        pulled = planning.closure(facts, chosen)
+    except planning.PlanningError as exc:
+        raise PlanRefused(str(exc)) from None
+    _refuse_if_held(facts, pulled)
+
+    plan = Plan(run=run, requested_by=requested_by, reason=reason.strip(), from_step=from_step,
+                chosen_steps=sorted(chosen) if from_step is None else [], created_at=now, updated_at=now,
+                state=Plan.State.CHECKING, check_round=1)
+    drafts = planning.draft_items(facts, pulled, plan_id=str(plan.public_id), now=now)
+    items = [_item_row(plan, draft) for draft in drafts]
+    plan.checks_total = sum(item.action == PlanItem.Action.COMPENSATE for item in items)
+    plan.compensate_count = plan.checks_total
+    plan.cannot_undo_count = sum(item.action == PlanItem.Action.CANNOT_UNDO for item in items)
+    try:
+        with transaction.atomic():
+            plan.save()
+            PlanItem.objects.bulk_create(items, batch_size=500)
+            plan.digest = planning.digest(plan_content(plan, list(items_for_content(plan))))
+            plan.save(update_fields=["digest"])
+            journal_services.record_event(run_id=run.pk, event="plan", now=now, data={
+                "plan": str(plan.public_id), "requestedBy": requested_by.get_username(), "reason": plan.reason,
+                "selection": plan.selection_text, "items": len(items), "digest": plan.digest,
+            })
+            transaction.on_commit(lambda: _ring(plan))
+    except IntegrityError:
+        # Another request took one of these steps between our check and our insert.
+        _refuse_if_held(facts, pulled)
+        raise
+    return plan
+
+
+def _refuse_if_held(facts: list[planning.StepFacts], pulled: dict[int, planning.Pull]) -> None:
+    ids = [s.id for s in facts if s.number in pulled]
+    held = (
+        PlanItem.objects.filter(step_id__in=ids, holds_step=True).select_related("plan", "step")
+        .order_by("step__number").first()
+    )
+    if held is not None:
+        raise PlanRefused(
+            f"Step {held.step.number} is already in an open plan ({held.plan.get_state_display().lower()}); "
+            "finish or cancel that plan first.", open_plan=held.plan)
+
+
+def _item_row(plan: Plan, draft: planning.ItemDraft) -> PlanItem:
+    return PlanItem(
+        plan=plan, step_id=draft.step.id, position=draft.position, action=draft.action, rule=draft.pull.rule,
+        pulled_in_by=draft.pull.by, pointers=list(draft.pull.pointers), tool=draft.tool, arguments=draft.arguments,
+        if_version=draft.if_version, idempotency_key=draft.idempotency_key, dialect=draft.dialect, via=draft.via,
+        side_effect=draft.side_effect, cost=draft.cost, undo_by=draft.undo_by, needs_human=draft.needs_human,
+        reason=draft.reason, remedy=draft.remedy,
+        check_status=PlanItem.Check.PENDING if draft.action == PlanItem.Action.COMPENSATE else PlanItem.Check.NOT_NEEDED,
+    )
+
+
+def _ring(plan: Plan) -> None:
+    from .tasks import check_plan
+
+    check_plan.delay(plan.pk, plan.check_round)
+
+
+# -- the content an approver signs ------------------------------------------------------------------------
+
+
+def _check_content(item: PlanItem) -> dict[str, Any] | None:
+    if item.action != PlanItem.Action.COMPENSATE:
+        return None
+    return {"status": item.check_status or None, **(item.check_detail or {})}
+
+
+def plan_content(plan: Plan, items: list[PlanItem]) -> dict[str, Any]:
+    """The plan's content, exactly as it is digested: `items` in position order, with their steps
+    (`items_for_content`)."""
+    rows = []
+    for item in items:
+        step = item.step
+        compensation = {
+            "tool": item.tool, "arguments": item.arguments, "ifVersion": item.if_version or None,
+            "idempotencyKey": item.idempotency_key,
+        } if item.action == PlanItem.Action.COMPENSATE else None
+        rows.append(planning.item_content(
+            position=item.position, step=step.number, server=step.server_name, tool=step.tool, action=item.action,
+            rule=item.rule, pulled_in_by=item.pulled_in_by, compensation=compensation, needs_human=item.needs_human,
+            via=item.via,
+            side_effect=item.side_effect, cost=item.cost,
+            undo_by=item.undo_by.isoformat() if item.undo_by else None, reason=item.reason, remedy=item.remedy,
+            effect={"summary": step.effect_summary, "resource": step.effect_resource, "version": step.effect_version},
+            check=_check_content(item),
+        ))
+    return planning.plan_content(plan={
+        "plan": str(plan.public_id), "run": str(plan.run.public_id), "requestedBy": plan.requested_by.get_username(),
+        "reason": plan.reason, "selection": {"fromStep": plan.from_step} if plan.from_step is not None
+        else {"steps": plan.chosen_steps},
+    }, items=rows)
+
+
+def items_for_page(plan: Plan):
+    """Every item with what the plan page shows of its step, in one query whatever the plan's size."""
+    return plan.items.select_related("step").order_by("position").only(
+        *(f.name for f in PlanItem._meta.concrete_fields if f.name != "plan"), "plan_id",
+        "step__number", "step__server_name", "step__tool", "step__effect_summary", "step__effect_resource",
+        "step__effect_version", "step__finished_at", "step__run_id")
+
+
+def items_for_content(plan: Plan):
+    return plan.items.select_related("step").order_by("position").defer(
+        "step__arguments", "step__result", "step__request_meta", "step__declaration", "step__receipt")
+
+
+# -- checks -------------------------------------------------------------------------------------------------
+
+
+def queue_checks(*, plan: Plan, now: datetime | None = None, ring: bool = True) -> bool:
+    """Start a new round of checks on a draft or ready plan: every compensate item goes back to `pending`
+    and the worker is asked once the transaction commits (unless `ring` is False: the caller runs the
+    round itself). False if the plan is in no state to be checked."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        claimed = Plan.objects.filter(pk=plan.pk, state__in=[Plan.State.DRAFT, Plan.State.READY]).update(
+            state=Plan.State.CHECKING, checks_done=0, check_round=F("check_round") + 1, updated_at=now)
+        if not claimed:
+            return False
+        plan.items.filter(action=PlanItem.Action.COMPENSATE).update(
+            check_status=PlanItem.Check.PENDING, check_detail={}, checked_at=None)
+        plan.refresh_from_db()
+        if ring:
+            transaction.on_commit(lambda: _ring(plan))
+    return True
+
+
+def record_checks(*, plan: Plan, check_round: int, results: list[tuple[int, CheckResult]],
+                  now: datetime | None = None) -> None:
+    """Keep check results as they arrive (a batch of whatever came in meanwhile, in one short
+    transaction); the plan's progress counter moves with them. Only a `pending` item of the plan's current
+    round takes a result."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        if not Plan.objects.select_for_update().filter(
+                pk=plan.pk, state=Plan.State.CHECKING, check_round=check_round).exists():
+            return
+        done = 0
+        for item_id, result in results:
+            done += PlanItem.objects.filter(pk=item_id, plan=plan, check_status=PlanItem.Check.PENDING).update(
+                check_status=result.status, check_detail=result.detail, checked_at=now)
+        if done:
+            Plan.objects.filter(pk=plan.pk).update(checks_done=F("checks_done") + done, updated_at=now)
+
+
+def run_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> Plan | None:
+    """Check every item of this round still `pending` against its server, keeping results as they arrive,
+    then mark the plan ready. Safe to run twice (a worker that died is simply asked again): answered items
+    are not asked again. None when the plan has moved on from this round."""
+    now = now or timezone.now()
+    if not Plan.objects.filter(pk=plan.pk, state=Plan.State.CHECKING, check_round=check_round).exists():
+        return None
+    items = plan.items.filter(action=PlanItem.Action.COMPENSATE, check_status=PlanItem.Check.PENDING).select_related(
+        "step__server").only(
+        "id", "dialect", "tool", "arguments", "if_version", "idempotency_key", "undo_by", "step__server__name",
+        "step__server__transport", "step__server__url", "step__server__command")
+    targets, orphans = [], []
+    for item in items:
+        server = item.step.server
+        if server is None:
+            orphans.append((item.pk, CheckResult("unavailable", {"message": "The tool server is no longer registered."})))
+            continue
+        targets.append(checks.CheckTarget(
+            item_id=item.pk, endpoint=endpoint_of(server), dialect=item.dialect, tool=item.tool,
+            arguments=item.arguments or {}, if_version=item.if_version, idempotency_key=item.idempotency_key,
+            undo_by=item.undo_by))
+    if orphans:
+        record_checks(plan=plan, check_round=check_round, results=orphans, now=now)
+    anyio.run(_check_and_record, plan, check_round, targets, now)
+    return finish_checks(plan=plan, check_round=check_round)
+
+
+async def _check_and_record(plan: Plan, check_round: int, targets: list, now: datetime) -> None:
+    """Run the checks; a writer task keeps their results in batches, off the event loop, so a slow
+    database never holds up the servers' answers."""
+    send, receive = anyio.create_memory_object_stream(max_buffer_size=len(targets) + 1)
+    write = sync_to_async(record_checks)
+
+    async def writer():
+        async with receive:
+            async for first in receive:
+                batch = [first]
+                while True:
+                    try:
+                        batch.append(receive.receive_nowait())
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                await write(plan=plan, check_round=check_round, results=batch)
+
+    async def on_result(item_id: int, result: CheckResult) -> None:
+        await send.send((item_id, result))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(writer)
+        async with send, Upstreams(timeout=settings.TOOL_SERVER_TIMEOUT) as upstreams:
+            await checks.check_all(targets, upstreams=upstreams, now=now, per_server=settings.PLAN_CHECKS_PER_SERVER,
+                                   timeout=settings.TOOL_SERVER_TIMEOUT, on_result=on_result)
+
+
+def finish_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> Plan:
+    """Every item of the round has an answer: the plan is ready, with a digest over the new results."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        plan = Plan.objects.select_for_update().select_related("run", "requested_by").get(pk=plan.pk)
+        if plan.state != Plan.State.CHECKING or plan.check_round != check_round:
+            return plan
+        items = list(items_for_content(plan))
+        if any(i.check_status == PlanItem.Check.PENDING for i in items):
+            return plan  # a result was not kept (the writer failed); the stalled-check task asks again
+        plan.digest = planning.digest(plan_content(plan, items))
+        plan.conflict_count = sum(i.check_status == PlanItem.Check.CONFLICT for i in items)
+        plan.state, plan.checked_at, plan.updated_at = Plan.State.READY, now, now
+        plan.save(update_fields=["digest", "conflict_count", "state", "checked_at", "updated_at"])
+        counts: dict[str, int] = {}
+        for item in items:
+            if item.check_status:
+                counts[item.check_status] = counts.get(item.check_status, 0) + 1
+        journal_services.record_event(run_id=plan.run_id, event="check", now=now, data={
+            "plan": str(plan.public_id), "results": counts, "digest": plan.digest,
+        })
+    return plan
+
+
+def cancel_plan(*, plan: Plan, by, now: datetime | None = None) -> bool:
+    """Close an open plan that has not been approved, freeing its steps for another plan."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        cancelled = Plan.objects.filter(
+            pk=plan.pk, state__in=[Plan.State.DRAFT, Plan.State.CHECKING, Plan.State.READY]
+        ).update(state=Plan.State.CANCELLED, updated_at=now)
+        if not cancelled:
+            return False
+        plan.items.update(holds_step=False)
+        journal_services.record_event(run_id=plan.run_id, event="plan_cancelled", now=now, data={
+            "plan": str(plan.public_id), "by": by.get_username()})
+    plan.refresh_from_db()
+    return True
+
+
+def plan_url(plan: Plan) -> str:
+    return reverse("approver:plan_detail", args=[plan.public_id])

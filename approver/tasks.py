@@ -1,0 +1,36 @@
+"""Thin Celery entry points for the approval side."""
+
+from datetime import timedelta
+
+from celery import shared_task
+from django.conf import settings
+from django.utils import timezone
+
+from . import services
+from .models import Plan
+
+
+def stalled_before():
+    """A check that has not moved for this long was left by a worker that died."""
+    return timezone.now() - timedelta(seconds=2 * settings.TOOL_SERVER_TIMEOUT + 60)
+
+
+@shared_task(name="approver.check_plan")
+def check_plan(plan_id: int, check_round: int) -> str:
+    """Check a plan's pending items against their tool servers, for one round of checks. Safe to run
+    twice: answered items are not asked again, and a task for an old round does nothing."""
+    plan = Plan.objects.filter(pk=plan_id).select_related("run", "requested_by").first()
+    if plan is None:
+        return "no such plan"
+    checked = services.run_checks(plan=plan, check_round=check_round)
+    return checked.state if checked is not None else "moved on"
+
+
+@shared_task(name="approver.requeue_stalled_checks")
+def requeue_stalled_checks() -> int:
+    """Ring the bell again for checks a dead worker left half done."""
+    stalled = list(Plan.objects.filter(state=Plan.State.CHECKING, updated_at__lt=stalled_before())
+                   .values_list("pk", "check_round"))
+    for plan_id, check_round in stalled:
+        check_plan.delay(plan_id, check_round)
+    return len(stalled)

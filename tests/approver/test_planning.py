@@ -1,0 +1,144 @@
+"""Which steps a plan takes back, in which order, and how: pure functions, no database."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from approver import planning
+from approver.planning import StepFacts
+from journal.declarations import NO_VERSION_PROBLEM
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+PLAN = "0b5e7a1c-0000-4000-8000-000000000001"
+
+HATP_COMPENSATION = {"tool": "hatp_compensate", "dialect": "hatp", "bindings": {}}
+
+
+def step(number: int, **overrides) -> StepFacts:
+    facts = {
+        "id": 100 + number, "number": number, "server": "crm", "tool": "update_deal", "status": "ok",
+        "reversibility": "compensate",
+        "declaration": {"kind": "compensate", "via": "api", "compensation": HATP_COMPENSATION,
+                        "side_effect": None, "cost": None, "remedy": None, "reason": None},
+        "compensation_arguments": {"compensationToken": f"ctk_{number}"}, "undo_problems": (),
+        "effect_summary": f"change {number}", "effect_resource": f"crm://acme/deal/D-{number}",
+        "effect_version": f"v{number}", "undo_by": NOW + timedelta(days=7),
+        "finished_at": NOW - timedelta(minutes=60 - number),
+    }
+    facts.update(overrides)
+    return StepFacts(**facts)
+
+
+def test_undo_from_step_n_takes_that_step_and_every_later_one():
+    steps = [step(n) for n in range(1, 6)]
+    pulled = planning.closure(steps, {3, 4, 5})
+    assert sorted(pulled) == [3, 4, 5]
+    assert {p.rule for p in pulled.values()} == {"chosen"}
+
+
+def test_without_better_knowledge_every_later_step_depends_on_every_earlier_one():
+    steps = [step(n) for n in range(1, 5)]
+    pulled = planning.closure(steps, {2})
+    assert sorted(pulled) == [2, 3, 4]
+    assert pulled[3] == planning.Pull("all-earlier", 2) and pulled[4] == planning.Pull("all-earlier", 2)
+
+
+def test_a_step_that_declared_its_dependencies_is_pulled_in_only_by_them():
+    steps = [step(1), step(2), step(3, declared_deps=(1,)), step(4, declared_deps=(2,)), step(5, declared_deps=())]
+    pulled = planning.closure(steps, {2})
+    assert sorted(pulled) == [2, 4]
+    assert pulled[4] == planning.Pull("declared", 2)
+
+
+def test_an_inferred_link_pulls_a_step_in_and_shows_the_pointers():
+    pointers = ({"from": "/structuredContent/id", "to": "/deal_id"},)
+    steps = [step(1), step(2), step(3, declared_deps=(), inferred_deps={2: pointers})]
+    pulled = planning.closure(steps, {2})
+    assert pulled[3] == planning.Pull("inferred", 2, pointers)
+
+
+def test_dependencies_are_followed_transitively():
+    steps = [step(1), step(2, declared_deps=(1,)), step(3, declared_deps=(2,)), step(4, declared_deps=())]
+    assert sorted(planning.closure(steps, {1})) == [1, 2, 3]
+
+
+def test_asking_for_a_step_the_run_does_not_have_is_refused():
+    with pytest.raises(planning.PlanningError, match="no step 9"):
+        planning.closure([step(1)], {9})
+
+
+def test_items_come_in_reverse_completion_order():
+    # Step 2 finished after step 3 (they ran concurrently): it is undone first.
+    steps = [step(1), step(2, finished_at=NOW), step(3, finished_at=NOW - timedelta(seconds=5))]
+    items = planning.draft_items(steps, planning.closure(steps, {1}), plan_id=PLAN, now=NOW)
+    assert [(i.position, i.step.number) for i in items] == [(1, 2), (2, 3), (3, 1)]
+
+
+def test_a_compensation_carries_its_resolved_arguments_version_and_a_stable_idempotency_key():
+    [item] = planning.draft_items([step(1)], {1: planning.Pull("chosen")}, plan_id=PLAN, now=NOW)
+    assert item.action == "compensate" and item.tool == "hatp_compensate" and item.dialect == "hatp"
+    assert item.arguments == {"compensationToken": "ctk_1"} and item.if_version == "v1"
+    assert item.idempotency_key == planning.idempotency_key(PLAN, 1) == f"undo-{PLAN}-1"
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ({"undo_problems": ("a binding does not resolve: /transactionId is missing",)}, "a binding does not resolve"),
+    ({"undo_by": NOW - timedelta(minutes=1)}, "the undo window closed at"),
+    ({"compensation_arguments": None}, "no compensation could be prepared"),
+])
+def test_a_step_that_cannot_be_undone_automatically_says_so_plainly(overrides, expected):
+    [item] = planning.draft_items([step(1, **overrides)], {1: planning.Pull("chosen")}, plan_id=PLAN, now=NOW)
+    assert item.action == "cannot_undo"
+    assert item.reason.startswith("Not automatically undoable: ") and expected in item.reason
+    assert item.tool == "" and item.arguments is None  # nothing that could be run by mistake
+
+
+def test_a_step_without_a_version_is_listed_for_undo_but_flagged_for_a_human():
+    facts = step(1, effect_version="", undo_problems=(NO_VERSION_PROBLEM,))
+    [item] = planning.draft_items([facts], {1: planning.Pull("chosen")}, plan_id=PLAN, now=NOW)
+    assert item.action == "compensate" and item.if_version == ""
+    assert item.needs_human == "No version was reported, so a later change could not be detected: a human must decide."
+
+
+def test_an_irreversible_step_keeps_the_servers_reason_and_remedy():
+    declaration = {"kind": "none", "reason": "delivered to external recipients", "remedy": "send a correction email"}
+    [item] = planning.draft_items([step(1, reversibility="none", declaration=declaration)],
+                                  {1: planning.Pull("chosen")}, plan_id=PLAN, now=NOW)
+    assert (item.action, item.reason, item.remedy) == (
+        "cannot_undo", "delivered to external recipients", "send a correction email")
+
+
+def test_an_undeclared_step_is_unknown_never_safe():
+    [item] = planning.draft_items([step(1, reversibility="unknown", declaration={"kind": "unknown"})],
+                                  {1: planning.Pull("chosen")}, plan_id=PLAN, now=NOW)
+    assert item.action == "cannot_undo" and "says nothing about undoing" in item.reason
+    assert "by hand" in item.remedy
+
+
+@pytest.mark.parametrize(("overrides", "action"), [
+    ({"reversibility": "read_only"}, "nothing_to_undo"),
+    ({"status": "error"}, "nothing_to_undo"),
+    ({"status": "error", "reversibility": "unknown",
+      "undo_problems": ("the server did not answer, so it may or may not have acted",)}, "cannot_undo"),
+    ({"status": "pending", "finished_at": None}, "cannot_undo"),
+    ({"already_undone": True}, "already_undone"),
+])
+def test_reads_failures_calls_in_doubt_and_undone_steps(overrides, action):
+    [item] = planning.draft_items([step(1, **overrides)], {1: planning.Pull("chosen")}, plan_id=PLAN, now=NOW)
+    assert item.action == action and item.reason
+
+
+def test_the_digest_changes_with_any_change_to_the_content():
+    item = planning.item_content(
+        position=1, step=1, server="crm", tool="update_deal", action="compensate", rule="chosen", pulled_in_by=None,
+        compensation={"tool": "hatp_compensate", "arguments": {"compensationToken": "ctk_1"}, "ifVersion": "v1",
+                      "idempotencyKey": "k"},
+        needs_human="", via="api", side_effect="", cost=None, undo_by=None, reason="", remedy="",
+        effect={"summary": "s", "resource": "r", "version": "v1"}, check={"status": "pending"})
+    content = planning.plan_content(plan={"plan": PLAN}, items=[item])
+    checked = planning.plan_content(plan={"plan": PLAN}, items=[{**item, "check": {"status": "ok"}}])
+    other_args = planning.plan_content(plan={"plan": PLAN}, items=[
+        {**item, "compensation": {**item["compensation"], "arguments": {"compensationToken": "ctk_2"}}}])
+    assert len({planning.digest(content), planning.digest(checked), planning.digest(other_args)}) == 3
+    # Key order does not matter (JCS): the same content always has the same digest.
+    assert planning.digest(dict(reversed(list(content.items())))) == planning.digest(content)
