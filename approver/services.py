@@ -227,12 +227,16 @@ def record_checks(*, plan: Plan, check_round: int, results: list[tuple[int, Chec
         if not Plan.objects.select_for_update().filter(
                 pk=plan.pk, state=Plan.State.CHECKING, check_round=check_round).exists():
             return
-        done = 0
-        for item_id, result in results:
-            done += PlanItem.objects.filter(pk=item_id, plan=plan, check_status=PlanItem.Check.PENDING).update(
-                check_status=result.status, check_detail=result.detail, checked_at=now)
-        if done:
-            Plan.objects.filter(pk=plan.pk).update(checks_done=F("checks_done") + done, updated_at=now)
+        pending = set(PlanItem.objects.filter(
+            pk__in=[item_id for item_id, _ in results], plan=plan, check_status=PlanItem.Check.PENDING,
+        ).values_list("pk", flat=True))
+        answered = {item_id: result for item_id, result in results if item_id in pending}
+        PlanItem.objects.bulk_update(
+            [PlanItem(pk=item_id, check_status=result.status, check_detail=result.detail, checked_at=now)
+             for item_id, result in answered.items()],
+            ["check_status", "check_detail", "checked_at"], batch_size=200)
+        if answered:
+            Plan.objects.filter(pk=plan.pk).update(checks_done=F("checks_done") + len(answered), updated_at=now)
 
 
 def run_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> Plan | None:
@@ -262,6 +266,11 @@ def run_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> 
     return finish_checks(plan=plan, check_round=check_round)
 
 
+# Check results are written at most this often: the progress line moves several times a second, and a
+# plan of hundreds of items costs a handful of transactions instead of one per item.
+WRITE_EVERY = 0.25
+
+
 async def _check_and_record(plan: Plan, check_round: int, targets: list, now: datetime) -> None:
     """Run the checks; a writer task keeps their results in batches, off the event loop, so a slow
     database never holds up the servers' answers."""
@@ -272,11 +281,9 @@ async def _check_and_record(plan: Plan, check_round: int, targets: list, now: da
         async with receive:
             async for first in receive:
                 batch = [first]
-                while True:
-                    try:
-                        batch.append(receive.receive_nowait())
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
+                with anyio.move_on_after(WRITE_EVERY):
+                    async for more in receive:
+                        batch.append(more)
                 await write(plan=plan, check_round=check_round, results=batch)
 
     async def on_result(item_id: int, result: CheckResult) -> None:
