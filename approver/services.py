@@ -16,7 +16,7 @@ from django.db.models import F
 from django.urls import reverse
 from django.utils import timezone
 
-from journal import declarations
+from journal import declarations, sql
 from journal import services as journal_services
 from journal.mcp.client import Upstreams, endpoint_of
 from journal.models import Run, Step, StepDependency
@@ -227,16 +227,15 @@ def record_checks(*, plan: Plan, check_round: int, results: list[tuple[int, Chec
         if not Plan.objects.select_for_update().filter(
                 pk=plan.pk, state=Plan.State.CHECKING, check_round=check_round).exists():
             return
-        pending = set(PlanItem.objects.filter(
-            pk__in=[item_id for item_id, _ in results], plan=plan, check_status=PlanItem.Check.PENDING,
-        ).values_list("pk", flat=True))
-        answered = {item_id: result for item_id, result in results if item_id in pending}
-        PlanItem.objects.bulk_update(
-            [PlanItem(pk=item_id, check_status=result.status, check_detail=result.detail, checked_at=now)
-             for item_id, result in answered.items()],
-            ["check_status", "check_detail", "checked_at"], batch_size=200)
-        if answered:
-            Plan.objects.filter(pk=plan.pk).update(checks_done=F("checks_done") + len(answered), updated_at=now)
+        # The hand-built conditional update of the Recorder's hot path: a batch of hundreds of answers is a
+        # few milliseconds, not a long hold on the lock (and on the interpreter) while checks are in flight.
+        done = sum(
+            sql.update(PlanItem, item_id, {"check_status": result.status, "check_detail": result.detail,
+                                           "checked_at": now}, only_if={"check_status": PlanItem.Check.PENDING})
+            for item_id, result in results
+        )
+        if done:
+            Plan.objects.filter(pk=plan.pk).update(checks_done=F("checks_done") + done, updated_at=now)
 
 
 def run_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> Plan | None:
