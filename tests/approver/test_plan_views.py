@@ -123,3 +123,16 @@ def test_the_plan_page_costs_the_same_queries_for_few_and_many_items(globex, on_
         return len(captured)
 
     assert queries(small) == queries(big)
+
+
+def test_admins_see_plans_in_the_admin_but_cannot_edit_them(globex, on_call, client):
+    from django.contrib.auth.models import User
+
+    plan = services.request_plan(run=globex, requested_by=on_call, reason="r", from_step=1)
+    client.force_login(User.objects.create_superuser("root", password="root-password-1"))
+    listing = client.get(reverse("admin:approver_plan_changelist"))
+    assert listing.status_code == 200 and str(plan.public_id) in listing.content.decode()
+    change = reverse("admin:approver_plan_change", args=[plan.pk])
+    assert client.post(change, {"state": "approved"}).status_code == 403
+    plan.refresh_from_db()
+    assert plan.state == "checking"
