@@ -11,14 +11,14 @@ from django.views.decorators.http import require_GET
 from . import planning
 from .access import READERS, require_role
 from .models import Plan
-from .services import items_for_content, plan_content
+from .services import plan_content
 
 
 @require_GET
 def plan_detail(request, plan_id):
     require_role(request, *READERS)
     plan = get_object_or_404(Plan.objects.for_page(), public_id=plan_id)
-    content = plan_content(plan, list(items_for_content(plan)))
+    content = plan_content(plan)
     # While checks run, the content moves with every answer; once the plan is ready, its digest is this one.
     return JsonResponse({
         "id": str(plan.public_id),

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from journal import declarations, sql
 from journal import services as journal_services
-from journal.mcp.client import Upstreams, endpoint_of
+from journal.mcp.client import Endpoint, Upstreams
 from journal.models import Run, Step, StepDependency
 
 from . import checks, planning
@@ -105,7 +105,7 @@ def request_plan(*, run: Run, requested_by, reason: str = "", from_step: int | N
         with transaction.atomic():
             plan.save()
             PlanItem.objects.bulk_create(items, batch_size=500)
-            plan.digest = planning.digest(plan_content(plan, list(items_for_content(plan))))
+            plan.digest = planning.digest(plan_content(plan))
             plan.save(update_fields=["digest"])
             journal_services.record_event(run_id=run.pk, event="plan", now=now, data={
                 "plan": str(plan.public_id), "requestedBy": requested_by.get_username(), "reason": plan.reason,
@@ -151,36 +151,41 @@ def _ring(plan: Plan) -> None:
 # -- the content an approver signs ------------------------------------------------------------------------
 
 
-def _check_content(item: PlanItem) -> dict[str, Any] | None:
-    if item.action != PlanItem.Action.COMPENSATE:
-        return None
-    return {"status": item.check_status or None, **(item.check_detail or {})}
+# What the content reads of each item and its step: plain values, one query, whatever the plan's size.
+_CONTENT_FIELDS = (
+    "position", "action", "rule", "pulled_in_by", "tool", "arguments", "if_version", "idempotency_key",
+    "needs_human", "via", "side_effect", "cost", "undo_by", "reason", "remedy", "check_status", "check_detail",
+    "step__number", "step__server_name", "step__tool", "step__effect_summary", "step__effect_resource",
+    "step__effect_version",
+)
 
 
-def plan_content(plan: Plan, items: list[PlanItem]) -> dict[str, Any]:
-    """The plan's content, exactly as it is digested: `items` in position order, with their steps
-    (`items_for_content`)."""
-    rows = []
-    for item in items:
-        step = item.step
-        compensation = {
-            "tool": item.tool, "arguments": item.arguments, "ifVersion": item.if_version or None,
-            "idempotencyKey": item.idempotency_key,
-        } if item.action == PlanItem.Action.COMPENSATE else None
-        rows.append(planning.item_content(
-            position=item.position, step=step.number, server=step.server_name, tool=step.tool, action=item.action,
-            rule=item.rule, pulled_in_by=item.pulled_in_by, compensation=compensation, needs_human=item.needs_human,
-            via=item.via,
-            side_effect=item.side_effect, cost=item.cost,
-            undo_by=item.undo_by.isoformat() if item.undo_by else None, reason=item.reason, remedy=item.remedy,
-            effect={"summary": step.effect_summary, "resource": step.effect_resource, "version": step.effect_version},
-            check=_check_content(item),
+def content_rows(plan: Plan) -> list[dict[str, Any]]:
+    return list(plan.items.order_by("position").values(*_CONTENT_FIELDS))
+
+
+def plan_content(plan: Plan, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The plan's content, exactly as it is digested (`rows` from `content_rows`, read if not given)."""
+    items = []
+    for row in content_rows(plan) if rows is None else rows:
+        compensate = row["action"] == PlanItem.Action.COMPENSATE
+        items.append(planning.item_content(
+            position=row["position"], step=row["step__number"], server=row["step__server_name"],
+            tool=row["step__tool"], action=row["action"], rule=row["rule"], pulled_in_by=row["pulled_in_by"],
+            compensation={"tool": row["tool"], "arguments": row["arguments"], "ifVersion": row["if_version"] or None,
+                          "idempotencyKey": row["idempotency_key"]} if compensate else None,
+            needs_human=row["needs_human"], via=row["via"], side_effect=row["side_effect"], cost=row["cost"],
+            undo_by=row["undo_by"].isoformat() if row["undo_by"] else None, reason=row["reason"],
+            remedy=row["remedy"],
+            effect={"summary": row["step__effect_summary"], "resource": row["step__effect_resource"],
+                    "version": row["step__effect_version"]},
+            check={"status": row["check_status"] or None, **(row["check_detail"] or {})} if compensate else None,
         ))
     return planning.plan_content(plan={
         "plan": str(plan.public_id), "run": str(plan.run.public_id), "requestedBy": plan.requested_by.get_username(),
         "reason": plan.reason, "selection": {"fromStep": plan.from_step} if plan.from_step is not None
         else {"steps": plan.chosen_steps},
-    }, items=rows)
+    }, items=items)
 
 
 def items_for_page(plan: Plan):
@@ -189,11 +194,6 @@ def items_for_page(plan: Plan):
         *(f.name for f in PlanItem._meta.concrete_fields if f.name != "plan"), "plan_id",
         "step__number", "step__server_name", "step__tool", "step__effect_summary", "step__effect_resource",
         "step__effect_version", "step__finished_at", "step__run_id")
-
-
-def items_for_content(plan: Plan):
-    return plan.items.select_related("step").order_by("position").defer(
-        "step__arguments", "step__result", "step__request_meta", "step__declaration", "step__receipt")
 
 
 # -- checks -------------------------------------------------------------------------------------------------
@@ -245,20 +245,22 @@ def run_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> 
     now = now or timezone.now()
     if not Plan.objects.filter(pk=plan.pk, state=Plan.State.CHECKING, check_round=check_round).exists():
         return None
-    items = plan.items.filter(action=PlanItem.Action.COMPENSATE, check_status=PlanItem.Check.PENDING).select_related(
-        "step__server").only(
+    rows = plan.items.filter(action=PlanItem.Action.COMPENSATE, check_status=PlanItem.Check.PENDING).values(
         "id", "dialect", "tool", "arguments", "if_version", "idempotency_key", "undo_by", "step__server__name",
         "step__server__transport", "step__server__url", "step__server__command")
     targets, orphans = [], []
-    for item in items:
-        server = item.step.server
-        if server is None:
-            orphans.append((item.pk, CheckResult("unavailable", {"message": "The tool server is no longer registered."})))
+    endpoints: dict[tuple, Endpoint] = {}
+    for row in rows:
+        if row["step__server__name"] is None:
+            orphans.append((row["id"], CheckResult("unavailable", {"message": "The tool server is no longer registered."})))
             continue
+        where = (row["step__server__name"], row["step__server__transport"], row["step__server__url"],
+                 row["step__server__command"])
+        endpoint = endpoints.setdefault(where, Endpoint(*where))
         targets.append(checks.CheckTarget(
-            item_id=item.pk, endpoint=endpoint_of(server), dialect=item.dialect, tool=item.tool,
-            arguments=item.arguments or {}, if_version=item.if_version, idempotency_key=item.idempotency_key,
-            undo_by=item.undo_by))
+            item_id=row["id"], endpoint=endpoint, dialect=row["dialect"], tool=row["tool"],
+            arguments=row["arguments"] or {}, if_version=row["if_version"], idempotency_key=row["idempotency_key"],
+            undo_by=row["undo_by"]))
     if orphans:
         record_checks(plan=plan, check_round=check_round, results=orphans, now=now)
     anyio.run(_check_and_record, plan, check_round, targets, now)
@@ -302,17 +304,17 @@ def finish_checks(*, plan: Plan, check_round: int, now: datetime | None = None) 
         plan = Plan.objects.select_for_update().select_related("run", "requested_by").get(pk=plan.pk)
         if plan.state != Plan.State.CHECKING or plan.check_round != check_round:
             return plan
-        items = list(items_for_content(plan))
-        if any(i.check_status == PlanItem.Check.PENDING for i in items):
+        rows = content_rows(plan)
+        if any(row["check_status"] == PlanItem.Check.PENDING for row in rows):
             return plan  # a result was not kept (the writer failed); the stalled-check task asks again
-        plan.digest = planning.digest(plan_content(plan, items))
-        plan.conflict_count = sum(i.check_status == PlanItem.Check.CONFLICT for i in items)
+        plan.digest = planning.digest(plan_content(plan, rows))
+        plan.conflict_count = sum(row["check_status"] == PlanItem.Check.CONFLICT for row in rows)
         plan.state, plan.checked_at, plan.updated_at = Plan.State.READY, now, now
         plan.save(update_fields=["digest", "conflict_count", "state", "checked_at", "updated_at"])
         counts: dict[str, int] = {}
-        for item in items:
-            if item.check_status:
-                counts[item.check_status] = counts.get(item.check_status, 0) + 1
+        for row in rows:
+            if row["check_status"]:
+                counts[row["check_status"]] = counts.get(row["check_status"], 0) + 1
         journal_services.record_event(run_id=plan.run_id, event="check", now=now, data={
             "plan": str(plan.public_id), "results": counts, "digest": plan.digest,
         })

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp  # the direct tools/call path: a fraction of httpx's cost per request under concurrency
 import anyio
 import httpx2 as httpx  # the HTTP library the mcp SDK itself uses
 import mcp_types as types
@@ -222,7 +223,8 @@ class _Connection:
         self.closing = anyio.Event()
         self.error: BaseException | None = None
         self.last_http_error: int | None = None
-        self.http: Any = None  # our own HTTP client, for the direct tools/call path
+        self.http: Any = None  # the SDK's HTTP client for this server
+        self.fast: aiohttp.ClientSession | None = None  # our own, for the direct tools/call path
         self.request_ids = itertools.count(1)
 
     async def _saw(self, response) -> None:
@@ -238,6 +240,10 @@ class _Connection:
                 else:
                     self.http = await stack.enter_async_context(httpx.AsyncClient(
                         timeout=httpx.Timeout(self.timeout), event_hooks={"response": [self._saw]}))
+                    # Plan checks send dozens of calls at once to one server; its per-request cost stays flat
+                    # with the number of open connections (httpx's pool scans them all on every request).
+                    self.fast = await stack.enter_async_context(aiohttp.ClientSession(
+                        connector=aiohttp.TCPConnector(limit=256), timeout=aiohttp.ClientTimeout(total=None)))
                     target = streamable_http_client(self.endpoint.url, http_client=self.http)
                 self.client = Client(target, read_timeout_seconds=self.timeout, cache=None, client_info=CLIENT_INFO)
                 await stack.enter_async_context(self.client)
@@ -254,7 +260,7 @@ class _Connection:
         """Whether tools/call can skip the SDK: a streamable HTTP server that negotiated the stateless
         2026-07-28 protocol, where each call is one self-contained POST."""
         return (
-            self.http is not None and self.client is not None
+            self.fast is not None and self.client is not None
             and self.client.protocol_version in MODERN_PROTOCOL_VERSIONS
         )
 
@@ -279,25 +285,27 @@ class _Connection:
         server = self.endpoint.name
         try:
             with anyio.fail_after(timeout):
-                response = await self.http.post(self.endpoint.url, content=json.dumps(body), headers=headers)
-                raw = await response.aread()
-        except httpx.ConnectError:
+                async with self.fast.post(self.endpoint.url, data=json.dumps(body), headers=headers,
+                                          allow_redirects=False) as response:
+                    raw = await response.read()
+                    status, content_type = response.status, response.headers.get("content-type", "")
+        except aiohttp.ClientConnectorError:
             raise ToolServerError(f"{server} refused the connection", failure_class="transient", transient=True) from None
-        except (TimeoutError, httpx.TimeoutException):
+        except TimeoutError:
             raise ToolServerError(f"{server} did not answer in time", failure_class="transient", transient=True,
                                   may_have_acted=True) from None
-        except httpx.TransportError as exc:
+        except (aiohttp.ClientError, OSError) as exc:
             raise ToolServerError(f"{server} connection failed: {type(exc).__name__}", failure_class="transient",
                                   transient=True, may_have_acted=True) from None
-        message = _reply(raw, response.headers.get("content-type", ""), request_id)
+        message = _reply(raw, content_type, request_id)
         if isinstance(message, dict) and isinstance(message.get("error"), dict):
             error = message["error"]
             code = error.get("code") if isinstance(error.get("code"), int) else -32603
             raise translate(MCPError(code=code, message=str(error.get("message", ""))), server=server, sent=True)
-        if response.status_code >= 400:
-            failure_class, transient = _http_status_class(response.status_code)
-            raise ToolServerError(f"{server} answered HTTP {response.status_code}", failure_class=failure_class,
-                                  transient=transient, may_have_acted=response.status_code >= 500)
+        if status >= 400:
+            failure_class, transient = _http_status_class(status)
+            raise ToolServerError(f"{server} answered HTTP {status}", failure_class=failure_class,
+                                  transient=transient, may_have_acted=status >= 500)
         result = message.get("result") if isinstance(message, dict) else None
         if not isinstance(result, dict):
             raise ToolServerError(f"{server} answered with something that is not valid MCP", failure_class="unknown",
