@@ -350,6 +350,10 @@ class Upstreams:
             await self._task_group.__aexit__(None, None, None)
 
     async def _session(self, endpoint: Endpoint):
+        connection = self._connections.get(endpoint)
+        if connection is not None and connection.ready.is_set() and connection.error is None \
+                and not connection.closing.is_set():
+            return connection  # the common case, on every call: no lock, no timer
         async with self._lock:
             connection = self._connections.get(endpoint)
             if connection is None or connection.error is not None or connection.closing.is_set():
