@@ -115,7 +115,7 @@ def request_plan(*, run: Run, requested_by, reason: str = "", from_step: int | N
     except IntegrityError:
         # Another request took one of these steps between our check and our insert.
         _refuse_if_held(facts, pulled)
-        raise
+        raise PlanRefused("Another plan for these steps was being made at the same moment; try again.") from None
     return plan
 
 

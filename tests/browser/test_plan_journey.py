@@ -43,6 +43,7 @@ def test_on_call_undoes_from_step_1_and_reads_the_three_sections(recorder, sampl
         # The worker checks while we watch: htmx swaps the progress in place, no reload.
         page.locator("text=Ready for sign-off").wait_for(timeout=60_000)
         assert "checked 2 of 2" in page.locator(".progress").inner_text()
+        assert page.locator("button", has_text="Check again").is_visible()
 
         undo = page.locator("#will-be-undone li.item")
         assert undo.count() == 2
