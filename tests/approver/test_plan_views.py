@@ -137,3 +137,10 @@ def test_admins_see_plans_in_the_admin_but_cannot_edit_them(globex, on_call, cli
     assert client.post(change, {"state": "approved"}).status_code == 403
     plan.refresh_from_db()
     assert plan.state == "checking"
+
+
+def test_the_run_page_links_to_its_plans(globex, on_call, client):
+    plan = services.request_plan(run=globex, requested_by=on_call, reason="r", from_step=2)
+    client.force_login(on_call)
+    page = client.get(reverse("journal:run_detail", args=[globex.public_id])).content.decode()
+    assert reverse("approver:plan_detail", args=[plan.public_id]) in page and "from step 2, checking" in page
