@@ -147,3 +147,35 @@ class PlanItem(models.Model):
 
     def __str__(self):
         return f"{self.plan} item {self.position}"
+
+
+class PasskeyQuerySet(models.QuerySet):
+    def active(self):
+        return self.filter(revoked_at__isnull=True)
+
+
+class Passkey(models.Model):
+    """A WebAuthn credential an approver signs with. Revoked passkeys are kept: old approvals name them,
+    and an offline check needs their public keys."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="passkeys")
+    name = models.CharField(max_length=100)
+    credential_id = models.CharField(max_length=1400, unique=True, help_text="base64url")
+    public_key = models.TextField(help_text="COSE public key, base64url")
+    sign_count = models.PositiveBigIntegerField(default=0)
+    transports = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = PasskeyQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["user", "created_at"]
+
+    def __str__(self):
+        return f"{self.name} ({self.user})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None

@@ -11,4 +11,8 @@ urlpatterns = [
     path("plans/<uuid:plan_id>/check/", views.check_again, name="check_again"),
     path("plans/<uuid:plan_id>/cancel/", views.cancel, name="cancel"),
     path("api/plans/<uuid:plan_id>/", api.plan_detail, name="api_plan_detail"),
+    path("passkeys/", views.passkey_list, name="passkey_list"),
+    path("passkeys/options/", views.passkey_options, name="passkey_options"),
+    path("passkeys/enroll/", views.passkey_enroll, name="passkey_enroll"),
+    path("passkeys/<int:passkey_id>/revoke/", views.passkey_revoke, name="passkey_revoke"),
 ]

@@ -4,6 +4,7 @@ Rule of the house: no outside I/O inside a transaction. Checks talk to tool serv
 with no transaction open; each answer is written in its own short transaction as it arrives.
 """
 
+import hashlib
 import logging
 from datetime import datetime
 from typing import Any
@@ -21,9 +22,9 @@ from journal import services as journal_services
 from journal.mcp.client import Endpoint, Upstreams
 from journal.models import Run, Step, StepDependency
 
-from . import checks, planning
+from . import checks, passkeys, planning
 from .checks import CheckResult
-from .models import Plan, PlanItem
+from .models import Passkey, Plan, PlanItem
 
 logger = logging.getLogger(__name__)
 
@@ -339,3 +340,41 @@ def cancel_plan(*, plan: Plan, by, now: datetime | None = None) -> bool:
 
 def plan_url(plan: Plan) -> str:
     return reverse("approver:plan_detail", args=[plan.public_id])
+
+
+# -- passkeys -----------------------------------------------------------------------------------------------
+
+
+def relying_party() -> passkeys.RelyingParty:
+    return passkeys.RelyingParty(id=settings.WEBAUTHN_RP_ID, name=settings.WEBAUTHN_RP_NAME,
+                                 origins=tuple(settings.WEBAUTHN_ORIGINS))
+
+
+def user_handle(user) -> bytes:
+    """The WebAuthn user id: stable per account and free of personal data, as the spec asks."""
+    return hashlib.sha256(f"agent-undo-user:{user.pk}".encode()).digest()[:16]
+
+
+def passkey_registration_options(*, user, challenge: bytes) -> str:
+    existing = list(Passkey.objects.filter(user=user).values_list("credential_id", flat=True))
+    return passkeys.registration_options(
+        rp=relying_party(), user_handle=user_handle(user), user_name=user.get_username(),
+        display_name=user.get_full_name() or user.get_username(), existing=existing, challenge=challenge)
+
+
+def enroll_passkey(*, user, name: str, credential: Any, challenge: bytes, now: datetime | None = None) -> Passkey:
+    """Keep a new passkey for `user` once its registration answers our challenge; PasskeyRefused if not."""
+    name = (name or "").strip()[:100] or "Passkey"
+    new = passkeys.verify_registration(rp=relying_party(), credential=credential, challenge=challenge)
+    try:
+        with transaction.atomic():
+            return Passkey.objects.create(
+                user=user, name=name, credential_id=new.credential_id, public_key=new.public_key,
+                sign_count=new.sign_count, transports=new.transports, created_at=now or timezone.now())
+    except IntegrityError:
+        raise passkeys.PasskeyRefused("This passkey is already enrolled.") from None
+
+
+def revoke_passkey(*, passkey: Passkey, now: datetime | None = None) -> bool:
+    """A revoked passkey signs nothing more, and approvals it gave stop counting when a plan executes."""
+    return bool(Passkey.objects.filter(pk=passkey.pk, revoked_at__isnull=True).update(revoked_at=now or timezone.now()))

@@ -9,6 +9,7 @@ setting that `manage.py check --deploy` asks for.
 import os
 import secrets
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -213,6 +214,10 @@ RECORDER_FAST_CALLS = env_bool("RECORDER_FAST_CALLS", True)
 RECORDER_RUN_IDLE_SECONDS = env_int("RECORDER_RUN_IDLE_SECONDS", 1800)
 # The public base URL, used in links printed by commands and sent in notifications.
 PUBLIC_URL = env_str("PUBLIC_URL", "http://localhost:8000")
+# Passkeys are bound to this relying party: the host name approvers see, and the origins their browsers send.
+WEBAUTHN_RP_ID = env_str("WEBAUTHN_RP_ID", urlsplit(PUBLIC_URL).hostname or "localhost")
+WEBAUTHN_RP_NAME = env_str("WEBAUTHN_RP_NAME", "Agent undo")
+WEBAUTHN_ORIGINS = env_list("WEBAUTHN_ORIGINS", [PUBLIC_URL.rstrip("/")])
 
 EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 

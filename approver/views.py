@@ -1,19 +1,24 @@
+import json
+import secrets
+import time
+
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
+from webauthn.helpers import base64url_to_bytes, bytes_to_base64url
 
 from journal.models import Run
 
 from . import health as health_report
-from . import roles, services
+from . import passkeys, roles, services
 from .access import READERS, require_role
 from .forms import UndoRequestForm
-from .models import Plan, PlanItem
+from .models import Passkey, Plan, PlanItem
 
 
 @require_GET
@@ -106,3 +111,59 @@ def cancel(request, plan_id):
     else:
         messages.error(request, f"This plan is {plan.get_state_display().lower()}; it can no longer be cancelled.")
     return redirect(services.plan_url(plan))
+
+
+# -- passkeys -----------------------------------------------------------------------------------------------
+
+_REGISTRATION = "passkey-registration"  # session key: the one challenge in flight, and when it lapses
+CHALLENGE_SECONDS = 300
+
+
+@require_GET
+def passkey_list(request):
+    require_role(request, roles.APPROVER)
+    keys = Passkey.objects.filter(user=request.user).order_by("revoked_at", "-created_at")
+    return render(request, "approver/passkeys.html", {"passkeys": keys})
+
+
+@require_POST
+def passkey_options(request):
+    """The options for `navigator.credentials.create()`, with a fresh one-time challenge."""
+    require_role(request, roles.APPROVER)
+    challenge = secrets.token_bytes(32)
+    request.session[_REGISTRATION] = {"challenge": bytes_to_base64url(challenge),
+                                      "expires": time.time() + CHALLENGE_SECONDS}
+    return HttpResponse(services.passkey_registration_options(user=request.user, challenge=challenge),
+                        content_type="application/json")
+
+
+@require_POST
+def passkey_enroll(request):
+    """The browser's answer, as JSON `{"name", "credential"}`; the challenge it answers is used up."""
+    require_role(request, roles.APPROVER)
+    pending = request.session.pop(_REGISTRATION, None)
+    if not pending or pending.get("expires", 0) < time.time():
+        return JsonResponse({"error": "The enrolment took too long or was already used; start again."}, status=400)
+    try:
+        body = json.loads(request.body)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        return JsonResponse({"error": "The browser's answer is not JSON."}, status=400)
+    try:
+        passkey = services.enroll_passkey(user=request.user, name=str(body.get("name") or ""),
+                                          credential=body.get("credential"),
+                                          challenge=base64url_to_bytes(pending["challenge"]))
+    except passkeys.PasskeyRefused as refused:
+        return JsonResponse({"error": refused.message}, status=400)
+    messages.success(request, f"Passkey “{passkey.name}” enrolled. You can approve plans with it.")
+    return JsonResponse({"ok": True, "redirect": reverse("approver:passkey_list")})
+
+
+@require_POST
+def passkey_revoke(request, passkey_id):
+    require_role(request, roles.APPROVER)
+    passkey = get_object_or_404(Passkey, pk=passkey_id, user=request.user)
+    if services.revoke_passkey(passkey=passkey):
+        messages.success(request, f"Passkey “{passkey.name}” revoked. It signs nothing more.")
+    return redirect(reverse("approver:passkey_list"))

@@ -1,0 +1,87 @@
+"""WebAuthn for approvers, over py_webauthn: what the browser is asked, and whether its answer holds.
+
+No ORM and no clock: `approver.services` keeps the credentials and the one-time challenges. Every answer
+from a browser is untrusted input; whatever py_webauthn refuses becomes a `PasskeyRefused` with a message
+for the person at the keyboard.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from webauthn import generate_registration_options, options_to_json, verify_registration_response
+from webauthn.helpers import base64url_to_bytes, bytes_to_base64url
+from webauthn.helpers.cose import COSEAlgorithmIdentifier
+from webauthn.helpers.exceptions import InvalidJSONStructure, InvalidRegistrationResponse, WebAuthnException
+from webauthn.helpers.structs import (
+    AuthenticatorSelectionCriteria,
+    PublicKeyCredentialDescriptor,
+    ResidentKeyRequirement,
+    UserVerificationRequirement,
+)
+
+# The algorithms we accept: ES256 and EdDSA, then RS256 for platforms that offer nothing else.
+ALGORITHMS = [COSEAlgorithmIdentifier.ECDSA_SHA_256, COSEAlgorithmIdentifier.EDDSA,
+              COSEAlgorithmIdentifier.RSASSA_PKCS1_v1_5_SHA_256]
+
+
+class PasskeyRefused(Exception):
+    """The browser's answer does not hold; `message` says why, in words for the user."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True)
+class RelyingParty:
+    id: str  # the host name, e.g. "undo.example.com"
+    name: str
+    origins: tuple[str, ...]  # e.g. ("https://undo.example.com",)
+
+
+@dataclass(frozen=True)
+class NewCredential:
+    credential_id: str  # base64url
+    public_key: str  # COSE, base64url
+    sign_count: int
+    transports: list[str]
+
+
+def registration_options(*, rp: RelyingParty, user_handle: bytes, user_name: str, display_name: str,
+                         existing: list[str], challenge: bytes) -> str:
+    """The JSON for `navigator.credentials.create()`: user verification required, existing passkeys
+    excluded so the same authenticator is not enrolled twice."""
+    options = generate_registration_options(
+        rp_id=rp.id, rp_name=rp.name, user_id=user_handle, user_name=user_name, user_display_name=display_name,
+        challenge=challenge, supported_pub_key_algs=ALGORITHMS,
+        authenticator_selection=AuthenticatorSelectionCriteria(
+            resident_key=ResidentKeyRequirement.PREFERRED, user_verification=UserVerificationRequirement.REQUIRED),
+        exclude_credentials=[PublicKeyCredentialDescriptor(id=base64url_to_bytes(c)) for c in existing],
+    )
+    return options_to_json(options)
+
+
+def verify_registration(*, rp: RelyingParty, credential: Any, challenge: bytes) -> NewCredential:
+    """Check a `navigator.credentials.create()` answer against the challenge we issued, our origin and
+    RP id, with the user verified."""
+    if not isinstance(credential, dict | str):
+        raise PasskeyRefused("The browser sent no passkey.")
+    try:
+        verified = verify_registration_response(
+            credential=credential,
+            expected_challenge=challenge, expected_rp_id=rp.id, expected_origin=list(rp.origins),
+            require_user_verification=True, supported_pub_key_algs=ALGORITHMS,
+        )
+    except InvalidRegistrationResponse as exc:
+        raise PasskeyRefused(f"The passkey was not accepted: {exc}") from None
+    except InvalidJSONStructure as exc:
+        raise PasskeyRefused(f"The browser's answer is malformed: {exc}") from None
+    except (WebAuthnException, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise PasskeyRefused(f"The browser's answer is malformed ({type(exc).__name__}).") from None
+    transports = credential.get("response", {}).get("transports") if isinstance(credential, dict) else None
+    return NewCredential(
+        credential_id=bytes_to_base64url(verified.credential_id),
+        public_key=bytes_to_base64url(verified.credential_public_key),
+        sign_count=verified.sign_count,
+        transports=[t for t in transports if isinstance(t, str)][:8] if isinstance(transports, list) else [],
+    )

@@ -1,0 +1,69 @@
+// Passkeys: the browser's own navigator.credentials API, with base64url on the wire (py_webauthn's JSON).
+
+const b64urlToBytes = (text) => {
+  const base64 = text.replace(/-/g, "+").replace(/_/g, "/").padEnd(Math.ceil(text.length / 4) * 4, "=");
+  return Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
+};
+const bytesToB64url = (buffer) =>
+  btoa(String.fromCharCode(...new Uint8Array(buffer))).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+
+const csrf = (form) => form.querySelector("input[name=csrfmiddlewaretoken]").value;
+
+async function post(url, form, body) {
+  const response = await fetch(url, {
+    method: "POST", credentials: "same-origin",
+    headers: {"X-CSRFToken": csrf(form), "Content-Type": "application/json"},
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const data = await response.json().catch(() => ({error: `The server answered ${response.status}.`}));
+  if (!response.ok) throw new Error(data.error || `The server answered ${response.status}.`);
+  return data;
+}
+
+export function creationOptions(json) {
+  return {
+    ...json,
+    challenge: b64urlToBytes(json.challenge),
+    user: {...json.user, id: b64urlToBytes(json.user.id)},
+    excludeCredentials: (json.excludeCredentials || []).map((c) => ({...c, id: b64urlToBytes(c.id)})),
+  };
+}
+
+export function registrationJSON(credential) {
+  return {
+    id: credential.id,
+    rawId: bytesToB64url(credential.rawId),
+    type: credential.type,
+    response: {
+      clientDataJSON: bytesToB64url(credential.response.clientDataJSON),
+      attestationObject: bytesToB64url(credential.response.attestationObject),
+      transports: credential.response.getTransports ? credential.response.getTransports() : [],
+    },
+    clientExtensionResults: credential.getClientExtensionResults(),
+  };
+}
+
+const form = document.getElementById("enrol");
+if (form) {
+  const problem = document.getElementById("enrol-problem");
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    problem.hidden = true;
+    const button = form.querySelector("button");
+    button.disabled = true;
+    try {
+      const options = await post(form.dataset.options, form);
+      const credential = await navigator.credentials.create({publicKey: creationOptions(options)});
+      const done = await post(form.dataset.enroll, form, {name: form.elements.name.value,
+                                                          credential: registrationJSON(credential)});
+      window.location.assign(done.redirect);
+    } catch (error) {
+      problem.textContent = error.name === "NotAllowedError"
+        ? "The passkey prompt was cancelled or timed out. Nothing was enrolled."
+        : error.message;
+      problem.hidden = false;
+    } finally {
+      button.disabled = false;
+    }
+  });
+}
