@@ -1,8 +1,10 @@
 """The approval side: reversal plans and their items (sign-off, execution and policies come with later issues)."""
 
 import uuid
+from datetime import timedelta
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -132,6 +134,13 @@ class PlanItem(models.Model):
     check_status = models.CharField(max_length=12, choices=Check.choices, blank=True)
     check_detail = models.JSONField(default=dict, blank=True)
     checked_at = models.DateTimeField(null=True, blank=True)
+    class Choice(models.TextChoices):
+        # The approver's answer to a conflict (DESIGN.md): part of the content they sign.
+        NONE = "", "Not chosen"
+        KEEP_NEWER = "keep_newer", "Keep the newer change (skip this undo)"
+        OVERWRITE = "overwrite", "Overwrite the version I saw"
+
+    conflict_choice = models.CharField(max_length=12, choices=Choice.choices, blank=True)
     # How execution went (issue 5 fills it in); "compensated" makes the step "already undone" for later plans.
     outcome = models.CharField(max_length=24, blank=True)
     # True while the plan is open: a step can be in at most one open plan (the constraint below).
@@ -179,3 +188,74 @@ class Passkey(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class ApprovalRules(models.Model):
+    """Who may approve and how many must: one row, which admins edit (the autonomy-policy issue makes it
+    richer). `ApprovalRules.current()` reads it, with these defaults if nobody has saved it yet."""
+
+    approver_role = models.CharField(max_length=80, default="approver",
+                                     help_text="The group whose members may approve or reject plans.")
+    quorum = models.PositiveSmallIntegerField(default=2, validators=[MinValueValidator(1)],
+                                              help_text="Distinct approvers needed before a plan may run.")
+    valid_for = models.DurationField(default=timedelta(hours=24),
+                                     help_text="How long an approval counts (never past the plan's first undo deadline).")
+    separation_of_duties = models.BooleanField(
+        default=True, help_text="The person who asked for the plan and the person the agent acted for cannot approve it.")
+
+    class Meta:
+        verbose_name = verbose_name_plural = "approval rules"
+
+    def __str__(self):
+        return f"{self.quorum} approver(s) from {self.approver_role}, valid {self.valid_for}"
+
+    @classmethod
+    def current(cls) -> "ApprovalRules":
+        return cls.objects.filter(pk=1).first() or cls(pk=1)
+
+
+class SigningRequest(models.Model):
+    """A one-time challenge handed to an approver's browser: what they are about to sign."""
+
+    plan = models.ForeignKey(Plan, on_delete=models.CASCADE, related_name="signing_requests")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    nonce = models.CharField(max_length=64, unique=True)
+    decision = models.CharField(max_length=10)  # approve | reject
+    choices = models.JSONField(default=dict, blank=True)
+    reason = models.TextField(blank=True)
+    digest = models.CharField(max_length=64)
+    challenge = models.CharField(max_length=64, help_text="base64url of the 32 bytes the passkey signs")
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"{self.decision} request by {self.user} on {self.plan}"
+
+
+class Approval(models.Model):
+    """A signed decision on a plan: the assertion, the content it covered, and when it stops counting."""
+
+    class Decision(models.TextChoices):
+        APPROVE = "approve", "Approved"
+        REJECT = "reject", "Rejected"
+
+    plan = models.ForeignKey(Plan, on_delete=models.PROTECT, related_name="approvals")
+    approver = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    passkey = models.ForeignKey(Passkey, on_delete=models.PROTECT, related_name="approvals")
+    decision = models.CharField(max_length=10, choices=Decision.choices)
+    reason = models.TextField(blank=True)
+    digest = models.CharField(max_length=64)
+    choices = models.JSONField(default=dict, blank=True)
+    content = models.JSONField(help_text="The plan's content as signed, to show what changed since.")
+    nonce = models.CharField(max_length=64, unique=True)
+    challenge = models.CharField(max_length=64)
+    assertion = models.JSONField(help_text="The WebAuthn assertion as the browser sent it.")
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["plan", "created_at"]
+
+    def __str__(self):
+        return f"{self.get_decision_display()} by {self.approver} on {self.plan}"

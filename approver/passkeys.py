@@ -8,10 +8,21 @@ for the person at the keyboard.
 from dataclasses import dataclass
 from typing import Any
 
-from webauthn import generate_registration_options, options_to_json, verify_registration_response
+from webauthn import (
+    generate_authentication_options,
+    generate_registration_options,
+    options_to_json,
+    verify_authentication_response,
+    verify_registration_response,
+)
 from webauthn.helpers import base64url_to_bytes, bytes_to_base64url
 from webauthn.helpers.cose import COSEAlgorithmIdentifier
-from webauthn.helpers.exceptions import InvalidJSONStructure, InvalidRegistrationResponse, WebAuthnException
+from webauthn.helpers.exceptions import (
+    InvalidAuthenticationResponse,
+    InvalidJSONStructure,
+    InvalidRegistrationResponse,
+    WebAuthnException,
+)
 from webauthn.helpers.structs import (
     AuthenticatorSelectionCriteria,
     PublicKeyCredentialDescriptor,
@@ -85,3 +96,39 @@ def verify_registration(*, rp: RelyingParty, credential: Any, challenge: bytes) 
         sign_count=verified.sign_count,
         transports=[t for t in transports if isinstance(t, str)][:8] if isinstance(transports, list) else [],
     )
+
+
+def authentication_options(*, rp: RelyingParty, challenge: bytes, credential_ids: list[str]) -> str:
+    """The JSON for `navigator.credentials.get()`: only this approver's active passkeys, user verified."""
+    options = generate_authentication_options(
+        rp_id=rp.id, challenge=challenge, user_verification=UserVerificationRequirement.REQUIRED,
+        allow_credentials=[PublicKeyCredentialDescriptor(id=base64url_to_bytes(c)) for c in credential_ids],
+    )
+    return options_to_json(options)
+
+
+def credential_id_of(credential: Any) -> str:
+    """The credential id an assertion claims to come from (checked by the signature, not trusted before)."""
+    raw = credential.get("rawId") or credential.get("id") if isinstance(credential, dict) else None
+    if not isinstance(raw, str) or not raw or len(raw) > 1400:
+        raise PasskeyRefused("The browser's answer names no passkey.")
+    return raw
+
+
+def verify_assertion(*, rp: RelyingParty, credential: Any, challenge: bytes, public_key: str, sign_count: int) -> int:
+    """Check a `navigator.credentials.get()` answer: signed by this passkey, over our challenge, for our
+    origin and RP id, with the user verified, and a signature counter that moved on (a cloned or replayed
+    authenticator does not). Returns the new counter."""
+    if not isinstance(credential, dict):
+        raise PasskeyRefused("The browser sent no signature.")
+    try:
+        verified = verify_authentication_response(
+            credential=credential, expected_challenge=challenge, expected_rp_id=rp.id,
+            expected_origin=list(rp.origins), credential_public_key=base64url_to_bytes(public_key),
+            credential_current_sign_count=sign_count, require_user_verification=True,
+        )
+    except InvalidAuthenticationResponse as exc:
+        raise PasskeyRefused(f"The signature was not accepted: {exc}") from None
+    except (WebAuthnException, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise PasskeyRefused(f"The browser's answer is malformed ({type(exc).__name__}).") from None
+    return verified.new_sign_count

@@ -22,6 +22,8 @@ from journal.declarations import NO_VERSION_PROBLEM
 
 # The dialect of a compensation decides how it is checked and run.
 HATP = "hatp"
+# An approver's answers to a conflict.
+KEEP_NEWER, OVERWRITE = "keep_newer", "overwrite"
 
 
 @dataclass(frozen=True)
@@ -193,13 +195,19 @@ def plan_content(*, plan: dict[str, Any], items: list[dict[str, Any]]) -> dict[s
 def item_content(*, position: int, step: int, server: str, tool: str, action: str, rule: str,
                  pulled_in_by: int | None, compensation: dict[str, Any] | None, needs_human: str, via: str,
                  side_effect: str, cost: Any, undo_by: str | None, reason: str, remedy: str,
-                 effect: dict[str, str], check: dict[str, Any] | None) -> dict[str, Any]:
+                 effect: dict[str, str], check: dict[str, Any] | None, conflict_choice: str = "") -> dict[str, Any]:
+    """One item as signed. On a conflict the approver's choice is part of it: "overwrite" makes the
+    compensation carry the version they saw as `ifVersion` (so a further change still stops it);
+    "keep_newer" leaves the newer change alone and the item is skipped."""
+    if compensation is not None and conflict_choice == OVERWRITE and check and check.get("status") == "conflict":
+        seen = (check.get("current") or {}).get("version") or None
+        compensation = {**compensation, "ifVersion": seen}
     return {
         "position": position, "step": step, "server": server, "tool": tool, "action": action,
         "pulledInBy": {"rule": rule, "step": pulled_in_by}, "compensation": compensation,
         "needsHuman": needs_human or None, "via": via or None,
         "sideEffect": side_effect or None, "cost": cost, "undoBy": undo_by, "reason": reason or None,
-        "remedy": remedy or None, "effect": effect, "check": check,
+        "remedy": remedy or None, "effect": effect, "check": check, "conflictChoice": conflict_choice or None,
     }
 
 

@@ -6,7 +6,8 @@ with no transaction open; each answer is written in its own short transaction as
 
 import hashlib
 import logging
-from datetime import datetime
+import secrets
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
@@ -16,15 +17,16 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.urls import reverse
 from django.utils import timezone
+from webauthn.helpers import base64url_to_bytes, bytes_to_base64url
 
 from journal import declarations, sql
 from journal import services as journal_services
 from journal.mcp.client import Endpoint, Upstreams
 from journal.models import Run, Step, StepDependency
 
-from . import checks, passkeys, planning
+from . import checks, passkeys, planning, roles, signing
 from .checks import CheckResult
-from .models import Passkey, Plan, PlanItem
+from .models import Approval, ApprovalRules, Passkey, Plan, PlanItem, SigningRequest
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +158,7 @@ def _ring(plan: Plan) -> None:
 _CONTENT_FIELDS = (
     "position", "action", "rule", "pulled_in_by", "tool", "arguments", "if_version", "idempotency_key",
     "needs_human", "via", "side_effect", "cost", "undo_by", "reason", "remedy", "check_status", "check_detail",
+    "conflict_choice",
     "step__number", "step__server_name", "step__tool", "step__effect_summary", "step__effect_resource",
     "step__effect_version",
 )
@@ -165,10 +168,13 @@ def content_rows(plan: Plan) -> list[dict[str, Any]]:
     return list(plan.items.order_by("position").values(*_CONTENT_FIELDS))
 
 
-def plan_content(plan: Plan, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The plan's content, exactly as it is digested (`rows` from `content_rows`, read if not given)."""
+def plan_content(plan: Plan, rows: list[dict[str, Any]] | None = None,
+                 choices: dict[str, str] | None = None) -> dict[str, Any]:
+    """The plan's content, exactly as it is digested (`rows` from `content_rows`, read if not given), or as
+    it would be with these conflict `choices` (item position as text -> choice) in place of the stored ones."""
     items = []
     for row in content_rows(plan) if rows is None else rows:
+        choice = row["conflict_choice"] if choices is None else choices.get(str(row["position"]), "")
         compensate = row["action"] == PlanItem.Action.COMPENSATE
         items.append(planning.item_content(
             position=row["position"], step=row["step__number"], server=row["step__server_name"],
@@ -181,6 +187,7 @@ def plan_content(plan: Plan, rows: list[dict[str, Any]] | None = None) -> dict[s
             effect={"summary": row["step__effect_summary"], "resource": row["step__effect_resource"],
                     "version": row["step__effect_version"]},
             check={"status": row["check_status"] or None, **(row["check_detail"] or {})} if compensate else None,
+            conflict_choice=choice,
         ))
     return planning.plan_content(plan={
         "plan": str(plan.public_id), "run": str(plan.run.public_id), "requestedBy": plan.requested_by.get_username(),
@@ -210,8 +217,9 @@ def queue_checks(*, plan: Plan, now: datetime | None = None, ring: bool = True) 
             state=Plan.State.CHECKING, checks_done=0, check_round=F("check_round") + 1, updated_at=now)
         if not claimed:
             return False
+        # Conflict choices answered the old results; a new round must be chosen on afresh.
         plan.items.filter(action=PlanItem.Action.COMPENSATE).update(
-            check_status=PlanItem.Check.PENDING, check_detail={}, checked_at=None)
+            check_status=PlanItem.Check.PENDING, check_detail={}, checked_at=None, conflict_choice="")
         plan.refresh_from_db()
         if ring:
             transaction.on_commit(lambda: _ring(plan))
@@ -378,3 +386,143 @@ def enroll_passkey(*, user, name: str, credential: Any, challenge: bytes, now: d
 def revoke_passkey(*, passkey: Passkey, now: datetime | None = None) -> bool:
     """A revoked passkey signs nothing more, and approvals it gave stop counting when a plan executes."""
     return bool(Passkey.objects.filter(pk=passkey.pk, revoked_at__isnull=True).update(revoked_at=now or timezone.now()))
+
+
+# -- approvals ----------------------------------------------------------------------------------------------
+
+SIGNING_SECONDS = 300  # how long a challenge waits for the approver's passkey
+
+
+def signing_refusal(*, plan: Plan, user, rules: ApprovalRules | None = None) -> str:
+    """Why `user` may not approve or reject `plan` (separation of duties, role), or "" if they may."""
+    rules = rules or ApprovalRules.current()
+    if not user.is_active or not roles.has_role(user, rules.approver_role):
+        return f"Only members of {rules.approver_role} may approve or reject plans."
+    if rules.separation_of_duties:
+        if user.pk == plan.requested_by_id:
+            return "You asked for this plan, so someone else must approve it (separation of duties)."
+        agent = plan.run.agent
+        if agent is not None and user.pk == agent.on_behalf_of_id:
+            return "The agent acted for you, so someone else must approve undoing it (separation of duties)."
+    return ""
+
+
+def conflict_positions(plan: Plan) -> set[int]:
+    return set(plan.items.filter(action=PlanItem.Action.COMPENSATE, check_status=PlanItem.Check.CONFLICT)
+               .values_list("position", flat=True))
+
+
+def begin_signing(*, plan: Plan, user, decision: str, choices: Any = None, reason: str = "",
+                  now: datetime | None = None) -> tuple[SigningRequest, str]:
+    """A one-time challenge for `user` to approve or reject `plan` as it is now, with their conflict
+    choices, and the options for their browser. SigningRefused says why not."""
+    now = now or timezone.now()
+    plan = Plan.objects.select_related("run__agent", "requested_by").get(pk=plan.pk)
+    if decision not in signing.DECISIONS:
+        raise signing.SigningRefused("Approve or reject.")
+    if plan.state != Plan.State.READY:
+        raise signing.SigningRefused(f"The plan is {plan.get_state_display().lower()}; only a plan ready for "
+                                     "sign-off can be approved or rejected.")
+    refusal = signing_refusal(plan=plan, user=user)
+    if refusal:
+        raise signing.SigningRefused(refusal)
+    reason = (reason or "").strip()
+    if decision == "reject" and not reason:
+        raise signing.SigningRefused("Say why you reject the plan: the requester reads it.")
+    keys = list(Passkey.objects.active().filter(user=user).values_list("credential_id", flat=True))
+    if not keys:
+        raise signing.SigningRefused("Enrol a passkey first: approvals are signed with it.")
+    choices = signing.clean_choices(choices, conflicts=conflict_positions(plan), decision=decision)
+    digest = planning.digest(plan_content(plan, choices=choices if decision == "approve" else None))
+    nonce = secrets.token_urlsafe(24)
+    challenge = signing.challenge(signing.challenge_payload(
+        plan=str(plan.public_id), digest=digest, decision=decision, choices=choices, nonce=nonce))
+    request = SigningRequest.objects.create(
+        plan=plan, user=user, nonce=nonce, decision=decision, choices=choices, reason=reason, digest=digest,
+        challenge=bytes_to_base64url(challenge), created_at=now, expires_at=now + timedelta(seconds=SIGNING_SECONDS))
+    options = passkeys.authentication_options(rp=relying_party(), challenge=challenge, credential_ids=keys)
+    return request, options
+
+
+def complete_signing(*, user, nonce: str, credential: Any, now: datetime | None = None) -> Approval:
+    """Keep the approver's signed decision, once the assertion holds and the plan is still what they saw.
+    The nonce is used up whatever happens next. Reaching the quorum approves the plan; a rejection ends it."""
+    now = now or timezone.now()
+    used = SigningRequest.objects.filter(nonce=str(nonce)[:64], user=user, used_at__isnull=True,
+                                         expires_at__gt=now).update(used_at=now)
+    if not used:
+        raise signing.SigningRefused("This signing request is unknown, already used or expired; start again.")
+    request = SigningRequest.objects.select_related("plan").get(nonce=nonce)
+    plan = Plan.objects.select_related("run__agent", "requested_by").get(pk=request.plan_id)
+    if plan.state != Plan.State.READY:
+        raise signing.SigningRefused(f"The plan is {plan.get_state_display().lower()} now; nothing was signed.")
+    refusal = signing_refusal(plan=plan, user=user)
+    if refusal:
+        raise signing.SigningRefused(refusal)
+    choices = request.choices if request.decision == "approve" else None
+    content = plan_content(plan, choices=choices)
+    if planning.digest(content) != request.digest:
+        raise signing.SigningRefused("The plan changed while you were signing; read it again and sign the new version.")
+    passkey = Passkey.objects.active().filter(user=user, credential_id=passkeys.credential_id_of(credential)).first()
+    if passkey is None:
+        raise signing.SigningRefused("That passkey is not one of your active passkeys.")
+    try:
+        new_count = passkeys.verify_assertion(rp=relying_party(), credential=credential,
+                                              challenge=base64url_to_bytes(request.challenge),
+                                              public_key=passkey.public_key, sign_count=passkey.sign_count)
+    except passkeys.PasskeyRefused as refused:
+        raise signing.SigningRefused(refused.message) from None
+    rules = ApprovalRules.current()
+    with transaction.atomic():
+        locked = Plan.objects.select_for_update().get(pk=plan.pk)
+        if locked.state != Plan.State.READY or locked.digest != plan.digest:
+            raise signing.SigningRefused("The plan changed while you were signing; nothing was signed.")
+        Passkey.objects.filter(pk=passkey.pk).update(sign_count=new_count, last_used_at=now)
+        if choices is not None:
+            for position, choice in choices.items():
+                plan.items.filter(position=int(position)).exclude(conflict_choice=choice).update(conflict_choice=choice)
+            plan.digest = request.digest  # the choices are now part of the plan: earlier approvals of other choices lapse
+        approval = Approval.objects.create(
+            plan=plan, approver=user, passkey=passkey, decision=request.decision, reason=request.reason,
+            digest=request.digest, choices=request.choices, content=content, nonce=request.nonce,
+            challenge=request.challenge, assertion=credential, created_at=now,
+            expires_at=signing.expiry(now=now, valid_for=rules.valid_for, deadlines=_deadlines(plan)),
+        )
+        journal_services.record_event(run_id=plan.run_id, event="approval", now=now, data={
+            "plan": str(plan.public_id), "decision": approval.decision, "by": user.get_username(),
+            "passkey": passkey.credential_id, "digest": approval.digest, "choices": approval.choices,
+            "nonce": approval.nonce, "reason": approval.reason or None,
+        })
+        if approval.decision == Approval.Decision.REJECT:
+            plan.state = Plan.State.REJECTED
+            plan.items.update(holds_step=False)
+        elif len(counting_approvals(plan=plan, now=now, rules=rules)) >= rules.quorum:
+            plan.state = Plan.State.APPROVED
+            journal_services.record_event(run_id=plan.run_id, event="plan_approved", now=now, data={
+                "plan": str(plan.public_id), "digest": plan.digest,
+                "approvers": sorted(a.approver.get_username() for a in counting_approvals(plan=plan, now=now, rules=rules)),
+            })
+        plan.updated_at = now
+        plan.save(update_fields=["digest", "state", "updated_at"])
+    return approval
+
+
+def _deadlines(plan: Plan) -> list[datetime]:
+    return [d for d in plan.items.filter(action=PlanItem.Action.COMPENSATE).exclude(
+        conflict_choice=PlanItem.Choice.KEEP_NEWER).values_list("undo_by", flat=True) if d is not None]
+
+
+def counting_approvals(*, plan: Plan, now: datetime | None = None, rules: ApprovalRules | None = None) -> list[Approval]:
+    """The approvals that count now, one per approver: of the plan's current content, not expired, by someone
+    who still may approve (active, in the role, not barred by separation of duties) with a passkey that is
+    not revoked. Execution asks again before it starts, so lost authority is never counted."""
+    now = now or timezone.now()
+    rules = rules or ApprovalRules.current()
+    counted: dict[int, Approval] = {}
+    for approval in (plan.approvals.filter(decision=Approval.Decision.APPROVE, digest=plan.digest, expires_at__gt=now,
+                                           passkey__revoked_at__isnull=True)
+                     .select_related("approver", "passkey").order_by("created_at")):
+        if approval.approver_id in counted or signing_refusal(plan=plan, user=approval.approver, rules=rules):
+            continue
+        counted[approval.approver_id] = approval
+    return list(counted.values())

@@ -1,0 +1,87 @@
+"""What an approver's passkey signs, as pure functions.
+
+The WebAuthn challenge is the SHA-256 of the JCS bytes of `{plan, digest, decision, choices, nonce}`: the
+plan's id, the digest of its content with the approver's conflict choices applied, approve or reject, those
+choices, and a one-time nonce. Anyone holding the stored assertion, the approval's fields and the public key
+can recompute the challenge and check the signature offline.
+"""
+
+import hashlib
+from datetime import datetime, timedelta
+from typing import Any
+
+from journal.canonical import canonical_bytes
+
+from .planning import KEEP_NEWER, OVERWRITE
+
+DECISIONS = ("approve", "reject")
+CHOICES = (KEEP_NEWER, OVERWRITE)
+
+
+class SigningRefused(Exception):
+    """Not something this person may sign now; `message` says why."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+def challenge_payload(*, plan: str, digest: str, decision: str, choices: dict[str, str], nonce: str) -> dict[str, Any]:
+    return {"plan": plan, "digest": digest, "decision": decision, "choices": choices, "nonce": nonce}
+
+
+def challenge(payload: dict[str, Any]) -> bytes:
+    return hashlib.sha256(canonical_bytes(payload)).digest()
+
+
+def clean_choices(raw: Any, *, conflicts: set[int], decision: str) -> dict[str, str]:
+    """The approver's choice for every conflict, keyed by item position (as text, for JSON). Approving
+    needs a choice on each conflict; nothing else may be chosen."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SigningRefused("Conflict choices must map item positions to a choice.")
+    choices: dict[str, str] = {}
+    for key, value in raw.items():
+        if not (isinstance(key, str) and key.isdigit() and key == str(int(key)) and int(key) in conflicts):
+            raise SigningRefused(f"Item {key} has no conflict to choose on.")
+        if value not in CHOICES:
+            raise SigningRefused(f"Item {key}: choose to keep the newer change or to overwrite the version you saw.")
+        choices[key] = value
+    missing = sorted(conflicts - {int(k) for k in choices})
+    if decision == "approve" and missing:
+        raise SigningRefused("Choose what to do about each change made since the agent acted (item "
+                             + ", ".join(map(str, missing)) + ").")
+    return choices
+
+
+def expiry(*, now: datetime, valid_for: timedelta, deadlines: list[datetime]) -> datetime:
+    """An approval lasts `valid_for`, and never past the earliest undo deadline in the plan."""
+    return min([now + valid_for, *deadlines])
+
+
+def content_changes(signed: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """What changed between the content an approver signed and the plan now, in words for them."""
+    before = {i["position"]: i for i in signed.get("items", [])}
+    after = {i["position"]: i for i in current.get("items", [])}
+    changes = []
+    for position in sorted(before.keys() | after.keys()):
+        old, new = before.get(position), after.get(position)
+        if old is None or new is None:
+            changes.append(f"Item {position} was {'added' if old is None else 'removed'}.")
+            continue
+        for key in sorted(old.keys() | new.keys()):
+            if old.get(key) != new.get(key):
+                changes.append(f"Item {position} (step {new.get('step')}): {_describe(key, old.get(key), new.get(key))}")
+    for key in sorted((signed.keys() | current.keys()) - {"items"}):
+        if signed.get(key) != current.get(key):
+            changes.append(f"The plan's {key} changed.")
+    return changes
+
+
+def _describe(key: str, old: Any, new: Any) -> str:
+    if key == "check":
+        return f"check went from {(old or {}).get('status')} to {(new or {}).get('status')}."
+    if key == "conflictChoice":
+        return f"conflict choice went from {old or 'none'} to {new or 'none'}."
+    return f"{key} changed."
