@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import Plan
+from .models import Approval, ApprovalRules, Passkey, Plan
 
 
 class ReadOnly(admin.ModelAdmin):
@@ -23,3 +23,32 @@ class PlanAdmin(ReadOnly):
                     "cannot_undo_count", "conflict_count", "checks_done", "checks_total"]
     list_filter = ["state"]
     list_select_related = ["run", "requested_by"]
+
+
+@admin.register(ApprovalRules)
+class ApprovalRulesAdmin(admin.ModelAdmin):
+    """The one row of approval rules: who may approve, how many must, how long an approval lasts."""
+
+    list_display = ["approver_role", "quorum", "valid_for", "separation_of_duties"]
+
+    def has_add_permission(self, request):
+        return not ApprovalRules.objects.exists()
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        obj.pk = 1  # there is only ever one
+        super().save_model(request, obj, form, change)
+
+
+@admin.register(Approval)
+class ApprovalAdmin(ReadOnly):
+    list_display = ["plan", "approver", "decision", "created_at", "expires_at"]
+    list_select_related = ["plan", "approver"]
+
+
+@admin.register(Passkey)
+class PasskeyAdmin(ReadOnly):
+    list_display = ["user", "name", "created_at", "last_used_at", "revoked_at"]
+    list_select_related = ["user"]

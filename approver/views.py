@@ -15,10 +15,10 @@ from webauthn.helpers import base64url_to_bytes, bytes_to_base64url
 from journal.models import Run
 
 from . import health as health_report
-from . import passkeys, roles, services
+from . import passkeys, roles, services, signing
 from .access import READERS, require_role
 from .forms import UndoRequestForm
-from .models import Passkey, Plan, PlanItem
+from .models import ApprovalRules, Passkey, Plan, PlanItem
 
 
 @require_GET
@@ -88,7 +88,26 @@ def _plan_context(request, plan: Plan) -> dict:
         "may_cancel": roles.has_any_role(request.user, roles.ON_CALL, roles.ADMIN)
         and plan.state in (Plan.State.DRAFT, Plan.State.CHECKING, Plan.State.READY),
         "now": timezone.now(),
+        **_sign_off_context(request, plan),
     }
+
+
+def _sign_off_context(request, plan: Plan) -> dict:
+    """Who signed what, what counts, and whether this user may sign now (and if not, why)."""
+    rules = ApprovalRules.current()
+    approvals = list(plan.approvals.select_related("approver", "passkey").order_by("created_at"))
+    counting = {a.pk for a in services.counting_approvals(plan=plan, rules=rules)}
+    current = services.plan_content(plan) if any(a.digest != plan.digest for a in approvals) else None
+    signed = [{"approval": a, "counts": a.pk in counting,
+               "changes": signing.content_changes(a.content, current) if current and a.digest != plan.digest else []}
+              for a in approvals]
+    refusal = ""
+    if plan.state == Plan.State.READY and roles.has_role(request.user, roles.APPROVER):
+        refusal = services.signing_refusal(plan=plan, user=request.user, rules=rules) or (
+            "" if Passkey.objects.active().filter(user=request.user).exists() else "no-passkey")
+    return {"rules": rules, "signed": signed, "counting": len(counting),
+            "may_sign": plan.state == Plan.State.READY and roles.has_role(request.user, roles.APPROVER) and not refusal,
+            "sign_refusal": refusal}
 
 
 @require_POST
@@ -167,3 +186,53 @@ def passkey_revoke(request, passkey_id):
     if services.revoke_passkey(passkey=passkey):
         messages.success(request, f"Passkey “{passkey.name}” revoked. It signs nothing more.")
     return redirect(reverse("approver:passkey_list"))
+
+
+# -- sign-off -----------------------------------------------------------------------------------------------
+
+
+def _json_body(request) -> dict | None:
+    try:
+        body = json.loads(request.body)
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+@require_POST
+def sign_begin(request, plan_id):
+    """A one-time challenge for approving or rejecting the plan as it is now, with the signer's choices."""
+    require_role(request, roles.APPROVER)
+    plan = get_object_or_404(Plan, public_id=plan_id)
+    body = _json_body(request)
+    if body is None:
+        return JsonResponse({"error": "Send the decision as JSON."}, status=400)
+    try:
+        signing_request, options = services.begin_signing(
+            plan=plan, user=request.user, decision=str(body.get("decision", "")), choices=body.get("choices"),
+            reason=str(body.get("reason") or ""))
+    except signing.SigningRefused as refused:
+        return JsonResponse({"error": refused.message}, status=400)
+    return JsonResponse({"nonce": signing_request.nonce, "publicKey": json.loads(options)})
+
+
+@require_POST
+def sign_complete(request, plan_id):
+    require_role(request, roles.APPROVER)
+    plan = get_object_or_404(Plan, public_id=plan_id)
+    body = _json_body(request)
+    if body is None:
+        return JsonResponse({"error": "Send the signature as JSON."}, status=400)
+    try:
+        approval = services.complete_signing(user=request.user, nonce=str(body.get("nonce", "")),
+                                             credential=body.get("credential"))
+    except signing.SigningRefused as refused:
+        return JsonResponse({"error": refused.message}, status=400)
+    plan.refresh_from_db()
+    if approval.decision == "reject":
+        messages.success(request, "You rejected the plan. Nothing will be undone.")
+    elif plan.state == Plan.State.APPROVED:
+        messages.success(request, "You approved the plan. The quorum is reached: it may now run.")
+    else:
+        messages.success(request, "You approved the plan. It needs more approvals before it may run.")
+    return JsonResponse({"ok": True, "redirect": services.plan_url(plan)})

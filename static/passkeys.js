@@ -67,3 +67,56 @@ if (form) {
     }
   });
 }
+
+// Signing a plan: the server derives the challenge from the plan's digest, the decision and the choices.
+export function requestOptions(json) {
+  return {
+    ...json,
+    challenge: b64urlToBytes(json.challenge),
+    allowCredentials: (json.allowCredentials || []).map((c) => ({...c, id: b64urlToBytes(c.id)})),
+  };
+}
+
+export function assertionJSON(credential) {
+  return {
+    id: credential.id,
+    rawId: bytesToB64url(credential.rawId),
+    type: credential.type,
+    response: {
+      clientDataJSON: bytesToB64url(credential.response.clientDataJSON),
+      authenticatorData: bytesToB64url(credential.response.authenticatorData),
+      signature: bytesToB64url(credential.response.signature),
+      userHandle: credential.response.userHandle ? bytesToB64url(credential.response.userHandle) : null,
+    },
+    clientExtensionResults: credential.getClientExtensionResults(),
+  };
+}
+
+// Delegated: the sign-off form arrives inside an htmx fragment when the checks finish.
+document.addEventListener("submit", async (event) => {
+  const form = event.target;
+  if (form.id !== "sign-off") return;
+  event.preventDefault();
+  const problem = document.getElementById("sign-problem");
+  problem.hidden = true;
+  const decision = event.submitter ? event.submitter.value : "approve";
+  const choices = {};
+  document.querySelectorAll('input[type=radio][form="sign-off"]:checked').forEach((input) => {
+    choices[input.name.replace("choice-", "")] = input.value;
+  });
+  const buttons = form.querySelectorAll("button");
+  buttons.forEach((b) => { b.disabled = true; });
+  try {
+    const begun = await post(form.dataset.begin, form, {decision, choices, reason: form.elements.reason.value});
+    const credential = await navigator.credentials.get({publicKey: requestOptions(begun.publicKey)});
+    const done = await post(form.dataset.complete, form, {nonce: begun.nonce, credential: assertionJSON(credential)});
+    window.location.assign(done.redirect);
+  } catch (error) {
+    problem.textContent = error.name === "NotAllowedError"
+      ? "The passkey prompt was cancelled or timed out. Nothing was signed."
+      : error.message;
+    problem.hidden = false;
+  } finally {
+    buttons.forEach((b) => { b.disabled = false; });
+  }
+});

@@ -144,3 +144,17 @@ def test_the_run_page_links_to_its_plans(globex, on_call, client):
     client.force_login(on_call)
     page = client.get(reverse("journal:run_detail", args=[globex.public_id])).content.decode()
     assert reverse("approver:plan_detail", args=[plan.public_id]) in page and "from step 2, checking" in page
+
+
+def test_admins_set_the_approval_rules_in_the_admin(client):
+    from django.contrib.auth.models import User
+
+    from approver.models import ApprovalRules
+
+    client.force_login(User.objects.create_superuser("root", password="root-password-1"))
+    response = client.post(reverse("admin:approver_approvalrules_add"), {
+        "approver_role": "approver", "quorum": 3, "valid_for": "02:00:00", "separation_of_duties": "on"})
+    assert response.status_code == 302
+    rules = ApprovalRules.current()
+    assert (rules.pk, rules.quorum, rules.valid_for.total_seconds()) == (1, 3, 7200)
+    assert client.get(reverse("admin:approver_approvalrules_add")).status_code == 403  # only one row

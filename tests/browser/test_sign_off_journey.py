@@ -1,0 +1,120 @@
+"""Two approvers sign the Globex plan with passkeys in Chromium (DevTools virtual authenticators); the
+requester is refused; a plan checked again after signing must be signed again."""
+
+import re
+
+import anyio
+import pytest
+from django.contrib.auth.models import Group
+
+from approver import roles, services
+from approver.models import Approval, Plan
+from journal import services as journal_services
+from journal.models import Run
+from samples import agent as scripted
+from tests.journal.helpers import register_samples, settle
+from tests.services import needs_chromium
+
+pytestmark = [pytest.mark.browser, needs_chromium, pytest.mark.django_db(transaction=True)]
+
+
+def authenticated_page(browser, base, username):
+    """A fresh browser context with its own passkey device, logged in as `username`."""
+    context = browser.new_context()
+    page = context.new_page()
+    devtools = context.new_cdp_session(page)
+    devtools.send("WebAuthn.enable")
+    devtools.send("WebAuthn.addVirtualAuthenticator", {"options": {
+        "protocol": "ctap2", "transport": "internal", "hasResidentKey": True,
+        "hasUserVerification": True, "isUserVerified": True}})
+    page.goto(f"{base}/login/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", f"{username}-password-1")
+    page.click("button[type=submit]")
+    page.wait_for_url(re.compile(r".*/runs/$"))
+    return page
+
+
+def enrol(page, base, name):
+    page.goto(f"{base}/passkeys/")
+    page.fill("#enrol input[name=name]", name)
+    page.click("#enrol button")
+    page.locator(f"text=Passkey “{name}” enrolled").wait_for(timeout=15_000)
+
+
+def test_two_approvers_sign_with_passkeys_and_the_requester_cannot(
+        recorder, sample_servers, dana, on_call, approver_user, second_approver, chromium, settings):
+    register_samples(sample_servers)
+    _, token = journal_services.create_agent(name="sales-bot", on_behalf_of=dana)
+    anyio.run(lambda: scripted.replay(f"{recorder.base}/mcp/", token, say=lambda _: None))
+    settle(recorder)
+    sample_servers.colleague_update("D-881", {"amount": 45000}, by="priya")
+    run = Run.objects.get()
+    plan = services.request_plan(run=run, requested_by=on_call, reason="wrong customer", from_step=1)
+    plan = services.run_checks(plan=plan, check_round=plan.check_round)
+    on_call.groups.add(Group.objects.get_or_create(name=roles.APPROVER)[0])  # the requester is an approver too
+    base = f"http://localhost:{recorder.port}"
+    settings.WEBAUTHN_RP_ID, settings.WEBAUTHN_ORIGINS = "localhost", [base]
+    plan_url = f"{base}/plans/{plan.public_id}/"
+
+    with chromium() as browser:
+        ana = authenticated_page(browser, base, "ana")
+        enrol(ana, base, "Ana's laptop")
+        ana.goto(plan_url)
+        assert "0 of 2 approvals that count" in ana.locator("#signatures").inner_text()
+        conflict = ana.locator("#changed-since li.item")
+        assert "it is now at v14" in conflict.inner_text()
+        conflict.locator("input[value=overwrite]").check()
+        ana.click("#sign-off button[value=approve]")
+        ana.locator("text=It needs more approvals before it may run").wait_for(timeout=15_000)
+        assert "1 of 2 approvals that count" in ana.locator(".quorum").inner_text()
+
+        olivia = authenticated_page(browser, base, "olivia")
+        enrol(olivia, base, "Olivia's phone")
+        olivia.goto(plan_url)
+        assert "You asked for this plan, so someone else must approve it" in olivia.content()
+        assert olivia.locator("#sign-off").count() == 0
+
+        bo = authenticated_page(browser, base, "bo")
+        enrol(bo, base, "Bo's laptop")
+        bo.goto(plan_url)
+        # Ana's choice is there for Bo to read and sign as it is.
+        assert bo.locator("#changed-since input[value=overwrite]").is_checked()
+        bo.click("#sign-off button[value=approve]")
+        bo.locator("text=The quorum is reached").wait_for(timeout=15_000)
+        assert "approved, it may run" in bo.locator(".quorum").inner_text()
+
+    plan.refresh_from_db()
+    assert plan.state == "approved"
+    assert sorted(a.approver.username for a in Approval.objects.all()) == ["ana", "bo"]
+
+
+def test_a_plan_checked_again_after_signing_shows_what_changed_and_needs_signing_again(
+        recorder, sample_servers, dana, on_call, approver_user, chromium, settings):
+    register_samples(sample_servers)
+    _, token = journal_services.create_agent(name="sales-bot", on_behalf_of=dana)
+    anyio.run(lambda: scripted.replay(f"{recorder.base}/mcp/", token, say=lambda _: None))
+    settle(recorder)
+    plan = services.request_plan(run=Run.objects.get(), requested_by=on_call, reason="r", from_step=1)
+    plan = services.run_checks(plan=plan, check_round=plan.check_round)
+    base = f"http://localhost:{recorder.port}"
+    settings.WEBAUTHN_RP_ID, settings.WEBAUTHN_ORIGINS = "localhost", [base]
+
+    with chromium() as browser:
+        ana = authenticated_page(browser, base, "ana")
+        enrol(ana, base, "Ana's laptop")
+        ana.goto(f"{base}/plans/{plan.public_id}/")
+        ana.click("#sign-off button[value=approve]")
+        ana.locator("text=It needs more approvals").wait_for(timeout=15_000)
+    # Meanwhile a colleague edits the deal and someone checks the plan again.
+    sample_servers.colleague_update("D-881", {"amount": 1}, by="priya")
+    assert services.queue_checks(plan=plan, ring=False)
+    services.run_checks(plan=Plan.objects.get(pk=plan.pk), check_round=plan.check_round)
+
+    with chromium() as browser:
+        ana = authenticated_page(browser, base, "ana")
+        ana.goto(f"{base}/plans/{plan.public_id}/")
+        signed = ana.locator(".approvals li").first.inner_text()
+        assert "changed since ana signed" in signed and "check went from ok to conflict" in signed
+        assert "0 of 2 approvals that count" in ana.locator(".quorum").inner_text()
+        assert ana.locator("#sign-off button[value=approve]").is_visible()
