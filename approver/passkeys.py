@@ -132,3 +132,14 @@ def verify_assertion(*, rp: RelyingParty, credential: Any, challenge: bytes, pub
     except (WebAuthnException, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise PasskeyRefused(f"The browser's answer is malformed ({type(exc).__name__}).") from None
     return verified.new_sign_count
+
+
+def spki(public_key: str) -> str:
+    """A passkey's COSE public key as base64url SubjectPublicKeyInfo DER, which any X.509 toolkit (and the
+    README's offline verifier, with only `cryptography`) can load."""
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+    from webauthn.helpers.decode_credential_public_key import decode_credential_public_key
+    from webauthn.helpers.decoded_public_key_to_cryptography import decoded_public_key_to_cryptography
+
+    key = decoded_public_key_to_cryptography(decode_credential_public_key(base64url_to_bytes(public_key)))
+    return bytes_to_base64url(key.public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo))

@@ -526,3 +526,21 @@ def counting_approvals(*, plan: Plan, now: datetime | None = None, rules: Approv
             continue
         counted[approval.approver_id] = approval
     return list(counted.values())
+
+
+def approvals_for_bundle(run: Run) -> list[dict[str, Any]]:
+    """Every signed decision on the run's plans, with what an offline verifier needs: the fields the
+    challenge was derived from, the assertion and the passkey's public key (SubjectPublicKeyInfo)."""
+    bundle = []
+    for approval in (Approval.objects.filter(plan__run=run).select_related("plan", "approver", "passkey")
+                     .order_by("created_at", "pk")):
+        response = approval.assertion.get("response", {}) if isinstance(approval.assertion, dict) else {}
+        bundle.append({
+            "plan": str(approval.plan.public_id), "approver": approval.approver.get_username(),
+            "decision": approval.decision, "digest": approval.digest, "choices": approval.choices,
+            "nonce": approval.nonce, "reason": approval.reason or None,
+            "createdAt": approval.created_at.isoformat(), "expiresAt": approval.expires_at.isoformat(),
+            "credentialId": approval.passkey.credential_id, "publicKey": passkeys.spki(approval.passkey.public_key),
+            "assertion": {key: response.get(key) for key in ("clientDataJSON", "authenticatorData", "signature")},
+        })
+    return bundle

@@ -494,8 +494,15 @@ def export_bundle(*, run: Run) -> dict[str, Any]:
         "entries": [entry.as_wire() for entry in run.entries.order_by("seq")],
         "checkpoints": [checkpoint.as_wire() for checkpoint in run.checkpoints.order_by("seq").select_related("run")],
         "publicKeys": [key.as_wire() for key in RecorderKey.objects.filter(origin=origin)],
-        "approvals": [],
+        "approvals": _approvals(run),
     }
+
+
+def _approvals(run: Run) -> list[dict[str, Any]]:
+    """The signed approvals of the run's plans (the approval side owns them; an imported run has none)."""
+    from approver.services import approvals_for_bundle
+
+    return approvals_for_bundle(run)
 
 
 def _parse_ts(text: str, fallback: datetime) -> datetime:

@@ -211,3 +211,28 @@ def test_rejecting_needs_a_reason_ends_the_plan_and_frees_its_steps(conflicted_p
 def test_an_approver_without_a_passkey_is_told_to_enrol(conflicted_plan, approver_user):
     with pytest.raises(signing.SigningRefused, match="Enrol a passkey"):
         services.begin_signing(plan=conflicted_plan, user=approver_user, decision="approve", choices={"3": "overwrite"})
+
+
+def test_the_readme_verifier_checks_approvals_in_an_exported_bundle(conflicted_plan, approver_user, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from django.core.management import call_command
+
+    from tests.journal.test_run_record import readme_verifier
+
+    approve(conflicted_plan, approver_user, enrolled(approver_user))
+    path = tmp_path / "run.json"
+    call_command("export_run", str(conflicted_plan.run.public_id), "-o", str(path), stderr=open("/dev/null", "w"))
+    script = readme_verifier(tmp_path)
+    good = subprocess.run([sys.executable, script, path], capture_output=True, text=True)
+    assert good.returncode == 0, good.stderr
+    assert good.stdout.strip().endswith("1 signed approvals")
+
+    # Claim the approver chose differently: the signature no longer covers it.
+    bundle = json.loads(path.read_text())
+    bundle["approvals"][0]["choices"] = {"3": "keep_newer"}
+    path.write_text(json.dumps(bundle))
+    bad = subprocess.run([sys.executable, script, path], capture_output=True, text=True)
+    assert bad.returncode != 0 and "signed something else" in bad.stderr
