@@ -59,6 +59,10 @@ class Plan(models.Model):
     # cannot mix its answers into a newer round.
     check_round = models.PositiveIntegerField(default=0)
     checked_at = models.DateTimeField(null=True, blank=True)
+    # Which round's "ready" the approvers were told of, and whether the requester heard the outcome: claimed by
+    # a conditional update, so a notification task run twice sends once.
+    ready_notified_round = models.PositiveIntegerField(default=0)
+    outcome_notified = models.BooleanField(default=False)
     # Items that will be undone / cannot be / changed since: kept with the items so lists need no aggregate.
     compensate_count = models.PositiveIntegerField(default=0)
     cannot_undo_count = models.PositiveIntegerField(default=0)

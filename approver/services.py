@@ -327,7 +327,14 @@ def finish_checks(*, plan: Plan, check_round: int, now: datetime | None = None) 
         journal_services.record_event(run_id=plan.run_id, event="check", now=now, data={
             "plan": str(plan.public_id), "results": counts, "digest": plan.digest,
         })
+        transaction.on_commit(lambda: _tell("notify_plan_ready", plan.pk, plan.check_round))
     return plan
+
+
+def _tell(task: str, *args) -> None:
+    from . import tasks
+
+    getattr(tasks, task).delay(*args)
 
 
 def cancel_plan(*, plan: Plan, by, now: datetime | None = None) -> bool:
@@ -504,6 +511,8 @@ def complete_signing(*, user, nonce: str, credential: Any, now: datetime | None 
             })
         plan.updated_at = now
         plan.save(update_fields=["digest", "state", "updated_at"])
+        if plan.state in (Plan.State.APPROVED, Plan.State.REJECTED):
+            transaction.on_commit(lambda: _tell("notify_plan_decided", plan.pk))
     return approval
 
 

@@ -220,6 +220,9 @@ WEBAUTHN_RP_NAME = env_str("WEBAUTHN_RP_NAME", "Agent undo")
 WEBAUTHN_ORIGINS = env_list("WEBAUTHN_ORIGINS", [PUBLIC_URL.rstrip("/")])
 
 EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Agent undo <undo@localhost>")
+# A Slack-compatible incoming webhook ({"text": …}) told when a plan is ready for sign-off; empty for none.
+APPROVAL_WEBHOOK_URL = env_str("APPROVAL_WEBHOOK_URL", "")
 
 if PRODUCTION:
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)

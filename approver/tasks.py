@@ -6,7 +6,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from . import services
+from . import notifications, services
 from .models import Plan
 
 
@@ -34,3 +34,21 @@ def requeue_stalled_checks() -> int:
     for plan_id, check_round in stalled:
         check_plan.delay(plan_id, check_round)
     return len(stalled)
+
+
+@shared_task(name="approver.notify_plan_ready")
+def notify_plan_ready(plan_id: int, check_round: int) -> int:
+    """Tell the approvers a plan is ready. Safe to run twice: the round is claimed before anything is sent."""
+    if not Plan.objects.filter(pk=plan_id, state=Plan.State.READY, check_round=check_round,
+                               ready_notified_round__lt=check_round).update(ready_notified_round=check_round):
+        return 0
+    return notifications.plan_ready(Plan.objects.for_page().get(pk=plan_id))
+
+
+@shared_task(name="approver.notify_plan_decided")
+def notify_plan_decided(plan_id: int) -> int:
+    """Tell the requester how the plan was decided. Safe to run twice."""
+    if not Plan.objects.filter(pk=plan_id, state__in=[Plan.State.APPROVED, Plan.State.REJECTED],
+                               outcome_notified=False).update(outcome_notified=True):
+        return 0
+    return notifications.plan_decided(Plan.objects.for_page().get(pk=plan_id))

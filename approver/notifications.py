@@ -1,0 +1,74 @@
+"""Telling people about plans: the approvers when one is ready, the requester when it is decided.
+
+Called from Celery tasks, never inside a transaction. A mail server or webhook that fails is logged and
+does not stop the other channel; the plan itself never depends on a notification arriving.
+"""
+
+import logging
+
+import httpx
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.mail import send_mail
+
+from . import services
+from .models import ApprovalRules, Plan
+
+logger = logging.getLogger(__name__)
+
+WEBHOOK_TIMEOUT = 5.0
+
+
+def _link(plan: Plan) -> str:
+    return f"{settings.PUBLIC_URL.rstrip('/')}{services.plan_url(plan)}"
+
+
+def summary(plan: Plan) -> str:
+    who = plan.run.agent_name + (f" for {plan.run.agent.on_behalf_of.get_username()}" if plan.run.agent_id else "")
+    return (f"Undo {plan.compensate_count} action{'s' if plan.compensate_count != 1 else ''} by {who}: "
+            f"{plan.cannot_undo_count} cannot be undone, {plan.conflict_count} changed since. "
+            f"Asked by {plan.requested_by.get_username()}: “{plan.reason}”.")
+
+
+def approvers_to_tell(plan: Plan) -> list:
+    rules = ApprovalRules.current()
+    users = get_user_model().objects.filter(is_active=True, groups__name=rules.approver_role).exclude(email="")
+    return [u for u in users.distinct() if not services.signing_refusal(plan=plan, user=u, rules=rules)]
+
+
+def plan_ready(plan: Plan) -> int:
+    """Email every approver who may sign it, and post to the webhook; returns how many were emailed."""
+    text = f"{summary(plan)}\nReview and sign: {_link(plan)}"
+    recipients = [u.email for u in approvers_to_tell(plan)]
+    sent = 0
+    if recipients:
+        try:
+            sent = send_mail(f"Undo plan ready for sign-off: {plan.run.agent_name}", text,
+                             settings.DEFAULT_FROM_EMAIL, recipients)
+        except OSError:
+            logger.exception("could not email the approvers of %s", plan)
+    if settings.APPROVAL_WEBHOOK_URL:
+        try:
+            httpx.post(settings.APPROVAL_WEBHOOK_URL, json={"text": f"Undo plan ready for sign-off. {text}"},
+                       timeout=WEBHOOK_TIMEOUT).raise_for_status()
+        except httpx.HTTPError:
+            logger.exception("the approval webhook refused or did not answer for %s", plan)
+    return sent
+
+
+def plan_decided(plan: Plan) -> int:
+    """Tell the requester the plan was approved or rejected (with the reason)."""
+    if not plan.requested_by.email:
+        return 0
+    if plan.state == Plan.State.REJECTED:
+        rejection = plan.approvals.filter(decision="reject").order_by("-created_at").first()
+        words = f"rejected by {rejection.approver.get_username()}: “{rejection.reason}”" if rejection else "rejected"
+    else:
+        words = "approved; it may now run"
+    try:
+        return send_mail(f"Your undo plan was {plan.get_state_display().lower()}",
+                         f"{summary(plan)}\nThe plan was {words}.\n{_link(plan)}",
+                         settings.DEFAULT_FROM_EMAIL, [plan.requested_by.email])
+    except OSError:
+        logger.exception("could not email the requester of %s", plan)
+        return 0

@@ -1,0 +1,83 @@
+"""Approvers hear when a plan is ready (email and a Slack-compatible webhook); requesters hear the outcome."""
+
+import pytest
+from django.core import mail
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from approver import services, tasks
+from tests.conftest import ServerThread, free_port
+
+from .test_approvals import approve, enrolled, relying_party, sign  # noqa: F401 - fixtures and helpers
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def webhook():
+    """A stand-in for Slack's incoming webhook on this machine: it keeps what it is sent."""
+    received, status = [], {"code": 200}
+
+    async def hook(request: Request):
+        received.append(await request.json())
+        return JSONResponse({"ok": status["code"] == 200}, status_code=status["code"])
+
+    with ServerThread(Starlette(routes=[Route("/hook", hook, methods=["POST"])]), free_port()) as thread:
+        yield f"{thread.base}/hook", received, status
+
+
+@pytest.fixture
+def emails(approver_user, second_approver, on_call, dana):
+    for user in (approver_user, second_approver, on_call, dana):
+        user.email = f"{user.username}@acme.example"
+        user.save()
+
+
+def ready_plan(globex, on_call, monkeypatch):
+    rung = []
+    monkeypatch.setattr(tasks.notify_plan_ready, "delay", lambda *args: rung.append(args))
+    plan = services.request_plan(run=globex, requested_by=on_call, reason="wrong customer", from_step=1)
+    plan = services.run_checks(plan=plan, check_round=plan.check_round)
+    assert rung == [(plan.pk, plan.check_round)]  # the worker is asked once the plan is ready
+    return plan
+
+
+def test_approvers_get_an_email_and_the_webhook_a_message_once(globex, on_call, emails, webhook, settings,
+                                                               monkeypatch):
+    url, received, _ = webhook
+    settings.APPROVAL_WEBHOOK_URL, settings.PUBLIC_URL = url, "https://undo.acme.example"
+    plan = ready_plan(globex, on_call, monkeypatch)
+    assert tasks.notify_plan_ready(plan.pk, plan.check_round) == 1
+    [message] = mail.outbox
+    assert sorted(message.to) == ["ana@acme.example", "bo@acme.example"]  # not the requester, not Dana
+    assert "Undo 2 actions by sales-bot for dana" in message.body
+    assert f"https://undo.acme.example/plans/{plan.public_id}/" in message.body
+    assert len(received) == 1 and "ready for sign-off" in received[0]["text"]
+    # A second run of the task sends nothing more.
+    assert tasks.notify_plan_ready(plan.pk, plan.check_round) == 0
+    assert len(mail.outbox) == 1 and len(received) == 1
+
+
+def test_a_failing_webhook_does_not_stop_the_email(globex, on_call, emails, webhook, settings, monkeypatch):
+    url, received, status = webhook
+    settings.APPROVAL_WEBHOOK_URL, status["code"] = url, 500
+    plan = ready_plan(globex, on_call, monkeypatch)
+    assert tasks.notify_plan_ready(plan.pk, plan.check_round) == 1
+    assert len(mail.outbox) == 1 and len(received) == 1
+
+
+def test_the_requester_is_told_of_a_rejection_with_its_reason(globex, on_call, approver_user, emails,
+                                                               monkeypatch):
+    plan = ready_plan(globex, on_call, monkeypatch)
+    told = []
+    monkeypatch.setattr(tasks.notify_plan_decided, "delay", lambda *args: told.append(args))
+    request, assertion = sign(plan, approver_user, enrolled(approver_user), decision="reject",
+                              reason="the customer confirmed the deal")
+    services.complete_signing(user=approver_user, nonce=request.nonce, credential=assertion)
+    assert told == [(plan.pk,)]
+    assert tasks.notify_plan_decided(plan.pk) == 1 and tasks.notify_plan_decided(plan.pk) == 0
+    [message] = mail.outbox
+    assert message.to == ["olivia@acme.example"] and message.subject == "Your undo plan was rejected"
+    assert "rejected by ana: “the customer confirmed the deal”" in message.body
