@@ -1,0 +1,90 @@
+"""Walk every URL of the app with every persona: each is refused unless the persona's role allows it.
+
+The table names the roles each page allows. A new URL without an entry here fails the first test, so no
+page can be added without deciding who may use it.
+"""
+
+import pytest
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
+
+from approver import roles, services
+from journal import services as journal_services
+from tests.journal.factories import make_run
+
+from .softkey import SoftKey
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+READERS = {roles.ON_CALL, roles.APPROVER, roles.ADMIN}
+# name -> (method, roles allowed)
+ACCESS = {
+    "journal:run_list": ("get", READERS),
+    "journal:run_detail": ("get", READERS),
+    "journal:run_verify": ("get", READERS),
+    "journal:api_run_list": ("get", READERS),
+    "journal:api_run_detail": ("get", READERS),
+    "journal:api_step_list": ("get", READERS),
+    "journal:api_openapi": ("get", READERS),
+    "approver:request_undo": ("post", {roles.ON_CALL}),
+    "approver:plan_list": ("get", READERS),
+    "approver:plan_detail": ("get", READERS),
+    "approver:check_again": ("post", {roles.ON_CALL, roles.APPROVER}),
+    "approver:cancel": ("post", {roles.ON_CALL, roles.ADMIN}),
+    "approver:api_plan_detail": ("get", READERS),
+    "approver:passkey_list": ("get", {roles.APPROVER}),
+    "approver:passkey_options": ("post", {roles.APPROVER}),
+    "approver:passkey_enroll": ("post", {roles.APPROVER}),
+    "approver:passkey_revoke": ("post", {roles.APPROVER}),
+    "approver:sign_begin": ("post", {roles.APPROVER}),
+    "approver:sign_complete": ("post", {roles.APPROVER}),
+}
+PERSONAS = {"on_call": roles.ON_CALL, "approver_user": roles.APPROVER, "admin_user": roles.ADMIN,
+            "outsider": None, "dana": None}
+
+
+def test_every_url_has_an_access_rule():
+    assert {name for name, _ in named_url_patterns()} == set(ACCESS)
+
+
+@pytest.fixture
+def objects(dana, on_call, approver_user):
+    agent, _ = journal_services.create_agent(name="bot", on_behalf_of=dana)
+    run = make_run(agent, steps=2)
+    plan = services.request_plan(run=run, requested_by=on_call, reason="r", from_step=1)
+    passkey = services.enroll_passkey(user=approver_user, name="k", credential=SoftKey().register(b"c" * 32),
+                                      challenge=b"c" * 32)
+    return {"run_id": run.public_id, "plan_id": plan.public_id, "passkey_id": passkey.pk}
+
+
+def url_for(name, objects):
+    pattern = next(p for p in named_url_patterns() if p[0] == name)[1]
+    kwargs = {key: objects[key] for key in pattern.pattern.converters}
+    return reverse(name, kwargs=kwargs)
+
+
+def named_url_patterns(resolver=None, namespace=""):
+    for entry in (resolver or get_resolver()).url_patterns:
+        if isinstance(entry, URLResolver):
+            if entry.namespace in ("journal", "approver"):
+                yield from named_url_patterns(entry, entry.namespace)
+        elif isinstance(entry, URLPattern) and entry.name and namespace:
+            yield f"{namespace}:{entry.name}", entry
+
+
+@pytest.mark.parametrize("persona", [*PERSONAS, "anonymous"])
+def test_every_url_refuses_whoever_its_rule_does_not_allow(persona, objects, request, client, settings):
+    settings.WEBAUTHN_RP_ID, settings.WEBAUTHN_ORIGINS = "localhost", ["http://localhost:8000"]
+    role = None
+    if persona != "anonymous":
+        client.force_login(request.getfixturevalue(persona))
+        role = PERSONAS[persona]
+    for name, (method, allowed) in ACCESS.items():
+        url = url_for(name, objects)
+        response = getattr(client, method)(url, content_type="application/json") if method == "post" \
+            else client.get(url)
+        if persona == "anonymous":
+            assert response.status_code == 302 and response.url.startswith(reverse("login")), (name, response.status_code)
+        elif role in allowed:
+            assert response.status_code not in (401, 403), (name, persona, response.status_code)
+        else:
+            assert response.status_code == 403, (name, persona, response.status_code)
