@@ -69,6 +69,7 @@ def ensure_users() -> dict[str, str]:
             user.set_password(password)
         if role == "admin":
             user.is_staff = user.is_superuser = True
+        user.email = f"{username}@acme.example"  # the worker prints the emails they are sent
         user.save()
         if role:
             user.groups.add(Group.objects.get(name=role))
