@@ -1,0 +1,121 @@
+"""Executing an approved plan, as pure decisions: what each item's outcome is, whether a failure may be
+retried, and which items a failure stops.
+
+The Celery executor (which claims items and calls servers) asks these functions; they read no database and
+no clock. Outcomes are DESIGN.md's: compensated, compensation_failed, conflict, skipped, irreversible,
+no_compensation, outcome_unknown.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+COMPENSATED = "compensated"
+COMPENSATION_FAILED = "compensation_failed"
+CONFLICT = "conflict"
+SKIPPED = "skipped"
+IRREVERSIBLE = "irreversible"
+NO_COMPENSATION = "no_compensation"
+OUTCOME_UNKNOWN = "outcome_unknown"
+
+# Outcomes after which the items this one depends on must not be undone (DESIGN.md: "if an item fails,
+# nothing that it still depends on is undone"). A conflict leaves a newer change in place, so whatever it
+# was built on stays too; an unknown outcome is treated as a failure until a human says otherwise.
+STOPS_DEPENDENCIES = frozenset({COMPENSATION_FAILED, CONFLICT, OUTCOME_UNKNOWN})
+
+MAX_ATTEMPTS = 4
+_TEXT = 500
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: str
+    detail: dict[str, Any] = field(default_factory=dict)
+    retry: bool = False  # only ever True when repeating the call is safe
+
+
+def _text(value: Any) -> str:
+    return value[:_TEXT] if isinstance(value, str) else ""
+
+
+def _first_text(result: dict[str, Any]) -> str:
+    for block in result.get("content") or []:
+        if isinstance(block, dict) and block.get("type") == "text":
+            return _text(block.get("text"))
+    return ""
+
+
+def without_compensation(action: str, reason: str) -> Verdict:
+    """The outcome of an item that has no compensation to run."""
+    outcome = {"cannot_undo": IRREVERSIBLE, "already_undone": SKIPPED}.get(action, NO_COMPENSATION)
+    return Verdict(outcome, {"message": reason})
+
+
+def read_answer(result: dict[str, Any]) -> Verdict:
+    """A compensation's tool result. HATP's UNDO_* codes are read as DESIGN.md defines them; any other
+    `isError` answer is a failed compensation in the server's own words."""
+    structured = result.get("structuredContent") if isinstance(result.get("structuredContent"), dict) else {}
+    message = _first_text(result)
+    if result.get("isError") is not True:
+        return Verdict(COMPENSATED, {"summary": _text(structured.get("summary")) or message,
+                                     "version": _text(structured.get("version"))})
+    code = structured.get("code")
+    if code == "UNDO_CONFLICT":
+        current = structured.get("current") if isinstance(structured.get("current"), dict) else {}
+        return Verdict(CONFLICT, {"message": message, "current": {
+            key: _text(current.get(key)) for key in ("version", "summary", "changedBy", "changedAt")}})
+    if code == "UNDO_EXPIRED":
+        return Verdict(COMPENSATION_FAILED, {"message": message or "The undo window has closed.", "code": code})
+    return Verdict(COMPENSATION_FAILED, {"message": message or "The server refused the compensation.",
+                                         "code": _text(code) or None})
+
+
+def read_failure(*, failure_class: str, message: str, transient: bool, may_have_acted: bool,
+                 repeat_is_safe: bool, attempt: int) -> Verdict:
+    """A compensation call that produced no tool result.
+
+    A failure after which the server may have acted is never repeated blindly: unless the server honours
+    the idempotency key (so a repeat returns the first outcome), it is `outcome_unknown` for a human. A
+    transient failure is retried with backoff while attempts remain and a repeat is safe."""
+    detail = {"failureClass": failure_class, "message": _text(message)}
+    if transient and (repeat_is_safe or not may_have_acted) and attempt < MAX_ATTEMPTS:
+        return Verdict(COMPENSATION_FAILED, detail, retry=True)
+    if may_have_acted and not repeat_is_safe:
+        return Verdict(OUTCOME_UNKNOWN, {**detail, "message": _text(
+            f"{message} The server may have acted; check it before trying again.")})
+    return Verdict(COMPENSATION_FAILED, detail)
+
+
+def backoff(attempt: int) -> float:
+    """Seconds before retry `attempt` (1-based): 1, 4, 16."""
+    return float(4 ** (attempt - 1))
+
+
+def depends_on(step: int, *, earlier: list[int], declared: tuple[int, ...] | None, inferred: set[int]) -> set[int]:
+    """The earlier steps `step` depends on, by the planning rules: its declaration plus inferred links when
+    it declared, else every earlier step (the safe rule)."""
+    if declared is None:
+        return {n for n in earlier if n < step}
+    return {n for n in (*declared, *inferred) if n < step}
+
+
+def stopped_by(step: int, failed: dict[int, set[int]]) -> int | None:
+    """The failed step (if any) whose dependencies include `step`: undoing `step` would pull the ground
+    from under a change that is staying. `failed` maps each stopping step to what it depends on."""
+    for failed_step in sorted(failed, reverse=True):
+        if step in failed[failed_step]:
+            return failed_step
+    return None
+
+
+def summary_line(outcomes: list[str]) -> str:
+    """"Reversed 2 of 3 actions; 1 cannot be undone", counting only items that changed something."""
+    actions = [o for o in outcomes if o != NO_COMPENSATION]
+    reversed_ = sum(o == COMPENSATED for o in actions)
+    parts = [f"Reversed {reversed_} of {len(actions)} action{'s' if len(actions) != 1 else ''}"]
+    for outcome, words in ((IRREVERSIBLE, "cannot be undone"), (CONFLICT, "left alone: changed since"),
+                           (COMPENSATION_FAILED, "failed"), (OUTCOME_UNKNOWN, "need a human to check"),
+                           (SKIPPED, "skipped")):
+        count = sum(o == outcome for o in actions)
+        if count:
+            parts.append(f"{count} {words}")
+    return "; ".join(parts)

@@ -1,0 +1,80 @@
+"""Executing a plan, as pure decisions: outcomes, safe retries, and what a failure stops."""
+
+import pytest
+
+from approver import execution as ex
+
+
+def test_a_hatp_compensation_that_worked_keeps_the_servers_words():
+    verdict = ex.read_answer({"content": [{"type": "text", "text": "Undone."}],
+                              "structuredContent": {"ok": True, "summary": "Deal D-881 stage: Won → Proposal",
+                                                    "version": "v15"}})
+    assert verdict == ex.Verdict("compensated", {"summary": "Deal D-881 stage: Won → Proposal", "version": "v15"})
+
+
+def test_a_conflict_leaves_the_newer_change_and_says_who_made_it():
+    verdict = ex.read_answer({"isError": True, "content": [{"type": "text", "text": "changed"}],
+                              "structuredContent": {"code": "UNDO_CONFLICT", "current": {
+                                  "version": "v16", "changedBy": "priya", "changedAt": "t", "summary": "s",
+                                  "extra": "dropped"}}})
+    assert verdict.outcome == "conflict" and not verdict.retry
+    assert verdict.detail["current"] == {"version": "v16", "summary": "s", "changedBy": "priya", "changedAt": "t"}
+
+
+@pytest.mark.parametrize("result", [
+    {"isError": True, "structuredContent": {"code": "UNDO_EXPIRED"}},
+    {"isError": True, "structuredContent": {"code": "UNDO_FAILED"}, "content": [{"type": "text", "text": "no"}]},
+    {"isError": True, "structuredContent": "garbage"},
+    {"isError": True},
+])
+def test_refusals_and_nonsense_fail_the_item_without_a_retry(result):
+    verdict = ex.read_answer(result)
+    assert verdict.outcome == "compensation_failed" and not verdict.retry and verdict.detail["message"]
+
+
+def test_a_transient_failure_before_sending_is_retried_with_backoff():
+    verdict = ex.read_failure(failure_class="transient", message="refused", transient=True, may_have_acted=False,
+                              repeat_is_safe=False, attempt=1)
+    assert verdict.retry and [ex.backoff(n) for n in (1, 2, 3)] == [1.0, 4.0, 16.0]
+    last = ex.read_failure(failure_class="transient", message="refused", transient=True, may_have_acted=False,
+                           repeat_is_safe=False, attempt=ex.MAX_ATTEMPTS)
+    assert last.outcome == "compensation_failed" and not last.retry
+
+
+def test_a_server_that_may_have_acted_is_never_repeated_blindly():
+    verdict = ex.read_failure(failure_class="transient", message="did not answer in time", transient=True,
+                              may_have_acted=True, repeat_is_safe=False, attempt=1)
+    assert verdict.outcome == "outcome_unknown" and not verdict.retry
+    assert "may have acted" in verdict.detail["message"]
+    # When the server honours the idempotency key, a repeat returns the first outcome: it is safe to retry.
+    safe = ex.read_failure(failure_class="transient", message="did not answer in time", transient=True,
+                           may_have_acted=True, repeat_is_safe=True, attempt=1)
+    assert safe.retry
+
+
+def test_a_permanent_failure_fails_the_item():
+    verdict = ex.read_failure(failure_class="permission", message="forbidden", transient=False,
+                              may_have_acted=False, repeat_is_safe=True, attempt=1)
+    assert verdict.outcome == "compensation_failed" and not verdict.retry
+
+
+def test_items_without_a_compensation_have_their_own_outcomes():
+    assert ex.without_compensation("cannot_undo", "sent").outcome == "irreversible"
+    assert ex.without_compensation("nothing_to_undo", "a read").outcome == "no_compensation"
+    assert ex.without_compensation("already_undone", "earlier plan").outcome == "skipped"
+
+
+def test_a_failure_stops_what_its_step_depends_on_and_nothing_else():
+    earlier = [1, 2, 3, 4]
+    # Step 4 declared it used step 2 only; step 3 declared nothing (so it used everything before it).
+    failed = {4: ex.depends_on(4, earlier=earlier, declared=(2,), inferred=set())}
+    assert ex.stopped_by(2, failed) == 4 and ex.stopped_by(3, failed) is None and ex.stopped_by(1, failed) is None
+    failed[3] = ex.depends_on(3, earlier=earlier, declared=None, inferred=set())
+    assert ex.stopped_by(1, failed) == 3
+
+
+def test_the_summary_line_reads_like_the_report():
+    outcomes = ["irreversible", "compensated", "compensated", "no_compensation"]
+    assert ex.summary_line(outcomes) == "Reversed 2 of 3 actions; 1 cannot be undone"
+    assert ex.summary_line(["conflict", "skipped", "outcome_unknown"]) == (
+        "Reversed 0 of 3 actions; 1 left alone: changed since; 1 need a human to check; 1 skipped")
