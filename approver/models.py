@@ -62,6 +62,9 @@ class Plan(models.Model):
     # Which round's "ready" the approvers were told of, and whether the requester heard the outcome: claimed by
     # a conditional update, so a notification task run twice sends once.
     ready_notified_round = models.PositiveIntegerField(default=0)
+    # Execution's report line ("Reversed 2 of 3 actions; 1 cannot be undone") and why it stopped, if it did.
+    execution_summary = models.CharField(max_length=300, blank=True)
+    stop_reason = models.TextField(blank=True)
     outcome_notified = models.BooleanField(default=False)
     # Items that will be undone / cannot be / changed since: kept with the items so lists need no aggregate.
     compensate_count = models.PositiveIntegerField(default=0)
@@ -145,8 +148,14 @@ class PlanItem(models.Model):
         OVERWRITE = "overwrite", "Overwrite the version I saw"
 
     conflict_choice = models.CharField(max_length=12, choices=Choice.choices, blank=True)
-    # How execution went (issue 5 fills it in); "compensated" makes the step "already undone" for later plans.
+    # Execution: "" until claimed, "running" while its compensation is in flight, "done" once its outcome is
+    # kept. "compensated" makes the step "already undone" for later plans.
+    exec_state = models.CharField(max_length=10, blank=True)
     outcome = models.CharField(max_length=24, blank=True)
+    outcome_detail = models.JSONField(default=dict, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    exec_started_at = models.DateTimeField(null=True, blank=True)
+    exec_finished_at = models.DateTimeField(null=True, blank=True)
     # True while the plan is open: a step can be in at most one open plan (the constraint below).
     holds_step = models.BooleanField(default=True)
 

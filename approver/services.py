@@ -21,10 +21,10 @@ from webauthn.helpers import base64url_to_bytes, bytes_to_base64url
 
 from journal import declarations, sql
 from journal import services as journal_services
-from journal.mcp.client import Endpoint, Upstreams
+from journal.mcp.client import Endpoint, ToolServerError, Upstreams, endpoint_of
 from journal.models import Run, Step, StepDependency
 
-from . import checks, passkeys, planning, roles, signing
+from . import checks, execution, passkeys, planning, roles, signing
 from .checks import CheckResult
 from .models import Approval, ApprovalRules, Passkey, Plan, PlanItem, SigningRequest
 
@@ -505,6 +505,7 @@ def complete_signing(*, user, nonce: str, credential: Any, now: datetime | None 
             plan.items.update(holds_step=False)
         elif len(counting_approvals(plan=plan, now=now, rules=rules)) >= rules.quorum:
             plan.state = Plan.State.APPROVED
+            queue_execution(plan=plan)
             journal_services.record_event(run_id=plan.run_id, event="plan_approved", now=now, data={
                 "plan": str(plan.public_id), "digest": plan.digest,
                 "approvers": sorted(a.approver.get_username() for a in counting_approvals(plan=plan, now=now, rules=rules)),
@@ -553,3 +554,161 @@ def approvals_for_bundle(run: Run) -> list[dict[str, Any]]:
             "assertion": {key: response.get(key) for key in ("clientDataJSON", "authenticatorData", "signature")},
         })
     return bundle
+
+
+# -- execution ----------------------------------------------------------------------------------------------
+
+
+class ExecutionStopped(Exception):
+    """The plan no longer qualifies to run (its approvals lapsed); `message` says why."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+def queue_execution(*, plan: Plan) -> None:
+    """Ring the worker for an approved or executing plan (after the current transaction commits)."""
+    transaction.on_commit(lambda: _tell("execute_plan", plan.pk))
+
+
+def _qualifies(plan: Plan, now: datetime) -> None:
+    rules = ApprovalRules.current()
+    counted = counting_approvals(plan=plan, now=now, rules=rules)
+    if len(counted) < rules.quorum:
+        raise ExecutionStopped(f"Only {len(counted)} of the {rules.quorum} approvals needed still hold "
+                               "(expired, revoked, or the approver may no longer approve).")
+    for approval in counted:  # the stored signature still covers the stored fields
+        payload = signing.challenge_payload(plan=str(plan.public_id), digest=approval.digest,
+                                            decision=approval.decision, choices=approval.choices, nonce=approval.nonce)
+        try:
+            passkeys.verify_assertion(rp=relying_party(), credential=approval.assertion,
+                                      challenge=signing.challenge(payload), public_key=approval.passkey.public_key,
+                                      sign_count=0)
+        except passkeys.PasskeyRefused:
+            raise ExecutionStopped(f"{approval.approver.get_username()}'s signature no longer verifies.") from None
+
+
+def execute_plan(*, plan: Plan, sleep=None, now=timezone.now) -> Plan:
+    """Run an approved plan's items in order, most recent first, each claimed with a conditional update and
+    its outcome kept before the next starts. Safe to run twice and after a killed worker: a claimed item is
+    never claimed again (`reconcile_execution` deals with one left running). Approvals are re-checked
+    before every item; a plan that no longer qualifies stops, and what had not started is skipped."""
+    import time
+
+    sleep = sleep or time.sleep
+    if not Plan.objects.filter(pk=plan.pk, state__in=[Plan.State.APPROVED, Plan.State.EXECUTING]).update(
+            state=Plan.State.EXECUTING, updated_at=now()):
+        return Plan.objects.get(pk=plan.pk)
+    plan = Plan.objects.select_related("run__agent", "requested_by").get(pk=plan.pk)
+    facts = {f.number: f for f in _facts(plan.run)}
+    numbers = sorted(facts)
+    stops: dict[int, set[int]] = {}
+    for done in plan.items.filter(exec_state="done", outcome__in=execution.STOPS_DEPENDENCIES).select_related("step"):
+        stops[done.step.number] = _dependencies(facts, done.step.number, numbers)
+    while True:
+        item = plan.items.filter(exec_state="").select_related("step__server").order_by("position").first()
+        if item is None:
+            break
+        try:
+            _qualifies(plan, now())
+        except ExecutionStopped as stopped:
+            _stop(plan, stopped.message, now())
+            break
+        if not PlanItem.objects.filter(pk=item.pk, exec_state="").update(
+                exec_state="running", attempts=F("attempts") + 1, exec_started_at=now()):
+            continue  # another worker took it
+        verdict = _run_item(plan, item, stops, sleep=sleep)
+        _keep_outcome(plan, item, verdict, now())
+        if verdict.outcome in execution.STOPS_DEPENDENCIES:
+            stops[item.step.number] = _dependencies(facts, item.step.number, numbers)
+    return _finish(plan, now())
+
+
+def _dependencies(facts: dict, number: int, numbers: list[int]) -> set[int]:
+    step = facts[number]
+    return execution.depends_on(number, earlier=numbers, declared=step.declared_deps,
+                                inferred=set(step.inferred_deps))
+
+
+def _run_item(plan: Plan, item: PlanItem, stops: dict[int, set[int]], *, sleep) -> execution.Verdict:
+    if item.action != PlanItem.Action.COMPENSATE:
+        return execution.without_compensation(item.action, item.reason)
+    if item.conflict_choice == PlanItem.Choice.KEEP_NEWER:
+        return execution.Verdict(execution.SKIPPED, {"message": "The approver chose to keep the newer change."})
+    blocker = execution.stopped_by(item.step.number, stops)
+    if blocker is not None:
+        return execution.Verdict(execution.SKIPPED, {"message": f"Step {blocker} was not undone and depends on "
+                                                                f"this one, so this one stays too."})
+    if item.step.server is None:
+        return execution.Verdict(execution.COMPENSATION_FAILED, {"message": "The tool server is no longer registered."})
+    attempt = item.attempts + 1  # this claim's attempt
+    while True:
+        verdict = anyio.run(_compensate, item, attempt)
+        if not verdict.retry:
+            return verdict
+        sleep(execution.backoff(attempt))
+        attempt += 1
+        PlanItem.objects.filter(pk=item.pk).update(attempts=attempt)
+
+
+async def _compensate(item: PlanItem, attempt: int) -> execution.Verdict:
+    """One compensation call through the one client, with its ifVersion and idempotency key."""
+    if_version = item.if_version
+    detail = item.check_detail or {}
+    if item.conflict_choice == PlanItem.Choice.OVERWRITE and item.check_status == PlanItem.Check.CONFLICT:
+        if_version = (detail.get("current") or {}).get("version") or if_version
+    contract = {"ifVersion": if_version, "idempotencyKey": item.idempotency_key}
+    if item.dialect == planning.HATP:
+        arguments, meta = {**(item.arguments or {}), **contract}, None
+    else:
+        arguments, meta = dict(item.arguments or {}), {declarations.HATP_KEY: contract}
+    async with Upstreams(timeout=settings.TOOL_SERVER_TIMEOUT) as upstreams:
+        try:
+            result = await upstreams.call_tool(endpoint_of(item.step.server), item.tool, arguments, meta=meta)
+        except ToolServerError as exc:
+            return execution.read_failure(
+                failure_class=exc.failure_class, message=exc.message, transient=exc.transient,
+                may_have_acted=exc.may_have_acted, repeat_is_safe=item.dialect == planning.HATP,
+                attempt=attempt)
+    return execution.read_answer(result)
+
+
+def _keep_outcome(plan: Plan, item: PlanItem, verdict: execution.Verdict, now: datetime) -> None:
+    with transaction.atomic():
+        PlanItem.objects.filter(pk=item.pk, exec_state="running").update(
+            exec_state="done", outcome=verdict.outcome, outcome_detail=verdict.detail, exec_finished_at=now)
+        journal_services.record_event(run_id=plan.run_id, event="compensation", now=now, data={
+            "plan": str(plan.public_id), "step": item.step.number, "tool": item.tool or None,
+            "arguments": item.arguments if item.action == PlanItem.Action.COMPENSATE else None,
+            "idempotencyKey": item.idempotency_key or None, "outcome": verdict.outcome, "detail": verdict.detail,
+        })
+
+
+def _stop(plan: Plan, reason: str, now: datetime) -> None:
+    with transaction.atomic():
+        PlanItem.objects.filter(plan=plan, exec_state="").update(
+            exec_state="done", outcome=execution.SKIPPED, outcome_detail={"message": f"Not started: {reason}"},
+            exec_finished_at=now)
+        Plan.objects.filter(pk=plan.pk).update(stop_reason=reason)
+
+
+def _finish(plan: Plan, now: datetime) -> Plan:
+    with transaction.atomic():
+        locked = Plan.objects.select_for_update().get(pk=plan.pk)
+        if locked.state != Plan.State.EXECUTING or plan.items.exclude(exec_state="done").exists():
+            return locked  # another worker is still at it, or it is already finished
+        outcomes = list(plan.items.order_by("position").values_list("outcome", flat=True))
+        undoable = [o for o in outcomes if o not in (execution.NO_COMPENSATION, execution.IRREVERSIBLE)]
+        reversed_any = execution.COMPENSATED in undoable
+        if not locked.stop_reason and all(o == execution.COMPENSATED for o in undoable):
+            state = Plan.State.COMPLETED
+        else:
+            state = Plan.State.PARTIALLY_COMPLETED if reversed_any else Plan.State.FAILED
+        locked.state, locked.execution_summary, locked.updated_at = state, execution.summary_line(outcomes), now
+        locked.save(update_fields=["state", "execution_summary", "updated_at"])
+        plan.items.update(holds_step=False)
+        journal_services.record_event(run_id=plan.run_id, event="plan_executed", now=now, data={
+            "plan": str(plan.public_id), "state": state, "summary": locked.execution_summary,
+            "stopReason": locked.stop_reason or None})
+    return locked

@@ -52,3 +52,12 @@ def notify_plan_decided(plan_id: int) -> int:
                                outcome_notified=False).update(outcome_notified=True):
         return 0
     return notifications.plan_decided(Plan.objects.for_page().get(pk=plan_id))
+
+
+@shared_task(name="approver.execute_plan")
+def execute_plan(plan_id: int) -> str:
+    """Run an approved plan. Safe to run twice: every item is claimed with a conditional update."""
+    plan = Plan.objects.filter(pk=plan_id).first()
+    if plan is None:
+        return "no such plan"
+    return services.execute_plan(plan=plan).state

@@ -129,3 +129,13 @@ def admin_user(db):
 @pytest.fixture
 def outsider(db):
     return _persona("otto")
+
+
+@pytest.fixture(autouse=True)
+def empty_broker_queue():
+    """Plans ring the worker when they commit; no test leaves a message behind for a later test's worker."""
+    from django.conf import settings
+
+    yield
+    for message in (settings.BROKER_DIR / "queue").glob("*"):
+        message.unlink(missing_ok=True)

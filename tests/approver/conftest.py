@@ -1,20 +1,10 @@
 import anyio
 import pytest
-from django.conf import settings
 
 from journal import services as journal_services
 from journal.models import Run
 from samples import agent as scripted
 from tests.journal.helpers import register_samples, settle
-
-
-@pytest.fixture(autouse=True)
-def empty_broker_queue():
-    """Plans ring the worker when they commit; no test leaves a message behind for a later test's worker."""
-    yield
-    queue = settings.BROKER_DIR / "queue"
-    for message in queue.glob("*"):
-        message.unlink(missing_ok=True)
 
 
 @pytest.fixture
