@@ -66,6 +66,7 @@ class Plan(models.Model):
     execution_summary = models.CharField(max_length=300, blank=True)
     stop_reason = models.TextField(blank=True)
     outcome_notified = models.BooleanField(default=False)
+    execution_notified = models.BooleanField(default=False)
     # Items that will be undone / cannot be / changed since: kept with the items so lists need no aggregate.
     compensate_count = models.PositiveIntegerField(default=0)
     cannot_undo_count = models.PositiveIntegerField(default=0)

@@ -72,3 +72,27 @@ def plan_decided(plan: Plan) -> int:
     except OSError:
         logger.exception("could not email the requester of %s", plan)
         return 0
+
+
+def plan_executed(plan: Plan) -> int:
+    """Tell the requester and everyone who approved what was reversed, and what is left for a human."""
+    to_do = [item for item in plan.items.select_related("step") if item.outcome in ("irreversible", "outcome_unknown",
+                                                                                  "conflict", "compensation_failed")]
+    lines = [f"{summary(plan)}", f"Result: {plan.execution_summary}."]
+    if plan.stop_reason:
+        lines.append(f"Stopped: {plan.stop_reason}")
+    for item in to_do:
+        words = item.remedy if item.outcome == "irreversible" and item.remedy else (
+            item.outcome_detail or {}).get("message", "")
+        lines.append(f"To do by hand, step {item.step.number} ({item.step.tool}): {words}")
+    lines.append(_link(plan))
+    recipients = {plan.requested_by.email, *plan.approvals.filter(decision="approve").values_list(
+        "approver__email", flat=True)} - {""}
+    if not recipients:
+        return 0
+    try:
+        return send_mail(f"Undo plan {plan.get_state_display().lower()}: {plan.execution_summary}", "\n".join(lines),
+                         settings.DEFAULT_FROM_EMAIL, sorted(recipients))
+    except OSError:
+        logger.exception("could not email the result of %s", plan)
+        return 0

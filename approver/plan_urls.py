@@ -10,6 +10,7 @@ urlpatterns = [
     path("plans/<uuid:plan_id>/", views.plan_detail, name="plan_detail"),
     path("plans/<uuid:plan_id>/check/", views.check_again, name="check_again"),
     path("plans/<uuid:plan_id>/cancel/", views.cancel, name="cancel"),
+    path("plans/<uuid:plan_id>/abort/", views.abort, name="abort"),
     path("plans/<uuid:plan_id>/sign/", views.sign_begin, name="sign_begin"),
     path("plans/<uuid:plan_id>/sign/complete/", views.sign_complete, name="sign_complete"),
     path("api/plans/<uuid:plan_id>/", api.plan_detail, name="api_plan_detail"),

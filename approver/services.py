@@ -610,6 +610,10 @@ def execute_plan(*, plan: Plan, sleep=None, now=timezone.now) -> Plan:
         item = plan.items.filter(exec_state="").select_related("step__server").order_by("position").first()
         if item is None:
             break
+        aborted = Plan.objects.filter(pk=plan.pk).values_list("stop_reason", flat=True).first()
+        if aborted:
+            _stop(plan, aborted, now())
+            break
         try:
             _qualifies(plan, now())
         except ExecutionStopped as stopped:
@@ -618,6 +622,7 @@ def execute_plan(*, plan: Plan, sleep=None, now=timezone.now) -> Plan:
         if not PlanItem.objects.filter(pk=item.pk, exec_state="").update(
                 exec_state="running", attempts=F("attempts") + 1, exec_started_at=now()):
             continue  # another worker took it
+        Plan.objects.filter(pk=plan.pk).update(updated_at=now())  # alive: the reconciler leaves it be
         verdict = _run_item(plan, item, stops, sleep=sleep)
         _keep_outcome(plan, item, verdict, now())
         if verdict.outcome in execution.STOPS_DEPENDENCIES:
@@ -649,7 +654,7 @@ def _run_item(plan: Plan, item: PlanItem, stops: dict[int, set[int]], *, sleep) 
             return verdict
         sleep(execution.backoff(attempt))
         attempt += 1
-        PlanItem.objects.filter(pk=item.pk).update(attempts=attempt)
+        PlanItem.objects.filter(pk=item.pk).update(attempts=attempt, exec_started_at=timezone.now())
 
 
 async def _compensate(item: PlanItem, attempt: int) -> execution.Verdict:
@@ -711,4 +716,39 @@ def _finish(plan: Plan, now: datetime) -> Plan:
         journal_services.record_event(run_id=plan.run_id, event="plan_executed", now=now, data={
             "plan": str(plan.public_id), "state": state, "summary": locked.execution_summary,
             "stopReason": locked.stop_reason or None})
+        transaction.on_commit(lambda: _tell("notify_plan_executed", plan.pk))
     return locked
+
+
+def reconcile_execution(*, older_than: datetime, now: datetime | None = None) -> list[int]:
+    """Pick up what a killed worker left: an item still `running` since before `older_than` is claimed
+    again when repeating it is safe (an HATP server honours the idempotency key, so a repeat returns the
+    first outcome), and otherwise becomes `outcome_unknown` for a human. Returns the plans to ring again."""
+    now = now or timezone.now()
+    stuck = PlanItem.objects.filter(exec_state="running", exec_started_at__lt=older_than,
+                                    plan__state=Plan.State.EXECUTING).select_related("plan", "step")
+    for item in stuck:
+        if item.dialect == planning.HATP:
+            PlanItem.objects.filter(pk=item.pk, exec_state="running").update(exec_state="")
+        else:
+            _keep_outcome(item.plan, item, execution.Verdict(execution.OUTCOME_UNKNOWN, {
+                "message": "The worker stopped during this compensation and the server may have acted; "
+                           "check it before trying again."}), now)
+    return list(Plan.objects.filter(state=Plan.State.EXECUTING, updated_at__lt=older_than)
+                .values_list("pk", flat=True))
+
+
+def abort_plan(*, plan: Plan, by, now: datetime | None = None) -> bool:
+    """Stop an approved or executing plan. The executor checks before every item, so the one in flight
+    finishes and nothing after it starts; an approved plan that never started is simply finished."""
+    now = now or timezone.now()
+    reason = f"Aborted by {by.get_username()}."
+    if not Plan.objects.filter(pk=plan.pk, state__in=[Plan.State.APPROVED, Plan.State.EXECUTING],
+                               stop_reason="").update(stop_reason=reason, updated_at=now):
+        return False
+    journal_services.record_event(run_id=plan.run_id, event="plan_aborted", now=now, data={
+        "plan": str(plan.public_id), "by": by.get_username()})
+    if Plan.objects.filter(pk=plan.pk, state=Plan.State.APPROVED).update(state=Plan.State.EXECUTING):
+        _stop(plan, reason, now)
+        _finish(plan, now)
+    return True

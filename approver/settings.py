@@ -192,6 +192,7 @@ CELERY_BEAT_SCHEDULE = {
     "checkpoint-quiet-runs": {"task": "journal.checkpoint_quiet_runs", "schedule": 15.0},
     "reconcile-stale-steps": {"task": "journal.reconcile_stale_steps", "schedule": 60.0},
     "requeue-stalled-checks": {"task": "approver.requeue_stalled_checks", "schedule": 60.0},
+    "reconcile-execution": {"task": "approver.reconcile_execution", "schedule": 60.0},
 }
 
 # The Recorder's Ed25519 signing keys live outside the repository. Public keys are also kept in the

@@ -61,3 +61,22 @@ def execute_plan(plan_id: int) -> str:
     if plan is None:
         return "no such plan"
     return services.execute_plan(plan=plan).state
+
+
+@shared_task(name="approver.reconcile_execution")
+def reconcile_execution() -> int:
+    """Ring again for plans a killed worker left mid-way (see `services.reconcile_execution`)."""
+    horizon = timezone.now() - timedelta(seconds=4 * settings.TOOL_SERVER_TIMEOUT + 60)
+    plans = services.reconcile_execution(older_than=horizon)
+    for plan_id in plans:
+        execute_plan.delay(plan_id)
+    return len(plans)
+
+
+@shared_task(name="approver.notify_plan_executed")
+def notify_plan_executed(plan_id: int) -> int:
+    """Tell the requester and the approvers how the plan ran. Safe to run twice."""
+    if not Plan.objects.filter(pk=plan_id, execution_notified=False).exclude(execution_summary="").update(
+            execution_notified=True):
+        return 0
+    return notifications.plan_executed(Plan.objects.for_page().get(pk=plan_id))

@@ -88,8 +88,20 @@ def _plan_context(request, plan: Plan) -> dict:
         "may_cancel": roles.has_any_role(request.user, roles.ON_CALL, roles.ADMIN)
         and plan.state in (Plan.State.DRAFT, Plan.State.CHECKING, Plan.State.READY),
         "now": timezone.now(),
+        "may_abort": roles.has_any_role(request.user, roles.APPROVER, roles.ADMIN)
+        and plan.state in (Plan.State.APPROVED, Plan.State.EXECUTING),
+        "report": _report(plan, items),
         **_sign_off_context(request, plan),
     }
+
+
+def _report(plan: Plan, items: list) -> dict | None:
+    if plan.state not in (Plan.State.EXECUTING, Plan.State.COMPLETED, Plan.State.PARTIALLY_COMPLETED,
+                          Plan.State.FAILED):
+        return None
+    needs_hand = ("irreversible", "outcome_unknown", "conflict", "compensation_failed")
+    return {"done": sum(i.exec_state == "done" for i in items), "total": len(items),
+            "to_do": [i for i in items if i.outcome in needs_hand]}
 
 
 def _sign_off_context(request, plan: Plan) -> dict:
@@ -236,3 +248,16 @@ def sign_complete(request, plan_id):
     else:
         messages.success(request, "You approved the plan. It needs more approvals before it may run.")
     return JsonResponse({"ok": True, "redirect": services.plan_url(plan)})
+
+
+
+@require_POST
+def abort(request, plan_id):
+    """Stop an approved or executing plan: the item in flight finishes, nothing after it starts."""
+    require_role(request, roles.APPROVER, roles.ADMIN)
+    plan = get_object_or_404(Plan, public_id=plan_id)
+    if services.abort_plan(plan=plan, by=request.user):
+        messages.success(request, "Aborted: nothing that has not started will run.")
+    else:
+        messages.error(request, f"This plan is {plan.get_state_display().lower()}; there is nothing to abort.")
+    return redirect(services.plan_url(plan))

@@ -30,6 +30,7 @@ ACCESS = {
     "approver:plan_detail": ("get", READERS),
     "approver:check_again": ("post", {roles.ON_CALL, roles.APPROVER}),
     "approver:cancel": ("post", {roles.ON_CALL, roles.ADMIN}),
+    "approver:abort": ("post", {roles.APPROVER, roles.ADMIN}),
     "approver:api_plan_detail": ("get", READERS),
     "approver:passkey_list": ("get", {roles.APPROVER}),
     "approver:passkey_options": ("post", {roles.APPROVER}),

@@ -4,7 +4,7 @@ The servers' ledgers, not our database, say what really happened."""
 import pytest
 
 from approver import services, tasks
-from approver.models import Plan
+from approver.models import Plan, PlanItem
 
 from .test_approvals import approve, enrolled, relying_party  # noqa: F401 - fixture and helpers
 
@@ -98,3 +98,89 @@ def test_a_server_that_fails_gets_the_item_failed_and_what_it_depends_on_is_kept
     assert deal.outcome == "skipped" and "Step 3 was not undone" in deal.outcome_detail["message"]
     assert ops(sample_servers, "crm") == []
     assert plan.state == "failed"
+
+
+def test_a_worker_killed_after_the_server_acted_is_picked_up_and_nothing_is_done_twice(approved, sample_servers):
+    import anyio
+    from django.utils import timezone
+
+    from journal.mcp.client import Upstreams, endpoint_of
+
+    plan = approved("overwrite")
+    Plan.objects.filter(pk=plan.pk).update(state="executing")
+    event = plan.items.select_related("step__server").get(step__tool="create_event")
+    # The dead worker had claimed the meeting and its call reached the calendar, which acted...
+    PlanItem.objects.filter(pk=event.pk).update(exec_state="running", attempts=1,
+                                                exec_started_at=timezone.now() - timezone.timedelta(hours=1))
+    PlanItem.objects.filter(plan=plan, position=1).update(exec_state="done", outcome="irreversible")
+
+    async def dead_workers_call():
+        async with Upstreams(timeout=10) as upstreams:
+            return await upstreams.call_tool(endpoint_of(event.step.server), "hatp_compensate", {
+                **event.arguments, "ifVersion": event.if_version, "idempotencyKey": event.idempotency_key})
+
+    anyio.run(dead_workers_call)
+    Plan.objects.filter(pk=plan.pk).update(updated_at=timezone.now() - timezone.timedelta(hours=1))
+    # ...then it died. The reconciler rings again; the new worker repeats with the same key.
+    assert services.reconcile_execution(older_than=timezone.now() - timezone.timedelta(minutes=5)) == [plan.pk]
+    plan = services.execute_plan(plan=plan, sleep=lambda _: None)
+    assert plan.state == "completed"
+    assert len(ops(sample_servers, "calendar")) == 1 and len(ops(sample_servers, "crm")) == 1
+    event.refresh_from_db()
+    assert event.outcome == "compensated" and event.attempts == 2
+
+
+def test_a_stuck_call_to_a_server_that_cannot_promise_idempotency_goes_to_a_human(approved):
+    from django.utils import timezone
+
+    plan = approved("overwrite")
+    Plan.objects.filter(pk=plan.pk).update(state="executing")
+    deal = plan.items.get(step__tool="update_deal")
+    PlanItem.objects.filter(pk=deal.pk).update(exec_state="running", dialect="sep3172",
+                                               exec_started_at=timezone.now() - timezone.timedelta(hours=1))
+    services.reconcile_execution(older_than=timezone.now() - timezone.timedelta(minutes=5))
+    deal.refresh_from_db()
+    assert deal.exec_state == "done" and deal.outcome == "outcome_unknown"
+    assert "may have acted" in deal.outcome_detail["message"]
+
+
+def test_the_requester_and_approvers_hear_the_result_with_the_to_do_list(approved, on_call, approver_user,
+                                                                         second_approver, monkeypatch):
+    from django.core import mail
+
+    for user in (on_call, approver_user, second_approver):
+        user.email = f"{user.username}@acme.example"
+        user.save()
+    told = []
+    monkeypatch.setattr(tasks.notify_plan_executed, "delay", lambda *args: told.append(args))
+    plan = services.execute_plan(plan=approved("overwrite"), sleep=lambda _: None)
+    assert told == [(plan.pk,)]
+    assert tasks.notify_plan_executed(plan.pk) == 1 and tasks.notify_plan_executed(plan.pk) == 0
+    [message] = mail.outbox
+    assert sorted(message.to) == ["ana@acme.example", "bo@acme.example", "olivia@acme.example"]
+    assert "Reversed 2 of 3 actions; 1 cannot be undone" in message.subject
+    assert "To do by hand, step 4 (send_email): send a correction email" in message.body
+
+
+def test_the_plan_page_becomes_the_report(approved, client, on_call):
+    from django.urls import reverse
+
+    plan = services.execute_plan(plan=approved("overwrite"), sleep=lambda _: None)
+    client.force_login(on_call)
+    page = client.get(reverse("approver:plan_detail", args=[plan.public_id])).content.decode()
+    assert "Completed: Reversed 2 of 3 actions; 1 cannot be undone" in page
+    assert "To do by hand (never done for you)" in page and "send a correction email" in page
+    assert "Cancel &#x27;Kickoff with Globex&#x27;" in page or "Undone: Cancel" in page
+    assert "hx-trigger" not in page
+
+
+def test_an_approver_aborts_before_anything_runs(approved, client, approver_user, sample_servers):
+    from django.urls import reverse
+
+    plan = approved("overwrite")
+    client.force_login(approver_user)
+    client.post(reverse("approver:abort", args=[plan.public_id]))
+    plan.refresh_from_db()
+    assert plan.state == "failed" and plan.stop_reason == "Aborted by ana."
+    assert services.execute_plan(plan=plan, sleep=lambda _: None).state == "failed"
+    assert ops(sample_servers, "crm") == [] and ops(sample_servers, "calendar") == []
