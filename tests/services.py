@@ -41,7 +41,7 @@ def running_worker(env: dict, name: str):
     """A real Celery worker process on whatever broker and database `env` names, stopped afterwards."""
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "approver", "worker", "--pool=solo", "--loglevel=WARNING",
-         f"--hostname={name}@%h"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         f"--hostname={name}@%h"], env=env, stdout=subprocess.DEVNULL, stderr=None if os.environ.get("WORKER_LOGS") else subprocess.DEVNULL)
     try:
         yield
     finally:
