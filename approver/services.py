@@ -734,7 +734,8 @@ def reconcile_execution(*, older_than: datetime, now: datetime | None = None) ->
             _keep_outcome(item.plan, item, execution.Verdict(execution.OUTCOME_UNKNOWN, {
                 "message": "The worker stopped during this compensation and the server may have acted; "
                            "check it before trying again."}), now)
-    return list(Plan.objects.filter(state=Plan.State.EXECUTING, updated_at__lt=older_than)
+    # An approved plan whose bell was lost (a broker restarted before the worker took it) is rung too.
+    return list(Plan.objects.filter(state__in=[Plan.State.APPROVED, Plan.State.EXECUTING], updated_at__lt=older_than)
                 .values_list("pk", flat=True))
 
 

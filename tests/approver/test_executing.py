@@ -184,3 +184,11 @@ def test_an_approver_aborts_before_anything_runs(approved, client, approver_user
     assert plan.state == "failed" and plan.stop_reason == "Aborted by ana."
     assert services.execute_plan(plan=plan, sleep=lambda _: None).state == "failed"
     assert ops(sample_servers, "crm") == [] and ops(sample_servers, "calendar") == []
+
+
+def test_an_approved_plan_whose_bell_was_lost_is_rung_again(approved):
+    from django.utils import timezone
+
+    plan = approved("overwrite")  # rung, but say the broker lost the message
+    Plan.objects.filter(pk=plan.pk).update(updated_at=timezone.now() - timezone.timedelta(hours=1))
+    assert services.reconcile_execution(older_than=timezone.now() - timezone.timedelta(minutes=5)) == [plan.pk]
