@@ -39,9 +39,10 @@ needs_chromium = pytest.mark.skipif(
 @contextlib.contextmanager
 def running_worker(env: dict, name: str):
     """A real Celery worker process on whatever broker and database `env` names, stopped afterwards."""
+    log = open(os.environ["WORKER_LOG"], "a") if os.environ.get("WORKER_LOG") else subprocess.DEVNULL
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "approver", "worker", "--pool=solo", "--loglevel=WARNING",
-         f"--hostname={name}@%h"], env=env, stdout=subprocess.DEVNULL, stderr=None if os.environ.get("WORKER_LOGS") else subprocess.DEVNULL)
+         f"--hostname={name}@%h"], env=env, stdout=log, stderr=log)
     try:
         yield
     finally:
