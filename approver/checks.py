@@ -20,8 +20,9 @@ import jsonschema
 
 from journal.mcp.client import Endpoint, ToolServerError, Upstreams, classify_tool_error
 
+from . import answers
+
 HATP_CHECK = "hatp_check"
-_TEXT = 500
 
 
 @dataclass(frozen=True)
@@ -42,38 +43,24 @@ class CheckResult:
     detail: dict[str, Any]
 
 
-def _text(value: Any) -> str:
-    return value[:_TEXT] if isinstance(value, str) else ""
-
-
 def _error(failure_class: str, message: str) -> CheckResult:
-    return CheckResult("error", {"failureClass": failure_class, "message": _text(message)})
+    return CheckResult("error", {"failureClass": failure_class, "message": answers.bounded(message)})
 
 
 def _from_failure(exc: ToolServerError) -> CheckResult:
     if exc.transient:
-        return CheckResult("unavailable", {"failureClass": exc.failure_class, "message": _text(exc.message)})
+        return CheckResult("unavailable", {"failureClass": exc.failure_class, "message": answers.bounded(exc.message)})
     return _error(exc.failure_class, exc.message)
-
-
-def _first_text(result: dict[str, Any]) -> str:
-    for block in result.get("content") or []:
-        if isinstance(block, dict) and block.get("type") == "text":
-            return _text(block.get("text"))
-    return ""
 
 
 def read_hatp_answer(result: dict[str, Any]) -> CheckResult:
     """A `hatp_check` answer, read as DESIGN.md's UNDO_* contract."""
-    structured = result.get("structuredContent") if isinstance(result.get("structuredContent"), dict) else {}
-    message = _first_text(result)
+    content, message = answers.structured(result), answers.first_text(result)
     if result.get("isError") is not True:
-        return CheckResult("ok", {"wouldDo": _text(structured.get("wouldDo")) or message})
-    code = structured.get("code")
+        return CheckResult("ok", {"wouldDo": answers.bounded(content.get("wouldDo")) or message})
+    code = content.get("code")
     if code == "UNDO_CONFLICT":
-        current = structured.get("current") if isinstance(structured.get("current"), dict) else {}
-        return CheckResult("conflict", {"message": message, "current": {
-            key: _text(current.get(key)) for key in ("version", "summary", "changedBy", "changedAt")}})
+        return CheckResult("conflict", {"message": message, "current": answers.conflict_current(content)})
     if code == "UNDO_EXPIRED":
         return CheckResult("expired", {"message": message})
     return _error(classify_tool_error(result), message or "The server refused the check.")

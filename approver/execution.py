@@ -9,6 +9,8 @@ no_compensation, outcome_unknown.
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import answers
+
 COMPENSATED = "compensated"
 COMPENSATION_FAILED = "compensation_failed"
 CONFLICT = "conflict"
@@ -21,9 +23,10 @@ OUTCOME_UNKNOWN = "outcome_unknown"
 # nothing that it still depends on is undone"). A conflict leaves a newer change in place, so whatever it
 # was built on stays too; an unknown outcome is treated as a failure until a human says otherwise.
 STOPS_DEPENDENCIES = frozenset({COMPENSATION_FAILED, CONFLICT, OUTCOME_UNKNOWN})
+# Outcomes that leave something for a human: the report's and the result email's to-do list.
+NEEDS_A_HUMAN = frozenset({IRREVERSIBLE, OUTCOME_UNKNOWN, CONFLICT, COMPENSATION_FAILED})
 
 MAX_ATTEMPTS = 4
-_TEXT = 500
 
 
 @dataclass(frozen=True)
@@ -31,17 +34,6 @@ class Verdict:
     outcome: str
     detail: dict[str, Any] = field(default_factory=dict)
     retry: bool = False  # only ever True when repeating the call is safe
-
-
-def _text(value: Any) -> str:
-    return value[:_TEXT] if isinstance(value, str) else ""
-
-
-def _first_text(result: dict[str, Any]) -> str:
-    for block in result.get("content") or []:
-        if isinstance(block, dict) and block.get("type") == "text":
-            return _text(block.get("text"))
-    return ""
 
 
 def without_compensation(action: str, reason: str) -> Verdict:
@@ -53,20 +45,17 @@ def without_compensation(action: str, reason: str) -> Verdict:
 def read_answer(result: dict[str, Any]) -> Verdict:
     """A compensation's tool result. HATP's UNDO_* codes are read as DESIGN.md defines them; any other
     `isError` answer is a failed compensation in the server's own words."""
-    structured = result.get("structuredContent") if isinstance(result.get("structuredContent"), dict) else {}
-    message = _first_text(result)
+    content, message = answers.structured(result), answers.first_text(result)
     if result.get("isError") is not True:
-        return Verdict(COMPENSATED, {"summary": _text(structured.get("summary")) or message,
-                                     "version": _text(structured.get("version"))})
-    code = structured.get("code")
+        return Verdict(COMPENSATED, {"summary": answers.bounded(content.get("summary")) or message,
+                                     "version": answers.bounded(content.get("version"))})
+    code = content.get("code")
     if code == "UNDO_CONFLICT":
-        current = structured.get("current") if isinstance(structured.get("current"), dict) else {}
-        return Verdict(CONFLICT, {"message": message, "current": {
-            key: _text(current.get(key)) for key in ("version", "summary", "changedBy", "changedAt")}})
+        return Verdict(CONFLICT, {"message": message, "current": answers.conflict_current(content)})
     if code == "UNDO_EXPIRED":
         return Verdict(COMPENSATION_FAILED, {"message": message or "The undo window has closed.", "code": code})
     return Verdict(COMPENSATION_FAILED, {"message": message or "The server refused the compensation.",
-                                         "code": _text(code) or None})
+                                         "code": answers.bounded(code) or None})
 
 
 def read_failure(*, failure_class: str, message: str, transient: bool, may_have_acted: bool,
@@ -76,11 +65,11 @@ def read_failure(*, failure_class: str, message: str, transient: bool, may_have_
     A failure after which the server may have acted is never repeated blindly: unless the server honours
     the idempotency key (so a repeat returns the first outcome), it is `outcome_unknown` for a human. A
     transient failure is retried with backoff while attempts remain and a repeat is safe."""
-    detail = {"failureClass": failure_class, "message": _text(message)}
+    detail = {"failureClass": failure_class, "message": answers.bounded(message)}
     if transient and (repeat_is_safe or not may_have_acted) and attempt < MAX_ATTEMPTS:
         return Verdict(COMPENSATION_FAILED, detail, retry=True)
     if may_have_acted and not repeat_is_safe:
-        return Verdict(OUTCOME_UNKNOWN, {**detail, "message": _text(
+        return Verdict(OUTCOME_UNKNOWN, {**detail, "message": answers.bounded(
             f"{message} The server may have acted; check it before trying again.")})
     return Verdict(COMPENSATION_FAILED, detail)
 

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.mail import send_mail
 
-from . import services
+from . import execution, services
 from .models import ApprovalRules, Plan
 
 logger = logging.getLogger(__name__)
@@ -76,8 +76,7 @@ def plan_decided(plan: Plan) -> int:
 
 def plan_executed(plan: Plan) -> int:
     """Tell the requester and everyone who approved what was reversed, and what is left for a human."""
-    to_do = [item for item in plan.items.select_related("step") if item.outcome in ("irreversible", "outcome_unknown",
-                                                                                  "conflict", "compensation_failed")]
+    to_do = list(plan.items.filter(outcome__in=execution.NEEDS_A_HUMAN).select_related("step").order_by("position"))
     lines = [f"{summary(plan)}", f"Result: {plan.execution_summary}."]
     if plan.stop_reason:
         lines.append(f"Stopped: {plan.stop_reason}")

@@ -503,12 +503,12 @@ def complete_signing(*, user, nonce: str, credential: Any, now: datetime | None 
         if approval.decision == Approval.Decision.REJECT:
             plan.state = Plan.State.REJECTED
             plan.items.update(holds_step=False)
-        elif len(counting_approvals(plan=plan, now=now, rules=rules)) >= rules.quorum:
+        elif len(counted := counting_approvals(plan=plan, now=now, rules=rules)) >= rules.quorum:
             plan.state = Plan.State.APPROVED
             queue_execution(plan=plan)
             journal_services.record_event(run_id=plan.run_id, event="plan_approved", now=now, data={
                 "plan": str(plan.public_id), "digest": plan.digest,
-                "approvers": sorted(a.approver.get_username() for a in counting_approvals(plan=plan, now=now, rules=rules)),
+                "approvers": sorted(a.approver.get_username() for a in counted),
             })
         plan.updated_at = now
         plan.save(update_fields=["digest", "state", "updated_at"])

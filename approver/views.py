@@ -14,8 +14,8 @@ from webauthn.helpers import base64url_to_bytes, bytes_to_base64url
 
 from journal.models import Run
 
+from . import execution, passkeys, roles, services, signing
 from . import health as health_report
-from . import passkeys, roles, services, signing
 from .access import READERS, require_role
 from .forms import UndoRequestForm
 from .models import ApprovalRules, Passkey, Plan, PlanItem
@@ -99,9 +99,8 @@ def _report(plan: Plan, items: list) -> dict | None:
     if plan.state not in (Plan.State.EXECUTING, Plan.State.COMPLETED, Plan.State.PARTIALLY_COMPLETED,
                           Plan.State.FAILED):
         return None
-    needs_hand = ("irreversible", "outcome_unknown", "conflict", "compensation_failed")
     return {"done": sum(i.exec_state == "done" for i in items), "total": len(items),
-            "to_do": [i for i in items if i.outcome in needs_hand]}
+            "to_do": [i for i in items if i.outcome in execution.NEEDS_A_HUMAN]}
 
 
 def _sign_off_context(request, plan: Plan) -> dict:
@@ -175,11 +174,8 @@ def passkey_enroll(request):
     pending = request.session.pop(_REGISTRATION, None)
     if not pending or pending.get("expires", 0) < time.time():
         return JsonResponse({"error": "The enrolment took too long or was already used; start again."}, status=400)
-    try:
-        body = json.loads(request.body)
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
+    body = _json_body(request)
+    if body is None:
         return JsonResponse({"error": "The browser's answer is not JSON."}, status=400)
     try:
         passkey = services.enroll_passkey(user=request.user, name=str(body.get("name") or ""),

@@ -36,6 +36,16 @@ def start_worker():
         env=worker_env_for_test_database(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def ledger_figures(sample_servers, plan) -> tuple[int, int, int]:
+    """From the calendar's own ledger: (compensations applied twice, lost, consecutive pairs not in
+    reverse order) for this plan, whose idempotency keys end in the step number."""
+    cancelled = [e for e in sample_servers.ledger("calendar") if e["op"] == "compensate"
+                 and e.get("idempotencyKey", "").startswith(f"undo-{plan.public_id}-")]
+    steps = [int(e["idempotencyKey"].rsplit("-", 1)[1]) for e in cancelled]
+    return (len(steps) - len(set(steps)), ITEMS - len(set(steps)),
+            sum(1 for a, b in zip(steps, steps[1:], strict=False) if a <= b))
+
+
 def book_meetings(recorder, token, key: str) -> None:
     async def script(client):
         for n in range(ITEMS):
@@ -84,12 +94,8 @@ def test_sigkill_at_random_moments_never_loses_or_repeats_a_compensation(
         sample_servers.set_mode("calendar", "normal")
 
         plan.refresh_from_db()
-        cancelled = [e for e in sample_servers.ledger("calendar") if e["op"] == "compensate"
-                     and e.get("idempotencyKey", "").startswith(f"undo-{plan.public_id}-")]
-        steps = [int(e["idempotencyKey"].rsplit("-", 1)[1]) for e in cancelled]
-        twice += len(steps) - len(set(steps))
-        lost += ITEMS - len(set(steps))
-        out_of_order += sum(1 for a, b in zip(steps, steps[1:], strict=False) if a <= b)
+        figures = ledger_figures(sample_servers, plan)
+        twice, lost, out_of_order = (a + b for a, b in zip((twice, lost, out_of_order), figures, strict=True))
         assert plan.state == "completed", (plan.state, plan.stop_reason, plan.execution_summary)
     print(f"\nkilled-worker faults: {RUNS} plans of {ITEMS} items, {kills} SIGKILLs ({mid_plan} mid-plan): "
           f"{twice} compensations applied twice, {lost} lost, {out_of_order} pairs out of reverse order")

@@ -1,0 +1,30 @@
+"""Reading tool servers' answers under the undo contract (DESIGN.md's UNDO_* codes), for checks and for
+execution alike. Answers are untrusted input: only bounded strings of the fields we show get through."""
+
+from typing import Any
+
+TEXT = 500
+CURRENT_FIELDS = ("version", "summary", "changedBy", "changedAt")
+
+
+def bounded(value: Any) -> str:
+    return value[:TEXT] if isinstance(value, str) else ""
+
+
+def first_text(result: dict[str, Any]) -> str:
+    """The first text block of a tool result, bounded."""
+    for block in result.get("content") or []:
+        if isinstance(block, dict) and block.get("type") == "text":
+            return bounded(block.get("text"))
+    return ""
+
+
+def structured(result: dict[str, Any]) -> dict[str, Any]:
+    value = result.get("structuredContent")
+    return value if isinstance(value, dict) else {}
+
+
+def conflict_current(content: dict[str, Any]) -> dict[str, str]:
+    """An UNDO_CONFLICT's `current`: the record's version now, its summary, who changed it and when."""
+    current = content.get("current") if isinstance(content.get("current"), dict) else {}
+    return {key: bounded(current.get(key)) for key in CURRENT_FIELDS}
