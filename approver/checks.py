@@ -110,7 +110,7 @@ async def check_all(targets: list[CheckTarget], *, upstreams: Upstreams, now: da
         else:
             limit = limits.setdefault(target.endpoint.name, anyio.Semaphore(per_server))
             async with limit:
-                result = await _check_one(target, upstreams=upstreams, timeout=timeout, catalogue_of=catalogue_of)
+                result = await check_one(target, upstreams=upstreams, timeout=timeout, catalogue_of=catalogue_of)
         await on_result(target.item_id, result)
 
     async with anyio.create_task_group() as group:
@@ -118,7 +118,8 @@ async def check_all(targets: list[CheckTarget], *, upstreams: Upstreams, now: da
             group.start_soon(check, target)
 
 
-async def _check_one(target: CheckTarget, *, upstreams: Upstreams, timeout: float, catalogue_of) -> CheckResult:
+async def check_one(target: CheckTarget, *, upstreams: Upstreams, timeout: float, catalogue_of=None) -> CheckResult:
+    """One item's check; `catalogue_of(endpoint)` shares catalogue reads between items (default: read it)."""
     if target.dialect == "hatp":
         arguments = {**target.arguments, "ifVersion": target.if_version, "idempotencyKey": target.idempotency_key}
         try:
@@ -126,7 +127,10 @@ async def _check_one(target: CheckTarget, *, upstreams: Upstreams, timeout: floa
         except ToolServerError as exc:
             return _from_failure(exc)
         return read_hatp_answer(answer)
-    catalogue = await catalogue_of(target.endpoint)
+    try:
+        catalogue = await (catalogue_of or upstreams.list_tools)(target.endpoint)
+    except ToolServerError as exc:
+        catalogue = exc
     if isinstance(catalogue, ToolServerError):
         return _from_failure(catalogue)
     return read_catalogue(catalogue, target)

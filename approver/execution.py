@@ -63,12 +63,13 @@ def read_failure(*, failure_class: str, message: str, transient: bool, may_have_
     """A compensation call that produced no tool result.
 
     A failure after which the server may have acted is never repeated blindly: unless the server honours
-    the idempotency key (so a repeat returns the first outcome), it is `outcome_unknown` for a human. A
-    transient failure is retried with backoff while attempts remain and a repeat is safe."""
+    the idempotency key (so a repeat returns the first outcome), it is `outcome_unknown` for a human, and
+    so is the last such failure when no attempt remains. A transient failure is retried with backoff while
+    attempts remain and a repeat is safe."""
     detail = {"failureClass": failure_class, "message": answers.bounded(message)}
     if transient and (repeat_is_safe or not may_have_acted) and attempt < MAX_ATTEMPTS:
         return Verdict(COMPENSATION_FAILED, detail, retry=True)
-    if may_have_acted and not repeat_is_safe:
+    if may_have_acted:  # not safe to repeat, or out of attempts: nobody knows whether it took effect
         return Verdict(OUTCOME_UNKNOWN, {**detail, "message": answers.bounded(
             f"{message} The server may have acted; check it before trying again.")})
     return Verdict(COMPENSATION_FAILED, detail)

@@ -16,7 +16,7 @@ class PlanQuerySet(models.QuerySet):
         return self.filter(state__in=Plan.OPEN_STATES)
 
     def for_page(self):
-        return self.select_related("run__agent__on_behalf_of", "requested_by")
+        return self.select_related("run__agent__on_behalf_of", "requested_by", "compensation_run")
 
 
 class Plan(models.Model):
@@ -31,6 +31,7 @@ class Plan(models.Model):
         READY = "ready", "Ready for sign-off"
         APPROVED = "approved", "Approved"
         EXECUTING = "executing", "Executing"
+        PAUSED = "paused", "Paused"
         COMPLETED = "completed", "Completed"
         PARTIALLY_COMPLETED = "partially_completed", "Partially completed"
         FAILED = "failed", "Failed"
@@ -39,7 +40,7 @@ class Plan(models.Model):
         CANCELLED = "cancelled", "Cancelled"
         SUPERSEDED = "superseded", "Superseded"
 
-    OPEN_STATES = (State.DRAFT, State.CHECKING, State.READY, State.APPROVED, State.EXECUTING)
+    OPEN_STATES = (State.DRAFT, State.CHECKING, State.READY, State.APPROVED, State.EXECUTING, State.PAUSED)
 
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="plans")
@@ -65,6 +66,11 @@ class Plan(models.Model):
     # Execution's report line ("Reversed 2 of 3 actions; 1 cannot be undone") and why it stopped, if it did.
     execution_summary = models.CharField(max_length=300, blank=True)
     stop_reason = models.TextField(blank=True)
+    paused_by = models.CharField(max_length=150, blank=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    # The executor's compensation calls, journaled like any agent's calls in a run of their own.
+    compensation_run = models.OneToOneField(Run, on_delete=models.PROTECT, null=True, blank=True,
+                                            related_name="compensates_plan")
     outcome_notified = models.BooleanField(default=False)
     execution_notified = models.BooleanField(default=False)
     # Items that will be undone / cannot be / changed since: kept with the items so lists need no aggregate.
@@ -155,6 +161,8 @@ class PlanItem(models.Model):
     outcome = models.CharField(max_length=24, blank=True)
     outcome_detail = models.JSONField(default=dict, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)
+    # The latest journaled call of this compensation, a step of the plan's compensation run.
+    call_step = models.ForeignKey(Step, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
     exec_started_at = models.DateTimeField(null=True, blank=True)
     exec_finished_at = models.DateTimeField(null=True, blank=True)
     # True while the plan is open: a step can be in at most one open plan (the constraint below).

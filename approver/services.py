@@ -24,7 +24,7 @@ from journal import services as journal_services
 from journal.mcp.client import Endpoint, ToolServerError, Upstreams, endpoint_of
 from journal.models import Run, Step, StepDependency
 
-from . import checks, execution, passkeys, planning, roles, signing
+from . import answers, checks, execution, passkeys, planning, roles, signing
 from .checks import CheckResult
 from .models import Approval, ApprovalRules, Passkey, Plan, PlanItem, SigningRequest
 
@@ -198,10 +198,10 @@ def plan_content(plan: Plan, rows: list[dict[str, Any]] | None = None,
 
 def items_for_page(plan: Plan):
     """Every item with what the plan page shows of its step, in one query whatever the plan's size."""
-    return plan.items.select_related("step").order_by("position").only(
+    return plan.items.select_related("step", "call_step").order_by("position").only(
         *(f.name for f in PlanItem._meta.concrete_fields if f.name != "plan"), "plan_id",
         "step__number", "step__server_name", "step__tool", "step__effect_summary", "step__effect_resource",
-        "step__effect_version", "step__finished_at", "step__run_id")
+        "step__effect_version", "step__finished_at", "step__run_id", "call_step__number")
 
 
 # -- checks -------------------------------------------------------------------------------------------------
@@ -610,24 +610,40 @@ def execute_plan(*, plan: Plan, sleep=None, now=timezone.now) -> Plan:
         item = plan.items.filter(exec_state="").select_related("step__server").order_by("position").first()
         if item is None:
             break
-        aborted = Plan.objects.filter(pk=plan.pk).values_list("stop_reason", flat=True).first()
-        if aborted:
-            _stop(plan, aborted, now())
+        state, stop_reason = Plan.objects.filter(pk=plan.pk).values_list("state", "stop_reason").get()
+        if stop_reason:
+            _stop(plan, stop_reason, now())
             break
+        if state != Plan.State.EXECUTING:
+            return Plan.objects.get(pk=plan.pk)  # paused: resuming rings again
         try:
             _qualifies(plan, now())
         except ExecutionStopped as stopped:
             _stop(plan, stopped.message, now())
             break
-        if not PlanItem.objects.filter(pk=item.pk, exec_state="").update(
-                exec_state="running", attempts=F("attempts") + 1, exec_started_at=now()):
-            continue  # another worker took it
-        Plan.objects.filter(pk=plan.pk).update(updated_at=now())  # alive: the reconciler leaves it be
+        if not _claim(plan, item, now()):
+            return Plan.objects.get(pk=plan.pk)  # another worker has an item of this plan in flight
         verdict = _run_item(plan, item, stops, sleep=sleep)
         _keep_outcome(plan, item, verdict, now())
         if verdict.outcome in execution.STOPS_DEPENDENCIES:
             stops[item.step.number] = _dependencies(facts, item.step.number, numbers)
     return _finish(plan, now())
+
+
+def _claim(plan: Plan, item: PlanItem, now: datetime) -> bool:
+    """Claim `item` for this worker, under the plan's row lock, only while the plan is executing and no other
+    item of it is in flight: one compensation at a time per plan keeps the reverse order even when two workers
+    were rung for the same plan."""
+    with transaction.atomic():
+        locked = list(Plan.objects.select_for_update().filter(pk=plan.pk, state=Plan.State.EXECUTING, stop_reason="")
+                      .values_list("pk", flat=True))
+        if not locked or plan.items.filter(exec_state="running").exists():
+            return False
+        if not PlanItem.objects.filter(pk=item.pk, exec_state="").update(
+                exec_state="running", attempts=F("attempts") + 1, exec_started_at=now):
+            return False
+        Plan.objects.filter(pk=plan.pk).update(updated_at=now)  # alive: the reconciler leaves it be
+    return True
 
 
 def _dependencies(facts: dict, number: int, numbers: list[int]) -> set[int]:
@@ -649,7 +665,7 @@ def _run_item(plan: Plan, item: PlanItem, stops: dict[int, set[int]], *, sleep) 
         return execution.Verdict(execution.COMPENSATION_FAILED, {"message": "The tool server is no longer registered."})
     attempt = item.attempts + 1  # this claim's attempt
     while True:
-        verdict = anyio.run(_compensate, item, attempt)
+        verdict = _attempt(plan, item, attempt)
         if not verdict.retry:
             return verdict
         sleep(execution.backoff(attempt))
@@ -657,26 +673,65 @@ def _run_item(plan: Plan, item: PlanItem, stops: dict[int, set[int]], *, sleep) 
         PlanItem.objects.filter(pk=item.pk).update(attempts=attempt, exec_started_at=timezone.now())
 
 
-async def _compensate(item: PlanItem, attempt: int) -> execution.Verdict:
-    """One compensation call through the one client, with its ifVersion and idempotency key."""
+def _compensation_run(plan: Plan) -> int:
+    """The run that journals this plan's compensation calls, created once (under the plan's row lock)."""
+    if plan.compensation_run_id:
+        return plan.compensation_run_id
+    with transaction.atomic():
+        locked = Plan.objects.select_for_update().get(pk=plan.pk)
+        if locked.compensation_run_id is None:
+            now = timezone.now()
+            locked.compensation_run = Run.objects.create(
+                agent=None, started_at=now, last_activity_at=now,
+                agent_label=f"Undo of {plan.run.agent_name} (plan {str(plan.public_id)[:8]})")
+            locked.save(update_fields=["compensation_run"])
+    plan.compensation_run_id = locked.compensation_run_id
+    return plan.compensation_run_id
+
+
+def compensation_call(item: PlanItem) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The arguments and request `_meta` of an item's compensation: its ifVersion (the version the approver
+    chose to overwrite, when they did) and its stable idempotency key, in the arguments for HATP and in
+    `_meta["hatp/journal"]` for the other dialects."""
     if_version = item.if_version
-    detail = item.check_detail or {}
     if item.conflict_choice == PlanItem.Choice.OVERWRITE and item.check_status == PlanItem.Check.CONFLICT:
-        if_version = (detail.get("current") or {}).get("version") or if_version
+        if_version = ((item.check_detail or {}).get("current") or {}).get("version") or if_version
     contract = {"ifVersion": if_version, "idempotencyKey": item.idempotency_key}
     if item.dialect == planning.HATP:
-        arguments, meta = {**(item.arguments or {}), **contract}, None
-    else:
-        arguments, meta = dict(item.arguments or {}), {declarations.HATP_KEY: contract}
+        return {**(item.arguments or {}), **contract}, None
+    return dict(item.arguments or {}), {declarations.HATP_KEY: contract}
+
+
+def _attempt(plan: Plan, item: PlanItem, attempt: int) -> execution.Verdict:
+    """One compensation call, journaled as a step of the plan's compensation run like any agent's call:
+    the intent before it leaves, what came back after."""
+    arguments, meta = compensation_call(item)
+    run_id = _compensation_run(plan)
+    started = timezone.now()
+    opened = journal_services.open_step_in_run(
+        run_id=run_id, server=item.step.server, tool=item.tool, arguments=arguments, request_meta=meta, now=started,
+        who={"executor": "undo", "plan": str(plan.public_id), "attempt": attempt,
+             "undoes": {"run": str(plan.run.public_id), "step": item.step.number}})
+    PlanItem.objects.filter(pk=item.pk).update(call_step_id=opened.step_id)
+    verdict, outcome = anyio.run(_compensate, item, arguments, meta, attempt)
+    journal_services.close_step(opened=opened, outcome=outcome, started=started, finished=timezone.now())
+    return verdict
+
+
+async def _compensate(item: PlanItem, arguments: dict[str, Any], meta: dict[str, Any] | None,
+                      attempt: int) -> tuple[execution.Verdict, journal_services.Outcome]:
+    """One compensation call through the one client: the verdict, and what to journal."""
     async with Upstreams(timeout=settings.TOOL_SERVER_TIMEOUT) as upstreams:
         try:
             result = await upstreams.call_tool(endpoint_of(item.step.server), item.tool, arguments, meta=meta)
         except ToolServerError as exc:
-            return execution.read_failure(
+            verdict = execution.read_failure(
                 failure_class=exc.failure_class, message=exc.message, transient=exc.transient,
                 may_have_acted=exc.may_have_acted, repeat_is_safe=item.dialect == planning.HATP,
                 attempt=attempt)
-    return execution.read_answer(result)
+            return verdict, journal_services.Outcome(error_message=exc.message, failure_class=exc.failure_class,
+                                                     may_have_acted=exc.may_have_acted)
+    return execution.read_answer(result), journal_services.Outcome(result=result)
 
 
 def _keep_outcome(plan: Plan, item: PlanItem, verdict: execution.Verdict, now: datetime) -> None:
@@ -687,7 +742,15 @@ def _keep_outcome(plan: Plan, item: PlanItem, verdict: execution.Verdict, now: d
             "plan": str(plan.public_id), "step": item.step.number, "tool": item.tool or None,
             "arguments": item.arguments if item.action == PlanItem.Action.COMPENSATE else None,
             "idempotencyKey": item.idempotency_key or None, "outcome": verdict.outcome, "detail": verdict.detail,
+            "call": _call_reference(plan, item),
         })
+
+
+def _call_reference(plan: Plan, item: PlanItem) -> dict[str, Any] | None:
+    """Where the item's latest compensation call is journaled: a step of the plan's compensation run."""
+    row = (PlanItem.objects.filter(pk=item.pk, call_step__isnull=False)
+           .values_list("call_step__run__public_id", "call_step__number").first())
+    return {"run": str(row[0]), "step": row[1]} if row else None
 
 
 def _stop(plan: Plan, reason: str, now: datetime) -> None:
@@ -698,20 +761,26 @@ def _stop(plan: Plan, reason: str, now: datetime) -> None:
         Plan.objects.filter(pk=plan.pk).update(stop_reason=reason)
 
 
+def _outcome_state(plan: Plan, stop_reason: str) -> tuple[str, str]:
+    """The finished plan's state and summary line, from its items' outcomes."""
+    outcomes = list(plan.items.order_by("position").values_list("outcome", flat=True))
+    undoable = [o for o in outcomes if o not in (execution.NO_COMPENSATION, execution.IRREVERSIBLE)]
+    if not stop_reason and all(o == execution.COMPENSATED for o in undoable):
+        state = Plan.State.COMPLETED
+    else:
+        state = Plan.State.PARTIALLY_COMPLETED if execution.COMPENSATED in undoable else Plan.State.FAILED
+    return state, execution.summary_line(outcomes)
+
+
 def _finish(plan: Plan, now: datetime) -> Plan:
     with transaction.atomic():
         locked = Plan.objects.select_for_update().get(pk=plan.pk)
-        if locked.state != Plan.State.EXECUTING or plan.items.exclude(exec_state="done").exists():
+        if locked.state not in (Plan.State.EXECUTING, Plan.State.PAUSED) or plan.items.exclude(exec_state="done").exists():
             return locked  # another worker is still at it, or it is already finished
-        outcomes = list(plan.items.order_by("position").values_list("outcome", flat=True))
-        undoable = [o for o in outcomes if o not in (execution.NO_COMPENSATION, execution.IRREVERSIBLE)]
-        reversed_any = execution.COMPENSATED in undoable
-        if not locked.stop_reason and all(o == execution.COMPENSATED for o in undoable):
-            state = Plan.State.COMPLETED
-        else:
-            state = Plan.State.PARTIALLY_COMPLETED if reversed_any else Plan.State.FAILED
-        locked.state, locked.execution_summary, locked.updated_at = state, execution.summary_line(outcomes), now
-        locked.save(update_fields=["state", "execution_summary", "updated_at"])
+        state, summary = _outcome_state(plan, locked.stop_reason)
+        locked.state, locked.execution_summary, locked.updated_at = state, summary, now
+        locked.paused_by, locked.paused_at = "", None
+        locked.save(update_fields=["state", "execution_summary", "updated_at", "paused_by", "paused_at"])
         plan.items.update(holds_step=False)
         journal_services.record_event(run_id=plan.run_id, event="plan_executed", now=now, data={
             "plan": str(plan.public_id), "state": state, "summary": locked.execution_summary,
@@ -726,7 +795,8 @@ def reconcile_execution(*, older_than: datetime, now: datetime | None = None) ->
     first outcome), and otherwise becomes `outcome_unknown` for a human. Returns the plans to ring again."""
     now = now or timezone.now()
     stuck = PlanItem.objects.filter(exec_state="running", exec_started_at__lt=older_than,
-                                    plan__state=Plan.State.EXECUTING).select_related("plan", "step")
+                                    plan__state__in=[Plan.State.EXECUTING, Plan.State.PAUSED]
+                                    ).select_related("plan__run", "step")
     for item in stuck:
         if item.dialect == planning.HATP:
             PlanItem.objects.filter(pk=item.pk, exec_state="running").update(exec_state="")
@@ -740,16 +810,166 @@ def reconcile_execution(*, older_than: datetime, now: datetime | None = None) ->
 
 
 def abort_plan(*, plan: Plan, by, now: datetime | None = None) -> bool:
-    """Stop an approved or executing plan. The executor checks before every item, so the one in flight
-    finishes and nothing after it starts; an approved plan that never started is simply finished."""
+    """Stop an approved, executing or paused plan. The executor checks before every item, so the one in
+    flight finishes and nothing after it starts; a plan no worker is running is finished here."""
     now = now or timezone.now()
     reason = f"Aborted by {by.get_username()}."
-    if not Plan.objects.filter(pk=plan.pk, state__in=[Plan.State.APPROVED, Plan.State.EXECUTING],
+    if not Plan.objects.filter(pk=plan.pk, state__in=[Plan.State.APPROVED, Plan.State.EXECUTING, Plan.State.PAUSED],
                                stop_reason="").update(stop_reason=reason, updated_at=now):
         return False
     journal_services.record_event(run_id=plan.run_id, event="plan_aborted", now=now, data={
         "plan": str(plan.public_id), "by": by.get_username()})
-    if Plan.objects.filter(pk=plan.pk, state=Plan.State.APPROVED).update(state=Plan.State.EXECUTING):
+    if Plan.objects.filter(pk=plan.pk, state__in=[Plan.State.APPROVED, Plan.State.PAUSED]).update(
+            state=Plan.State.EXECUTING):
         _stop(plan, reason, now)
-        _finish(plan, now)
+        _finish(plan, now)  # leaves it to the executor if an item is still in flight
     return True
+
+
+def pause_plan(*, plan: Plan, by, now: datetime | None = None) -> bool:
+    """Hold an approved or executing plan: the item in flight finishes, nothing after it starts until someone
+    resumes (or aborts) it. Approvals are re-checked when it resumes, as before every item."""
+    now = now or timezone.now()
+    if not Plan.objects.filter(pk=plan.pk, state__in=[Plan.State.APPROVED, Plan.State.EXECUTING],
+                               stop_reason="").update(state=Plan.State.PAUSED, paused_by=by.get_username(),
+                                                      paused_at=now, updated_at=now):
+        return False
+    journal_services.record_event(run_id=plan.run_id, event="plan_paused", now=now, data={
+        "plan": str(plan.public_id), "by": by.get_username()})
+    return True
+
+
+def resume_plan(*, plan: Plan, by, now: datetime | None = None) -> bool:
+    """Let a paused plan go on from the next item not started."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        if not Plan.objects.filter(pk=plan.pk, state=Plan.State.PAUSED, stop_reason="").update(
+                state=Plan.State.EXECUTING, paused_by="", paused_at=None, updated_at=now):
+            return False
+        journal_services.record_event(run_id=plan.run_id, event="plan_resumed", now=now, data={
+            "plan": str(plan.public_id), "by": by.get_username()})
+        queue_execution(plan=plan)
+    return True
+
+
+# -- outcomes a human must settle -----------------------------------------------------------------------------
+
+
+class NotSettled(Exception):
+    """A request about an unknown outcome that cannot be taken now; `message` says why."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+FINISHED_STATES = (Plan.State.COMPLETED, Plan.State.PARTIALLY_COMPLETED, Plan.State.FAILED)
+
+
+def _unknown_item(plan: Plan, position: int) -> PlanItem:
+    item = plan.items.filter(position=position).select_related("step__server").first()
+    if item is None or item.outcome != execution.OUTCOME_UNKNOWN or item.exec_state != "done":
+        raise NotSettled("That item's outcome is not unknown (any more); reload the report.")
+    return item
+
+
+def check_unknown(*, plan: Plan, position: int, by, now: datetime | None = None) -> dict[str, Any]:
+    """Ask the tool server, without changing anything, where a compensation whose outcome is unknown stands.
+    HATP servers answer `hatp_check` (would the undo work now, or has the record moved on); the other
+    dialects have no such call, so the answer says what to look at. The answer is kept with the item and
+    on the run's chain; the outcome stays unknown until a human settles it."""
+    now = now or timezone.now()
+    item = _unknown_item(plan, position)
+    if item.step.server is None:
+        raise NotSettled("The tool server is no longer registered.")
+    if item.dialect == planning.HATP:
+        arguments, _ = compensation_call(item)
+        target = checks.CheckTarget(
+            item_id=item.pk, endpoint=endpoint_of(item.step.server), dialect=item.dialect, tool=item.tool,
+            arguments=item.arguments or {}, if_version=arguments["ifVersion"],
+            idempotency_key=item.idempotency_key, undo_by=None)
+        result = anyio.run(_check_one_now, target)
+        words = {
+            "ok": "The server says the undo has not happened and would work now: "
+                  f"{result.detail.get('wouldDo') or ''}".rstrip(": "),
+            "conflict": f"The record has moved on: {result.detail.get('message', '')}",
+        }.get(result.status, result.detail.get("message") or "The server gave no answer.")
+        answer = {"status": result.status, "message": answers.bounded(words)}
+    else:
+        answer = {"status": "no_check", "message": (
+            f"{item.step.server_name} has no way to say whether {item.tool} took effect. Look at "
+            f"{item.step.effect_resource or 'the record'} there, then settle it below.")}
+    answer.update(by=by.get_username(), at=now.isoformat())
+    with transaction.atomic():
+        detail = {**(item.outcome_detail or {}), "checked": answer}
+        if not PlanItem.objects.filter(pk=item.pk, outcome=execution.OUTCOME_UNKNOWN).update(outcome_detail=detail):
+            raise NotSettled("That item's outcome was settled a moment ago; reload the report.")
+        journal_services.record_event(run_id=plan.run_id, event="outcome_checked", now=now, data={
+            "plan": str(plan.public_id), "step": item.step.number, **answer})
+    return answer
+
+
+async def _check_one_now(target: checks.CheckTarget) -> CheckResult:
+    async with Upstreams(timeout=settings.TOOL_SERVER_TIMEOUT) as upstreams:
+        return await checks.check_one(target, upstreams=upstreams, timeout=settings.TOOL_SERVER_TIMEOUT)
+
+
+SETTLEMENTS = {
+    "took_effect": (execution.COMPENSATED, "{who} confirmed by hand that it took effect."),
+    "did_not": (execution.COMPENSATION_FAILED, "{who} confirmed by hand that it did not take effect."),
+}
+
+
+def settle_unknown(*, plan: Plan, position: int, by, settlement: str, now: datetime | None = None) -> Plan:
+    """A human's word on an unknown outcome: it took effect, or it did not. The plan's summary is counted
+    again; the human's name stays with the outcome and on the run's chain."""
+    now = now or timezone.now()
+    if settlement not in SETTLEMENTS:
+        raise NotSettled("Say whether the compensation took effect or not.")
+    item = _unknown_item(plan, position)
+    outcome, words = SETTLEMENTS[settlement]
+    with transaction.atomic():
+        locked = Plan.objects.select_for_update().get(pk=plan.pk)
+        if locked.state not in FINISHED_STATES:
+            raise NotSettled(f"The plan is {locked.get_state_display().lower()}; settle it once it has finished.")
+        detail = {**(item.outcome_detail or {}), "message": words.format(who=by.get_username()),
+                  "settledBy": by.get_username(), "settledAt": now.isoformat()}
+        if not PlanItem.objects.filter(pk=item.pk, outcome=execution.OUTCOME_UNKNOWN).update(
+                outcome=outcome, outcome_detail=detail):
+            raise NotSettled("That item's outcome was settled a moment ago; reload the report.")
+        locked.state, locked.execution_summary = _outcome_state(plan, locked.stop_reason)
+        locked.updated_at = now
+        locked.save(update_fields=["state", "execution_summary", "updated_at"])
+        journal_services.record_event(run_id=plan.run_id, event="outcome_settled", now=now, data={
+            "plan": str(plan.public_id), "step": item.step.number, "outcome": outcome, "by": by.get_username()})
+    return locked
+
+
+def retry_unknown(*, plan: Plan, position: int, by, now: datetime | None = None) -> None:
+    """Run a compensation whose outcome is unknown again, with the same idempotency key (a server that honours
+    it returns the first outcome instead of acting twice). A human asks for this after looking; the plan
+    runs again for this one item, with its approvals re-checked first."""
+    now = now or timezone.now()
+    item = _unknown_item(plan, position)
+    try:
+        _qualifies(plan, now)
+    except ExecutionStopped as stopped:
+        raise NotSettled(f"The approvals no longer hold ({stopped.message}); request a new plan.") from None
+    try:
+        with transaction.atomic():
+            locked = Plan.objects.select_for_update().get(pk=plan.pk)
+            if locked.state not in FINISHED_STATES or locked.stop_reason:
+                raise NotSettled(f"The plan is {locked.get_state_display().lower()}"
+                                 f"{' and was stopped' if locked.stop_reason else ''}; it cannot run this again.")
+            if not PlanItem.objects.filter(pk=item.pk, outcome=execution.OUTCOME_UNKNOWN).update(
+                    exec_state="", outcome="", holds_step=True,
+                    outcome_detail={"previous": item.outcome_detail, "retriedBy": by.get_username()}):
+                raise NotSettled("That item's outcome was settled a moment ago; reload the report.")
+            locked.state, locked.execution_summary, locked.updated_at = Plan.State.EXECUTING, "", now
+            locked.save(update_fields=["state", "execution_summary", "updated_at"])
+            journal_services.record_event(run_id=plan.run_id, event="compensation_retried", now=now, data={
+                "plan": str(plan.public_id), "step": item.step.number, "by": by.get_username(),
+                "idempotencyKey": item.idempotency_key})
+            queue_execution(plan=plan)
+    except IntegrityError:
+        raise NotSettled(f"Step {item.step.number} is in another open plan now; finish that one first.") from None

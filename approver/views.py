@@ -89,15 +89,22 @@ def _plan_context(request, plan: Plan) -> dict:
         and plan.state in (Plan.State.DRAFT, Plan.State.CHECKING, Plan.State.READY),
         "now": timezone.now(),
         "may_abort": roles.has_any_role(request.user, roles.APPROVER, roles.ADMIN)
-        and plan.state in (Plan.State.APPROVED, Plan.State.EXECUTING),
+        and plan.state in (Plan.State.APPROVED, Plan.State.EXECUTING, Plan.State.PAUSED) and not plan.stop_reason,
+        "may_pause": roles.has_any_role(request.user, roles.APPROVER, roles.ADMIN)
+        and plan.state in (Plan.State.APPROVED, Plan.State.EXECUTING) and not plan.stop_reason,
+        "may_resume": roles.has_any_role(request.user, roles.APPROVER, roles.ADMIN)
+        and plan.state == Plan.State.PAUSED and not plan.stop_reason,
+        "may_settle": roles.has_any_role(request.user, roles.ON_CALL, roles.APPROVER, roles.ADMIN)
+        and plan.state in services.FINISHED_STATES,
+        "may_retry": roles.has_any_role(request.user, roles.APPROVER, roles.ADMIN)
+        and plan.state in services.FINISHED_STATES and not plan.stop_reason,
         "report": _report(plan, items),
         **_sign_off_context(request, plan),
     }
 
 
 def _report(plan: Plan, items: list) -> dict | None:
-    if plan.state not in (Plan.State.EXECUTING, Plan.State.COMPLETED, Plan.State.PARTIALLY_COMPLETED,
-                          Plan.State.FAILED):
+    if plan.state not in (Plan.State.EXECUTING, Plan.State.PAUSED, *services.FINISHED_STATES):
         return None
     return {"done": sum(i.exec_state == "done" for i in items), "total": len(items),
             "to_do": [i for i in items if i.outcome in execution.NEEDS_A_HUMAN]}
@@ -132,15 +139,21 @@ def check_again(request, plan_id):
     return redirect(services.plan_url(plan))
 
 
+def _plan_action(request, plan_id, action, done: str, refused: str):
+    """A state change on one plan by the signed-in user; the service says whether the plan allowed it."""
+    plan = get_object_or_404(Plan, public_id=plan_id)
+    if action(plan=plan, by=request.user):
+        messages.success(request, done)
+    else:
+        messages.error(request, f"This plan is {plan.get_state_display().lower()}; {refused}")
+    return redirect(services.plan_url(plan))
+
+
 @require_POST
 def cancel(request, plan_id):
     require_role(request, roles.ON_CALL, roles.ADMIN)
-    plan = get_object_or_404(Plan, public_id=plan_id)
-    if services.cancel_plan(plan=plan, by=request.user):
-        messages.success(request, "Plan cancelled. Its steps can go into a new plan.")
-    else:
-        messages.error(request, f"This plan is {plan.get_state_display().lower()}; it can no longer be cancelled.")
-    return redirect(services.plan_url(plan))
+    return _plan_action(request, plan_id, services.cancel_plan, "Plan cancelled. Its steps can go into a new plan.",
+                        "it can no longer be cancelled.")
 
 
 # -- passkeys -----------------------------------------------------------------------------------------------
@@ -249,11 +262,64 @@ def sign_complete(request, plan_id):
 
 @require_POST
 def abort(request, plan_id):
-    """Stop an approved or executing plan: the item in flight finishes, nothing after it starts."""
+    """Stop an approved, executing or paused plan: the item in flight finishes, nothing after it starts."""
     require_role(request, roles.APPROVER, roles.ADMIN)
+    return _plan_action(request, plan_id, services.abort_plan, "Aborted: nothing that has not started will run.",
+                        "there is nothing to abort.")
+
+
+@require_POST
+def pause(request, plan_id):
+    """Hold an executing plan after the item in flight; it goes on only when someone resumes it."""
+    require_role(request, roles.APPROVER, roles.ADMIN)
+    return _plan_action(request, plan_id, services.pause_plan,
+                        "Paused: the item in flight finishes, nothing else starts until you resume.",
+                        "it cannot be paused.")
+
+
+@require_POST
+def resume(request, plan_id):
+    require_role(request, roles.APPROVER, roles.ADMIN)
+    return _plan_action(request, plan_id, services.resume_plan,
+                        "Resumed: the approvals are checked again before each item.", "there is nothing to resume.")
+
+
+# -- outcomes nobody knows: a human looks, then settles or tries again ----------------------------------------
+
+
+def _settling(request, plan_id, position: int, action, done: str):
     plan = get_object_or_404(Plan, public_id=plan_id)
-    if services.abort_plan(plan=plan, by=request.user):
-        messages.success(request, "Aborted: nothing that has not started will run.")
+    try:
+        answer = action(plan=plan, position=position, by=request.user)
+    except services.NotSettled as refused:
+        messages.error(request, refused.message)
     else:
-        messages.error(request, f"This plan is {plan.get_state_display().lower()}; there is nothing to abort.")
-    return redirect(services.plan_url(plan))
+        messages.success(request, done.format(answer=answer.get("message", "") if isinstance(answer, dict) else ""))
+    return redirect(f"{services.plan_url(plan)}#item-{position}")
+
+
+@require_POST
+def check_outcome(request, plan_id, position):
+    """Ask the tool server, changing nothing, where a compensation whose outcome is unknown stands."""
+    require_role(request, roles.ON_CALL, roles.APPROVER, roles.ADMIN)
+    return _settling(request, plan_id, position, services.check_unknown, "The server's answer: {answer}")
+
+
+@require_POST
+def settle_outcome(request, plan_id, position):
+    """A human's word, after looking: the compensation took effect, or it did not."""
+    require_role(request, roles.ON_CALL, roles.APPROVER, roles.ADMIN)
+    settlement = request.POST.get("settlement", "")
+
+    def settle(**kwargs):
+        return services.settle_unknown(settlement=settlement, **kwargs)
+
+    return _settling(request, plan_id, position, settle, "Recorded. The report is counted again.")
+
+
+@require_POST
+def retry_outcome(request, plan_id, position):
+    """Run the compensation again with the same idempotency key: an approver's decision, after looking."""
+    require_role(request, roles.APPROVER, roles.ADMIN)
+    return _settling(request, plan_id, position, services.retry_unknown,
+                     "Trying again with the same idempotency key; the approvals were checked first.")

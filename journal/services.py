@@ -227,13 +227,30 @@ def open_step(
     *, agent: Agent, run_key: str, server: ToolServer | None, server_name: str, tool: str,
     arguments: dict[str, Any], request_meta: dict[str, Any] | None, now: datetime,
 ) -> OpenedStep:
-    """Journal the intent of a call, before it is forwarded."""
+    """Journal the intent of an agent's call, before it is forwarded."""
+    return _open(lambda: _find_run(agent=agent, key=run_key, now=now), server=server, server_name=server_name,
+                 tool=tool, arguments=arguments, request_meta=request_meta, now=now,
+                 who={"agent": agent.name, "onBehalfOf": agent.on_behalf_of.get_username()})
+
+
+def open_step_in_run(
+    *, run_id: int, server: ToolServer, tool: str, arguments: dict[str, Any], request_meta: dict[str, Any] | None,
+    now: datetime, who: dict[str, Any],
+) -> OpenedStep:
+    """Journal the intent of a call that is not an agent's (a compensation the executor makes) in a run
+    that is already known, exactly as an agent's call is journaled: `close_step` records what came back."""
+    return _open(lambda: _locked_run("id = %s", [run_id]), server=server, server_name=server.name, tool=tool,
+                 arguments=arguments, request_meta=request_meta, now=now, who=who)
+
+
+def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, arguments: dict[str, Any],
+          request_meta: dict[str, Any] | None, now: datetime, who: dict[str, Any]) -> OpenedStep:
     arguments = to_ijson(arguments)
     request_meta = to_ijson(request_meta) if request_meta else None
     tool_def = server.tool(tool) if server else None
     declaration = declarations.normalise(tool_def or {}, catalogue=server.tool_names if server else set())
     with transaction.atomic():
-        run = _find_run(agent=agent, key=run_key, now=now)
+        run = find_run()
         number = run.step_count + 1
         step_id = sql.insert(Step, dict(
             run_id=run.pk, number=number, server_id=server.pk if server else None, server_name=server_name,
@@ -243,8 +260,7 @@ def open_step(
         ))
         run.step_count = number
         append_entry(run=run, event="call", now=now, data={
-            "step": number, "server": server_name, "tool": tool, "arguments": arguments,
-            "agent": agent.name, "onBehalfOf": agent.on_behalf_of.get_username(),
+            "step": number, "server": server_name, "tool": tool, "arguments": arguments, **who,
         })
         _save_moving(run, now=now)
     return OpenedStep(step_id=step_id, run_id=run.pk, number=number, server=server, tool=tool, arguments=arguments,

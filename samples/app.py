@@ -68,7 +68,8 @@ class PutBackRecovery:
 
 class Faults:
     """Misbehaviour on demand, set through `/<name>/control`: answer 5xx, answer garbage, answer a result
-    that is not an MCP tool result ("lie"), or never answer."""
+    that is not an MCP tool result ("lie"), never answer, or act on a tool call and then never answer
+    ("act_then_hang": the lost answer, after which nobody knows whether the server acted)."""
 
     def __init__(self, app, server: SampleServer):
         self.app = app
@@ -84,12 +85,13 @@ class Faults:
             return await PlainText("{not json at all", media_type="application/json")(scope, receive, send)
         if mode == "hang":
             await anyio.sleep(3600)
-        if mode == "lie":
-            return await self._lie(scope, receive, send)
+        if mode in ("lie", "act_then_hang"):
+            return await self._tool_calls_only(mode, scope, receive, send)
         return await self.app(scope, receive, send)
 
-    async def _lie(self, scope, receive, send):
-        """Answer tools/call with well-formed JSON-RPC whose result is not an MCP tool result."""
+    async def _tool_calls_only(self, mode, scope, receive, send):
+        """Misbehave on tools/call only (the session opens normally). "lie": answer well-formed JSON-RPC whose
+        result is not an MCP tool result. "act_then_hang": let the server act, then never answer."""
         body = b""
         while True:
             message = await receive()
@@ -97,9 +99,15 @@ class Faults:
             if not message.get("more_body"):
                 break
         request = json.loads(body)
+        replay = iter([{"type": "http.request", "body": body, "more_body": False}])
         if request.get("method") != "tools/call":
-            replay = iter([{"type": "http.request", "body": body, "more_body": False}])
             return await self.app(scope, lambda: _next(replay, receive), send)
+        if mode == "act_then_hang":
+            async def swallow(message):
+                pass
+
+            await self.app(scope, lambda: _next(replay, receive), swallow)
+            await anyio.sleep(3600)
         lie = {"jsonrpc": "2.0", "id": request.get("id"), "result": {"content": 5, "isError": "no"}}
         return await PlainText(json.dumps(lie), media_type="application/json")(scope, receive, send)
 

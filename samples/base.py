@@ -74,7 +74,7 @@ class SampleServer:
     def __init__(self, state_dir: Path | None):
         self.store = Store(state_dir / f"{self.name}.json" if state_dir else None, self.initial_state())
         self.delay_ms = 0
-        self.mode = "normal"  # normal | rpc_error | error_5xx | garbage | hang (see samples.app.Faults)
+        self.mode = "normal"  # normal | rpc_error | error_5xx | garbage | hang | lie | act_then_hang (see samples.app.Faults)
 
     def initial_state(self) -> dict[str, Any]:
         return {"ledger": []}

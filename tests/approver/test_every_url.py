@@ -31,6 +31,11 @@ ACCESS = {
     "approver:check_again": ("post", {roles.ON_CALL, roles.APPROVER}),
     "approver:cancel": ("post", {roles.ON_CALL, roles.ADMIN}),
     "approver:abort": ("post", {roles.APPROVER, roles.ADMIN}),
+    "approver:pause": ("post", {roles.APPROVER, roles.ADMIN}),
+    "approver:resume": ("post", {roles.APPROVER, roles.ADMIN}),
+    "approver:check_outcome": ("post", READERS),
+    "approver:settle_outcome": ("post", READERS),
+    "approver:retry_outcome": ("post", {roles.APPROVER, roles.ADMIN}),
     "approver:api_plan_detail": ("get", READERS),
     "approver:passkey_list": ("get", {roles.APPROVER}),
     "approver:passkey_options": ("post", {roles.APPROVER}),
@@ -54,7 +59,7 @@ def objects(dana, on_call, approver_user):
     plan = services.request_plan(run=run, requested_by=on_call, reason="r", from_step=1)
     passkey = services.enroll_passkey(user=approver_user, name="k", credential=SoftKey().register(b"c" * 32),
                                       challenge=b"c" * 32)
-    return {"run_id": run.public_id, "plan_id": plan.public_id, "passkey_id": passkey.pk}
+    return {"run_id": run.public_id, "plan_id": plan.public_id, "passkey_id": passkey.pk, "position": 1}
 
 
 def url_for(name, objects):

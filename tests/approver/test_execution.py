@@ -50,6 +50,10 @@ def test_a_server_that_may_have_acted_is_never_repeated_blindly():
     safe = ex.read_failure(failure_class="transient", message="did not answer in time", transient=True,
                            may_have_acted=True, repeat_is_safe=True, attempt=1)
     assert safe.retry
+    # Out of attempts, the last timeout still leaves nobody knowing whether it acted.
+    last = ex.read_failure(failure_class="transient", message="did not answer in time", transient=True,
+                           may_have_acted=True, repeat_is_safe=True, attempt=ex.MAX_ATTEMPTS)
+    assert last.outcome == "outcome_unknown" and not last.retry
 
 
 def test_a_permanent_failure_fails_the_item():

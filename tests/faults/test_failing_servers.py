@@ -25,7 +25,7 @@ def approved(globex, on_call, approver_user, second_approver, monkeypatch):
     ("rpc_error", "compensation_failed", 1),     # a JSON-RPC error: the server refused
     ("error_5xx", "compensation_failed", 4),     # transient; HATP honours the key, so retried, then failed
     ("garbage", "compensation_failed", 1),       # not MCP at all
-    ("lie", "compensation_failed", 1),           # JSON that is not a tool result
+    ("lie", "outcome_unknown", 1),               # an answer that is no tool result: it may have acted
     ("hang", "compensation_failed", 4),          # timed out each time; repeats are safe with the key
 ])
 def test_each_failure_ends_the_item_in_the_right_state(approved, sample_servers, settings, mode, outcome, tries):
@@ -39,6 +39,7 @@ def test_each_failure_ends_the_item_in_the_right_state(approved, sample_servers,
     assert waits == [1.0, 4.0, 16.0][: tries - 1]
     assert plan.state == "failed" and plan.execution_summary
     sample_servers.set_mode("calendar", "normal")
+    # None of them acted (the liar answers without calling the tool, which we cannot know: hence unknown).
     assert [e for e in sample_servers.ledger("calendar") if e["op"] == "compensate"] == []
 
 
