@@ -62,11 +62,15 @@ def plan_decided(plan: Plan) -> int:
         return 0
     if plan.state == Plan.State.REJECTED:
         rejection = plan.approvals.filter(decision="reject").order_by("-created_at").first()
+        decision = "rejected"
         words = f"rejected by {rejection.approver.get_username()}: “{rejection.reason}”" if rejection else "rejected"
-    else:
-        words = "approved; it may now run"
+    else:  # it may be running, or even finished, by the time this is sent
+        names = sorted({a.approver.get_username() for a in plan.approvals.filter(
+            decision="approve", digest=plan.digest).select_related("approver")})
+        decision = "approved"
+        words = f"approved by {' and '.join(names)}; it may now run" if names else "approved; it may now run"
     try:
-        return send_mail(f"Your undo plan was {plan.get_state_display().lower()}",
+        return send_mail(f"Your undo plan was {decision}",
                          f"{summary(plan)}\nThe plan was {words}.\n{_link(plan)}",
                          settings.DEFAULT_FROM_EMAIL, [plan.requested_by.email])
     except OSError:

@@ -48,8 +48,10 @@ def notify_plan_ready(plan_id: int, check_round: int) -> int:
 @shared_task(name="approver.notify_plan_decided")
 def notify_plan_decided(plan_id: int) -> int:
     """Tell the requester how the plan was decided. Safe to run twice."""
-    if not Plan.objects.filter(pk=plan_id, state__in=[Plan.State.APPROVED, Plan.State.REJECTED],
-                               outcome_notified=False).update(outcome_notified=True):
+    # Execution may have started (or finished) before this task runs: any state after the decision counts.
+    decided = [Plan.State.APPROVED, Plan.State.REJECTED, Plan.State.EXECUTING, Plan.State.PAUSED,
+               *services.FINISHED_STATES]
+    if not Plan.objects.filter(pk=plan_id, state__in=decided, outcome_notified=False).update(outcome_notified=True):
         return 0
     return notifications.plan_decided(Plan.objects.for_page().get(pk=plan_id))
 

@@ -81,3 +81,19 @@ def test_the_requester_is_told_of_a_rejection_with_its_reason(globex, on_call, a
     [message] = mail.outbox
     assert message.to == ["olivia@acme.example"] and message.subject == "Your undo plan was rejected"
     assert "rejected by ana: “the customer confirmed the deal”" in message.body
+
+
+def test_the_requester_hears_of_the_approval_even_when_the_worker_started_first(
+        globex, on_call, approver_user, second_approver, emails, monkeypatch):
+    from approver.models import Plan
+
+    plan = ready_plan(globex, on_call, monkeypatch)
+    monkeypatch.setattr(tasks.notify_plan_decided, "delay", lambda *args: None)
+    monkeypatch.setattr(tasks.execute_plan, "delay", lambda *args: None)
+    for user in (approver_user, second_approver):
+        approve(plan, user, enrolled(user), choices={"3": "keep_newer"} if plan.conflict_count else {})
+    Plan.objects.filter(pk=plan.pk).update(state="executing")  # the worker took the plan before this task ran
+    assert tasks.notify_plan_decided(plan.pk) == 1
+    [message] = mail.outbox
+    assert message.subject == "Your undo plan was approved"
+    assert "approved by ana and bo; it may now run" in message.body
