@@ -68,7 +68,7 @@ def read_failure(*, failure_class: str, message: str, transient: bool, may_have_
     attempts remain and a repeat is safe."""
     detail = {"failureClass": failure_class, "message": answers.bounded(message)}
     if transient and (repeat_is_safe or not may_have_acted) and attempt < MAX_ATTEMPTS:
-        return Verdict(COMPENSATION_FAILED, detail, retry=True)
+        return Verdict(COMPENSATION_FAILED, {**detail, "mayHaveActed": may_have_acted}, retry=True)
     if may_have_acted:  # not safe to repeat, or out of attempts: nobody knows whether it took effect
         return Verdict(OUTCOME_UNKNOWN, {**detail, "message": answers.bounded(
             f"{message} The server may have acted; check it before trying again.")})

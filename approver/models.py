@@ -161,6 +161,8 @@ class PlanItem(models.Model):
     outcome = models.CharField(max_length=24, blank=True)
     outcome_detail = models.JSONField(default=dict, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)
+    # After a failure that is safe to repeat, the item is let go until then (Celery rings again at that time).
+    retry_at = models.DateTimeField(null=True, blank=True)
     # The latest journaled call of this compensation, a step of the plan's compensation run.
     call_step = models.ForeignKey(Step, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
     exec_started_at = models.DateTimeField(null=True, blank=True)

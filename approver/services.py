@@ -589,14 +589,23 @@ def _qualifies(plan: Plan, now: datetime) -> None:
             raise ExecutionStopped(f"{approval.approver.get_username()}'s signature no longer verifies.") from None
 
 
-def execute_plan(*, plan: Plan, sleep=None, now=timezone.now) -> Plan:
+def ring_later(plan: Plan, seconds: float) -> None:
+    """Ring the executor for `plan` again in `seconds` (after the current transaction commits)."""
+    from . import tasks
+
+    transaction.on_commit(lambda: tasks.execute_plan.apply_async((plan.pk,), countdown=max(seconds, 0.0)))
+
+
+def execute_plan(*, plan: Plan, later=None, now=timezone.now) -> Plan:
     """Run an approved plan's items in order, most recent first, each claimed with a conditional update and
     its outcome kept before the next starts. Safe to run twice and after a killed worker: a claimed item is
     never claimed again (`reconcile_execution` deals with one left running). Approvals are re-checked
-    before every item; a plan that no longer qualifies stops, and what had not started is skipped."""
-    import time
+    before every call; a plan that no longer qualifies stops, and what had not started is skipped.
 
-    sleep = sleep or time.sleep
+    A failure that is safe to repeat lets the item go until its backoff is over and asks to be rung again
+    then (`later(seconds)`, by default a Celery countdown), so no worker sleeps through a backoff and a
+    pause or an abort takes effect before the next try."""
+    later = later or (lambda seconds: ring_later(plan, seconds))
     if not Plan.objects.filter(pk=plan.pk, state__in=[Plan.State.APPROVED, Plan.State.EXECUTING]).update(
             state=Plan.State.EXECUTING, updated_at=now()):
         return Plan.objects.get(pk=plan.pk)
@@ -616,6 +625,9 @@ def execute_plan(*, plan: Plan, sleep=None, now=timezone.now) -> Plan:
             break
         if state != Plan.State.EXECUTING:
             return Plan.objects.get(pk=plan.pk)  # paused: resuming rings again
+        if item.retry_at is not None and item.retry_at > now():
+            later((item.retry_at - now()).total_seconds())
+            return Plan.objects.get(pk=plan.pk)
         try:
             _qualifies(plan, now())
         except ExecutionStopped as stopped:
@@ -623,11 +635,24 @@ def execute_plan(*, plan: Plan, sleep=None, now=timezone.now) -> Plan:
             break
         if not _claim(plan, item, now()):
             return Plan.objects.get(pk=plan.pk)  # another worker has an item of this plan in flight
-        verdict = _run_item(plan, item, stops, sleep=sleep)
+        verdict = _run_item(plan, item, stops)
+        if verdict.retry:
+            _let_go(item, verdict, now())
+            continue
         _keep_outcome(plan, item, verdict, now())
         if verdict.outcome in execution.STOPS_DEPENDENCIES:
             stops[item.step.number] = _dependencies(facts, item.step.number, numbers)
     return _finish(plan, now())
+
+
+def _let_go(item: PlanItem, verdict: execution.Verdict, now: datetime) -> None:
+    """After a failure that is safe to repeat: unclaim the item until its backoff is over, saying why."""
+    attempt = item.attempts + 1
+    retry_at = now + timedelta(seconds=execution.backoff(attempt))
+    PlanItem.objects.filter(pk=item.pk, exec_state="running").update(
+        exec_state="", retry_at=retry_at,
+        outcome_detail={"retrying": {**verdict.detail, "attempt": attempt, "of": execution.MAX_ATTEMPTS,
+                                     "at": retry_at.isoformat()}})
 
 
 def _claim(plan: Plan, item: PlanItem, now: datetime) -> bool:
@@ -652,7 +677,7 @@ def _dependencies(facts: dict, number: int, numbers: list[int]) -> set[int]:
                                 inferred=set(step.inferred_deps))
 
 
-def _run_item(plan: Plan, item: PlanItem, stops: dict[int, set[int]], *, sleep) -> execution.Verdict:
+def _run_item(plan: Plan, item: PlanItem, stops: dict[int, set[int]]) -> execution.Verdict:
     if item.action != PlanItem.Action.COMPENSATE:
         return execution.without_compensation(item.action, item.reason)
     if item.conflict_choice == PlanItem.Choice.KEEP_NEWER:
@@ -663,14 +688,7 @@ def _run_item(plan: Plan, item: PlanItem, stops: dict[int, set[int]], *, sleep) 
                                                                 f"this one, so this one stays too."})
     if item.step.server is None:
         return execution.Verdict(execution.COMPENSATION_FAILED, {"message": "The tool server is no longer registered."})
-    attempt = item.attempts + 1  # this claim's attempt
-    while True:
-        verdict = _attempt(plan, item, attempt)
-        if not verdict.retry:
-            return verdict
-        sleep(execution.backoff(attempt))
-        attempt += 1
-        PlanItem.objects.filter(pk=item.pk).update(attempts=attempt, exec_started_at=timezone.now())
+    return _attempt(plan, item, item.attempts + 1)  # this claim's attempt
 
 
 def _compensation_run(plan: Plan) -> int:
@@ -737,7 +755,8 @@ async def _compensate(item: PlanItem, arguments: dict[str, Any], meta: dict[str,
 def _keep_outcome(plan: Plan, item: PlanItem, verdict: execution.Verdict, now: datetime) -> None:
     with transaction.atomic():
         PlanItem.objects.filter(pk=item.pk, exec_state="running").update(
-            exec_state="done", outcome=verdict.outcome, outcome_detail=verdict.detail, exec_finished_at=now)
+            exec_state="done", outcome=verdict.outcome, outcome_detail=verdict.detail, exec_finished_at=now,
+            retry_at=None)
         journal_services.record_event(run_id=plan.run_id, event="compensation", now=now, data={
             "plan": str(plan.public_id), "step": item.step.number, "tool": item.tool or None,
             "arguments": item.arguments if item.action == PlanItem.Action.COMPENSATE else None,
@@ -754,7 +773,16 @@ def _call_reference(plan: Plan, item: PlanItem) -> dict[str, Any] | None:
 
 
 def _stop(plan: Plan, reason: str, now: datetime) -> None:
+    """Nothing more starts. An item waiting to be tried again failed (or, if its last try may have acted,
+    nobody knows); what never started is skipped."""
     with transaction.atomic():
+        for item in plan.items.filter(exec_state="", attempts__gt=0):
+            tried = (item.outcome_detail or {}).get("retrying") or {}
+            outcome = execution.OUTCOME_UNKNOWN if tried.get("mayHaveActed") else execution.COMPENSATION_FAILED
+            PlanItem.objects.filter(pk=item.pk, exec_state="").update(
+                exec_state="done", outcome=outcome, exec_finished_at=now, retry_at=None,
+                outcome_detail={**tried, "message": answers.bounded(
+                    f"{tried.get('message') or 'It failed'}; stopped before trying again: {reason}")})
         PlanItem.objects.filter(plan=plan, exec_state="").update(
             exec_state="done", outcome=execution.SKIPPED, outcome_detail={"message": f"Not started: {reason}"},
             exec_finished_at=now)

@@ -58,7 +58,8 @@ def notify_plan_decided(plan_id: int) -> int:
 
 @shared_task(name="approver.execute_plan")
 def execute_plan(plan_id: int) -> str:
-    """Run an approved plan. Safe to run twice: every item is claimed with a conditional update."""
+    """Run an approved plan. Safe to run twice: every item is claimed with a conditional update. After a
+    failure that is safe to repeat it asks to be rung again when the backoff is over."""
     plan = Plan.objects.filter(pk=plan_id).first()
     if plan is None:
         return "no such plan"

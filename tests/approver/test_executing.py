@@ -31,12 +31,25 @@ def approved(globex, on_call, approver_user, second_approver, sample_servers, mo
     return make
 
 
+def run_plan(plan: Plan, waits: list | None = None) -> Plan:
+    """Run the executor as the worker does, answering its requests to be rung again after a backoff at once
+    (as if the time had passed); `waits` collects the backoffs it asked for."""
+    while True:
+        asked = []
+        plan = services.execute_plan(plan=plan, later=asked.append)
+        if not asked:
+            return plan
+        if waits is not None:
+            waits.extend(round(s) for s in asked)
+        PlanItem.objects.filter(plan=plan, retry_at__isnull=False).update(retry_at=None)
+
+
 def ops(sample_servers, name):
     return [entry for entry in sample_servers.ledger(name) if entry["op"] == "compensate"]
 
 
 def test_an_approved_plan_is_undone_most_recent_first(approved, sample_servers):
-    plan = services.execute_plan(plan=approved("overwrite"), sleep=lambda _: None)
+    plan = run_plan(approved("overwrite"))
     assert plan.state == "completed" and plan.execution_summary == "Reversed 2 of 3 actions; 1 cannot be undone"
     outcomes = [(i.step.tool, i.outcome) for i in plan.items.order_by("position").select_related("step")]
     assert outcomes == [("send_email", "irreversible"), ("create_event", "compensated"),
@@ -52,7 +65,7 @@ def test_an_approved_plan_is_undone_most_recent_first(approved, sample_servers):
 
 
 def test_keeping_the_colleagues_change_leaves_the_deal_alone(approved, sample_servers):
-    plan = services.execute_plan(plan=approved("keep_newer"), sleep=lambda _: None)
+    plan = run_plan(approved("keep_newer"))
     deal = plan.items.get(step__tool="update_deal")
     assert deal.outcome == "skipped" and "keep the newer change" in deal.outcome_detail["message"]
     assert ops(sample_servers, "crm") == [] and len(ops(sample_servers, "calendar")) == 1
@@ -61,8 +74,8 @@ def test_keeping_the_colleagues_change_leaves_the_deal_alone(approved, sample_se
 
 def test_running_the_plan_twice_compensates_nothing_twice(approved, sample_servers):
     plan = approved("overwrite")
-    services.execute_plan(plan=plan, sleep=lambda _: None)
-    again = services.execute_plan(plan=plan, sleep=lambda _: None)
+    run_plan(plan)
+    again = run_plan(plan)
     assert again.state == "completed"
     assert len(ops(sample_servers, "crm")) == 1 and len(ops(sample_servers, "calendar")) == 1
 
@@ -70,7 +83,7 @@ def test_running_the_plan_twice_compensates_nothing_twice(approved, sample_serve
 def test_a_colleague_racing_the_undo_is_never_overwritten(approved, sample_servers):
     plan = approved("overwrite")  # Ana and Bo chose to overwrite v14...
     sample_servers.colleague_update("D-881", {"stage": "Negotiation"}, by="priya")  # ...but it is v15 now
-    plan = services.execute_plan(plan=plan, sleep=lambda _: None)
+    plan = run_plan(plan)
     deal = plan.items.get(step__tool="update_deal")
     assert deal.outcome == "conflict" and deal.outcome_detail["current"]["changedBy"] == "priya"
     assert ops(sample_servers, "crm") == []
@@ -81,7 +94,7 @@ def test_a_colleague_racing_the_undo_is_never_overwritten(approved, sample_serve
 def test_lapsed_approvals_stop_the_plan_before_anything_runs(approved, sample_servers, approver_user):
     plan = approved("overwrite")
     approver_user.groups.clear()  # Ana lost the approver role after signing
-    plan = services.execute_plan(plan=plan, sleep=lambda _: None)
+    plan = run_plan(plan)
     assert plan.state == "failed" and "Only 1 of the 2 approvals" in plan.stop_reason
     assert set(plan.items.values_list("outcome", flat=True)) == {"skipped"}
     assert ops(sample_servers, "crm") == [] and ops(sample_servers, "calendar") == []
@@ -90,7 +103,7 @@ def test_lapsed_approvals_stop_the_plan_before_anything_runs(approved, sample_se
 def test_a_server_that_fails_gets_the_item_failed_and_what_it_depends_on_is_kept(approved, sample_servers):
     plan = approved("overwrite")
     sample_servers.set_mode("calendar", "rpc_error")
-    plan = services.execute_plan(plan=plan, sleep=lambda _: None)
+    plan = run_plan(plan)
     event = plan.items.get(step__tool="create_event")
     deal = plan.items.get(step__tool="update_deal")
     assert event.outcome == "compensation_failed"
@@ -123,7 +136,7 @@ def test_a_worker_killed_after_the_server_acted_is_picked_up_and_nothing_is_done
     Plan.objects.filter(pk=plan.pk).update(updated_at=timezone.now() - timezone.timedelta(hours=1))
     # ...then it died. The reconciler rings again; the new worker repeats with the same key.
     assert services.reconcile_execution(older_than=timezone.now() - timezone.timedelta(minutes=5)) == [plan.pk]
-    plan = services.execute_plan(plan=plan, sleep=lambda _: None)
+    plan = run_plan(plan)
     assert plan.state == "completed"
     assert len(ops(sample_servers, "calendar")) == 1 and len(ops(sample_servers, "crm")) == 1
     event.refresh_from_db()
@@ -153,7 +166,7 @@ def test_the_requester_and_approvers_hear_the_result_with_the_to_do_list(approve
         user.save()
     told = []
     monkeypatch.setattr(tasks.notify_plan_executed, "delay", lambda *args: told.append(args))
-    plan = services.execute_plan(plan=approved("overwrite"), sleep=lambda _: None)
+    plan = run_plan(approved("overwrite"))
     assert told == [(plan.pk,)]
     assert tasks.notify_plan_executed(plan.pk) == 1 and tasks.notify_plan_executed(plan.pk) == 0
     [message] = mail.outbox
@@ -165,7 +178,7 @@ def test_the_requester_and_approvers_hear_the_result_with_the_to_do_list(approve
 def test_the_plan_page_becomes_the_report(approved, client, on_call):
     from django.urls import reverse
 
-    plan = services.execute_plan(plan=approved("overwrite"), sleep=lambda _: None)
+    plan = run_plan(approved("overwrite"))
     client.force_login(on_call)
     page = client.get(reverse("approver:plan_detail", args=[plan.public_id])).content.decode()
     assert "Completed: Reversed 2 of 3 actions; 1 cannot be undone" in page
@@ -182,7 +195,7 @@ def test_an_approver_aborts_before_anything_runs(approved, client, approver_user
     client.post(reverse("approver:abort", args=[plan.public_id]))
     plan.refresh_from_db()
     assert plan.state == "failed" and plan.stop_reason == "Aborted by ana."
-    assert services.execute_plan(plan=plan, sleep=lambda _: None).state == "failed"
+    assert run_plan(plan).state == "failed"
     assert ops(sample_servers, "crm") == [] and ops(sample_servers, "calendar") == []
 
 
@@ -197,7 +210,7 @@ def test_an_approved_plan_whose_bell_was_lost_is_rung_again(approved):
 def test_compensation_calls_are_journaled_as_a_run_linked_to_the_plan(approved, sample_servers):
     from journal import services as journal_services
 
-    plan = services.execute_plan(plan=approved("overwrite"), sleep=lambda _: None)
+    plan = run_plan(approved("overwrite"))
     undo_run = plan.compensation_run
     calls = list(undo_run.steps.order_by("number").values_list("server_name", "tool", "status"))
     assert calls == [("calendar", "hatp_compensate", "ok"), ("crm", "hatp_compensate", "ok")]
@@ -222,17 +235,17 @@ def test_a_paused_plan_starts_nothing_until_it_is_resumed(approved, sample_serve
         services.pause_plan(plan=plan_, by=approver_user)
 
     monkeypatch.setattr(services, "_keep_outcome", pause_after_the_first)
-    paused = services.execute_plan(plan=plan, sleep=lambda _: None)
+    paused = run_plan(plan)
     assert paused.state == "paused" and paused.paused_by == "ana"
     assert list(paused.items.order_by("position").values_list("exec_state", flat=True)) == ["done", "", "", ""]
     assert ops(sample_servers, "calendar") == []
     # A bell for a paused plan (the reconciler, a duplicate) does nothing.
     monkeypatch.setattr(services, "_keep_outcome", keep)
-    assert services.execute_plan(plan=plan, sleep=lambda _: None).state == "paused"
+    assert run_plan(plan).state == "paused"
     assert not services.pause_plan(plan=plan, by=approver_user)
 
     assert services.resume_plan(plan=plan, by=approver_user)
-    done = services.execute_plan(plan=plan, sleep=lambda _: None)
+    done = run_plan(plan)
     assert done.state == "completed" and len(ops(sample_servers, "calendar")) == 1
     events = list(plan.run.entries.filter(event__in=["plan_paused", "plan_resumed"]).values_list("event", flat=True))
     assert events == ["plan_paused", "plan_resumed"]
@@ -254,7 +267,7 @@ def answer_lost(approved, sample_servers, settings):
     outcome is unknown (the server honours the key, so the executor tried 4 times, acting once)."""
     settings.TOOL_SERVER_TIMEOUT = 1
     sample_servers.set_mode("calendar", "act_then_hang")
-    plan = services.execute_plan(plan=approved("overwrite"), sleep=lambda _: None)
+    plan = run_plan(approved("overwrite"))
     sample_servers.set_mode("calendar", "normal")
     event = plan.items.get(step__tool="create_event")
     assert event.outcome == "outcome_unknown" and event.attempts == 4, event.outcome_detail
@@ -285,7 +298,7 @@ def test_an_unknown_outcome_is_checked_then_tried_again_with_the_same_key(answer
     assert response.status_code == 302
     plan.refresh_from_db()
     assert plan.state == "executing"
-    plan = services.execute_plan(plan=plan, sleep=lambda _: None)
+    plan = run_plan(plan)
     event.refresh_from_db()
     # The replayed key returned the first outcome: compensated, and the calendar acted once in all.
     assert event.outcome == "compensated" and event.outcome_detail["summary"]
@@ -318,7 +331,7 @@ def test_a_second_worker_waits_while_an_item_of_the_plan_is_in_flight(approved, 
     first = plan.items.get(position=1)
     PlanItem.objects.filter(pk=first.pk).update(exec_state="running", exec_started_at=timezone.now())
     # Rung twice: this worker must not start item 2 while item 1 is still with another worker.
-    assert services.execute_plan(plan=plan, sleep=lambda _: None).state == "executing"
+    assert run_plan(plan).state == "executing"
     assert list(plan.items.order_by("position").values_list("exec_state", flat=True)) == ["running", "", "", ""]
     assert ops(sample_servers, "calendar") == []
 
@@ -340,3 +353,31 @@ def test_an_approver_pauses_and_resumes_from_the_page(approved, client, approver
     client.post(reverse("approver:resume", args=[plan.public_id]))
     plan.refresh_from_db()
     assert plan.state == "executing" and plan.paused_by == ""
+
+
+def test_no_worker_sleeps_through_a_backoff_and_an_abort_comes_before_the_next_try(
+        approved, sample_servers, settings, approver_user, client):
+    from django.urls import reverse
+
+    settings.TOOL_SERVER_TIMEOUT = 1
+    sample_servers.set_mode("calendar", "act_then_hang")  # it acts, but its answer never comes
+    plan = approved("overwrite")
+    asked = []
+    plan = services.execute_plan(plan=plan, later=asked.append)
+    sample_servers.set_mode("calendar", "normal")
+    event = plan.items.get(step__tool="create_event")
+    assert plan.state == "executing" and [round(s) for s in asked] == [1]  # rung again in 1 s, not slept
+    assert event.exec_state == "" and event.retry_at is not None and event.attempts == 1
+    assert event.outcome_detail["retrying"]["mayHaveActed"] is True
+    client.force_login(approver_user)
+    page = client.get(reverse("approver:plan_detail", args=[plan.public_id])).content.decode()
+    assert "Trying again at" in page and "(try 2 of 4)" in page
+
+    assert services.abort_plan(plan=plan, by=approver_user)
+    plan = services.execute_plan(plan=plan, later=asked.append)  # the ring that was asked for
+    event.refresh_from_db()
+    # Its one try may have acted, so after the abort nobody knows: a human must look.
+    assert event.outcome == "outcome_unknown" and "stopped before trying again: Aborted by ana." in \
+        event.outcome_detail["message"]
+    assert plan.state == "failed" and len(ops(sample_servers, "calendar")) == 1
+    assert plan.items.get(step__tool="update_deal").outcome == "skipped"

@@ -5,6 +5,7 @@ import pytest
 
 from approver import services, tasks
 from tests.approver.test_approvals import approve, enrolled, relying_party  # noqa: F401 - fixture
+from tests.approver.test_executing import run_plan
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
@@ -32,11 +33,11 @@ def test_each_failure_ends_the_item_in_the_right_state(approved, sample_servers,
     settings.TOOL_SERVER_TIMEOUT = 1
     sample_servers.set_mode("calendar", mode)
     waits = []
-    plan = services.execute_plan(plan=approved, sleep=waits.append)
+    plan = run_plan(approved, waits)
     event = plan.items.get(step__tool="create_event")
     assert (event.outcome, event.attempts) == (outcome, tries)
     assert event.outcome_detail.get("message") or event.outcome_detail.get("failureClass")
-    assert waits == [1.0, 4.0, 16.0][: tries - 1]
+    assert waits == [1, 4, 16][: tries - 1]
     assert plan.state == "failed" and plan.execution_summary
     sample_servers.set_mode("calendar", "normal")
     # None of them acted (the liar answers without calling the tool, which we cannot know: hence unknown).

@@ -47,7 +47,9 @@ def test_restarting_redis_mid_plan_loses_and_repeats_nothing(
     ana, bo = enrolled(approver_user), enrolled(second_approver)
     port = free_port()
     url = f"redis://localhost:{port}/0"
-    bell = Celery(broker=url)  # the test rings through Redis, as the web app would with REDIS_URL set
+    # The test rings through Redis, as the web app would with REDIS_URL set; not as the current app, which
+    # would take over every shared task of the tests that follow.
+    bell = Celery(broker=url, set_as_current=False)
     twice = lost = out_of_order = restarts = mid_plan = 0
     server = redis(port, tmp_path)
     worker = subprocess.Popen(
