@@ -241,7 +241,10 @@ class ApprovalRules(models.Model):
 class SigningRequest(models.Model):
     """A one-time challenge handed to an approver's browser: what they are about to sign."""
 
-    plan = models.ForeignKey(Plan, on_delete=models.CASCADE, related_name="signing_requests")
+    # What is being signed: a plan, or a call held by an autonomy policy.
+    plan = models.ForeignKey(Plan, on_delete=models.CASCADE, null=True, blank=True, related_name="signing_requests")
+    action = models.ForeignKey("ActionRequest", on_delete=models.CASCADE, null=True, blank=True,
+                               related_name="signing_requests")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     nonce = models.CharField(max_length=64, unique=True)
     decision = models.CharField(max_length=10)  # approve | reject
@@ -254,7 +257,7 @@ class SigningRequest(models.Model):
     used_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self):
-        return f"{self.decision} request by {self.user} on {self.plan}"
+        return f"{self.decision} request by {self.user} on {self.plan or self.action}"
 
 
 class Approval(models.Model):
@@ -283,3 +286,153 @@ class Approval(models.Model):
 
     def __str__(self):
         return f"{self.get_decision_display()} by {self.approver} on {self.plan}"
+
+
+# -- autonomy policies --------------------------------------------------------------------------------------
+
+
+ALREADY_COVERED = "Another policy already covers this; edit that one instead."
+
+
+class AutonomyPolicy(models.Model):
+    """What the Recorder does with an agent's call, by what its server says about undoing it (approver.policy):
+    allow, ask a human first, or deny. The most specific policy that matches a call governs it. Changed only
+    through `services.save_policy` / `services.delete_policy`, which keep the tamper-evident change log."""
+
+    class Scope(models.TextChoices):
+        EVERYTHING = "everything", "Every call"
+        AGENT = "agent", "One agent"
+        SERVER = "server", "One tool server"
+        TOOL = "tool", "One tool"
+
+    name = models.CharField(max_length=100)
+    scope = models.CharField(max_length=12, choices=Scope.choices)
+    agent = models.ForeignKey("journal.Agent", on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    server = models.ForeignKey("journal.ToolServer", on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    tool = models.CharField(max_length=200, blank=True)
+    decisions = models.JSONField(help_text="allow | ask | deny for each class of call (approver.policy.CLASSES).")
+    approver_group = models.CharField(max_length=150, default="approver",
+                                      help_text="The group whose members approve held calls.")
+    quorum = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
+    ask_timeout = models.PositiveIntegerField(default=60, help_text="Seconds a held call waits for approval.")
+    auto_run_plans = models.BooleanField(
+        default=False, help_text="Reversal plans whose items are all compensate-via-api, with no conflict, side "
+                                 "effect or cost, run without a human.")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["scope", "name"]
+        verbose_name_plural = "autonomy policies"
+        constraints = [
+            models.UniqueConstraint(fields=["scope"], condition=models.Q(scope="everything"),
+                                    name="one_policy_for_everything", violation_error_message=ALREADY_COVERED),
+            models.UniqueConstraint(fields=["agent"], condition=models.Q(scope="agent"), name="one_policy_per_agent",
+                                    violation_error_message=ALREADY_COVERED),
+            models.UniqueConstraint(fields=["server"], condition=models.Q(scope="server"),
+                                    name="one_policy_per_server", violation_error_message=ALREADY_COVERED),
+            models.UniqueConstraint(fields=["server", "tool"], condition=models.Q(scope="tool"),
+                                    name="one_policy_per_tool", violation_error_message=ALREADY_COVERED),
+        ]
+
+    def __str__(self):
+        return self.name
+
+
+class PolicyChange(models.Model):
+    """One change to the autonomy policies (who, when, before and after), hash-chained like a run record
+    (journal.chain: seq, ts, event, data, prevHash, hash) and with each head signed by the Recorder's key,
+    so an edit, a removal or a cut tail shows."""
+
+    seq = models.PositiveIntegerField(unique=True)
+    ts = models.CharField(max_length=40)
+    event = models.CharField(max_length=20)  # policy_created | policy_changed | policy_deleted
+    data = models.JSONField()
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+    key_id = models.CharField(max_length=64)
+    signature = models.CharField(max_length=200)
+
+    class Meta:
+        ordering = ["seq"]
+
+    def __str__(self):
+        return f"policy change {self.seq}: {self.event}"
+
+
+class ActionRequest(models.Model):
+    """A call the Recorder holds because its policy says `ask`: the exact call (server, tool, arguments) that
+    approvers sign with a passkey, and whether it has been used. An approval binds the arguments (`digest`),
+    and an approved request lets exactly one call through (claimed with a conditional update)."""
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Waiting for approval"
+        APPROVED = "approved", "Approved"
+        DENIED = "denied", "Denied"
+        EXPIRED = "expired", "Expired"
+        USED = "used", "Approved and made"
+
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    agent = models.ForeignKey("journal.Agent", on_delete=models.PROTECT, related_name="+")
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    step = models.ForeignKey(Step, on_delete=models.PROTECT, null=True, blank=True, related_name="+",
+                             help_text="The first call that was held for it.")
+    server = models.ForeignKey("journal.ToolServer", on_delete=models.PROTECT, related_name="+")
+    tool = models.CharField(max_length=200)
+    arguments = models.JSONField()
+    digest = models.CharField(max_length=64, help_text="SHA-256 of the JCS of {agent, server, tool, arguments}.")
+    call_class = models.CharField(max_length=30)
+    reason = models.TextField(help_text="The policy's decision, in words.")
+    why = models.JSONField(default=dict, blank=True, help_text="The server's own reason and remedy.")
+    policy = models.ForeignKey(AutonomyPolicy, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    policy_name = models.CharField(max_length=100, blank=True)
+    approver_group = models.CharField(max_length=150)
+    quorum = models.PositiveSmallIntegerField(default=1)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(help_text="After this, an approval can no longer be given or used.")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decided_by = models.CharField(max_length=300, blank=True)
+    decision_reason = models.TextField(blank=True)
+    used_at = models.DateTimeField(null=True, blank=True)
+    used_step = models.ForeignKey(Step, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    notified = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["digest", "state"])]
+
+    def __str__(self):
+        return f"held call {self.server_id}:{self.tool} ({self.state})"
+
+    @property
+    def class_words(self) -> str:
+        from .policy import CLASS_WORDS
+
+        return CLASS_WORDS.get(self.call_class, self.call_class)
+
+
+class ActionApproval(models.Model):
+    """A signed decision on a held call, verifiable offline like a plan's approval."""
+
+    class Decision(models.TextChoices):
+        APPROVE = "approve", "Approved"
+        REJECT = "reject", "Denied"
+
+    request = models.ForeignKey(ActionRequest, on_delete=models.PROTECT, related_name="approvals")
+    approver = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    passkey = models.ForeignKey(Passkey, on_delete=models.PROTECT, related_name="action_approvals")
+    decision = models.CharField(max_length=10, choices=Decision.choices)
+    reason = models.TextField(blank=True)
+    digest = models.CharField(max_length=64)
+    nonce = models.CharField(max_length=64, unique=True)
+    challenge = models.CharField(max_length=64)
+    assertion = models.JSONField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["request", "created_at"]
+        constraints = [models.UniqueConstraint(fields=["request", "approver"], name="one_decision_per_approver")]
+
+    def __str__(self):
+        return f"{self.get_decision_display()} by {self.approver} on {self.request}"

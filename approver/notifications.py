@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.core.mail import send_mail
 
 from . import execution, services
-from .models import ApprovalRules, Plan
+from .models import ActionRequest, ApprovalRules, Plan
 
 logger = logging.getLogger(__name__)
 
@@ -39,20 +39,34 @@ def approvers_to_tell(plan: Plan) -> list:
 def plan_ready(plan: Plan) -> int:
     """Email every approver who may sign it, and post to the webhook; returns how many were emailed."""
     text = f"{summary(plan)}\nReview and sign: {_link(plan)}"
-    recipients = [u.email for u in approvers_to_tell(plan)]
+    return _tell_approvers([u.email for u in approvers_to_tell(plan)],
+                           f"Undo plan ready for sign-off: {plan.run.agent_name}", text, plan)
+
+
+def action_requested(action: ActionRequest) -> int:
+    """Email the held call's approvers and post to the webhook: an agent is waiting."""
+    users = get_user_model().objects.filter(is_active=True, groups__name=action.approver_group).exclude(email="")
+    recipients = [u.email for u in users.distinct() if not services.action_refusal(action=action, user=u)]
+    args = ", ".join(f"{k}={v!r}" for k, v in sorted(action.arguments.items()))[:500]
+    text = (f"{action.agent.name} (for {action.agent.on_behalf_of.get_username()}) is waiting to call "
+            f"{action.server.name}__{action.tool}({args}).\n{action.reason}\nApprove or deny: "
+            f"{services.action_url(action)}")
+    return _tell_approvers(recipients, f"Held for approval: {action.agent.name} wants {action.tool}", text, action)
+
+
+def _tell_approvers(recipients: list[str], subject: str, text: str, about) -> int:
     sent = 0
     if recipients:
         try:
-            sent = send_mail(f"Undo plan ready for sign-off: {plan.run.agent_name}", text,
-                             settings.DEFAULT_FROM_EMAIL, recipients)
+            sent = send_mail(subject, text, settings.DEFAULT_FROM_EMAIL, recipients)
         except OSError:
-            logger.exception("could not email the approvers of %s", plan)
+            logger.exception("could not email the approvers of %s", about)
     if settings.APPROVAL_WEBHOOK_URL:
         try:
-            httpx.post(settings.APPROVAL_WEBHOOK_URL, json={"text": f"Undo plan ready for sign-off. {text}"},
+            httpx.post(settings.APPROVAL_WEBHOOK_URL, json={"text": f"{subject}. {text}"},
                        timeout=WEBHOOK_TIMEOUT).raise_for_status()
         except httpx.HTTPError:
-            logger.exception("the approval webhook refused or did not answer for %s", plan)
+            logger.exception("the approval webhook refused or did not answer for %s", about)
     return sent
 
 

@@ -24,9 +24,20 @@ from journal import services as journal_services
 from journal.mcp.client import Endpoint, ToolServerError, Upstreams, endpoint_of
 from journal.models import Run, Step, StepDependency
 
-from . import answers, checks, execution, passkeys, planning, roles, signing
+from . import answers, checks, execution, passkeys, planning, policy, roles, signing
 from .checks import CheckResult
-from .models import Approval, ApprovalRules, Passkey, Plan, PlanItem, SigningRequest
+from .models import (
+    ActionApproval,
+    ActionRequest,
+    Approval,
+    ApprovalRules,
+    AutonomyPolicy,
+    Passkey,
+    Plan,
+    PlanItem,
+    PolicyChange,
+    SigningRequest,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -455,7 +466,7 @@ def complete_signing(*, user, nonce: str, credential: Any, now: datetime | None 
     """Keep the approver's signed decision, once the assertion holds and the plan is still what they saw.
     The nonce is used up whatever happens next. Reaching the quorum approves the plan; a rejection ends it."""
     now = now or timezone.now()
-    used = SigningRequest.objects.filter(nonce=str(nonce)[:64], user=user, used_at__isnull=True,
+    used = SigningRequest.objects.filter(nonce=str(nonce)[:64], user=user, plan__isnull=False, used_at__isnull=True,
                                          expires_at__gt=now).update(used_at=now)
     if not used:
         raise signing.SigningRefused("This signing request is unknown, already used or expired; start again.")
@@ -1001,3 +1012,328 @@ def retry_unknown(*, plan: Plan, position: int, by, now: datetime | None = None)
             queue_execution(plan=plan)
     except IntegrityError:
         raise NotSettled(f"Step {item.step.number} is in another open plan now; finish that one first.") from None
+
+
+# -- autonomy policies ---------------------------------------------------------------------------------------
+
+POLICY_LOG = "autonomy-policies"  # the name the change log's signed heads carry in place of a run id
+
+
+class PolicyRefused(Exception):
+    """A policy edit that cannot be saved; `problems` maps field names to what is wrong."""
+
+    def __init__(self, problems: dict[str, str]):
+        super().__init__("; ".join(problems.values()))
+        self.problems = problems
+
+
+def policy_record(policy_row: AutonomyPolicy) -> dict[str, Any]:
+    """A policy as the change log keeps it (and the simulator and the page show it)."""
+    return {
+        "id": policy_row.pk, "name": policy_row.name, "scope": policy_row.scope,
+        "agent": policy_row.agent.name if policy_row.agent_id else None,
+        "server": policy_row.server.name if policy_row.server_id else None, "tool": policy_row.tool or None,
+        "decisions": dict(policy_row.decisions), "approverGroup": policy_row.approver_group,
+        "quorum": policy_row.quorum, "askTimeout": policy_row.ask_timeout, "autoRunPlans": policy_row.auto_run_plans,
+    }
+
+
+def as_policy(policy_row: AutonomyPolicy) -> policy.Policy:
+    return policy.Policy(id=policy_row.pk or 0, name=policy_row.name, scope=policy_row.scope,
+                         decisions=dict(policy_row.decisions or {}),
+                         agent=policy_row.agent.name if policy_row.agent_id else "",
+                         server=policy_row.server.name if policy_row.server_id else "", tool=policy_row.tool)
+
+
+def current_policies() -> list[AutonomyPolicy]:
+    return list(AutonomyPolicy.objects.select_related("agent", "server"))
+
+
+def clean_policy(row: AutonomyPolicy) -> None:
+    """Check a draft before it is saved or simulated; PolicyRefused names every problem."""
+    problems: dict[str, str] = {}
+    decisions, wrong = policy.clean_decisions(row.decisions or {})
+    problems.update({f"decision_{klass}": text for klass, text in wrong.items()})
+    row.decisions = decisions
+    if not (row.name or "").strip():
+        problems["name"] = "Give the policy a name."
+    if row.scope not in AutonomyPolicy.Scope.values:
+        problems["scope"] = "Choose what the policy covers."
+    if row.scope == AutonomyPolicy.Scope.AGENT and not row.agent_id:
+        problems["agent"] = "Choose the agent this policy is for."
+    if row.scope in (AutonomyPolicy.Scope.SERVER, AutonomyPolicy.Scope.TOOL) and not row.server_id:
+        problems["server"] = "Choose the tool server this policy is for."
+    if row.scope == AutonomyPolicy.Scope.TOOL and not (row.tool or "").strip():
+        problems["tool"] = "Name the tool this policy is for."
+    if row.scope == AutonomyPolicy.Scope.TOOL and row.server_id and row.tool and row.tool not in row.server.tool_names:
+        problems["tool"] = f"{row.server.name} offers no tool named {row.tool!r}."
+    if not row.quorum or row.quorum < 1:
+        problems["quorum"] = "At least one approver must sign a held call."
+    if not 1 <= (row.ask_timeout or 0) <= 3600:
+        problems["ask_timeout"] = "A held call can wait between 1 second and 1 hour."
+    if row.approver_group not in roles.ALL:
+        problems["approver_group"] = f"Choose one of the groups: {', '.join(roles.ALL)}."
+    if row.scope != AutonomyPolicy.Scope.AGENT:
+        row.agent = None
+    if row.scope not in (AutonomyPolicy.Scope.SERVER, AutonomyPolicy.Scope.TOOL):
+        row.server = None
+    if row.scope != AutonomyPolicy.Scope.TOOL:
+        row.tool = ""
+    clash = AutonomyPolicy.objects.exclude(pk=row.pk).filter(scope=row.scope)
+    clash = {"agent": clash.filter(agent_id=row.agent_id), "server": clash.filter(server_id=row.server_id),
+             "tool": clash.filter(server_id=row.server_id, tool=row.tool)}.get(row.scope, clash).first()
+    if clash is not None and not problems:
+        problems["scope"] = f"“{clash.name}” already covers {as_policy(clash).where}; edit that one instead."
+    if problems:
+        raise PolicyRefused(problems)
+
+
+def save_policy(*, row: AutonomyPolicy, by, now: datetime | None = None) -> AutonomyPolicy:
+    """Create or change a policy and log the change (who, when, before, after). Takes effect at the next call:
+    the Recorder reads the policies for every call."""
+    now = now or timezone.now()
+    clean_policy(row)
+    with transaction.atomic():
+        before = None
+        if row.pk:
+            before = policy_record(AutonomyPolicy.objects.select_for_update().select_related("agent", "server")
+                                   .get(pk=row.pk))
+        row.updated_at = now
+        try:
+            with transaction.atomic():
+                row.save()
+        except IntegrityError:
+            raise PolicyRefused({"scope": "Another policy already covers this; edit that one instead."}) from None
+        _log_policy_change("policy_changed" if before else "policy_created", by=by, now=now, before=before,
+                           after=policy_record(row))
+    return row
+
+
+def delete_policy(*, row: AutonomyPolicy, by, now: datetime | None = None) -> None:
+    now = now or timezone.now()
+    with transaction.atomic():
+        before = policy_record(row)
+        row.delete()
+        _log_policy_change("policy_deleted", by=by, now=now, before=before, after=None)
+
+
+def _log_policy_change(event: str, *, by, now: datetime, before, after) -> PolicyChange:
+    """Append to the change log, hash-chained and with its new head signed. The last entry is locked while
+    appending; the unique `seq` is the backstop if two admins save at the same instant."""
+    from journal import chain, keys
+
+    last = PolicyChange.objects.select_for_update().order_by("-seq").first()
+    entry = chain.make_entry(seq=(last.seq if last else 0) + 1, ts=chain.format_ts(now), event=event,
+                             data={"by": by.get_username(), "before": before, "after": after},
+                             prev_hash=last.hash if last else chain.GENESIS)
+    key_id, private = keys.signing_key()
+    signature = chain.sign(private, chain.checkpoint_payload(run=POLICY_LOG, seq=entry["seq"], head_hash=entry["hash"]))
+    return PolicyChange.objects.create(seq=entry["seq"], ts=entry["ts"], event=event, data=entry["data"],
+                                       prev_hash=entry["prevHash"], hash=entry["hash"], key_id=key_id,
+                                       signature=signature)
+
+
+def verify_policy_log():
+    """Check the change log's chain and every signed head; name the first change that does not fit."""
+    from journal import chain, keys
+
+    rows = list(PolicyChange.objects.order_by("id"))
+    entries = [{"seq": r.seq, "ts": r.ts, "event": r.event, "data": r.data, "prevHash": r.prev_hash, "hash": r.hash}
+               for r in rows]
+    checkpoints = [{"run": POLICY_LOG, "seq": r.seq, "headHash": r.hash, "keyId": r.key_id, "signature": r.signature}
+                   for r in rows]
+    return chain.verify(run=POLICY_LOG, entries=entries, checkpoints=checkpoints, public_keys=keys.public_keys())
+
+
+def decide_call(*, agent_name: str, server_name: str, tool: str, declaration) -> dict[str, Any]:
+    """What the autonomy policies decide for an agent's call, as the run record keeps it. Policies are read
+    fresh for every call, so a change applies to the very next one. `declaration` is the tool's own
+    (journal.declarations.UndoDeclaration). An `ask` also carries how the call is held: who approves, how
+    many, and how long the agent waits."""
+    rows = current_policies()
+    compensation = declaration.compensation
+    decided = policy.decide(
+        [as_policy(row) for row in rows], agent=agent_name, server=server_name, tool=tool,
+        kind=declaration.kind, via=declaration.via, dialect=compensation.dialect if compensation else None,
+        reason=declaration.reason, remedy=declaration.remedy, source=declaration.source)
+    record = decided.as_record()
+    if decided.decision == "ask":
+        row = next((r for r in rows if decided.policy and r.pk == decided.policy.id), None) or AutonomyPolicy()
+        record["hold"] = {"approverGroup": row.approver_group, "quorum": row.quorum, "askTimeout": row.ask_timeout,
+                          "why": decided.why}
+    return record
+
+
+def recent_calls(last: int) -> list[dict[str, Any]]:
+    """The agents' last `last` journaled calls, as `policy.decide` reads them (the tool's own declaration
+    as it was when the call was made)."""
+    rows = (Step.objects.filter(run__agent__isnull=False).order_by("-id")
+            .values_list("run__agent__name", "server_name", "tool", "declaration")[:last])
+    calls = []
+    for agent_name, server_name, tool, declared in rows:
+        declared = declared if isinstance(declared, dict) else {}
+        compensation = declared.get("compensation") if isinstance(declared.get("compensation"), dict) else {}
+        calls.append({"agent": agent_name, "server": server_name, "tool": tool,
+                      "kind": declared.get("kind") or "unknown", "via": declared.get("via"),
+                      "dialect": compensation.get("dialect"), "reason": declared.get("reason"),
+                      "remedy": declared.get("remedy"), "source": declared.get("source") or "none"})
+    return calls
+
+
+def simulate_policy(*, draft: AutonomyPolicy, last: int = 200) -> dict[str, Any]:
+    """What the policies would have decided for the last `last` calls with `draft` saved: counts and
+    examples per decision, and how many calls would be decided differently from today."""
+    today = [as_policy(row) for row in current_policies()]
+    drafted = [p for p in today if not draft.pk or p.id != draft.pk] + [as_policy(draft)]
+    calls = recent_calls(last)
+    changes = []
+    for call in calls:
+        before, after = policy.decide(today, **call), policy.decide(drafted, **call)
+        if before.decision != after.decision:
+            changes.append({"tool": f"{call['server']}__{call['tool']}", "agent": call["agent"],
+                            "before": before.decision, "after": after.decision})
+    return {"calls": len(calls), "tally": policy.simulate(drafted, calls), "changed": len(changes),
+            "changes": changes[:5]}
+
+
+# -- held calls -----------------------------------------------------------------------------------------------
+
+
+class ActionRefused(Exception):
+    """A decision on a held call that cannot be taken; `message` says why."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+def action_digest(*, agent: str, server: str, tool: str, arguments: Any) -> str:
+    """What an approval of a held call binds: the agent, the server, the tool and the exact arguments."""
+    from journal.canonical import canonical_bytes
+
+    return hashlib.sha256(canonical_bytes({"agent": agent, "server": server, "tool": tool,
+                                           "arguments": arguments})).hexdigest()
+
+
+def action_url(action: ActionRequest) -> str:
+    return settings.PUBLIC_URL.rstrip("/") + reverse("approver:action_detail", args=[action.public_id])
+
+
+def request_for_held_call(*, agent, server, tool: str, arguments: dict[str, Any], decision: dict[str, Any],
+                          run_id: int, step_id: int, now: datetime | None = None) -> ActionRequest:
+    """The action request a held call waits on: the open one for the same exact call (so an agent that asks
+    again does not pile up requests), or a new one, which approvers are told of."""
+    now = now or timezone.now()
+    digest = action_digest(agent=agent.name, server=server.name, tool=tool, arguments=arguments)
+    with transaction.atomic():
+        existing = (ActionRequest.objects.select_for_update()
+                    .filter(digest=digest, state__in=[ActionRequest.State.PENDING, ActionRequest.State.APPROVED],
+                            expires_at__gt=now).order_by("created_at").first())
+        if existing is not None:
+            return existing
+        hold = decision.get("hold") or {}
+        chosen = decision.get("policy") or {}
+        action = ActionRequest.objects.create(
+            agent=agent, run_id=run_id, step_id=step_id, server=server, tool=tool, arguments=arguments,
+            digest=digest, call_class=decision.get("class", "unknown"), reason=decision.get("reason", ""),
+            why=hold.get("why") or {}, policy_id=chosen.get("id") or None, policy_name=chosen.get("name") or "",
+            approver_group=hold.get("approverGroup") or roles.APPROVER, quorum=hold.get("quorum") or 1,
+            created_at=now, expires_at=now + ApprovalRules.current().valid_for)
+        journal_services.record_event(run_id=run_id, event="action_requested", now=now, data={
+            "action": str(action.public_id), "digest": digest, "tool": tool, "server": server.name,
+            "reason": action.reason})
+        transaction.on_commit(lambda: _tell("notify_action_requested", action.pk))
+    return action
+
+
+def claim_approved_action(*, action_id: int, step_id: int, now: datetime | None = None) -> bool:
+    """Let one call through on an approval: approved becomes used, once (a conditional update)."""
+    now = now or timezone.now()
+    return bool(ActionRequest.objects.filter(pk=action_id, state=ActionRequest.State.APPROVED, expires_at__gt=now)
+                .update(state=ActionRequest.State.USED, used_at=now, used_step_id=step_id))
+
+
+def action_refusal(*, action: ActionRequest, user) -> str:
+    """Why `user` may not decide on this held call now, or "" if they may."""
+    if action.state != ActionRequest.State.PENDING:
+        return f"This call is {action.get_state_display().lower()}; there is nothing to decide."
+    if not roles.has_role(user, action.approver_group):
+        return f"Only members of {action.approver_group} decide on held calls."
+    if ApprovalRules.current().separation_of_duties and action.agent.on_behalf_of_id == user.pk:
+        return "The agent acts for you, so someone else must decide on its calls."
+    if action.approvals.filter(approver=user).exists():
+        return "You have already decided on this call."
+    return ""
+
+
+def begin_action_signing(*, action: ActionRequest, user, decision: str, reason: str = "",
+                         now: datetime | None = None) -> tuple[SigningRequest, str]:
+    """A one-time challenge for the approver's passkey over the held call's exact content."""
+    now = now or timezone.now()
+    refusal = action_refusal(action=action, user=user)
+    if refusal:
+        raise ActionRefused(refusal)
+    if decision not in signing.DECISIONS:
+        raise ActionRefused("Approve or deny.")
+    if decision == "reject" and not reason.strip():
+        raise ActionRefused("Say why you deny it: the agent's owner reads it.")
+    keys = list(Passkey.objects.active().filter(user=user).values_list("credential_id", flat=True))
+    if not keys:
+        raise ActionRefused("Enrol a passkey first: decisions on held calls are signed with it.")
+    nonce = secrets.token_urlsafe(24)
+    challenge = signing.challenge(signing.action_payload(action=str(action.public_id), digest=action.digest,
+                                                         decision=decision, nonce=nonce))
+    request = SigningRequest.objects.create(
+        action=action, user=user, nonce=nonce, decision=decision, reason=reason, digest=action.digest,
+        challenge=bytes_to_base64url(challenge), created_at=now, expires_at=now + timedelta(seconds=SIGNING_SECONDS))
+    return request, passkeys.authentication_options(rp=relying_party(), challenge=challenge, credential_ids=keys)
+
+
+def complete_action_signing(*, user, nonce: str, credential: Any, now: datetime | None = None) -> ActionApproval:
+    """Keep the approver's signed decision on a held call. Enough approvals approve it (the held call, or
+    the agent's next identical call, then goes through once); one denial denies it."""
+    now = now or timezone.now()
+    if not SigningRequest.objects.filter(nonce=str(nonce)[:64], user=user, action__isnull=False, used_at__isnull=True,
+                                         expires_at__gt=now).update(used_at=now):
+        raise ActionRefused("This signing request is unknown, already used or expired; start again.")
+    request = SigningRequest.objects.get(nonce=nonce)
+    action = ActionRequest.objects.select_related("agent", "server").get(pk=request.action_id)
+    refusal = action_refusal(action=action, user=user)
+    if refusal:
+        raise ActionRefused(refusal)
+    if action.expires_at <= now:
+        raise ActionRefused("This held call has expired; the agent must ask again.")
+    passkey = Passkey.objects.active().filter(user=user, credential_id=passkeys.credential_id_of(credential)).first()
+    if passkey is None:
+        raise ActionRefused("That passkey is not one of your active passkeys.")
+    try:
+        new_count = passkeys.verify_assertion(rp=relying_party(), credential=credential,
+                                              challenge=base64url_to_bytes(request.challenge),
+                                              public_key=passkey.public_key, sign_count=passkey.sign_count)
+    except passkeys.PasskeyRefused as refused:
+        raise ActionRefused(refused.message) from None
+    with transaction.atomic():
+        locked = ActionRequest.objects.select_for_update().get(pk=action.pk)
+        if locked.state != ActionRequest.State.PENDING or locked.digest != request.digest:
+            raise ActionRefused("This call was decided a moment ago; nothing was signed.")
+        Passkey.objects.filter(pk=passkey.pk).update(sign_count=new_count, last_used_at=now)
+        approval = ActionApproval.objects.create(
+            request=locked, approver=user, passkey=passkey, decision=request.decision, reason=request.reason,
+            digest=request.digest, nonce=request.nonce, challenge=request.challenge, assertion=credential,
+            created_at=now)
+        approvals = locked.approvals.filter(decision=ActionApproval.Decision.APPROVE)
+        if approval.decision == ActionApproval.Decision.REJECT:
+            locked.state, locked.decision_reason = ActionRequest.State.DENIED, approval.reason
+        elif approvals.count() >= locked.quorum:
+            locked.state = ActionRequest.State.APPROVED
+        if locked.state != ActionRequest.State.PENDING:
+            names = approvals.values_list("approver__username", flat=True) if locked.state == "approved" else [
+                user.get_username()]
+            locked.decided_at, locked.decided_by = now, ", ".join(sorted(names))
+            locked.save(update_fields=["state", "decided_at", "decided_by", "decision_reason"])
+        if locked.run_id:
+            journal_services.record_event(run_id=locked.run_id, event="action_decision", now=now, data={
+                "action": str(locked.public_id), "decision": approval.decision, "by": user.get_username(),
+                "passkey": passkey.credential_id, "digest": approval.digest, "nonce": approval.nonce,
+                "reason": approval.reason or None, "state": locked.state})
+    return approval

@@ -30,6 +30,11 @@ def challenge_payload(*, plan: str, digest: str, decision: str, choices: dict[st
     return {"plan": plan, "digest": digest, "decision": decision, "choices": choices, "nonce": nonce}
 
 
+def action_payload(*, action: str, digest: str, decision: str, nonce: str) -> dict[str, Any]:
+    """What a decision on a held call signs: the request, the digest of the exact call, the decision, a nonce."""
+    return {"action": action, "digest": digest, "decision": decision, "nonce": nonce}
+
+
 def challenge(payload: dict[str, Any]) -> bytes:
     return hashlib.sha256(canonical_bytes(payload)).digest()
 

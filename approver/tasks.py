@@ -83,3 +83,15 @@ def notify_plan_executed(plan_id: int) -> int:
             execution_notified=True):
         return 0
     return notifications.plan_executed(Plan.objects.for_page().get(pk=plan_id))
+
+
+@shared_task(name="approver.notify_action_requested")
+def notify_action_requested(action_id: int) -> int:
+    """Tell the approvers a call is held for them. Safe to run twice: the request is claimed first."""
+    from .models import ActionRequest
+
+    if not ActionRequest.objects.filter(pk=action_id, state=ActionRequest.State.PENDING, notified=False).update(
+            notified=True):
+        return 0
+    return notifications.action_requested(
+        ActionRequest.objects.select_related("agent__on_behalf_of", "server").get(pk=action_id))

@@ -9,16 +9,16 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from webauthn.helpers import base64url_to_bytes, bytes_to_base64url
 
 from journal.models import Run
 
-from . import execution, passkeys, roles, services, signing
+from . import execution, passkeys, policy, roles, services, signing
 from . import health as health_report
 from .access import READERS, require_role
-from .forms import UndoRequestForm
-from .models import ApprovalRules, Passkey, Plan, PlanItem
+from .forms import PolicyForm, UndoRequestForm
+from .models import ActionRequest, ApprovalRules, AutonomyPolicy, Passkey, Plan, PlanItem, PolicyChange
 
 
 @require_GET
@@ -323,3 +323,126 @@ def retry_outcome(request, plan_id, position):
     require_role(request, roles.APPROVER, roles.ADMIN)
     return _settling(request, plan_id, position, services.retry_unknown,
                      "Trying again with the same idempotency key; the approvals were checked first.")
+
+
+# -- held calls ---------------------------------------------------------------------------------------------------
+
+ACTIONS_PER_PAGE = 25
+
+
+@require_GET
+def action_list(request):
+    require_role(request, *READERS)
+    actions = ActionRequest.objects.select_related("agent__on_behalf_of", "server").order_by("-created_at", "-id")
+    page = Paginator(actions, ACTIONS_PER_PAGE).get_page(request.GET.get("page"))
+    return render(request, "approver/action_list.html", {"page": page, "now": timezone.now()})
+
+
+@require_GET
+def action_detail(request, action_id):
+    require_role(request, *READERS)
+    action = get_object_or_404(ActionRequest.objects.select_related("agent__on_behalf_of", "server", "run", "step",
+                                                                     "used_step"), public_id=action_id)
+    refusal = services.action_refusal(action=action, user=request.user) if roles.has_role(
+        request.user, action.approver_group) else ""
+    has_key = Passkey.objects.active().filter(user=request.user).exists()
+    return render(request, "approver/action_detail.html", {
+        "action": action, "now": timezone.now(),
+        "approvals": action.approvals.select_related("approver", "passkey").order_by("created_at"),
+        "may_sign": action.state == ActionRequest.State.PENDING and roles.has_role(request.user, action.approver_group)
+        and not refusal and has_key,
+        "sign_refusal": refusal or ("no-passkey" if roles.has_role(request.user, action.approver_group)
+                                    and action.state == ActionRequest.State.PENDING and not has_key else ""),
+    })
+
+
+@require_POST
+def action_sign_begin(request, action_id):
+    """A one-time challenge for approving or denying the held call exactly as it stands."""
+    require_role(request, roles.APPROVER, roles.ADMIN)
+    action = get_object_or_404(ActionRequest.objects.select_related("agent"), public_id=action_id)
+    body = _json_body(request)
+    if body is None:
+        return JsonResponse({"error": "Send the decision as JSON."}, status=400)
+    try:
+        signing_request, options = services.begin_action_signing(
+            action=action, user=request.user, decision=str(body.get("decision", "")),
+            reason=str(body.get("reason") or ""))
+    except services.ActionRefused as refused:
+        return JsonResponse({"error": refused.message}, status=400)
+    return JsonResponse({"nonce": signing_request.nonce, "publicKey": json.loads(options)})
+
+
+@require_POST
+def action_sign_complete(request, action_id):
+    require_role(request, roles.APPROVER, roles.ADMIN)
+    action = get_object_or_404(ActionRequest, public_id=action_id)
+    body = _json_body(request)
+    if body is None:
+        return JsonResponse({"error": "Send the signature as JSON."}, status=400)
+    try:
+        approval = services.complete_action_signing(user=request.user, nonce=str(body.get("nonce", "")),
+                                                    credential=body.get("credential"))
+    except services.ActionRefused as refused:
+        return JsonResponse({"error": refused.message}, status=400)
+    action.refresh_from_db()
+    if approval.decision == "reject":
+        messages.success(request, "You denied the call. The agent is told, with your reason.")
+    elif action.state == ActionRequest.State.APPROVED:
+        messages.success(request, "You approved the call. It goes through once, exactly as shown.")
+    else:
+        messages.success(request, "You approved the call. It needs more approvals before it may go through.")
+    return JsonResponse({"ok": True, "redirect": reverse("approver:action_detail", args=[action.public_id])})
+
+
+# -- autonomy policies (admins only) -----------------------------------------------------------------------------
+
+
+@require_GET
+def policy_list(request):
+    require_role(request, roles.ADMIN)
+    rows = services.current_policies()
+    return render(request, "approver/policy_list.html", {
+        "policies": [(row, services.as_policy(row)) for row in sorted(
+            rows, key=lambda r: policy.SCOPES.index(r.scope))],
+        "classes": [(klass, policy.CLASS_WORDS[klass]) for klass in policy.CLASSES],
+        "changes": PolicyChange.objects.order_by("-seq")[:POLICY_CHANGES_SHOWN],
+        "verdict": services.verify_policy_log(),
+    })
+
+
+POLICY_CHANGES_SHOWN = 30
+
+
+@require_http_methods(["GET", "POST"])
+def policy_edit(request, policy_id=None):
+    """Create or change a policy. "Simulate" (htmx, or a plain POST without JavaScript) shows what the draft
+    would have decided for recent calls; "Save" records the change and it applies to the next call."""
+    require_role(request, roles.ADMIN)
+    row = get_object_or_404(AutonomyPolicy.objects.select_related("agent", "server"), pk=policy_id) \
+        if policy_id else AutonomyPolicy(decisions=dict(policy.DEFAULT_DECISIONS))
+    form = PolicyForm(request.POST or None, instance=row)
+    simulation = None
+    if request.method == "POST" and form.is_valid():
+        draft = form.save(commit=False)
+        try:
+            if "save" in request.POST:
+                services.save_policy(row=draft, by=request.user)
+                messages.success(request, f"Policy “{draft.name}” saved. It applies from the next call.")
+                return redirect("approver:policy_list")
+            services.clean_policy(draft)
+            simulation = services.simulate_policy(draft=draft, last=form.cleaned_data.get("last") or 200)
+        except services.PolicyRefused as refused:
+            for field, problem in refused.problems.items():
+                form.add_error(field if field in form.fields else None, problem)
+    template = "approver/policy_edit.html#simulation" if request.htmx else "approver/policy_edit.html"
+    return render(request, template, {"form": form, "row": row, "simulation": simulation})
+
+
+@require_POST
+def policy_delete(request, policy_id):
+    require_role(request, roles.ADMIN)
+    row = get_object_or_404(AutonomyPolicy.objects.select_related("agent", "server"), pk=policy_id)
+    services.delete_policy(row=row, by=request.user)
+    messages.success(request, f"Policy “{row.name}” deleted. The next call is decided without it.")
+    return redirect("approver:policy_list")

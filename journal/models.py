@@ -131,6 +131,7 @@ class Step(models.Model):
 
     class Status(models.TextChoices):
         PENDING = "pending", "In flight"
+        HELD = "held", "Held for approval"
         OK = "ok", "Succeeded"
         ERROR = "error", "Failed"
 
@@ -144,6 +145,7 @@ class Step(models.Model):
         CONFLICT = "conflict", "Conflict"
         BUSINESS_RULE = "business_rule", "Business rule"
         UNKNOWN = "unknown", "Unknown"
+        POLICY = "policy", "Stopped by an autonomy policy"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
     number = models.PositiveIntegerField()
@@ -174,6 +176,8 @@ class Step(models.Model):
     receipt = models.JSONField(null=True, blank=True)
     receipt_verified = models.BooleanField(null=True, help_text="None when the call carried no receipt.")
     receipt_problem = models.CharField(max_length=300, blank=True)
+    # What the autonomy policy decided before the call was forwarded (approver.policy.Decision.as_record).
+    policy_decision = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["run", "number"]

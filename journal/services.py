@@ -177,6 +177,7 @@ class OpenedStep:
     request_meta: dict[str, Any] | None = None
     kind: str = "unknown"  # the tool-level declaration, which a failed call keeps
     source: str = "none"
+    policy: dict[str, Any] | None = None  # what the autonomy policy decided (see `open_step`'s `decide`)
 
 
 # The run columns a call reads and moves. They are integers and text, so the hot path reads them raw
@@ -225,12 +226,17 @@ def _find_run(*, agent: Agent, key: str, now: datetime) -> Run:
 
 def open_step(
     *, agent: Agent, run_key: str, server: ToolServer | None, server_name: str, tool: str,
-    arguments: dict[str, Any], request_meta: dict[str, Any] | None, now: datetime,
+    arguments: dict[str, Any], request_meta: dict[str, Any] | None, now: datetime, decide=None,
 ) -> OpenedStep:
-    """Journal the intent of an agent's call, before it is forwarded."""
+    """Journal the intent of an agent's call, before it is forwarded.
+
+    `decide(declaration)`, when given, is the autonomy policy: it returns the decision as a dict
+    (`{"decision": "allow"|"ask"|"deny", ...}`), which is kept with the step and in its `call` entry. An
+    `ask` opens the step as `held`; the caller then releases it (`release_held_step`) or refuses it
+    (`refuse_step`), as it does a `deny`."""
     return _open(lambda: _find_run(agent=agent, key=run_key, now=now), server=server, server_name=server_name,
                  tool=tool, arguments=arguments, request_meta=request_meta, now=now,
-                 who={"agent": agent.name, "onBehalfOf": agent.on_behalf_of.get_username()})
+                 who={"agent": agent.name, "onBehalfOf": agent.on_behalf_of.get_username()}, decide=decide)
 
 
 def open_step_in_run(
@@ -244,11 +250,13 @@ def open_step_in_run(
 
 
 def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, arguments: dict[str, Any],
-          request_meta: dict[str, Any] | None, now: datetime, who: dict[str, Any]) -> OpenedStep:
+          request_meta: dict[str, Any] | None, now: datetime, who: dict[str, Any], decide=None) -> OpenedStep:
     arguments = to_ijson(arguments)
     request_meta = to_ijson(request_meta) if request_meta else None
     tool_def = server.tool(tool) if server else None
     declaration = declarations.normalise(tool_def or {}, catalogue=server.tool_names if server else set())
+    decision = to_ijson(decide(declaration)) if decide is not None else None
+    status = Step.Status.HELD if decision and decision.get("decision") == "ask" else Step.Status.PENDING
     with transaction.atomic():
         run = find_run()
         number = run.step_count + 1
@@ -256,15 +264,48 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
             run_id=run.pk, number=number, server_id=server.pk if server else None, server_name=server_name,
             tool=tool, arguments=arguments, request_meta=request_meta, started_at=now,
             declaration=declaration.model_dump(mode="json"), declaration_source=declaration.source,
-            reversibility=declaration.kind,
+            reversibility=declaration.kind, status=status, policy_decision=decision,
         ))
         run.step_count = number
-        append_entry(run=run, event="call", now=now, data={
-            "step": number, "server": server_name, "tool": tool, "arguments": arguments, **who,
-        })
+        entry = {"step": number, "server": server_name, "tool": tool, "arguments": arguments, **who}
+        if decision is not None:
+            entry["policy"] = decision
+        append_entry(run=run, event="call", now=now, data=entry)
         _save_moving(run, now=now)
     return OpenedStep(step_id=step_id, run_id=run.pk, number=number, server=server, tool=tool, arguments=arguments,
-                      request_meta=request_meta, kind=declaration.kind, source=declaration.source)
+                      request_meta=request_meta, kind=declaration.kind, source=declaration.source, policy=decision)
+
+
+def release_held_step(*, opened: OpenedStep, approval: dict[str, Any], now: datetime) -> bool:
+    """A held call was approved: it may now be forwarded (the step is in flight, like any other call)."""
+    with transaction.atomic():
+        run = _locked_run("id = %s", [opened.run_id])
+        if not sql.update(Step, opened.step_id, {"status": Step.Status.PENDING}, only_if={"status": Step.Status.HELD}):
+            return False
+        append_entry(run=run, event="released", now=now, data={"step": opened.number, **to_ijson(approval)})
+        _save_moving(run, now=None)
+    return True
+
+
+def refuse_step(*, opened: OpenedStep, message: str, now: datetime) -> bool:
+    """A call the autonomy policy stopped (denied, or held and not approved in time): nothing was forwarded,
+    and the record says why. Only a step still held or not yet forwarded is closed."""
+    fields = {"status": Step.Status.ERROR, "is_error": True, "error_message": message,
+              "failure_class": Step.FailureClass.POLICY, "finished_at": now}
+    with transaction.atomic():
+        run = _locked_run("id = %s", [opened.run_id])
+        step = Step.objects.filter(pk=opened.step_id).values_list("status", flat=True).first()
+        if step not in (Step.Status.HELD, Step.Status.PENDING):
+            return False
+        sql.update(Step, opened.step_id, fields, only_if={"status": step})
+        run.failed_count += 1
+        run.state = Run.State.FAILED
+        append_entry(run=run, event="result", now=now, data={
+            "step": opened.number, "status": Step.Status.ERROR, "isError": True, "result": None,
+            "error": message, "failureClass": Step.FailureClass.POLICY, "forwarded": False,
+        })
+        _save_moving(run, now=now)
+    return True
 
 
 @dataclass(frozen=True)
@@ -666,12 +707,21 @@ def import_chronomcp_log(*, text: str, source: str) -> Run:
     return run
 
 
+MAX_HOLD_SECONDS = 3600  # the longest a policy may hold a call (approver.services.clean_policy)
+
+
 def reconcile_stale_steps(*, older_than: datetime, now: datetime | None = None) -> int:
     """Close steps still `pending` long after any call could have lasted: the Recorder stopped (or its
     database failed) between forwarding a call and recording the answer. The server may have acted, so the
-    step becomes a failed call whose outcome is unknown, never a silent gap in the record."""
+    step becomes a failed call whose outcome is unknown, never a silent gap in the record. A step still
+    `held` after the longest hold was never forwarded: it is closed as such."""
     now = now or timezone.now()
     closed = 0
+    held_before = older_than - timedelta(seconds=MAX_HOLD_SECONDS)
+    for step in Step.objects.filter(status=Step.Status.HELD, started_at__lt=held_before).iterator():
+        opened = OpenedStep(step_id=step.pk, run_id=step.run_id, number=step.number)
+        closed += refuse_step(opened=opened, now=now, message=(
+            "The Recorder stopped while this call waited for approval; it was never forwarded."))
     stale = Step.objects.filter(status=Step.Status.PENDING, started_at__lt=older_than).select_related("server")
     for step in stale.iterator():
         opened = OpenedStep(

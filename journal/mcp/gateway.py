@@ -51,6 +51,7 @@ from .client import ToolServerError, Upstreams, endpoint_of
 logger = logging.getLogger(__name__)
 
 SEPARATOR = "__"
+HOLD_POLL_SECONDS = 0.5  # how often a held call looks for the approvers' decision
 RUN_ID_KEY = "runId"
 _ENVELOPE_PREFIX = "io.modelcontextprotocol/"
 
@@ -140,12 +141,20 @@ class ServerDirectory:
 
 def _begin(*, servers: ServerDirectory, agent: Agent, server_name: str, tool: str, arguments: dict, key: str,
            request_meta: dict | None, now) -> services.OpenedStep | None:
-    """Find the server and journal the intent in one job on the journal thread."""
+    """Find the server, ask the autonomy policy and journal the intent (with the decision) in one job on the
+    journal thread. The policy is read from the tool's own declaration, never from anything the agent sent."""
+    from approver import services as approver_services
+
     server = servers.get(server_name)
     if server is None:
         return None
+
+    def decide(declaration):
+        return approver_services.decide_call(agent_name=agent.name, server_name=server_name, tool=tool,
+                                             declaration=declaration)
+
     return services.open_step(agent=agent, run_key=key, server=server, server_name=server_name, tool=tool,
-                              arguments=arguments, request_meta=request_meta, now=now)
+                              arguments=arguments, request_meta=request_meta, now=now, decide=decide)
 
 
 def _agent(ctx) -> Agent:
@@ -193,14 +202,19 @@ class Recorder:
     async def call_tool(self, ctx, params: types.CallToolRequestParams):
         session_id = ctx.request.headers.get("mcp-session-id") if ctx.request is not None else None
         result, journaled = await self.forward(agent=_agent(ctx), name=params.name, arguments=params.arguments,
-                                               meta=ctx.meta, session_id=session_id)
+                                               meta=ctx.meta, session_id=session_id,
+                                               progress=ctx.session.report_progress)
         if journaled is not None:
             await journaled
         return result
 
-    async def forward(self, *, agent: Agent, name: str, arguments: Any, meta: Any, session_id: str | None):
+    async def forward(self, *, agent: Agent, name: str, arguments: Any, meta: Any, session_id: str | None,
+                      progress=None):
         """Journal, forward and journal one tools/call; the result dict goes back unchanged, a failure
         comes back as a tool error, and a JSON-RPC error from the server as the same JSON-RPC error.
+        The autonomy policy decides first: a denied call is answered with a tool error and never forwarded;
+        a call the policy asks about waits for approvers (`_hold`), reporting progress when the agent asked
+        for it (`progress(done, total, message)`).
 
         Returns the result and the journal write of its outcome, already queued (None when nothing was
         journaled): the caller awaits it, after replying if it can."""
@@ -218,6 +232,15 @@ class Recorder:
         )
         if opened is None:
             return tool_error(f"Unknown tool server {server_name!r}."), None
+        decision = (opened.policy or {}).get("decision", "allow")
+        if decision == "deny":
+            message = f"Not done: {opened.policy.get('reason')} Nothing was sent to {server_name}."
+            await self.journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now())
+            return tool_error(message), None
+        if decision == "ask":
+            refusal = await self._hold(agent, opened, arguments, progress)
+            if refusal is not None:
+                return tool_error(refusal), None
         try:
             result = await self.upstreams.call_tool(endpoint_of(opened.server), tool, arguments, meta=kept_meta)
         except ToolServerError as exc:
@@ -230,6 +253,48 @@ class Recorder:
             note = " It may have acted before failing; do not repeat the call blindly." if exc.may_have_acted else ""
             return tool_error(f"{exc.message} ({exc.failure_class}).{note}"), journaled
         return result, self._journal_outcome(opened, started, services.Outcome(result=result))
+
+    async def _hold(self, agent: Agent, opened: services.OpenedStep, arguments: dict, progress) -> str | None:
+        """Wait for approvers to decide on a held call, up to the policy's time. Returns None once the call
+        is approved and released (an approval lets exactly one call through), else what to tell the agent.
+        Waiting reads the request's state (not on the journal thread: reads never queue behind writes)."""
+        from approver import services as approver_services
+        from approver.models import ActionRequest
+
+        hold = opened.policy.get("hold") or {}
+        action = await self.journal.run(
+            approver_services.request_for_held_call, agent=agent, server=opened.server, tool=opened.tool,
+            arguments=opened.arguments, decision=opened.policy, run_id=opened.run_id, step_id=opened.step_id,
+            now=timezone.now())
+        url = approver_services.action_url(action)
+        read = sync_to_async(lambda: ActionRequest.objects.filter(pk=action.pk).values_list(
+            "state", "decided_by", "decision_reason", "expires_at").first())
+        timeout = float(hold.get("askTimeout") or 60)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            state, decided_by, decision_reason, expires_at = await read()
+            waited = timeout - max(deadline - loop.time(), 0.0)
+            if state == ActionRequest.State.APPROVED and await self.journal.run(
+                    approver_services.claim_approved_action, action_id=action.pk, step_id=opened.step_id):
+                await self.journal.run(services.release_held_step, opened=opened, now=timezone.now(),
+                                       approval={"action": str(action.public_id), "approvedBy": decided_by})
+                return None
+            if state == ActionRequest.State.DENIED:
+                message = f"Not done: {decided_by} denied this call: “{decision_reason}”. Nothing was sent."
+            elif state == ActionRequest.State.USED:
+                message = f"Not done: the approval at {url} already let an identical call through; ask again."
+            elif loop.time() >= deadline or expires_at <= timezone.now():
+                message = (f"Not done yet: this call awaits approval at {url} ({opened.policy.get('reason')}) "
+                           "Make the same call again, with the same arguments, once it is approved.")
+            else:
+                if progress is not None:
+                    with contextlib.suppress(Exception):  # a client that went away must not end the hold
+                        await progress(waited, timeout, f"Waiting for approval: {url}")
+                await asyncio.sleep(HOLD_POLL_SECONDS)
+                continue
+            await self.journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now())
+            return message
 
     def _journal_outcome(self, opened: services.OpenedStep, started, outcome: services.Outcome):
         """Queue the outcome's journal write now (so it comes before anything the agent does next) and
@@ -422,7 +487,9 @@ def build_app() -> Starlette:
     recorder = Recorder(timeout=settings.TOOL_SERVER_TIMEOUT)
     security = _transport_security()
     mcp_app = recorder.server.streamable_http_app(
-        streamable_http_path="/mcp/", json_response=True, transport_security=security
+        # Not JSON-only: a held call streams progress notifications (SSE) while it waits. A request that
+        # finishes quickly and emits nothing is still answered with plain JSON.
+        streamable_http_path="/mcp/", json_response=False, transport_security=security
     )
     recorder.sdk_app = mcp_app
 

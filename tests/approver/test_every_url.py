@@ -7,9 +7,10 @@ page can be added without deciding who may use it.
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
-from approver import roles, services
+from approver import policy, roles, services
+from approver.models import AutonomyPolicy
 from journal import services as journal_services
-from tests.journal.factories import make_run
+from tests.journal.factories import crm_server, make_run
 
 from .softkey import SoftKey
 
@@ -43,6 +44,14 @@ ACCESS = {
     "approver:passkey_revoke": ("post", {roles.APPROVER}),
     "approver:sign_begin": ("post", {roles.APPROVER}),
     "approver:sign_complete": ("post", {roles.APPROVER}),
+    "approver:policy_list": ("get", {roles.ADMIN}),
+    "approver:policy_new": ("get", {roles.ADMIN}),
+    "approver:policy_edit": ("get", {roles.ADMIN}),
+    "approver:policy_delete": ("post", {roles.ADMIN}),
+    "approver:action_list": ("get", READERS),
+    "approver:action_detail": ("get", READERS),
+    "approver:action_sign_begin": ("post", {roles.APPROVER, roles.ADMIN}),
+    "approver:action_sign_complete": ("post", {roles.APPROVER, roles.ADMIN}),
 }
 PERSONAS = {"on_call": roles.ON_CALL, "approver_user": roles.APPROVER, "admin_user": roles.ADMIN,
             "outsider": None, "dana": None}
@@ -59,7 +68,14 @@ def objects(dana, on_call, approver_user):
     plan = services.request_plan(run=run, requested_by=on_call, reason="r", from_step=1)
     passkey = services.enroll_passkey(user=approver_user, name="k", credential=SoftKey().register(b"c" * 32),
                                       challenge=b"c" * 32)
-    return {"run_id": run.public_id, "plan_id": plan.public_id, "passkey_id": passkey.pk, "position": 1}
+    first = run.steps.select_related("server").first()
+    action = services.request_for_held_call(
+        agent=agent, server=first.server or crm_server(), tool=first.tool, arguments={"to": "x"},
+        decision={"decision": "ask", "class": "none"}, run_id=run.pk, step_id=first.pk)
+    rule = services.save_policy(row=AutonomyPolicy(name="All", scope="everything", decisions=dict(
+        policy.DEFAULT_DECISIONS)), by=approver_user)
+    return {"run_id": run.public_id, "plan_id": plan.public_id, "passkey_id": passkey.pk, "position": 1,
+            "action_id": action.public_id, "policy_id": rule.pk}
 
 
 def url_for(name, objects):

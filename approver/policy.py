@@ -1,0 +1,149 @@
+"""Autonomy policies, as pure decisions: which class a call falls in, which policy governs it, and what that
+policy decides (allow, ask a human first, or deny).
+
+The question is not "may this agent act?" but "can we take it back if it is wrong?", so a call is classed by
+what its tool server declares about undoing it, before it is made (the agent's own request never counts):
+
+- `compensate_api`: the server can undo it through its API and reports versions (HATP, via api);
+- `compensate_ui`: it can be undone, but only by a person in the server's own UI;
+- `compensate_no_version`: a compensation is declared (SEP-3172, mcp-compensate) but no version is ever
+  reported, so a later change by someone else cannot be detected;
+- `none`: the server says it cannot be undone;
+- `unknown`: nothing is declared, or the declaration does not parse.
+
+Reads (`read_only`) change nothing and are always allowed. A policy's scope is everything, one agent, one
+tool server or one tool; the most specific policy that matches wins (tool, then server, then agent, then
+everything). Where no policy matches, the call is allowed (and journaled): policies are the admins' to set,
+and the demo starts with `DEFAULT_DECISIONS` for everything. Nothing here reads the database or the clock.
+"""
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+CLASSES = ("compensate_api", "compensate_ui", "compensate_no_version", "none", "unknown")
+CLASS_WORDS = {
+    "compensate_api": "can be undone through the API",
+    "compensate_ui": "can only be undone by hand in the tool's own UI",
+    "compensate_no_version": "can be undone, but the server reports no versions, so a later change by "
+                             "someone else would go unnoticed",
+    "none": "cannot be undone",
+    "unknown": "does not say whether it can be undone",
+}
+READ = "read"
+DECISIONS = ("allow", "ask", "deny")
+SCOPES = ("tool", "server", "agent", "everything")  # most specific first
+# The demo's starting point, and the policy page's suggestion: act freely where the API can take it back.
+DEFAULT_DECISIONS = {"compensate_api": "allow", "compensate_ui": "ask", "compensate_no_version": "ask",
+                     "none": "ask", "unknown": "ask"}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A policy as the decision needs it. `server` and `tool` are names (`tool` within `server`)."""
+
+    id: int
+    name: str
+    scope: str
+    decisions: Mapping[str, str]
+    agent: str = ""
+    server: str = ""
+    tool: str = ""
+
+    def matches(self, *, agent: str, server: str, tool: str) -> bool:
+        if self.scope == "everything":
+            return True
+        if self.scope == "agent":
+            return self.agent == agent
+        if self.scope == "server":
+            return self.server == server
+        return self.scope == "tool" and self.server == server and self.tool == tool
+
+    @property
+    def where(self) -> str:
+        return {"everything": "every call", "agent": f"agent {self.agent}", "server": f"tool server {self.server}",
+                "tool": f"{self.server}__{self.tool}"}.get(self.scope, self.scope)
+
+
+@dataclass(frozen=True)
+class Decision:
+    decision: str  # allow | ask | deny
+    call_class: str
+    policy: Policy | None
+    reason: str
+    why: dict[str, str] = field(default_factory=dict)  # the declaration's own words: reason, remedy, source
+
+    def as_record(self) -> dict[str, object]:
+        """What the run record keeps of the decision."""
+        return {"decision": self.decision, "class": self.call_class, "reason": self.reason,
+                "policy": {"id": self.policy.id, "name": self.policy.name, "scope": self.policy.where}
+                if self.policy else None}
+
+
+def call_class(*, kind: str, via: str | None, dialect: str | None) -> str:
+    """The class of a call from its tool's declaration (`kind`, `via`, and the compensation's dialect)."""
+    if kind == "read_only":
+        return READ
+    if kind == "compensate":
+        if dialect is not None and dialect != "hatp":
+            return "compensate_no_version"
+        return "compensate_ui" if via == "ui" else "compensate_api"
+    if kind == "none":
+        return "none"
+    return "unknown"
+
+
+def governing(policies: Iterable[Policy], *, agent: str, server: str, tool: str) -> Policy | None:
+    """The most specific policy that matches the call, or None when none does."""
+    matching = [p for p in policies if p.matches(agent=agent, server=server, tool=tool)]
+    matching.sort(key=lambda p: (SCOPES.index(p.scope), p.id))
+    return matching[0] if matching else None
+
+
+def decide(policies: Iterable[Policy], *, agent: str, server: str, tool: str, kind: str, via: str | None = None,
+           dialect: str | None = None, reason: str | None = None, remedy: str | None = None,
+           source: str = "none") -> Decision:
+    """What the governing policy decides for this call. Without any policy, the defaults apply."""
+    klass = call_class(kind=kind, via=via, dialect=dialect)
+    name = f"{server}__{tool}"
+    why = {k: v for k, v in (("reason", reason), ("remedy", remedy), ("source", source)) if v}
+    if klass == READ:
+        return Decision("allow", klass, None, f"{name} only reads: nothing to undo.", why)
+    chosen = governing(policies, agent=agent, server=server, tool=tool)
+    if chosen is None:  # no policy at all: the Recorder journals, and the agent acts as it did before
+        return Decision("allow", klass, None, f"{name} {CLASS_WORDS[klass]}: allowed, as no autonomy policy "
+                                              "covers it.", why)
+    decision = chosen.decisions.get(klass)
+    if decision not in DECISIONS:
+        decision = "ask"  # a policy that does not say is read as "ask a human", never as "allow"
+    because = f" ({reason})" if reason and klass in ("none", "unknown") else ""
+    verb = {"allow": "allowed", "ask": "a human must approve it first", "deny": "denied"}[decision]
+    return Decision(decision, klass, chosen,
+                    f"{name} {CLASS_WORDS[klass]}{because}: {verb} by policy “{chosen.name}” ({chosen.where}).", why)
+
+
+def clean_decisions(raw: Mapping[str, object]) -> tuple[dict[str, str], dict[str, str]]:
+    """A decision for every class, from a form or an API body: (decisions, problems by class)."""
+    decisions, problems = {}, {}
+    for klass in CLASSES:
+        value = raw.get(klass)
+        if value not in DECISIONS:
+            problems[klass] = f"Choose allow, ask or deny for calls that {CLASS_WORDS[klass]}."
+        else:
+            decisions[klass] = value
+    return decisions, problems
+
+
+def simulate(policies: Iterable[Policy], calls: Iterable[Mapping[str, object]], *, examples: int = 3
+             ) -> dict[str, dict[str, object]]:
+    """What `policies` would have decided for each of `calls` (dicts of `decide`'s keyword arguments):
+    per decision, how many and up to `examples` of them (tool, agent and the reason)."""
+    policies = list(policies)
+    tally: dict[str, dict[str, object]] = {d: {"count": 0, "examples": []} for d in DECISIONS}
+    for call in calls:
+        decided = decide(policies, **call)
+        bucket = tally[decided.decision]
+        bucket["count"] += 1
+        if len(bucket["examples"]) < examples:
+            bucket["examples"].append({"tool": f"{call['server']}__{call['tool']}", "agent": call["agent"],
+                                       "reason": decided.reason})
+    return tally

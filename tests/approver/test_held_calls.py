@@ -1,0 +1,184 @@
+"""The Recorder enforces the autonomy policies before a call reaches its tool server: allow forwards, deny
+refuses and journals, ask holds the call until approvers sign it (through a real MCP client, with progress
+notifications), and an approved call runs once. The sample servers' ledgers say what really happened."""
+
+import threading
+import time
+
+import pytest
+
+from approver import policy, services, tasks
+from approver.models import ActionRequest, AutonomyPolicy
+from journal import services as journal_services
+from journal.models import Step, ToolServer
+from tests.journal.helpers import register_samples, run_agent
+
+from .softkey import SoftKey
+from .test_approvals import relying_party  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EMAIL = {"to": "buyer@globex.example", "subject": "Welcome aboard, Globex", "body": "Hello"}
+
+
+@pytest.fixture
+def sales_bot(recorder, sample_servers, dana, monkeypatch):
+    monkeypatch.setattr(tasks.notify_action_requested, "delay", lambda *args: None)
+    register_samples(sample_servers, names=("crm", "mail", "legacy"))
+    agent, token = journal_services.create_agent(name="sales-bot", on_behalf_of=dana)
+    return agent, token
+
+
+def set_policy(admin, *, scope="everything", ask_timeout=30, quorum=1, **decisions) -> AutonomyPolicy:
+    row = AutonomyPolicy(name=f"{scope} policy", scope=scope, decisions={**policy.DEFAULT_DECISIONS, **decisions},
+                         ask_timeout=ask_timeout, quorum=quorum)
+    return services.save_policy(row=row, by=admin)
+
+
+def call(recorder, token, name, arguments, progress=None):
+    async def script(client):
+        return await client.call_tool(name, arguments, progress_callback=progress)
+
+    return run_agent(recorder, token, script)
+
+
+def sent_emails(sample_servers):
+    return [e for e in sample_servers.ledger("mail") if e["op"] == "send_email"]
+
+
+def in_background(fn):
+    """Run the agent's call in a thread of its own while the test plays the approver."""
+    box = {}
+    thread = threading.Thread(target=lambda: box.setdefault("result", fn()))
+    thread.start()
+    return thread, box
+
+
+def held(timeout=10.0) -> ActionRequest:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        action = ActionRequest.objects.filter(state="pending").first()
+        if action is not None:
+            return action
+        time.sleep(0.1)
+    raise AssertionError("no call was held")
+
+
+def decide(action, user, decision, reason=""):
+    """`user` enrols a software passkey and signs their decision on the held call."""
+    from webauthn.helpers import base64url_to_bytes
+
+    key = SoftKey()
+    services.enroll_passkey(user=user, name="key", credential=key.register(b"e" * 32), challenge=b"e" * 32)
+    request, _ = services.begin_action_signing(action=action, user=user, decision=decision, reason=reason)
+    return services.complete_action_signing(user=user, nonce=request.nonce,
+                                            credential=key.sign(base64url_to_bytes(request.challenge)))
+
+
+def test_allow_forwards_and_the_decision_is_journaled(recorder, sales_bot, sample_servers, admin_user):
+    _, token = sales_bot
+    set_policy(admin_user)
+    result = call(recorder, token, "crm__update_deal", {"deal_id": "D-881", "stage": "Won"})
+    assert not result.is_error
+    step = Step.objects.get(tool="update_deal")
+    assert step.policy_decision["decision"] == "allow" and step.policy_decision["class"] == "compensate_api"
+    entry = step.run.entries.get(event="call")
+    assert entry.data["policy"]["policy"]["name"] == "everything policy"
+
+
+def test_deny_answers_with_a_tool_error_naming_the_policy_and_forwards_nothing(recorder, sales_bot, sample_servers,
+                                                                              admin_user):
+    _, token = sales_bot
+    set_policy(admin_user, none="deny")
+    result = call(recorder, token, "mail__send_email", EMAIL)
+    assert result.is_error
+    text = result.content[0].text
+    assert "denied by policy “everything policy” (every call)" in text and "Nothing was sent to mail" in text
+    assert sent_emails(sample_servers) == []
+    step = Step.objects.get(tool="send_email")
+    assert (step.status, step.failure_class) == ("error", "policy") and step.policy_decision["decision"] == "deny"
+    assert journal_services.verify_run(run=step.run).ok
+
+
+def test_a_held_call_goes_through_once_an_approver_signs(recorder, sales_bot, sample_servers, admin_user,
+                                                         approver_user):
+    _, token = sales_bot
+    set_policy(admin_user)
+    progress = []
+
+    async def noted(done, total, message):
+        progress.append((done, total, message))
+
+    thread, box = in_background(lambda: call(recorder, token, "mail__send_email", EMAIL, progress=noted))
+    action = held()
+    assert (action.tool, action.arguments, action.call_class) == ("send_email", EMAIL, "none")
+    assert action.why["reason"] == "delivered to external recipients"
+    time.sleep(1.2)  # the agent is kept informed while it waits
+    assert sent_emails(sample_servers) == []
+    decide(action, approver_user, "approve")
+    thread.join(timeout=20)
+    assert not box["result"].is_error
+    assert len(sent_emails(sample_servers)) == 1
+    assert progress and "Waiting for approval" in progress[0][2] and progress[0][1] == 30
+    action.refresh_from_db()
+    assert action.state == "used" and action.used_step.status == "ok"
+    events = list(action.run.entries.order_by("seq").values_list("event", flat=True))
+    assert events[-4:] == ["action_requested", "action_decision", "released", "result"]
+
+
+def test_a_denied_held_call_is_refused_saying_by_whom_and_why(recorder, sales_bot, sample_servers, admin_user,
+                                                              approver_user):
+    _, token = sales_bot
+    set_policy(admin_user)
+    thread, box = in_background(lambda: call(recorder, token, "mail__send_email", EMAIL))
+    decide(held(), approver_user, "reject", reason="wrong customer")
+    thread.join(timeout=20)
+    assert box["result"].is_error
+    assert "ana denied this call: “wrong customer”" in box["result"].content[0].text
+    assert sent_emails(sample_servers) == []
+    step = Step.objects.get(tool="send_email")
+    assert step.failure_class == "policy" and "wrong customer" in step.error_message
+
+
+def test_a_held_call_times_out_with_the_url_and_the_next_identical_call_runs_once_approved(
+        recorder, sales_bot, sample_servers, admin_user, approver_user):
+    _, token = sales_bot
+    set_policy(admin_user, ask_timeout=1)
+    first = call(recorder, token, "mail__send_email", EMAIL)
+    assert first.is_error
+    action = ActionRequest.objects.get()
+    assert f"awaits approval at http://localhost:8000/actions/{action.public_id}/" in first.content[0].text
+    assert sent_emails(sample_servers) == []
+    decide(action, approver_user, "approve")
+    # Other arguments are another call: the approval binds the exact arguments.
+    other = call(recorder, token, "mail__send_email", {**EMAIL, "to": "cto@globex.example"})
+    assert other.is_error and ActionRequest.objects.count() == 2
+    again = call(recorder, token, "mail__send_email", EMAIL)
+    assert not again.is_error and len(sent_emails(sample_servers)) == 1
+    # An approval lets one call through: the same call once more waits for a new approval.
+    once_more = call(recorder, token, "mail__send_email", EMAIL)
+    assert once_more.is_error and "awaits approval" in once_more.content[0].text
+    assert len(sent_emails(sample_servers)) == 1
+
+
+def test_a_policy_change_applies_to_the_next_call(recorder, sales_bot, sample_servers, admin_user):
+    _, token = sales_bot
+    row = set_policy(admin_user, none="deny")
+    assert call(recorder, token, "mail__send_email", EMAIL).is_error
+    row.decisions = {**row.decisions, "none": "allow"}
+    services.save_policy(row=row, by=admin_user)
+    assert not call(recorder, token, "mail__send_email", EMAIL).is_error
+    assert len(sent_emails(sample_servers)) == 1
+
+
+def test_the_most_specific_policy_governs_the_recorder(recorder, sales_bot, sample_servers, admin_user):
+    _, token = sales_bot
+    set_policy(admin_user, none="deny", unknown="deny")
+    mail = ToolServer.objects.get(name="mail")
+    services.save_policy(row=AutonomyPolicy(name="Mail", scope="tool", server=mail, tool="send_email",
+                                            decisions={**policy.DEFAULT_DECISIONS, "none": "allow"}), by=admin_user)
+    assert not call(recorder, token, "mail__send_email", EMAIL).is_error
+    ticket = call(recorder, token, "legacy__create_ticket", {"title": "hello"})  # declares nothing: unknown
+    assert ticket.is_error and "does not say whether it can be undone" in ticket.content[0].text
+    decisions = dict(Step.objects.values_list("tool", "policy_decision__policy__name"))
+    assert decisions == {"send_email": "Mail", "create_ticket": "everything policy"}
