@@ -114,9 +114,30 @@ def ensure_agent() -> str:
     return token
 
 
+def ensure_policy() -> None:
+    """The demo's autonomy policy, set once (as ada, in the change log): act freely where the API can take
+    it back, ask an approver first for everything else."""
+    from django.contrib.auth.models import User
+
+    from approver import policy, services
+    from approver.models import AutonomyPolicy
+
+    if AutonomyPolicy.objects.exists():
+        return
+    services.save_policy(row=AutonomyPolicy(name="Default", scope="everything", ask_timeout=600,
+                                            decisions=dict(policy.DEFAULT_DECISIONS)),
+                         by=User.objects.get(username="ada"))
+    say("  autonomy policy “Default”: compensate via api allow; everything else ask an approver")
+
+
 def replay_globex(token: str) -> None:
+    """sales-bot tells the Globex story in the background: its email cannot be undone, so the policy holds
+    it, and the agent keeps asking until an approver signs (or denies) it in the browser."""
+    import threading
+
     import anyio
 
+    from approver.models import ActionRequest
     from journal.models import Run
     from samples import agent as scripted
 
@@ -124,7 +145,19 @@ def replay_globex(token: str) -> None:
         say("  the Globex run is already recorded (kept from the last start)")
         return
     say("  sales-bot replays the Globex story through the Recorder:")
-    anyio.run(lambda: scripted.replay(f"http://localhost:{WEB_PORT}/mcp/", token, say=say))
+    threading.Thread(target=lambda: anyio.run(lambda: scripted.replay(
+        f"http://localhost:{WEB_PORT}/mcp/", token, say=say, patient=True)), daemon=True).start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        held = ActionRequest.objects.filter(state=ActionRequest.State.PENDING, tool="send_email").first()
+        if held is not None:
+            say(f"  sales-bot's email to Globex waits for an approver: http://localhost:{WEB_PORT}"
+                f"/actions/{held.public_id}/")
+            return
+        if Run.objects.filter(key=f"run:{scripted.RUN_ID}", step_count__gte=len(scripted.STORY)).exists() and \
+                not Run.objects.filter(steps__status="held").exists():
+            return
+        time.sleep(0.5)
 
 
 def wait_for_worker(seconds: float = 60) -> bool:
@@ -174,6 +207,7 @@ def main() -> None:
         wait_for(f"http://localhost:{SAMPLES_PORT}/crm/ledger", "The sample tool servers")
         wait_for(f"http://localhost:{WEB_PORT}/login/", "The web app")
         ensure_tool_servers()
+        ensure_policy()
         token = ensure_agent()
         replay_globex(token)
         worker = "running" if wait_for_worker() else "NOT answering (see its output above)"

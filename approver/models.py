@@ -66,6 +66,8 @@ class Plan(models.Model):
     # Execution's report line ("Reversed 2 of 3 actions; 1 cannot be undone") and why it stopped, if it did.
     execution_summary = models.CharField(max_length=300, blank=True)
     stop_reason = models.TextField(blank=True)
+    # Set (to the digest it covered) when no human had to sign: the autonomy policies let it run alone.
+    approved_by_policy = models.CharField(max_length=64, blank=True)
     paused_by = models.CharField(max_length=150, blank=True)
     paused_at = models.DateTimeField(null=True, blank=True)
     # The executor's compensation calls, journaled like any agent's calls in a run of their own.

@@ -34,7 +34,7 @@ class StepFacts:
     number: int
     server: str
     tool: str
-    status: str  # pending | ok | error
+    status: str  # pending | held | ok | error
     reversibility: str  # compensate | none | unknown | read_only
     declaration: dict[str, Any]
     compensation_arguments: dict[str, Any] | None
@@ -47,6 +47,7 @@ class StepFacts:
     declared_deps: tuple[int, ...] | None = None  # None: the call declared nothing
     inferred_deps: dict[int, tuple[dict[str, str], ...]] = field(default_factory=dict)  # earlier number -> pointers
     already_undone: bool = False
+    failure_class: str = ""  # "policy": an autonomy policy stopped it, so it was never forwarded
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,12 @@ def _item(step: StepFacts, position: int, pull: Pull, *, plan_id: str, now: date
         return ItemDraft(**base, action="cannot_undo",
                          reason="The call's outcome was never recorded, so what it did is not known.",
                          remedy=f"Check {step.server} by hand for what {step.tool} did.")
+    if step.status == "held":
+        return ItemDraft(**base, action="nothing_to_undo",
+                         reason="Held for approval and not made: deny it on its held-call page so it never is.")
+    if step.failure_class == "policy":
+        return ItemDraft(**base, action="nothing_to_undo",
+                         reason="An autonomy policy stopped it: it was never sent to the tool server.")
     if step.reversibility == "read_only":
         return ItemDraft(**base, action="nothing_to_undo", reason="A read: it changed nothing.")
     if step.status == "error" and step.reversibility != "unknown":

@@ -48,6 +48,7 @@ class Policy:
     agent: str = ""
     server: str = ""
     tool: str = ""
+    auto_run_plans: bool = False
 
     def matches(self, *, agent: str, server: str, tool: str) -> bool:
         if self.scope == "everything":
@@ -147,3 +148,31 @@ def simulate(policies: Iterable[Policy], calls: Iterable[Mapping[str, object]], 
             bucket["examples"].append({"tool": f"{call['server']}__{call['tool']}", "agent": call["agent"],
                                        "reason": decided.reason})
     return tally
+
+
+def plan_needs_a_human(policies: Iterable[Policy], *, agent: str, items: Iterable[Mapping[str, object]]) -> str:
+    """Why a checked reversal plan still needs a human to sign it, or "" when it may run alone: every item
+    either changes nothing or is a compensation through the API (HATP, so versions are checked), whose check
+    said ok, with no side effect, no cost and nothing a human must decide, and the policy governing the
+    original call lets such plans run without a human. `items` carry `number`, `action`, `via`, `dialect`,
+    `check_status`, `side_effect`, `cost`, `needs_human`, `server` and `tool`."""
+    policies = list(policies)
+    compensations = 0
+    for item in items:
+        where = f"Step {item['number']}"
+        if item["action"] in ("nothing_to_undo", "already_undone"):
+            continue
+        if item["action"] != "compensate":
+            return f"{where} cannot be undone."
+        compensations += 1
+        if call_class(kind="compensate", via=item.get("via"), dialect=item.get("dialect")) != "compensate_api":
+            return f"{where} is not undone through the API with versions checked."
+        if item.get("check_status") != "ok":
+            return f"{where}'s check did not say the undo would work ({item.get('check_status') or 'not checked'})."
+        if item.get("side_effect") or item.get("cost") or item.get("needs_human"):
+            return f"{where}: undoing it has a side effect, a cost, or needs a human's judgement."
+        chosen = governing(policies, agent=agent, server=str(item["server"]), tool=str(item["tool"]))
+        if chosen is None or not chosen.auto_run_plans:
+            said = f"policy “{chosen.name}” does not let" if chosen else "no policy lets"
+            return f"{where}: {said} plans run without a human."
+    return "" if compensations else "It undoes nothing."

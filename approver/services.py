@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 _FACT_FIELDS = (
     "id", "number", "server_name", "tool", "status", "reversibility", "declaration", "compensation_arguments",
     "undo_problems", "effect_summary", "effect_resource", "effect_version", "undo_by", "finished_at",
-    "request_meta",
+    "request_meta", "failure_class",
 )
 
 
@@ -82,6 +82,7 @@ def _facts(run: Run) -> list[planning.StepFacts]:
             declared_deps=tuple(n for n in declared if isinstance(n, int) and not isinstance(n, bool))
             if isinstance(declared, list) else None,
             inferred_deps=inferred.get(row["id"], {}), already_undone=row["id"] in undone,
+            failure_class=row["failure_class"],
         ))
     return facts
 
@@ -338,6 +339,15 @@ def finish_checks(*, plan: Plan, check_round: int, now: datetime | None = None) 
         journal_services.record_event(run_id=plan.run_id, event="check", now=now, data={
             "plan": str(plan.public_id), "results": counts, "digest": plan.digest,
         })
+        if not plan_needs_a_human(plan):
+            # Everything in it can be taken back through the API, unchanged since, at no cost, and the
+            # policies say such plans need no human: it runs at once, and says so in the record.
+            plan.state, plan.approved_by_policy = Plan.State.APPROVED, plan.digest
+            plan.save(update_fields=["state", "approved_by_policy"])
+            journal_services.record_event(run_id=plan.run_id, event="plan_approved", now=now, data={
+                "plan": str(plan.public_id), "digest": plan.digest, "approvers": [], "byPolicy": True})
+            queue_execution(plan=plan)
+            return plan
         transaction.on_commit(lambda: _tell("notify_plan_ready", plan.pk, plan.check_round))
     return plan
 
@@ -584,6 +594,12 @@ def queue_execution(*, plan: Plan) -> None:
 
 
 def _qualifies(plan: Plan, now: datetime) -> None:
+    if plan.approved_by_policy:
+        # No human signed it: the policies let it run alone, and must still, for this exact content.
+        refusal = "the plan changed since" if plan.approved_by_policy != plan.digest else plan_needs_a_human(plan)
+        if refusal:
+            raise ExecutionStopped(f"The policies no longer let this plan run without a human: {refusal}")
+        return
     rules = ApprovalRules.current()
     counted = counting_approvals(plan=plan, now=now, rules=rules)
     if len(counted) < rules.quorum:
@@ -1042,7 +1058,20 @@ def as_policy(policy_row: AutonomyPolicy) -> policy.Policy:
     return policy.Policy(id=policy_row.pk or 0, name=policy_row.name, scope=policy_row.scope,
                          decisions=dict(policy_row.decisions or {}),
                          agent=policy_row.agent.name if policy_row.agent_id else "",
-                         server=policy_row.server.name if policy_row.server_id else "", tool=policy_row.tool)
+                         server=policy_row.server.name if policy_row.server_id else "", tool=policy_row.tool,
+                         auto_run_plans=policy_row.auto_run_plans)
+
+
+def plan_needs_a_human(plan: Plan) -> str:
+    """Why this checked plan needs approvers (see `policy.plan_needs_a_human`), or "" if it may run alone."""
+    if not plan.run.agent_id:
+        return "The run has no agent whose policy could let it run alone."
+    items = [{"number": row["step__number"], "server": row["step__server_name"], "tool": row["step__tool"], **row}
+             for row in plan.items.order_by("position").values(
+                 "action", "via", "dialect", "check_status", "side_effect", "cost", "needs_human",
+                 "step__number", "step__server_name", "step__tool")]
+    return policy.plan_needs_a_human([as_policy(row) for row in current_policies()], agent=plan.run.agent.name,
+                                     items=items)
 
 
 def current_policies() -> list[AutonomyPolicy]:

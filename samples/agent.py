@@ -33,12 +33,20 @@ async def connect(url: str, token: str):
             yield client
 
 
-async def replay(url: str, token: str, *, run_id: str = RUN_ID, say=print) -> None:
+AWAITS_APPROVAL = "awaits approval at "
+
+
+async def replay(url: str, token: str, *, run_id: str = RUN_ID, say=print, patient: bool = False) -> None:
+    """Tell the story. A call an autonomy policy holds waits for approval inside the call; a `patient` agent,
+    told it still awaits approval when the wait ends, makes the same call again until it is decided."""
     async with connect(url, token) as client:
         for name, arguments in STORY:
-            result = await client.call_tool(name, arguments, meta={"hatp/journal": {"runId": run_id}})
-            text = result.content[0].text if result.content else ""
-            say(f"  {name}: {'ERROR ' if result.is_error else ''}{text}")
+            while True:
+                result = await client.call_tool(name, arguments, meta={"hatp/journal": {"runId": run_id}})
+                text = result.content[0].text if result.content else ""
+                say(f"  {name}: {'ERROR ' if result.is_error else ''}{text}")
+                if not (patient and result.is_error and AWAITS_APPROVAL in text):
+                    break
 
 
 def main() -> None:

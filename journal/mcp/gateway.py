@@ -442,10 +442,12 @@ class FastCalls:
         reply: dict[str, Any] = {"jsonrpc": "2.0", "id": request["id"]}
         status = 200
         journaled = None
+        accept = dict(scope.get("headers") or []).get(b"accept", b"").decode("latin-1")
+        stream = _HeldStream(send) if "text/event-stream" in accept else None
         try:
             result, journaled = await self.recorder.forward(
                 agent=agent, name=params["name"], arguments=params.get("arguments"), meta=params["_meta"],
-                session_id=None)
+                session_id=None, progress=stream.keep_alive if stream else None)
             if isinstance(result, types.CallToolResult):
                 result = result.model_dump(by_alias=True, mode="json", exclude_none=True)
             wire = _methods.serialize_server_result("tools/call", version, result)
@@ -464,12 +466,46 @@ class FastCalls:
             reply["error"] = {"code": -32603, "message": "Internal server error"}
         self.answered += 1
         try:
-            await Response(json.dumps(reply, separators=(",", ":")), status_code=status,
-                           media_type="application/json")(scope, receive, send)
+            if stream is not None and stream.open:
+                await stream.finish(reply)
+            else:
+                await Response(json.dumps(reply, separators=(",", ":")), status_code=status,
+                               media_type="application/json")(scope, receive, send)
         finally:
             if journaled is not None:  # queued before the reply, so it is journaled before the agent's next call
                 await journaled
         return True
+
+
+HOLD_PING_SECONDS = 10.0  # SSE keep-alive comments while a held call waits, so no proxy or client gives up
+_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache, no-transform"),
+                (b"connection", b"keep-alive"), (b"x-accel-buffering", b"no")]
+
+
+class _HeldStream:
+    """A fast-path reply that turns into an event stream while a held call waits, as the SDK's own replies
+    do: keep-alive comments (this path has no progress token, so no progress notifications), then the
+    reply as one `message` event. A call that is not held never opens it and is answered with plain JSON."""
+
+    def __init__(self, send):
+        self.send = send
+        self.open = False
+        self.last_ping = 0.0
+
+    async def keep_alive(self, done: float, total: float | None, message: str | None) -> None:
+        now = time.monotonic()
+        if not self.open:
+            await self.send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            self.open = True
+        elif now - self.last_ping < HOLD_PING_SECONDS:
+            return
+        self.last_ping = now
+        await self.send({"type": "http.response.body", "body": b": ping\r\n\r\n", "more_body": True})
+
+    async def finish(self, reply: dict[str, Any]) -> None:
+        data = json.dumps(reply, separators=(",", ":"))
+        await self.send({"type": "http.response.body", "body": f"event: message\r\ndata: {data}\r\n\r\n".encode(),
+                         "more_body": False})
 
 
 def _transport_security() -> TransportSecuritySettings:

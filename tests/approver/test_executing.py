@@ -381,3 +381,64 @@ def test_no_worker_sleeps_through_a_backoff_and_an_abort_comes_before_the_next_t
         event.outcome_detail["message"]
     assert plan.state == "failed" and len(ops(sample_servers, "calendar")) == 1
     assert plan.items.get(step__tool="update_deal").outcome == "skipped"
+
+
+@pytest.fixture
+def trusting(admin_user):
+    """A policy that lets safe reversal plans run without a human."""
+    from approver import policy
+    from approver.models import AutonomyPolicy
+
+    return services.save_policy(row=AutonomyPolicy(name="Trusting", scope="everything", auto_run_plans=True,
+                                                   decisions=dict(policy.DEFAULT_DECISIONS)), by=admin_user)
+
+
+@pytest.fixture
+def deal_run(recorder, sample_servers, dana):
+    """A run that only moved a deal's stage (through the CRM's API, no side effect, no cost)."""
+    from journal import services as journal_services
+    from journal.models import Run, ToolServer
+    from tests.journal.helpers import register_samples, run_agent
+
+    if not ToolServer.objects.filter(name="crm").exists():
+        register_samples(sample_servers, names=("crm",))
+    _, token = journal_services.create_agent(name="deal-bot", on_behalf_of=dana)
+
+    async def script(client):
+        await client.call_tool("crm__update_deal", {"deal_id": "D-882", "stage": "Won"},
+                               meta={"hatp/journal": {"runId": "deals"}})
+
+    run_agent(recorder, token, script)
+    return Run.objects.get(key="run:deals")
+
+
+def test_a_safe_plan_runs_without_a_human_when_the_policy_lets_it(globex, deal_run, trusting, on_call,
+                                                                  sample_servers, monkeypatch):
+    rung = []
+    monkeypatch.setattr(tasks.execute_plan, "delay", lambda *args: rung.append(args))
+    # Globex: the meeting's cancellation notices and the email still need a human.
+    plan = services.request_plan(run=globex, requested_by=on_call, reason="wrong customer", from_step=1)
+    plan = services.run_checks(plan=plan, check_round=plan.check_round)
+    assert plan.state == "ready" and rung == []
+
+    deal = services.request_plan(run=deal_run, requested_by=on_call, reason="wrong stage", from_step=1)
+    deal = services.run_checks(plan=deal, check_round=deal.check_round)
+    assert deal.state == "approved" and deal.approved_by_policy == deal.digest
+    assert rung == [(deal.pk,)]
+    done = run_plan(deal)
+    assert done.state == "completed" and len(ops(sample_servers, "crm")) == 1
+    assert deal_run.entries.filter(event="plan_approved", data__byPolicy=True).count() == 1
+
+
+def test_a_plan_the_policy_let_run_alone_stops_if_the_policy_changes_before_it_runs(
+        deal_run, trusting, on_call, admin_user, sample_servers, monkeypatch):
+    monkeypatch.setattr(tasks.execute_plan, "delay", lambda *args: None)
+    plan = services.request_plan(run=deal_run, requested_by=on_call, reason="wrong stage", from_step=1)
+    plan = services.run_checks(plan=plan, check_round=plan.check_round)
+    assert plan.state == "approved"
+    trusting.auto_run_plans = False
+    services.save_policy(row=trusting, by=admin_user)
+    done = run_plan(plan)
+    assert done.state == "failed" and ops(sample_servers, "crm") == []
+    assert done.stop_reason == ("The policies no longer let this plan run without a human: Step 1: policy "
+                                "“Trusting” does not let plans run without a human.")

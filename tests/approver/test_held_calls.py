@@ -182,3 +182,120 @@ def test_the_most_specific_policy_governs_the_recorder(recorder, sales_bot, samp
     assert ticket.is_error and "does not say whether it can be undone" in ticket.content[0].text
     decisions = dict(Step.objects.values_list("tool", "policy_decision__policy__name"))
     assert decisions == {"send_email": "Mail", "create_ticket": "everything policy"}
+
+
+@pytest.fixture
+def held_email(sales_bot, admin_user):
+    """A held email as the Recorder leaves it: a step journaled as held, and its action request."""
+    from django.utils import timezone
+
+    agent, _ = sales_bot
+    set_policy(admin_user, quorum=2)
+    mail = ToolServer.objects.get(name="mail")
+
+    def decide_now(declaration):
+        return services.decide_call(agent_name=agent.name, server_name="mail", tool="send_email",
+                                    declaration=declaration)
+
+    opened = journal_services.open_step(agent=agent, run_key="run:held", server=mail, server_name="mail",
+                                        tool="send_email", arguments=EMAIL, request_meta=None, now=timezone.now(),
+                                        decide=decide_now)
+    action = services.request_for_held_call(agent=agent, server=mail, tool="send_email", arguments=EMAIL,
+                                            decision=opened.policy, run_id=opened.run_id, step_id=opened.step_id)
+    return opened, action
+
+
+def test_a_quorum_of_two_needs_two_approvers_and_the_agents_owner_cannot_approve(held_email, approver_user,
+                                                                                 second_approver, dana):
+    _, action = held_email
+    assert action.quorum == 2
+    dana.groups.add(approver_user.groups.get())  # even as an approver, she cannot approve her own agent
+    assert services.action_refusal(action=action, user=dana) == (
+        "The agent acts for you, so someone else must decide on its calls.")
+    decide(action, approver_user, "approve")
+    action.refresh_from_db()
+    assert action.state == "pending"
+    with pytest.raises(services.ActionRefused, match="already decided"):
+        services.begin_action_signing(action=action, user=approver_user, decision="approve")
+    decide(action, second_approver, "approve")
+    action.refresh_from_db()
+    assert action.state == "approved" and action.decided_by == "ana, bo"
+
+
+def test_a_denial_needs_a_reason_and_a_tampered_signature_is_refused(held_email, approver_user):
+    from webauthn.helpers import base64url_to_bytes
+
+    _, action = held_email
+    key = SoftKey()
+    services.enroll_passkey(user=approver_user, name="key", credential=key.register(b"e" * 32), challenge=b"e" * 32)
+    with pytest.raises(services.ActionRefused, match="Say why you deny it"):
+        services.begin_action_signing(action=action, user=approver_user, decision="reject")
+    request, _ = services.begin_action_signing(action=action, user=approver_user, decision="approve")
+    forged = key.sign(base64url_to_bytes(request.challenge)[::-1])  # signs something else
+    with pytest.raises(services.ActionRefused):
+        services.complete_action_signing(user=approver_user, nonce=request.nonce, credential=forged)
+    action.refresh_from_db()
+    assert action.state == "pending" and not action.approvals.exists()
+
+
+def test_approvers_are_told_of_a_held_call_once(held_email, approver_user, second_approver, dana):
+    from django.core import mail as outbox
+
+    _, action = held_email
+    for user in (approver_user, second_approver, dana):
+        user.email = f"{user.username}@acme.example"
+        user.save()
+    assert tasks.notify_action_requested(action.pk) == 1 and tasks.notify_action_requested(action.pk) == 0
+    [message] = outbox.outbox
+    assert sorted(message.to) == ["ana@acme.example", "bo@acme.example"]
+    assert message.subject == "Held for approval: sales-bot wants send_email"
+    assert f"/actions/{action.public_id}/" in message.body and "buyer@globex.example" in message.body
+
+
+def test_the_run_page_shows_the_decision_and_a_held_call_left_by_a_dead_recorder_is_closed(held_email, client,
+                                                                                          on_call):
+    from django.urls import reverse
+    from django.utils import timezone
+
+    opened, action = held_email
+    client.force_login(on_call)
+    page = client.get(reverse("journal:run_detail", args=[action.run.public_id])).content.decode()
+    assert "Held for approval: mail__send_email cannot be undone (delivered to external recipients): a human " \
+           "must approve it first by policy “everything policy” (every call)." in page
+    assert "Waiting for an approver now." in page
+    # The Recorder died while it held the call: past the longest hold, the reconciler closes it as never sent.
+    later = timezone.now() + timezone.timedelta(hours=3)
+    assert journal_services.reconcile_stale_steps(older_than=later, now=later) == 1
+    step = Step.objects.get(pk=opened.step_id)
+    assert (step.status, step.failure_class) == ("error", "policy") and "never forwarded" in step.error_message
+
+
+def test_a_long_hold_keeps_the_agents_connection_alive_and_delivers_the_answer(recorder, sales_bot, sample_servers,
+                                                                              admin_user, approver_user,
+                                                                              monkeypatch):
+    """The agent's HTTP client gives up after 2 s of silence; the hold lasts longer. The Recorder answers the
+    waiting call as an event stream with keep-alive comments, then the result."""
+    import anyio
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    from journal.mcp import gateway
+
+    monkeypatch.setattr(gateway, "HOLD_PING_SECONDS", 0.5)
+    _, token = sales_bot
+    set_policy(admin_user, ask_timeout=20)
+
+    async def impatient_client():
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=2) as http:
+            async with Client(streamable_http_client(f"{recorder.base}/mcp/", http_client=http), cache=None) as c:
+                return await c.call_tool("mail__send_email", EMAIL)
+
+    thread, box = in_background(lambda: anyio.run(impatient_client))
+    action = held()
+    time.sleep(4)  # twice the client's patience
+    decide(action, approver_user, "approve")
+    thread.join(timeout=20)
+    assert "result" in box and not box["result"].is_error
+    assert len(sent_emails(sample_servers)) == 1
+    assert recorder.app.fast_calls.answered >= 1

@@ -142,3 +142,13 @@ def test_the_digest_changes_with_any_change_to_the_content():
     assert len({planning.digest(content), planning.digest(checked), planning.digest(other_args)}) == 3
     # Key order does not matter (JCS): the same content always has the same digest.
     assert planning.digest(dict(reversed(list(content.items())))) == planning.digest(content)
+
+
+def test_a_call_held_or_stopped_by_a_policy_has_nothing_to_undo():
+    held = step(1, status="held", reversibility="none")
+    [item] = planning.draft_items([held], {1: planning.Pull("chosen")}, plan_id=PLAN, now=NOW)
+    assert item.action == "nothing_to_undo" and "Held for approval and not made" in item.reason
+    # Refused by a policy: never forwarded, even when nobody can say what the tool does.
+    refused = step(1, status="error", reversibility="unknown", failure_class="policy")
+    [item] = planning.draft_items([refused], {1: planning.Pull("chosen")}, plan_id=PLAN, now=NOW)
+    assert item.action == "nothing_to_undo" and "never sent" in item.reason

@@ -104,3 +104,29 @@ def test_the_simulator_counts_each_decision_with_examples():
     assert len(tally["allow"]["examples"]) == 2
     assert tally["deny"]["examples"] == [{"tool": "mail__send_email", "agent": "sales-bot", "reason": (
         "mail__send_email cannot be undone: denied by policy “Default” (every call).")}]
+
+
+def compensation(number, **overrides):
+    return {"number": number, "action": "compensate", "via": "api", "dialect": "hatp", "check_status": "ok",
+            "side_effect": "", "cost": None, "needs_human": "", "server": "crm", "tool": "update_deal", **overrides}
+
+
+def test_a_plan_runs_without_a_human_only_when_everything_in_it_is_safe_and_the_policy_says_so():
+    alone = Policy(id=1, name="Trusting", scope="everything", decisions=policy.DEFAULT_DECISIONS, auto_run_plans=True)
+    read = {"number": 1, "action": "nothing_to_undo", "server": "crm", "tool": "get_deal"}
+    assert policy.plan_needs_a_human([alone], agent="sales-bot", items=[compensation(2), read]) == ""
+    cases = {
+        "Step 4 cannot be undone.": [compensation(2), {"number": 4, "action": "cannot_undo"}],
+        "Step 2 is not undone through the API with versions checked.": [compensation(2, via="ui")],
+        "Step 3's check did not say the undo would work (conflict).": [compensation(3, check_status="conflict")],
+        "Step 2: undoing it has a side effect, a cost, or needs a human's judgement.": [
+            compensation(2, side_effect="attendees get a cancellation notice")],
+        "It undoes nothing.": [read],
+    }
+    for reason, items in cases.items():
+        assert policy.plan_needs_a_human([alone], agent="sales-bot", items=items) == reason
+    careful = Policy(id=1, name="Default", scope="everything", decisions=policy.DEFAULT_DECISIONS)
+    assert policy.plan_needs_a_human([careful], agent="sales-bot", items=[compensation(2)]) == (
+        "Step 2: policy “Default” does not let plans run without a human.")
+    assert policy.plan_needs_a_human([], agent="sales-bot", items=[compensation(2)]) == (
+        "Step 2: no policy lets plans run without a human.")
