@@ -1228,12 +1228,8 @@ def simulate_policy(*, draft: AutonomyPolicy, last: int = 200) -> dict[str, Any]
 # -- held calls -----------------------------------------------------------------------------------------------
 
 
-class ActionRefused(Exception):
-    """A decision on a held call that cannot be taken; `message` says why."""
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
+# A decision on a held call that cannot be taken is refused like a plan's signature: `message` says why.
+ActionRefused = signing.SigningRefused
 
 
 def action_digest(*, agent: str, server: str, tool: str, arguments: Any) -> str:

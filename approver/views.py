@@ -220,43 +220,50 @@ def _json_body(request) -> dict | None:
     return body if isinstance(body, dict) else None
 
 
+def _signing_step(request, what: str, step):
+    """One step of a passkey signature (begin or complete): a JSON body in, `step(body)`'s JSON out, and a
+    refusal as a 400 with its reason, which the page shows."""
+    body = _json_body(request)
+    if body is None:
+        return JsonResponse({"error": f"Send the {what} as JSON."}, status=400)
+    try:
+        return step(body)
+    except signing.SigningRefused as refused:
+        return JsonResponse({"error": refused.message}, status=400)
+
+
+def _challenge(signing_request, options: str) -> JsonResponse:
+    return JsonResponse({"nonce": signing_request.nonce, "publicKey": json.loads(options)})
+
+
 @require_POST
 def sign_begin(request, plan_id):
     """A one-time challenge for approving or rejecting the plan as it is now, with the signer's choices."""
     require_role(request, roles.APPROVER)
     plan = get_object_or_404(Plan, public_id=plan_id)
-    body = _json_body(request)
-    if body is None:
-        return JsonResponse({"error": "Send the decision as JSON."}, status=400)
-    try:
-        signing_request, options = services.begin_signing(
-            plan=plan, user=request.user, decision=str(body.get("decision", "")), choices=body.get("choices"),
-            reason=str(body.get("reason") or ""))
-    except signing.SigningRefused as refused:
-        return JsonResponse({"error": refused.message}, status=400)
-    return JsonResponse({"nonce": signing_request.nonce, "publicKey": json.loads(options)})
+    return _signing_step(request, "decision", lambda body: _challenge(*services.begin_signing(
+        plan=plan, user=request.user, decision=str(body.get("decision", "")), choices=body.get("choices"),
+        reason=str(body.get("reason") or ""))))
 
 
 @require_POST
 def sign_complete(request, plan_id):
     require_role(request, roles.APPROVER)
     plan = get_object_or_404(Plan, public_id=plan_id)
-    body = _json_body(request)
-    if body is None:
-        return JsonResponse({"error": "Send the signature as JSON."}, status=400)
-    try:
+
+    def complete(body):
         approval = services.complete_signing(user=request.user, nonce=str(body.get("nonce", "")),
                                              credential=body.get("credential"))
-    except signing.SigningRefused as refused:
-        return JsonResponse({"error": refused.message}, status=400)
-    plan.refresh_from_db()
-    if approval.decision == "reject":
-        messages.success(request, "You rejected the plan. Nothing will be undone.")
-    elif plan.state == Plan.State.APPROVED:
-        messages.success(request, "You approved the plan. The quorum is reached: it may now run.")
-    else:
-        messages.success(request, "You approved the plan. It needs more approvals before it may run.")
-    return JsonResponse({"ok": True, "redirect": services.plan_url(plan)})
+        plan.refresh_from_db()
+        if approval.decision == "reject":
+            messages.success(request, "You rejected the plan. Nothing will be undone.")
+        elif plan.state == Plan.State.APPROVED:
+            messages.success(request, "You approved the plan. The quorum is reached: it may now run.")
+        else:
+            messages.success(request, "You approved the plan. It needs more approvals before it may run.")
+        return JsonResponse({"ok": True, "redirect": services.plan_url(plan)})
+
+    return _signing_step(request, "signature", complete)
 
 
 
@@ -361,38 +368,30 @@ def action_sign_begin(request, action_id):
     """A one-time challenge for approving or denying the held call exactly as it stands."""
     require_role(request, roles.APPROVER, roles.ADMIN)
     action = get_object_or_404(ActionRequest.objects.select_related("agent"), public_id=action_id)
-    body = _json_body(request)
-    if body is None:
-        return JsonResponse({"error": "Send the decision as JSON."}, status=400)
-    try:
-        signing_request, options = services.begin_action_signing(
-            action=action, user=request.user, decision=str(body.get("decision", "")),
-            reason=str(body.get("reason") or ""))
-    except services.ActionRefused as refused:
-        return JsonResponse({"error": refused.message}, status=400)
-    return JsonResponse({"nonce": signing_request.nonce, "publicKey": json.loads(options)})
+    return _signing_step(request, "decision", lambda body: _challenge(*services.begin_action_signing(
+        action=action, user=request.user, decision=str(body.get("decision", "")),
+        reason=str(body.get("reason") or ""))))
 
 
 @require_POST
 def action_sign_complete(request, action_id):
     require_role(request, roles.APPROVER, roles.ADMIN)
-    action = get_object_or_404(ActionRequest, public_id=action_id)
-    body = _json_body(request)
-    if body is None:
-        return JsonResponse({"error": "Send the signature as JSON."}, status=400)
-    try:
+
+    def complete(body):
         approval = services.complete_action_signing(user=request.user, nonce=str(body.get("nonce", "")),
                                                     credential=body.get("credential"))
-    except services.ActionRefused as refused:
-        return JsonResponse({"error": refused.message}, status=400)
-    action.refresh_from_db()
-    if approval.decision == "reject":
-        messages.success(request, "You denied the call. The agent is told, with your reason.")
-    elif action.state == ActionRequest.State.APPROVED:
-        messages.success(request, "You approved the call. It goes through once, exactly as shown.")
-    else:
-        messages.success(request, "You approved the call. It needs more approvals before it may go through.")
-    return JsonResponse({"ok": True, "redirect": reverse("approver:action_detail", args=[action.public_id])})
+        action = approval.request
+        action.refresh_from_db()
+        if approval.decision == "reject":
+            messages.success(request, "You denied the call. The agent is told, with your reason.")
+        elif action.state == ActionRequest.State.APPROVED:
+            messages.success(request, "You approved the call. It goes through once, exactly as shown.")
+        else:
+            messages.success(request, "You approved the call. It needs more approvals before it may go through.")
+        return JsonResponse({"ok": True, "redirect": reverse("approver:action_detail", args=[action.public_id])})
+
+    get_object_or_404(ActionRequest, public_id=action_id)
+    return _signing_step(request, "signature", complete)
 
 
 # -- autonomy policies (admins only) -----------------------------------------------------------------------------
