@@ -560,20 +560,22 @@ def counting_approvals(*, plan: Plan, now: datetime | None = None, rules: Approv
 
 
 def approvals_for_bundle(run: Run) -> list[dict[str, Any]]:
-    """Every signed decision on the run's plans, with what an offline verifier needs: the fields the
-    challenge was derived from, the assertion and the passkey's public key (SubjectPublicKeyInfo)."""
-    bundle = []
-    for approval in (Approval.objects.filter(plan__run=run).select_related("plan", "approver", "passkey")
-                     .order_by("created_at", "pk")):
+    """Every signed decision on the run's plans and held calls, with what an offline verifier needs: the
+    fields the challenge was derived from, the assertion and the passkey's public key (SubjectPublicKeyInfo)."""
+    def signed(approval, fields: dict[str, Any]) -> dict[str, Any]:
         response = approval.assertion.get("response", {}) if isinstance(approval.assertion, dict) else {}
-        bundle.append({
-            "plan": str(approval.plan.public_id), "approver": approval.approver.get_username(),
-            "decision": approval.decision, "digest": approval.digest, "choices": approval.choices,
-            "nonce": approval.nonce, "reason": approval.reason or None,
-            "createdAt": approval.created_at.isoformat(), "expiresAt": approval.expires_at.isoformat(),
-            "credentialId": approval.passkey.credential_id, "publicKey": passkeys.spki(approval.passkey.public_key),
-            "assertion": {key: response.get(key) for key in ("clientDataJSON", "authenticatorData", "signature")},
-        })
+        return {**fields, "approver": approval.approver.get_username(), "decision": approval.decision,
+                "digest": approval.digest, "nonce": approval.nonce, "reason": approval.reason or None,
+                "createdAt": approval.created_at.isoformat(), "credentialId": approval.passkey.credential_id,
+                "publicKey": passkeys.spki(approval.passkey.public_key),
+                "assertion": {key: response.get(key) for key in ("clientDataJSON", "authenticatorData", "signature")}}
+
+    bundle = [signed(a, {"plan": str(a.plan.public_id), "choices": a.choices, "expiresAt": a.expires_at.isoformat()})
+              for a in (Approval.objects.filter(plan__run=run).select_related("plan", "approver", "passkey")
+                        .order_by("created_at", "pk"))]
+    bundle += [signed(a, {"action": str(a.request.public_id)})
+               for a in (ActionApproval.objects.filter(request__run=run).select_related("request", "approver", "passkey")
+                         .order_by("created_at", "pk"))]
     return bundle
 
 

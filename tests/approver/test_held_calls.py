@@ -299,3 +299,31 @@ def test_a_long_hold_keeps_the_agents_connection_alive_and_delivers_the_answer(r
     assert "result" in box and not box["result"].is_error
     assert len(sent_emails(sample_servers)) == 1
     assert recorder.app.fast_calls.answered >= 1
+
+
+def test_the_readme_verifier_checks_a_held_calls_signed_decision(held_email, approver_user, second_approver,
+                                                                 tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from django.core.management import call_command
+
+    from tests.journal.test_run_record import readme_verifier
+
+    opened, action = held_email
+    decide(action, approver_user, "approve")
+    decide(action, second_approver, "approve")
+    path = tmp_path / "run.json"
+    call_command("export_run", str(action.run.public_id), "-o", str(path), stderr=open("/dev/null", "w"))
+    script = readme_verifier(tmp_path)
+    good = subprocess.run([sys.executable, script, path], capture_output=True, text=True)
+    assert good.returncode == 0, good.stderr
+    assert good.stdout.strip().endswith("2 signed approvals")
+    # Claim the approval covered other arguments: the digest no longer matches what was signed.
+    bundle = json.loads(path.read_text())
+    bundle["approvals"][0]["digest"] = services.action_digest(agent="sales-bot", server="mail", tool="send_email",
+                                                              arguments={**EMAIL, "to": "everyone@globex.example"})
+    path.write_text(json.dumps(bundle))
+    bad = subprocess.run([sys.executable, script, path], capture_output=True, text=True)
+    assert bad.returncode != 0 and "signed something else" in bad.stderr
