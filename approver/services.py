@@ -1280,6 +1280,23 @@ def claim_approved_action(*, action_id: int, step_id: int, now: datetime | None 
                 .update(state=ActionRequest.State.USED, used_at=now, used_step_id=step_id))
 
 
+def expire_held_calls(*, now: datetime | None = None) -> int:
+    """Close held-call requests past their time: undecided, or approved but never used. The agent must ask
+    again, and approvers see them as expired."""
+    now = now or timezone.now()
+    expired = 0
+    for action in ActionRequest.objects.filter(
+            state__in=[ActionRequest.State.PENDING, ActionRequest.State.APPROVED], expires_at__lte=now):
+        with transaction.atomic():
+            if ActionRequest.objects.filter(pk=action.pk, state=action.state).update(
+                    state=ActionRequest.State.EXPIRED, decided_at=action.decided_at or now):
+                expired += 1
+                if action.run_id:
+                    journal_services.record_event(run_id=action.run_id, event="action_expired", now=now, data={
+                        "action": str(action.public_id), "was": action.state})
+    return expired
+
+
 def action_refusal(*, action: ActionRequest, user) -> str:
     """Why `user` may not decide on this held call now, or "" if they may."""
     if action.state != ActionRequest.State.PENDING:

@@ -192,6 +192,7 @@ CELERY_BEAT_SCHEDULE = {
     "checkpoint-quiet-runs": {"task": "journal.checkpoint_quiet_runs", "schedule": 15.0},
     "reconcile-stale-steps": {"task": "journal.reconcile_stale_steps", "schedule": 60.0},
     "requeue-stalled-checks": {"task": "approver.requeue_stalled_checks", "schedule": 60.0},
+    "expire-held-calls": {"task": "approver.expire_held_calls", "schedule": 60.0},
     "reconcile-execution": {"task": "approver.reconcile_execution", "schedule": 60.0},
 }
 

@@ -95,3 +95,9 @@ def notify_action_requested(action_id: int) -> int:
         return 0
     return notifications.action_requested(
         ActionRequest.objects.select_related("agent__on_behalf_of", "server").get(pk=action_id))
+
+
+@shared_task(name="approver.expire_held_calls")
+def expire_held_calls() -> int:
+    """Close held-call requests past their time. Safe to run twice."""
+    return services.expire_held_calls()

@@ -327,3 +327,22 @@ def test_the_readme_verifier_checks_a_held_calls_signed_decision(held_email, app
     path.write_text(json.dumps(bundle))
     bad = subprocess.run([sys.executable, script, path], capture_output=True, text=True)
     assert bad.returncode != 0 and "signed something else" in bad.stderr
+
+
+def test_a_held_call_nobody_decided_in_time_expires(held_email):
+    from django.utils import timezone
+
+    _, action = held_email
+    assert services.expire_held_calls() == 0
+    later = action.expires_at + timezone.timedelta(seconds=1)
+    assert tasks.expire_held_calls() == 0  # nothing is due yet
+    assert services.expire_held_calls(now=later) == 1 and services.expire_held_calls(now=later) == 0
+    action.refresh_from_db()
+    assert action.state == "expired"
+    assert action.run.entries.filter(event="action_expired").count() == 1
+    # An identical call after that waits on a new request.
+    agent = action.agent
+    fresh = services.request_for_held_call(agent=agent, server=action.server, tool=action.tool,
+                                           arguments=action.arguments, decision={"decision": "ask", "class": "none"},
+                                           run_id=action.run_id, step_id=action.step_id, now=later)
+    assert fresh.pk != action.pk and fresh.state == "pending"
