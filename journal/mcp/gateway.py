@@ -284,7 +284,9 @@ class Recorder:
                 message = f"Not done: {decided_by} denied this call: “{decision_reason}”. Nothing was sent."
             elif state == ActionRequest.State.USED:
                 message = f"Not done: the approval at {url} already let an identical call through; ask again."
-            elif loop.time() >= deadline or expires_at <= timezone.now():
+            elif state == ActionRequest.State.EXPIRED or expires_at <= timezone.now():
+                message = f"Not done: the approval request at {url} expired. Make the call again to ask anew."
+            elif loop.time() >= deadline:
                 message = (f"Not done yet: this call awaits approval at {url} ({opened.policy.get('reason')}) "
                            "Make the same call again, with the same arguments, once it is approved.")
             else:
