@@ -94,6 +94,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--server-delay-ms", type=int, default=0,
                         help="Make the sample tool take this long, like a remote API (0: answer at once).")
+    parser.add_argument("--with-policy", action="store_true",
+                        help="decide every call under an autonomy policy for every call (set to allow all)")
     parser.add_argument("--interleave", action="store_true",
                         help="Alternate direct and Recorder calls one by one instead of 1,000 of each in turn.")
     args = parser.parse_args()
@@ -121,7 +123,15 @@ def main() -> None:
         wait("http://127.0.0.1:8191/login/")
         services.refresh_catalogue(server=services.register_tool_server(
             name="legacy", url="http://127.0.0.1:8190/legacy/mcp"))
-        _, token = services.create_agent(name="bench-bot", on_behalf_of=User.objects.create_user("bench"))
+        user = User.objects.create_user("bench")
+        _, token = services.create_agent(name="bench-bot", on_behalf_of=user)
+        if args.with_policy:
+            from approver import policy
+            from approver import services as approver_services
+            from approver.models import AutonomyPolicy
+
+            approver_services.save_policy(row=AutonomyPolicy(name="Bench", scope="everything", decisions=dict.fromkeys(
+                policy.CLASSES, "allow")), by=user)
         import httpx
 
         httpx.post("http://127.0.0.1:8190/legacy/control", json={"delay_ms": args.server_delay_ms}).raise_for_status()
@@ -137,6 +147,7 @@ def main() -> None:
             process.wait(timeout=20)
     (d_median, d_p99), (r_median, r_p99) = summary(direct), summary(through)
     delay = f", tool answering in {args.server_delay_ms} ms" if args.server_delay_ms else ""
+    delay += ", under an autonomy policy" if args.with_policy else ""
     order = "interleaved" if args.interleave else "one block after the other"
     print(f"{args.calls} calls to legacy echo, directly and through the Recorder, {order}"
           f" (after {args.warmup} warm-up calls{delay})")
