@@ -365,8 +365,9 @@ def action_detail(request, action_id):
 
 @require_POST
 def action_sign_begin(request, action_id):
-    """A one-time challenge for approving or denying the held call exactly as it stands."""
-    require_role(request, roles.APPROVER, roles.ADMIN)
+    """A one-time challenge for approving or denying the held call exactly as it stands. Any role may reach
+    it; whether this person may decide is the held call's own rule (its policy's group, separation of duties)."""
+    require_role(request, *roles.ALL)
     action = get_object_or_404(ActionRequest.objects.select_related("agent"), public_id=action_id)
     return _signing_step(request, "decision", lambda body: _challenge(*services.begin_action_signing(
         action=action, user=request.user, decision=str(body.get("decision", "")),
@@ -375,7 +376,7 @@ def action_sign_begin(request, action_id):
 
 @require_POST
 def action_sign_complete(request, action_id):
-    require_role(request, roles.APPROVER, roles.ADMIN)
+    require_role(request, *roles.ALL)
 
     def complete(body):
         approval = services.complete_action_signing(user=request.user, nonce=str(body.get("nonce", "")),

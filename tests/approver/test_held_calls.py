@@ -346,3 +346,31 @@ def test_a_held_call_nobody_decided_in_time_expires(held_email):
                                            arguments=action.arguments, decision={"decision": "ask", "class": "none"},
                                            run_id=action.run_id, step_id=action.step_id, now=later)
     assert fresh.pk != action.pk and fresh.state == "pending"
+
+
+def test_the_policy_names_the_group_that_decides_on_held_calls(sales_bot, admin_user, on_call, approver_user,
+                                                               client):
+    from django.urls import reverse
+    from django.utils import timezone
+
+    agent, _ = sales_bot
+    row = set_policy(admin_user)
+    row.approver_group = "on-call"
+    services.save_policy(row=row, by=admin_user)
+    mail = ToolServer.objects.get(name="mail")
+    opened = journal_services.open_step(
+        agent=agent, run_key="run:held", server=mail, server_name="mail", tool="send_email", arguments=EMAIL,
+        request_meta=None, now=timezone.now(), decide=lambda declaration: services.decide_call(
+            agent_name=agent.name, server_name="mail", tool="send_email", declaration=declaration))
+    action = services.request_for_held_call(agent=agent, server=mail, tool="send_email", arguments=EMAIL,
+                                            decision=opened.policy, run_id=opened.run_id, step_id=opened.step_id)
+    assert action.approver_group == "on-call"
+    assert services.action_refusal(action=action, user=approver_user) == "Only members of on-call decide on held calls."
+    key = SoftKey()
+    services.enroll_passkey(user=on_call, name="key", credential=key.register(b"e" * 32), challenge=b"e" * 32)
+    client.force_login(on_call)
+    page = client.get(reverse("approver:action_detail", args=[action.public_id])).content.decode()
+    assert "Approve this call with my passkey" in page
+    begun = client.post(reverse("approver:action_sign_begin", args=[action.public_id]),
+                        data={"decision": "approve"}, content_type="application/json")
+    assert begun.status_code == 200 and begun.json()["nonce"]
