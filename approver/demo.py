@@ -141,12 +141,19 @@ def replay_globex(token: str) -> None:
     from journal.models import Run
     from samples import agent as scripted
 
-    if Run.objects.filter(key=f"run:{scripted.RUN_ID}").exists():
-        say("  the Globex run is already recorded (kept from the last start)")
-        return
-    say("  sales-bot replays the Globex story through the Recorder:")
+    run = Run.objects.filter(key=f"run:{scripted.RUN_ID}").first()
+    story = scripted.STORY
+    if run is not None:
+        made = set(run.steps.filter(status="ok").values_list("server_name", "tool"))
+        story = [(name, arguments) for name, arguments in scripted.STORY if tuple(name.split("__", 1)) not in made]
+        if not story:
+            say("  the Globex run is already recorded (kept from the last start)")
+            return
+        say(f"  sales-bot goes on with the Globex story where the last start left it ({len(story)} call(s) left):")
+    else:
+        say("  sales-bot replays the Globex story through the Recorder:")
     threading.Thread(target=lambda: anyio.run(lambda: scripted.replay(
-        f"http://localhost:{WEB_PORT}/mcp/", token, say=say, patient=True)), daemon=True).start()
+        f"http://localhost:{WEB_PORT}/mcp/", token, say=say, patient=True, story=story)), daemon=True).start()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         held = ActionRequest.objects.filter(state=ActionRequest.State.PENDING, tool="send_email").first()
@@ -154,9 +161,8 @@ def replay_globex(token: str) -> None:
             say(f"  sales-bot's email to Globex waits for an approver: http://localhost:{WEB_PORT}"
                 f"/actions/{held.public_id}/")
             return
-        if Run.objects.filter(key=f"run:{scripted.RUN_ID}", step_count__gte=len(scripted.STORY)).exists() and \
-                not Run.objects.filter(steps__status="held").exists():
-            return
+        if Run.objects.filter(key=f"run:{scripted.RUN_ID}", steps__tool="send_email", steps__status="ok").exists():
+            return  # no policy held it (or an approval from the last start let it through)
         time.sleep(0.5)
 
 

@@ -36,11 +36,13 @@ async def connect(url: str, token: str):
 AWAITS_APPROVAL = "awaits approval at "
 
 
-async def replay(url: str, token: str, *, run_id: str = RUN_ID, say=print, patient: bool = False) -> None:
-    """Tell the story. A call an autonomy policy holds waits for approval inside the call; a `patient` agent,
-    told it still awaits approval when the wait ends, makes the same call again until it is decided."""
+async def replay(url: str, token: str, *, run_id: str = RUN_ID, say=print, patient: bool = False,
+                 story=STORY) -> None:
+    """Tell the story (or the part of it given). A call an autonomy policy holds waits for approval inside the
+    call; a `patient` agent, told it still awaits approval when the wait ends, makes the same call again until
+    it is decided."""
     async with connect(url, token) as client:
-        for name, arguments in STORY:
+        for name, arguments in story:
             while True:
                 result = await client.call_tool(name, arguments, meta={"hatp/journal": {"runId": run_id}})
                 text = result.content[0].text if result.content else ""
