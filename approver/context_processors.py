@@ -8,3 +8,22 @@ def roles(request):
         "is_approver": role_names.has_role(user, role_names.APPROVER),
         "is_admin": role_names.has_role(user, role_names.ADMIN),
     }
+
+
+def held_calls(request):
+    """How many calls wait for a decision by someone in this user's groups: the nav shows it, so an approver
+    between meetings sees at a glance that an agent is waiting. Lazy: pages without the nav pay nothing."""
+    from django.utils import timezone
+    from django.utils.functional import SimpleLazyObject
+
+    from .models import ActionRequest
+
+    def count() -> int:
+        user = request.user
+        if not user.is_authenticated:
+            return 0
+        groups = [name for name in role_names.ALL if role_names.has_role(user, name)]
+        return ActionRequest.objects.filter(state=ActionRequest.State.PENDING, approver_group__in=groups,
+                                            expires_at__gt=timezone.now()).count() if groups else 0
+
+    return {"held_waiting": SimpleLazyObject(count)}

@@ -113,6 +113,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "approver.context_processors.roles",
+                "approver.context_processors.held_calls",
             ],
         },
     },

@@ -374,3 +374,13 @@ def test_the_policy_names_the_group_that_decides_on_held_calls(sales_bot, admin_
     begun = client.post(reverse("approver:action_sign_begin", args=[action.public_id]),
                         data={"decision": "approve"}, content_type="application/json")
     assert begun.status_code == 200 and begun.json()["nonce"]
+
+
+def test_the_nav_tells_the_deciding_group_how_many_calls_wait(held_email, client, approver_user, on_call):
+    from django.urls import reverse
+
+    client.force_login(approver_user)
+    page = client.get(reverse("journal:run_list")).content.decode()
+    assert 'Held calls <span class="badge waiting" title="Waiting for a decision by your group">1</span>' in page
+    client.force_login(on_call)  # not the deciding group: no badge
+    assert 'class="badge waiting"' not in client.get(reverse("journal:run_list")).content.decode()
