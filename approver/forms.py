@@ -32,7 +32,7 @@ class PolicyForm(forms.ModelForm):
         current = self.instance.decisions or policy.DEFAULT_DECISIONS
         for klass in policy.CLASSES:
             self.fields[f"decision_{klass}"] = forms.ChoiceField(
-                label=f"Calls that {policy.CLASS_WORDS[klass]}", choices=[(d, d) for d in policy.DECISIONS],
+                label=policy.CLASS_LABELS[klass], choices=[(d, d) for d in policy.DECISIONS],
                 initial=current.get(klass, "ask"), widget=forms.RadioSelect)
 
     def decision_fields(self):

@@ -29,6 +29,16 @@ CLASS_WORDS = {
     "none": "cannot be undone",
     "unknown": "does not say whether it can be undone",
 }
+# The policy form's labels, one per class.
+CLASS_LABELS = {
+    "compensate_api": "Can be undone through the API",
+    "compensate_ui": "Can only be undone by hand, in the tool's UI",
+    "compensate_no_version": "Can be undone, but without versions (later changes go unseen)",
+    "none": "Cannot be undone",
+    "unknown": "The server does not say",
+}
+CLASS_SHORT = {"compensate_api": "Undo via API", "compensate_ui": "Undo via UI", "compensate_no_version": "No version",
+               "none": "Cannot undo", "unknown": "Unknown"}
 READ = "read"
 DECISIONS = ("allow", "ask", "deny")
 SCOPES = ("tool", "server", "agent", "everything")  # most specific first
