@@ -353,9 +353,15 @@ def finish_checks(*, plan: Plan, check_round: int, now: datetime | None = None) 
 
 
 def _tell(task: str, *args) -> None:
+    """Ring the worker. The row is already committed and is the record; a broker that is down must not turn
+    that into an error for whoever caused it (an agent's held call, an approver's signature). The periodic
+    tasks ring again for whatever is left waiting."""
     from . import tasks
 
-    getattr(tasks, task).delay(*args)
+    try:
+        getattr(tasks, task).delay(*args)
+    except Exception:
+        logger.exception("could not ring the worker for %s%s; the periodic tasks will", task, args)
 
 
 def cancel_plan(*, plan: Plan, by, now: datetime | None = None) -> bool:

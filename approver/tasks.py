@@ -99,5 +99,12 @@ def notify_action_requested(action_id: int) -> int:
 
 @shared_task(name="approver.expire_held_calls")
 def expire_held_calls() -> int:
-    """Close held-call requests past their time. Safe to run twice."""
+    """Close held-call requests past their time, and ring again for approvers never told of one (a broker
+    that was down when it was held). Safe to run twice."""
+    from .models import ActionRequest
+
+    untold = ActionRequest.objects.filter(state=ActionRequest.State.PENDING, notified=False,
+                                          created_at__lt=timezone.now() - timedelta(seconds=60))
+    for action_id in untold.values_list("pk", flat=True):
+        notify_action_requested.delay(action_id)
     return services.expire_held_calls()

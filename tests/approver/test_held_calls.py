@@ -384,3 +384,30 @@ def test_the_nav_tells_the_deciding_group_how_many_calls_wait(held_email, client
     assert 'Held calls <span class="badge waiting" title="Waiting for a decision by your group">1</span>' in page
     client.force_login(on_call)  # not the deciding group: no badge
     assert 'class="badge waiting"' not in client.get(reverse("journal:run_list")).content.decode()
+
+
+def test_a_broker_that_is_down_does_not_fail_a_held_call_and_the_approvers_are_told_later(
+        sales_bot, admin_user, approver_user, monkeypatch):
+    from django.utils import timezone
+    from kombu.exceptions import OperationalError
+
+    agent, _ = sales_bot
+    set_policy(admin_user)
+
+    def broker_down(*args):
+        raise OperationalError("Error 111 connecting to localhost:6379. Connection refused.")
+
+    monkeypatch.setattr(tasks.notify_action_requested, "delay", broker_down)
+    mail = ToolServer.objects.get(name="mail")
+    opened = journal_services.open_step(
+        agent=agent, run_key="run:held", server=mail, server_name="mail", tool="send_email", arguments=EMAIL,
+        request_meta=None, now=timezone.now(), decide=lambda declaration: services.decide_call(
+            agent_name=agent.name, server_name="mail", tool="send_email", declaration=declaration))
+    action = services.request_for_held_call(agent=agent, server=mail, tool="send_email", arguments=EMAIL,
+                                            decision=opened.policy, run_id=opened.run_id, step_id=opened.step_id)
+    assert action.state == "pending" and not action.notified  # held, and on record, though nobody was told
+    rung = []
+    monkeypatch.setattr(tasks.notify_action_requested, "delay", lambda *args: rung.append(args))
+    ActionRequest.objects.filter(pk=action.pk).update(created_at=timezone.now() - timezone.timedelta(minutes=2))
+    tasks.expire_held_calls()
+    assert rung == [(action.pk,)]
