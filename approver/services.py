@@ -1295,6 +1295,13 @@ def request_for_held_call(*, agent, server, tool: str, arguments: dict[str, Any]
     return action
 
 
+def held_call_state(action_id: int) -> tuple[str, str, str, datetime] | None:
+    """Where a held call's request stands (state, decided by, the decision's reason, expiry): what a waiting
+    Recorder polls, one indexed read."""
+    return ActionRequest.objects.filter(pk=action_id).values_list(
+        "state", "decided_by", "decision_reason", "expires_at").first()
+
+
 def claim_approved_action(*, action_id: int, step_id: int, now: datetime | None = None) -> bool:
     """Let one call through on an approval: approved becomes used, once (a conditional update)."""
     now = now or timezone.now()

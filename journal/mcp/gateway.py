@@ -259,7 +259,7 @@ class Recorder:
         is approved and released (an approval lets exactly one call through), else what to tell the agent.
         Waiting reads the request's state (not on the journal thread: reads never queue behind writes)."""
         from approver import services as approver_services
-        from approver.models import ActionRequest
+        from approver.models import ActionRequest  # its states only
 
         hold = opened.policy.get("hold") or {}
         action = await self.journal.run(
@@ -267,8 +267,7 @@ class Recorder:
             arguments=opened.arguments, decision=opened.policy, run_id=opened.run_id, step_id=opened.step_id,
             now=timezone.now())
         url = approver_services.action_url(action)
-        read = sync_to_async(lambda: ActionRequest.objects.filter(pk=action.pk).values_list(
-            "state", "decided_by", "decision_reason", "expires_at").first())
+        read = sync_to_async(lambda: approver_services.held_call_state(action.pk))
         timeout = float(hold.get("askTimeout") or 60)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout

@@ -184,13 +184,11 @@ def test_the_most_specific_policy_governs_the_recorder(recorder, sales_bot, samp
     assert decisions == {"send_email": "Mail", "create_ticket": "everything policy"}
 
 
-@pytest.fixture
-def held_email(sales_bot, admin_user):
-    """A held email as the Recorder leaves it: a step journaled as held, and its action request."""
+def hold_email(agent):
+    """Hold an email as the Recorder does (a step journaled as held, and its action request), without the
+    agent waiting on it."""
     from django.utils import timezone
 
-    agent, _ = sales_bot
-    set_policy(admin_user, quorum=2)
     mail = ToolServer.objects.get(name="mail")
 
     def decide_now(declaration):
@@ -203,6 +201,12 @@ def held_email(sales_bot, admin_user):
     action = services.request_for_held_call(agent=agent, server=mail, tool="send_email", arguments=EMAIL,
                                             decision=opened.policy, run_id=opened.run_id, step_id=opened.step_id)
     return opened, action
+
+
+@pytest.fixture
+def held_email(sales_bot, admin_user):
+    set_policy(admin_user, quorum=2)
+    return hold_email(sales_bot[0])
 
 
 def test_a_quorum_of_two_needs_two_approvers_and_the_agents_owner_cannot_approve(held_email, approver_user,
@@ -351,19 +355,12 @@ def test_a_held_call_nobody_decided_in_time_expires(held_email):
 def test_the_policy_names_the_group_that_decides_on_held_calls(sales_bot, admin_user, on_call, approver_user,
                                                                client):
     from django.urls import reverse
-    from django.utils import timezone
 
     agent, _ = sales_bot
     row = set_policy(admin_user)
     row.approver_group = "on-call"
     services.save_policy(row=row, by=admin_user)
-    mail = ToolServer.objects.get(name="mail")
-    opened = journal_services.open_step(
-        agent=agent, run_key="run:held", server=mail, server_name="mail", tool="send_email", arguments=EMAIL,
-        request_meta=None, now=timezone.now(), decide=lambda declaration: services.decide_call(
-            agent_name=agent.name, server_name="mail", tool="send_email", declaration=declaration))
-    action = services.request_for_held_call(agent=agent, server=mail, tool="send_email", arguments=EMAIL,
-                                            decision=opened.policy, run_id=opened.run_id, step_id=opened.step_id)
+    _, action = hold_email(agent)
     assert action.approver_group == "on-call"
     assert services.action_refusal(action=action, user=approver_user) == "Only members of on-call decide on held calls."
     key = SoftKey()
@@ -398,13 +395,7 @@ def test_a_broker_that_is_down_does_not_fail_a_held_call_and_the_approvers_are_t
         raise OperationalError("Error 111 connecting to localhost:6379. Connection refused.")
 
     monkeypatch.setattr(tasks.notify_action_requested, "delay", broker_down)
-    mail = ToolServer.objects.get(name="mail")
-    opened = journal_services.open_step(
-        agent=agent, run_key="run:held", server=mail, server_name="mail", tool="send_email", arguments=EMAIL,
-        request_meta=None, now=timezone.now(), decide=lambda declaration: services.decide_call(
-            agent_name=agent.name, server_name="mail", tool="send_email", declaration=declaration))
-    action = services.request_for_held_call(agent=agent, server=mail, tool="send_email", arguments=EMAIL,
-                                            decision=opened.policy, run_id=opened.run_id, step_id=opened.step_id)
+    _, action = hold_email(agent)
     assert action.state == "pending" and not action.notified  # held, and on record, though nobody was told
     rung = []
     monkeypatch.setattr(tasks.notify_action_requested, "delay", lambda *args: rung.append(args))
