@@ -8,8 +8,9 @@ from django.http import JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 
+from journal.access import READERS, require_role
+
 from . import planning
-from .access import READERS, require_role
 from .models import Plan
 from .services import plan_content
 

@@ -18,7 +18,8 @@ from typing import Any
 import anyio
 import jsonschema
 
-from journal.mcp.client import Endpoint, ToolServerError, Upstreams, classify_tool_error
+from journal.mcp.client import Endpoint, ToolServerError, Upstreams
+from journal.outcomes import classify_tool_error
 
 from . import answers
 

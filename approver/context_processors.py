@@ -1,4 +1,9 @@
-from approver import roles as role_names
+from django.utils import timezone
+from django.utils.functional import SimpleLazyObject
+
+from journal import roles as role_names
+
+from .models import ActionRequest
 
 
 def roles(request):
@@ -13,11 +18,6 @@ def roles(request):
 def held_calls(request):
     """How many calls wait for a decision by someone in this user's groups: the nav shows it, so an approver
     between meetings sees at a glance that an agent is waiting. Lazy: pages without the nav pay nothing."""
-    from django.utils import timezone
-    from django.utils.functional import SimpleLazyObject
-
-    from .models import ActionRequest
-
     def count() -> int:
         user = request.user
         if not user.is_authenticated:

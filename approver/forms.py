@@ -1,6 +1,8 @@
 from django import forms
 
-from . import policy, roles
+from journal import roles
+
+from . import policy
 from .models import AutonomyPolicy
 
 

@@ -1,4 +1,5 @@
-"""The approval side: reversal plans and their items (sign-off, execution and policies come with later issues)."""
+"""The approval side's state: reversal plans and their items, passkeys and approvals, autonomy policies and
+the calls they hold. Every change goes through `approver.services`."""
 
 import uuid
 from datetime import timedelta
@@ -9,6 +10,9 @@ from django.db import models
 from django.utils import timezone
 
 from journal.models import Run, Step
+from journal.ports import DEFAULT_HOLD_SECONDS, HeldState
+
+from .policy import CLASS_WORDS
 
 
 class PlanQuerySet(models.QuerySet):
@@ -22,7 +26,7 @@ class PlanQuerySet(models.QuerySet):
 class Plan(models.Model):
     """A request to undo part of a run, with every step it must take back, checked against the servers.
 
-    The plan's content (`approver.planning.plan_content`) is what an approver signs; `digest` is the
+    The plan's content (`approver.content.plan_content`) is what an approver signs; `digest` is the
     SHA-256 of its JCS bytes and changes whenever the content does."""
 
     class State(models.TextChoices):
@@ -40,7 +44,14 @@ class Plan(models.Model):
         CANCELLED = "cancelled", "Cancelled"
         SUPERSEDED = "superseded", "Superseded"
 
+    # Where each move starts from: the services' conditional updates and the pages' buttons read these.
     OPEN_STATES = (State.DRAFT, State.CHECKING, State.READY, State.APPROVED, State.EXECUTING, State.PAUSED)
+    FINISHED_STATES = (State.COMPLETED, State.PARTIALLY_COMPLETED, State.FAILED)
+    CHECKABLE_STATES = (State.DRAFT, State.READY)
+    CANCELLABLE_STATES = (State.DRAFT, State.CHECKING, State.READY)
+    RUNNABLE_STATES = (State.APPROVED, State.EXECUTING)  # a worker may take it (and pause it)
+    STOPPABLE_STATES = (State.APPROVED, State.EXECUTING, State.PAUSED)  # abortable; a reconciler looks at it
+    DECIDED_STATES = (State.APPROVED, State.REJECTED, State.EXECUTING, State.PAUSED, *FINISHED_STATES)
 
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="plans")
@@ -157,10 +168,12 @@ class PlanItem(models.Model):
         OVERWRITE = "overwrite", "Overwrite the version I saw"
 
     conflict_choice = models.CharField(max_length=12, choices=Choice.choices, blank=True)
-    # Execution: "" until claimed, "running" while its compensation is in flight, "done" once its outcome is
-    # kept. "compensated" makes the step "already undone" for later plans.
+
+    class Exec:  # `exec_state`'s values: "" until claimed, running while in flight, done once its outcome is kept
+        NOT_STARTED, RUNNING, DONE = "", "running", "done"
+
     exec_state = models.CharField(max_length=10, blank=True)
-    outcome = models.CharField(max_length=24, blank=True)
+    outcome = models.CharField(max_length=24, blank=True)  # "compensated" makes the step "already undone" later
     outcome_detail = models.JSONField(default=dict, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)
     # After a failure that is safe to repeat, the item is let go until then (Celery rings again at that time).
@@ -217,8 +230,8 @@ class Passkey(models.Model):
 
 
 class ApprovalRules(models.Model):
-    """Who may approve and how many must: one row, which admins edit (the autonomy-policy issue makes it
-    richer). `ApprovalRules.current()` reads it, with these defaults if nobody has saved it yet."""
+    """Who may approve and how many must: one row, which admins edit. `ApprovalRules.current()` reads it,
+    with these defaults if nobody has saved it yet."""
 
     approver_role = models.CharField(max_length=80, default="approver",
                                      help_text="The group whose members may approve or reject plans.")
@@ -292,7 +305,6 @@ class Approval(models.Model):
 
 # -- autonomy policies --------------------------------------------------------------------------------------
 
-
 ALREADY_COVERED = "Another policy already covers this; edit that one instead."
 
 
@@ -316,7 +328,7 @@ class AutonomyPolicy(models.Model):
     approver_group = models.CharField(max_length=150, default="approver",
                                       help_text="The group whose members approve held calls.")
     quorum = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
-    ask_timeout = models.PositiveIntegerField(default=60, help_text="Seconds a held call waits for approval.")
+    ask_timeout = models.PositiveIntegerField(default=DEFAULT_HOLD_SECONDS, help_text="Seconds a held call waits for approval.")
     auto_run_plans = models.BooleanField(
         default=False, help_text="Reversal plans whose items are all compensate-via-api, with no conflict, side "
                                  "effect or cost, run without a human.")
@@ -368,11 +380,11 @@ class ActionRequest(models.Model):
     and an approved request lets exactly one call through (claimed with a conditional update)."""
 
     class State(models.TextChoices):
-        PENDING = "pending", "Waiting for approval"
-        APPROVED = "approved", "Approved"
-        DENIED = "denied", "Denied"
-        EXPIRED = "expired", "Expired"
-        USED = "used", "Approved and made"
+        PENDING = HeldState.PENDING, "Waiting for approval"
+        APPROVED = HeldState.APPROVED, "Approved"
+        DENIED = HeldState.DENIED, "Denied"
+        EXPIRED = HeldState.EXPIRED, "Expired"
+        USED = HeldState.USED, "Approved and made"
 
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     agent = models.ForeignKey("journal.Agent", on_delete=models.PROTECT, related_name="+")
@@ -409,8 +421,6 @@ class ActionRequest(models.Model):
 
     @property
     def class_words(self) -> str:
-        from .policy import CLASS_WORDS
-
         return CLASS_WORDS.get(self.call_class, self.call_class)
 
 

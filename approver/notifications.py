@@ -11,8 +11,10 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.mail import send_mail
 
-from . import execution, services
-from .models import ActionRequest, ApprovalRules, Plan
+from . import authority, execution
+from .content import plan_url
+from .models import ActionRequest, Approval, ApprovalRules, Plan
+from .services.held_calls import action_url
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +22,7 @@ WEBHOOK_TIMEOUT = 5.0
 
 
 def _link(plan: Plan) -> str:
-    return f"{settings.PUBLIC_URL.rstrip('/')}{services.plan_url(plan)}"
+    return f"{settings.PUBLIC_URL.rstrip('/')}{plan_url(plan)}"
 
 
 def summary(plan: Plan) -> str:
@@ -33,7 +35,7 @@ def summary(plan: Plan) -> str:
 def approvers_to_tell(plan: Plan) -> list:
     rules = ApprovalRules.current()
     users = get_user_model().objects.filter(is_active=True, groups__name=rules.approver_role).exclude(email="")
-    return [u for u in users.distinct() if not services.signing_refusal(plan=plan, user=u, rules=rules)]
+    return [u for u in users.distinct() if not authority.signing_refusal(plan=plan, user=u, rules=rules)]
 
 
 def plan_ready(plan: Plan) -> int:
@@ -46,11 +48,11 @@ def plan_ready(plan: Plan) -> int:
 def action_requested(action: ActionRequest) -> int:
     """Email the held call's approvers and post to the webhook: an agent is waiting."""
     users = get_user_model().objects.filter(is_active=True, groups__name=action.approver_group).exclude(email="")
-    recipients = [u.email for u in users.distinct() if not services.action_refusal(action=action, user=u)]
+    recipients = [u.email for u in users.distinct() if not authority.action_refusal(action=action, user=u)]
     args = ", ".join(f"{k}={v!r}" for k, v in sorted(action.arguments.items()))[:500]
     text = (f"{action.agent.name} (for {action.agent.on_behalf_of.get_username()}) is waiting to call "
             f"{action.server.name}__{action.tool}({args}).\n{action.reason}\nApprove or deny: "
-            f"{services.action_url(action)}")
+            f"{action_url(action)}")
     return _tell_approvers(recipients, f"Held for approval: {action.agent.name} wants {action.tool}", text, action)
 
 
@@ -75,12 +77,12 @@ def plan_decided(plan: Plan) -> int:
     if not plan.requested_by.email:
         return 0
     if plan.state == Plan.State.REJECTED:
-        rejection = plan.approvals.filter(decision="reject").order_by("-created_at").first()
+        rejection = plan.approvals.filter(decision=Approval.Decision.REJECT).order_by("-created_at").first()
         decision = "rejected"
         words = f"rejected by {rejection.approver.get_username()}: “{rejection.reason}”" if rejection else "rejected"
     else:  # it may be running, or even finished, by the time this is sent
         names = sorted({a.approver.get_username() for a in plan.approvals.filter(
-            decision="approve", digest=plan.digest).select_related("approver")})
+            decision=Approval.Decision.APPROVE, digest=plan.digest).select_related("approver")})
         decision = "approved"
         words = f"approved by {' and '.join(names)}; it may now run" if names else "approved; it may now run"
     try:
@@ -99,11 +101,11 @@ def plan_executed(plan: Plan) -> int:
     if plan.stop_reason:
         lines.append(f"Stopped: {plan.stop_reason}")
     for item in to_do:
-        words = item.remedy if item.outcome == "irreversible" and item.remedy else (
+        words = item.remedy if item.outcome == execution.IRREVERSIBLE and item.remedy else (
             item.outcome_detail or {}).get("message", "")
         lines.append(f"To do by hand, step {item.step.number} ({item.step.tool}): {words}")
     lines.append(_link(plan))
-    recipients = {plan.requested_by.email, *plan.approvals.filter(decision="approve").values_list(
+    recipients = {plan.requested_by.email, *plan.approvals.filter(decision=Approval.Decision.APPROVE).values_list(
         "approver__email", flat=True)} - {""}
     if not recipients:
         return 0

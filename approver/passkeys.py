@@ -8,6 +8,8 @@ for the person at the keyboard.
 from dataclasses import dataclass
 from typing import Any
 
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from django.conf import settings
 from webauthn import (
     generate_authentication_options,
     generate_registration_options,
@@ -17,6 +19,8 @@ from webauthn import (
 )
 from webauthn.helpers import base64url_to_bytes, bytes_to_base64url
 from webauthn.helpers.cose import COSEAlgorithmIdentifier
+from webauthn.helpers.decode_credential_public_key import decode_credential_public_key
+from webauthn.helpers.decoded_public_key_to_cryptography import decoded_public_key_to_cryptography
 from webauthn.helpers.exceptions import (
     InvalidAuthenticationResponse,
     InvalidJSONStructure,
@@ -30,17 +34,18 @@ from webauthn.helpers.structs import (
     UserVerificationRequirement,
 )
 
+from journal.errors import Refused
+
+# How long a challenge (to enrol a passkey, or to sign with one) waits for the authenticator.
+CHALLENGE_SECONDS = 300
+
 # The algorithms we accept: ES256 and EdDSA, then RS256 for platforms that offer nothing else.
 ALGORITHMS = [COSEAlgorithmIdentifier.ECDSA_SHA_256, COSEAlgorithmIdentifier.EDDSA,
               COSEAlgorithmIdentifier.RSASSA_PKCS1_v1_5_SHA_256]
 
 
-class PasskeyRefused(Exception):
+class PasskeyRefused(Refused):
     """The browser's answer does not hold; `message` says why, in words for the user."""
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,12 @@ class RelyingParty:
     id: str  # the host name, e.g. "undo.example.com"
     name: str
     origins: tuple[str, ...]  # e.g. ("https://undo.example.com",)
+
+
+def this_site() -> RelyingParty:
+    """The relying party these settings describe (read at call time: tests and deployments change them)."""
+    return RelyingParty(id=settings.WEBAUTHN_RP_ID, name=settings.WEBAUTHN_RP_NAME,
+                        origins=tuple(settings.WEBAUTHN_ORIGINS))
 
 
 @dataclass(frozen=True)
@@ -137,9 +148,5 @@ def verify_assertion(*, rp: RelyingParty, credential: Any, challenge: bytes, pub
 def spki(public_key: str) -> str:
     """A passkey's COSE public key as base64url SubjectPublicKeyInfo DER, which any X.509 toolkit (and the
     README's offline verifier, with only `cryptography`) can load."""
-    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-    from webauthn.helpers.decode_credential_public_key import decode_credential_public_key
-    from webauthn.helpers.decoded_public_key_to_cryptography import decoded_public_key_to_cryptography
-
     key = decoded_public_key_to_cryptography(decode_credential_public_key(base64url_to_bytes(public_key)))
     return bytes_to_base64url(key.public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo))

@@ -20,6 +20,8 @@ and the demo starts with `DEFAULT_DECISIONS` for everything. Nothing here reads 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from journal.ports import MAX_HOLD_SECONDS
+
 CLASSES = ("compensate_api", "compensate_ui", "compensate_no_version", "none", "unknown")
 CLASS_WORDS = {
     "compensate_api": "can be undone through the API",
@@ -142,6 +144,34 @@ def clean_decisions(raw: Mapping[str, object]) -> tuple[dict[str, str], dict[str
         else:
             decisions[klass] = value
     return decisions, problems
+
+
+def draft_problems(*, name: str, scope: str, agent_chosen: bool, server_chosen: bool, tool: str, server_name: str,
+                   server_tools: set[str] | None, quorum: int | None, ask_timeout: int | None, approver_group: str,
+                   groups: Iterable[str]) -> dict[str, str]:
+    """What is wrong with a policy draft's own fields, by form field (the decisions are `clean_decisions`'s;
+    whether another policy already covers the same scope is a question for the database)."""
+    groups = tuple(groups)
+    problems: dict[str, str] = {}
+    if not (name or "").strip():
+        problems["name"] = "Give the policy a name."
+    if scope not in SCOPES:
+        problems["scope"] = "Choose what the policy covers."
+    if scope == "agent" and not agent_chosen:
+        problems["agent"] = "Choose the agent this policy is for."
+    if scope in ("server", "tool") and not server_chosen:
+        problems["server"] = "Choose the tool server this policy is for."
+    if scope == "tool" and not (tool or "").strip():
+        problems["tool"] = "Name the tool this policy is for."
+    if scope == "tool" and server_tools is not None and tool and tool not in server_tools:
+        problems["tool"] = f"{server_name} offers no tool named {tool!r}."
+    if not quorum or quorum < 1:
+        problems["quorum"] = "At least one approver must sign a held call."
+    if not 1 <= (ask_timeout or 0) <= MAX_HOLD_SECONDS:
+        problems["ask_timeout"] = "A held call can wait between 1 second and 1 hour."
+    if approver_group not in groups:
+        problems["approver_group"] = f"Choose one of the groups: {', '.join(groups)}."
+    return problems
 
 
 def simulate(policies: Iterable[Policy], calls: Iterable[Mapping[str, object]], *, examples: int = 3

@@ -97,7 +97,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
-    "approver.access.LoginRequiredMiddleware",
+    "journal.access.LoginRequiredMiddleware",
 ]
 
 ROOT_URLCONF = "approver.urls"

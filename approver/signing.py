@@ -11,19 +11,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from journal.canonical import canonical_bytes
+from journal.errors import Refused
 
 from .planning import KEEP_NEWER, OVERWRITE
 
-DECISIONS = ("approve", "reject")
+APPROVE, REJECT = "approve", "reject"
+DECISIONS = (APPROVE, REJECT)
 CHOICES = (KEEP_NEWER, OVERWRITE)
 
 
-class SigningRefused(Exception):
+class SigningRefused(Refused):
     """Not something this person may sign now; `message` says why."""
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
 
 
 def challenge_payload(*, plan: str, digest: str, decision: str, choices: dict[str, str], nonce: str) -> dict[str, Any]:
@@ -54,7 +52,7 @@ def clean_choices(raw: Any, *, conflicts: set[int], decision: str) -> dict[str, 
             raise SigningRefused(f"Item {key}: choose to keep the newer change or to overwrite the version you saw.")
         choices[key] = value
     missing = sorted(conflicts - {int(k) for k in choices})
-    if decision == "approve" and missing:
+    if decision == APPROVE and missing:
         raise SigningRefused("Choose what to do about each change made since the agent acted (item "
                              + ", ".join(map(str, missing)) + ").")
     return choices

@@ -7,12 +7,16 @@ from django.conf import settings
 from django.utils import timezone
 
 from . import notifications, services
-from .models import Plan
+from .models import ActionRequest, Plan
+
+# How long past its expected end a job is given before the periodic tasks treat it as left by a dead worker
+# (or, for a held call, a lost bell).
+GRACE_SECONDS = 60
 
 
 def stalled_before():
     """A check that has not moved for this long was left by a worker that died."""
-    return timezone.now() - timedelta(seconds=2 * settings.TOOL_SERVER_TIMEOUT + 60)
+    return timezone.now() - timedelta(seconds=2 * settings.TOOL_SERVER_TIMEOUT + GRACE_SECONDS)
 
 
 @shared_task(name="approver.check_plan")
@@ -49,9 +53,7 @@ def notify_plan_ready(plan_id: int, check_round: int) -> int:
 def notify_plan_decided(plan_id: int) -> int:
     """Tell the requester how the plan was decided. Safe to run twice."""
     # Execution may have started (or finished) before this task runs: any state after the decision counts.
-    decided = [Plan.State.APPROVED, Plan.State.REJECTED, Plan.State.EXECUTING, Plan.State.PAUSED,
-               *services.FINISHED_STATES]
-    if not Plan.objects.filter(pk=plan_id, state__in=decided, outcome_notified=False).update(outcome_notified=True):
+    if not Plan.objects.filter(pk=plan_id, state__in=Plan.DECIDED_STATES, outcome_notified=False).update(outcome_notified=True):
         return 0
     return notifications.plan_decided(Plan.objects.for_page().get(pk=plan_id))
 
@@ -69,7 +71,7 @@ def execute_plan(plan_id: int) -> str:
 @shared_task(name="approver.reconcile_execution")
 def reconcile_execution() -> int:
     """Ring again for plans a killed worker left mid-way (see `services.reconcile_execution`)."""
-    horizon = timezone.now() - timedelta(seconds=4 * settings.TOOL_SERVER_TIMEOUT + 60)
+    horizon = timezone.now() - timedelta(seconds=4 * settings.TOOL_SERVER_TIMEOUT + GRACE_SECONDS)
     plans = services.reconcile_execution(older_than=horizon)
     for plan_id in plans:
         execute_plan.delay(plan_id)
@@ -88,8 +90,6 @@ def notify_plan_executed(plan_id: int) -> int:
 @shared_task(name="approver.notify_action_requested")
 def notify_action_requested(action_id: int) -> int:
     """Tell the approvers a call is held for them. Safe to run twice: the request is claimed first."""
-    from .models import ActionRequest
-
     if not ActionRequest.objects.filter(pk=action_id, state=ActionRequest.State.PENDING, notified=False).update(
             notified=True):
         return 0
@@ -101,10 +101,8 @@ def notify_action_requested(action_id: int) -> int:
 def expire_held_calls() -> int:
     """Close held-call requests past their time, and ring again for approvers never told of one (a broker
     that was down when it was held). Safe to run twice."""
-    from .models import ActionRequest
-
     untold = ActionRequest.objects.filter(state=ActionRequest.State.PENDING, notified=False,
-                                          created_at__lt=timezone.now() - timedelta(seconds=60))
+                                          created_at__lt=timezone.now() - timedelta(seconds=GRACE_SECONDS))
     for action_id in untold.values_list("pk", flat=True):
         notify_action_requested.delay(action_id)
     return services.expire_held_calls()

@@ -12,11 +12,12 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from webauthn.helpers import base64url_to_bytes, bytes_to_base64url
 
+from journal import roles
+from journal.access import READERS, require_role
 from journal.models import Run
 
-from . import execution, passkeys, policy, roles, services, signing
+from . import authority, execution, passkeys, policy, services, signing
 from . import health as health_report
-from .access import READERS, require_role
 from .forms import PolicyForm, UndoRequestForm
 from .models import ActionRequest, ApprovalRules, AutonomyPolicy, Passkey, Plan, PlanItem, PolicyChange
 
@@ -83,30 +84,17 @@ def _plan_context(request, plan: Plan) -> dict:
         "nothing": by_action[PlanItem.Action.NOTHING_TO_UNDO],
         "already": by_action[PlanItem.Action.ALREADY_UNDONE],
         "changed": [i for i in items if i.check_status == PlanItem.Check.CONFLICT],
-        "may_check": roles.has_any_role(request.user, roles.ON_CALL, roles.APPROVER)
-        and plan.state in (Plan.State.DRAFT, Plan.State.READY),
-        "may_cancel": roles.has_any_role(request.user, roles.ON_CALL, roles.ADMIN)
-        and plan.state in (Plan.State.DRAFT, Plan.State.CHECKING, Plan.State.READY),
         "now": timezone.now(),
-        "may_abort": roles.has_any_role(request.user, roles.APPROVER, roles.ADMIN)
-        and plan.state in (Plan.State.APPROVED, Plan.State.EXECUTING, Plan.State.PAUSED) and not plan.stop_reason,
-        "may_pause": roles.has_any_role(request.user, roles.APPROVER, roles.ADMIN)
-        and plan.state in (Plan.State.APPROVED, Plan.State.EXECUTING) and not plan.stop_reason,
-        "may_resume": roles.has_any_role(request.user, roles.APPROVER, roles.ADMIN)
-        and plan.state == Plan.State.PAUSED and not plan.stop_reason,
-        "may_settle": roles.has_any_role(request.user, roles.ON_CALL, roles.APPROVER, roles.ADMIN)
-        and plan.state in services.FINISHED_STATES,
-        "may_retry": roles.has_any_role(request.user, roles.APPROVER, roles.ADMIN)
-        and plan.state in services.FINISHED_STATES and not plan.stop_reason,
+        **authority.plan_buttons(request.user, plan),
         "report": _report(plan, items),
         **_sign_off_context(request, plan),
     }
 
 
 def _report(plan: Plan, items: list) -> dict | None:
-    if plan.state not in (Plan.State.EXECUTING, Plan.State.PAUSED, *services.FINISHED_STATES):
+    if plan.state not in (Plan.State.EXECUTING, Plan.State.PAUSED, *Plan.FINISHED_STATES):
         return None
-    return {"done": sum(i.exec_state == "done" for i in items), "total": len(items),
+    return {"done": sum(i.exec_state == PlanItem.Exec.DONE for i in items), "total": len(items),
             "to_do": [i for i in items if i.outcome in execution.NEEDS_A_HUMAN]}
 
 
@@ -114,14 +102,14 @@ def _sign_off_context(request, plan: Plan) -> dict:
     """Who signed what, what counts, and whether this user may sign now (and if not, why)."""
     rules = ApprovalRules.current()
     approvals = list(plan.approvals.select_related("approver", "passkey").order_by("created_at"))
-    counting = {a.pk for a in services.counting_approvals(plan=plan, rules=rules)}
+    counting = {a.pk for a in authority.counting_approvals(plan=plan, rules=rules)}
     current = services.plan_content(plan) if any(a.digest != plan.digest for a in approvals) else None
     signed = [{"approval": a, "counts": a.pk in counting,
                "changes": signing.content_changes(a.content, current) if current and a.digest != plan.digest else []}
               for a in approvals]
     refusal = ""
     if plan.state == Plan.State.READY and roles.has_role(request.user, roles.APPROVER):
-        refusal = services.signing_refusal(plan=plan, user=request.user, rules=rules) or (
+        refusal = authority.signing_refusal(plan=plan, user=request.user, rules=rules) or (
             "" if Passkey.objects.active().filter(user=request.user).exists() else "no-passkey")
     return {"rules": rules, "signed": signed, "counting": len(counting),
             "may_sign": plan.state == Plan.State.READY and roles.has_role(request.user, roles.APPROVER) and not refusal,
@@ -130,7 +118,7 @@ def _sign_off_context(request, plan: Plan) -> dict:
 
 @require_POST
 def check_again(request, plan_id):
-    require_role(request, roles.ON_CALL, roles.APPROVER)
+    require_role(request, *authority.MAY_CHECK)
     plan = get_object_or_404(Plan, public_id=plan_id)
     if services.queue_checks(plan=plan):
         messages.success(request, "Checking again with the tool servers.")
@@ -151,7 +139,7 @@ def _plan_action(request, plan_id, action, done: str, refused: str):
 
 @require_POST
 def cancel(request, plan_id):
-    require_role(request, roles.ON_CALL, roles.ADMIN)
+    require_role(request, *authority.MAY_CANCEL)
     return _plan_action(request, plan_id, services.cancel_plan, "Plan cancelled. Its steps can go into a new plan.",
                         "it can no longer be cancelled.")
 
@@ -159,7 +147,6 @@ def cancel(request, plan_id):
 # -- passkeys -----------------------------------------------------------------------------------------------
 
 _REGISTRATION = "passkey-registration"  # session key: the one challenge in flight, and when it lapses
-CHALLENGE_SECONDS = 300
 
 
 @require_GET
@@ -175,7 +162,7 @@ def passkey_options(request):
     require_role(request, roles.APPROVER)
     challenge = secrets.token_bytes(32)
     request.session[_REGISTRATION] = {"challenge": bytes_to_base64url(challenge),
-                                      "expires": time.time() + CHALLENGE_SECONDS}
+                                      "expires": time.time() + passkeys.CHALLENGE_SECONDS}
     return HttpResponse(services.passkey_registration_options(user=request.user, challenge=challenge),
                         content_type="application/json")
 
@@ -255,7 +242,7 @@ def sign_complete(request, plan_id):
         approval = services.complete_signing(user=request.user, nonce=str(body.get("nonce", "")),
                                              credential=body.get("credential"))
         plan.refresh_from_db()
-        if approval.decision == "reject":
+        if approval.decision == signing.REJECT:
             messages.success(request, "You rejected the plan. Nothing will be undone.")
         elif plan.state == Plan.State.APPROVED:
             messages.success(request, "You approved the plan. The quorum is reached: it may now run.")
@@ -270,7 +257,7 @@ def sign_complete(request, plan_id):
 @require_POST
 def abort(request, plan_id):
     """Stop an approved, executing or paused plan: the item in flight finishes, nothing after it starts."""
-    require_role(request, roles.APPROVER, roles.ADMIN)
+    require_role(request, *authority.MAY_CONTROL)
     return _plan_action(request, plan_id, services.abort_plan, "Aborted: nothing that has not started will run.",
                         "there is nothing to abort.")
 
@@ -278,7 +265,7 @@ def abort(request, plan_id):
 @require_POST
 def pause(request, plan_id):
     """Hold an executing plan after the item in flight; it goes on only when someone resumes it."""
-    require_role(request, roles.APPROVER, roles.ADMIN)
+    require_role(request, *authority.MAY_CONTROL)
     return _plan_action(request, plan_id, services.pause_plan,
                         "Paused: the item in flight finishes, nothing else starts until you resume.",
                         "it cannot be paused.")
@@ -286,7 +273,7 @@ def pause(request, plan_id):
 
 @require_POST
 def resume(request, plan_id):
-    require_role(request, roles.APPROVER, roles.ADMIN)
+    require_role(request, *authority.MAY_CONTROL)
     return _plan_action(request, plan_id, services.resume_plan,
                         "Resumed: the approvals are checked again before each item.", "there is nothing to resume.")
 
@@ -308,14 +295,14 @@ def _settling(request, plan_id, position: int, action, done: str):
 @require_POST
 def check_outcome(request, plan_id, position):
     """Ask the tool server, changing nothing, where a compensation whose outcome is unknown stands."""
-    require_role(request, roles.ON_CALL, roles.APPROVER, roles.ADMIN)
+    require_role(request, *authority.MAY_SETTLE)
     return _settling(request, plan_id, position, services.check_unknown, "The server's answer: {answer}")
 
 
 @require_POST
 def settle_outcome(request, plan_id, position):
     """A human's word, after looking: the compensation took effect, or it did not."""
-    require_role(request, roles.ON_CALL, roles.APPROVER, roles.ADMIN)
+    require_role(request, *authority.MAY_SETTLE)
     settlement = request.POST.get("settlement", "")
 
     def settle(**kwargs):
@@ -327,7 +314,7 @@ def settle_outcome(request, plan_id, position):
 @require_POST
 def retry_outcome(request, plan_id, position):
     """Run the compensation again with the same idempotency key: an approver's decision, after looking."""
-    require_role(request, roles.APPROVER, roles.ADMIN)
+    require_role(request, *authority.MAY_CONTROL)
     return _settling(request, plan_id, position, services.retry_unknown,
                      "Trying again with the same idempotency key; the approvals were checked first.")
 
@@ -350,7 +337,7 @@ def action_detail(request, action_id):
     require_role(request, *READERS)
     action = get_object_or_404(ActionRequest.objects.select_related("agent__on_behalf_of", "server", "run", "step",
                                                                      "used_step"), public_id=action_id)
-    refusal = services.action_refusal(action=action, user=request.user) if roles.has_role(
+    refusal = authority.action_refusal(action=action, user=request.user) if roles.has_role(
         request.user, action.approver_group) else ""
     has_key = Passkey.objects.active().filter(user=request.user).exists()
     return render(request, "approver/action_detail.html", {
@@ -383,7 +370,7 @@ def action_sign_complete(request, action_id):
                                                     credential=body.get("credential"))
         action = approval.request
         action.refresh_from_db()
-        if approval.decision == "reject":
+        if approval.decision == signing.REJECT:
             messages.success(request, "You denied the call. The agent is told, with your reason.")
         elif action.state == ActionRequest.State.APPROVED:
             messages.success(request, "You approved the call. It goes through once, exactly as shown.")

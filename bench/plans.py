@@ -104,7 +104,8 @@ def main() -> None:
     from django.conf import settings
     from django.contrib.auth.models import Group, User
 
-    from approver import roles, services
+    from approver import services
+    from journal import roles
     from journal import services as journal_services
 
     on_call = User.objects.create_user("olivia")

@@ -14,7 +14,7 @@ class ToolServerAdmin(admin.ModelAdmin):
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 
     def save_model(self, request, obj, form, change):
-        super().save_model(request, obj, form, change)
+        services.save_tool_server(server=obj)  # the one writer of the row, as for the command
         # The admin saves inside a transaction; reading the catalogue is network I/O, so it waits for the
         # commit rather than holding the transaction open while a tool server answers.
         transaction.on_commit(lambda: self._refresh(request, obj))

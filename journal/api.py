@@ -10,8 +10,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from approver.access import READERS, require_role
-
+from .access import READERS, require_role
 from .models import Run, Step
 
 PAGE_SIZE = 100

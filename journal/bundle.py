@@ -10,12 +10,14 @@
 
 import hashlib
 import json
+from datetime import datetime
 from typing import Any, Literal
 
 import rfc8785
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import chain
+from .errors import Refused
 
 BUNDLE_FORMAT = "agent-undo/run-bundle@1"
 
@@ -66,7 +68,7 @@ class Bundle(_Wire):
     approvals: list[dict[str, Any]] = Field(default_factory=list)
 
 
-class ImportRefused(ValueError):
+class ImportRefused(Refused, ValueError):
     """A file that cannot be imported; the message names the bad field or entry."""
 
 
@@ -90,12 +92,10 @@ def parse_bundle(text: str) -> Bundle:
 
 
 def verify_bundle(bundle: Bundle) -> chain.Verdict:
-    from .keys import public_key_from_text
-
     keys = {}
     for key in bundle.publicKeys:
         try:
-            keys[key.keyId] = public_key_from_text(key.publicKey)
+            keys[key.keyId] = chain.public_key_from_text(key.publicKey)
         except ValueError:
             raise ImportRefused(f"publicKeys: {key.keyId} is not an Ed25519 public key") from None
     return chain.verify(
@@ -162,3 +162,58 @@ def parse_chronomcp_log(text: str) -> list[tuple[dict[str, Any], ChronoEntry]]:
         expected_prev = entry.hash
         entries.append((raw, entry))
     return entries
+
+
+# The reversibility a step may take from an imported record (journal.models.Step.Reversibility).
+REVERSIBILITY = ("compensate", "none", "unknown", "read_only")
+
+
+def parse_ts(text: str, fallback: datetime | None) -> datetime | None:
+    """An imported timestamp, or `fallback` when it is not an aware ISO 8601 moment."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return fallback
+    return moment if moment.tzinfo else fallback
+
+
+def step_fields(entries: list[dict[str, Any]], *, started_at: datetime) -> list[dict[str, Any]]:
+    """The step rows of an imported run, rebuilt from its call and result events: each row's column values,
+    in step order. Anything the record does not say keeps the column's default."""
+    steps: dict[int, dict[str, Any]] = {}
+    for entry in entries:
+        data = entry["data"] if isinstance(entry["data"], dict) else {}
+        number = data.get("step")
+        if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+            continue
+        at = parse_ts(entry["ts"], started_at)
+        if entry["event"] == "call" and number not in steps:
+            arguments = data.get("arguments")
+            steps[number] = {
+                "number": number, "server_name": str(data.get("server", ""))[:60],
+                "tool": str(data.get("tool", ""))[:200], "arguments": arguments if isinstance(arguments, dict) else {},
+                "started_at": at,
+            }
+        elif entry["event"] == "result" and number in steps:
+            undo = data.get("undo") if isinstance(data.get("undo"), dict) else {}
+            effect = data.get("effect") if isinstance(data.get("effect"), dict) else {}
+            kind = undo.get("kind")
+            problems = undo.get("problems")
+            steps[number].update(
+                status="error" if data.get("status") == "error" else "ok",
+                is_error=data.get("isError") is True,
+                result=data.get("result") if isinstance(data.get("result"), dict) else None,
+                failure_class=str(data.get("failureClass") or "")[:20],
+                finished_at=at,
+                reversibility=kind if kind in REVERSIBILITY else "unknown",
+                declaration_source=str(undo.get("source") or "")[:40],
+                compensation_arguments=undo.get("compensationArguments") if isinstance(
+                    undo.get("compensationArguments"), dict) else None,
+                undo_problems=[str(p) for p in problems] if isinstance(problems, list) else [],
+                undo_by=parse_ts(undo.get("undoBy") or "", None) if undo.get("undoBy") else None,
+                effect_summary=str(effect.get("summary") or "")[:500],
+                effect_resource=str(effect.get("resource") or "")[:500],
+                effect_version=str(effect.get("version") or "")[:200],
+                receipt_verified=data.get("receiptVerified") if isinstance(data.get("receiptVerified"), bool) else None,
+            )
+    return [steps[n] for n in sorted(steps)]

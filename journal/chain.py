@@ -47,6 +47,11 @@ def b64url_decode(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+
+def public_key_from_text(text: str) -> Ed25519PublicKey:
+    """An Ed25519 public key from its base64url text; ValueError if it is not one."""
+    return Ed25519PublicKey.from_public_bytes(b64url_decode(text))
+
 def sign(private_key: Ed25519PrivateKey, payload: Any) -> str:
     return b64url(private_key.sign(canonical_bytes(payload)))
 

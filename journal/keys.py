@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from .chain import b64url, b64url_decode
+from .chain import b64url, public_key_from_text
 from .models import RecorderKey
 
 logger = logging.getLogger(__name__)
@@ -39,10 +39,6 @@ def _load_private(key_id: str) -> Ed25519PrivateKey | None:
         return None
     _loaded[cache_key] = Ed25519PrivateKey.from_private_bytes(base64.b64decode(path.read_text().strip()))
     return _loaded[cache_key]
-
-
-def public_key_from_text(text: str) -> Ed25519PublicKey:
-    return Ed25519PublicKey.from_public_bytes(b64url_decode(text))
 
 
 def create_key() -> RecorderKey:

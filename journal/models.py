@@ -6,6 +6,7 @@ Writes go through `journal.services`; this module holds state, invariants and re
 import uuid
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
@@ -37,8 +38,6 @@ class ToolServer(models.Model):
         return self.name
 
     def clean(self):
-        from django.core.exceptions import ValidationError
-
         if self.transport == self.Transport.HTTP and not self.url:
             raise ValidationError({"url": "A streamable HTTP server needs a URL."})
         if self.transport == self.Transport.STDIO and not self.command:

@@ -3,6 +3,7 @@
 from datetime import timedelta
 
 from celery import shared_task
+from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
@@ -10,6 +11,8 @@ from . import services
 from .models import Run
 
 QUIET_AFTER = timedelta(seconds=30)
+# How long past the longest call a step is given before it counts as left by a Recorder that died.
+GRACE_SECONDS = 60
 
 
 @shared_task(name="journal.checkpoint_quiet_runs")
@@ -27,7 +30,5 @@ def checkpoint_quiet_runs() -> int:
 @shared_task(name="journal.reconcile_stale_steps")
 def reconcile_stale_steps() -> int:
     """Mark calls whose outcome was never recorded (a Recorder that died mid-call). Safe to run twice."""
-    from django.conf import settings
-
-    horizon = timezone.now() - timedelta(seconds=settings.TOOL_SERVER_TIMEOUT + 60)
+    horizon = timezone.now() - timedelta(seconds=settings.TOOL_SERVER_TIMEOUT + GRACE_SECONDS)
     return services.reconcile_stale_steps(older_than=horizon)

@@ -4,9 +4,8 @@ from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from approver.access import READERS, require_role
-
 from . import services
+from .access import READERS, require_role
 from .forms import RunFilterForm
 from .models import Run, Step, StepDependency
 

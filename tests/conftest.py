@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 from django.contrib.auth.models import Group, User
 
-from approver import roles
+from journal import roles
 
 
 def free_port() -> int:

@@ -82,35 +82,6 @@ def classify_rpc_error(code: int) -> str:
     return _RPC_CLASSES.get(code, "unknown")
 
 
-def classify_tool_error(result: Mapping[str, Any]) -> str:
-    """A best reading of an `isError` result: structured codes first, then the server's words."""
-    structured = result.get("structuredContent")
-    code = structured.get("code") if isinstance(structured, Mapping) else None
-    by_code = {
-        "UNDO_CONFLICT": "conflict", "CONFLICT": "conflict", "UNDO_EXPIRED": "business_rule",
-        "UNDO_UNKNOWN_TOKEN": "not_found", "NOT_FOUND": "not_found", "UNDO_FAILED": "business_rule",
-        "INVALID_ARGUMENTS": "invalid_arguments", "UNAUTHENTICATED": "authentication",
-        "PERMISSION_DENIED": "permission", "FORBIDDEN": "permission", "UNAVAILABLE": "transient",
-        "RATE_LIMITED": "transient", "BUSINESS_RULE": "business_rule",
-    }
-    if isinstance(code, str) and code.upper() in by_code:
-        return by_code[code.upper()]
-    text = " ".join(
-        block.get("text", "") for block in result.get("content") or [] if isinstance(block, Mapping)
-    ).lower()
-    for needles, failure_class in (
-        (("timed out", "timeout", "temporarily", "unavailable", "try again", "rate limit"), "transient"),
-        (("unauthori", "unauthenticated", "invalid token", "not authenticated"), "authentication"),
-        (("permission", "forbidden", "not allowed", "access denied"), "permission"),
-        (("not found", "no such", "does not exist", "unknown"), "not_found"),
-        (("conflict", "version mismatch", "was modified", "changed since"), "conflict"),
-        (("invalid", "validation", "required", "must be", "expected"), "invalid_arguments"),
-    ):
-        if any(needle in text for needle in needles):
-            return failure_class
-    return "business_rule" if text else "unknown"
-
-
 def _http_status_class(status: int) -> tuple[str, bool]:
     if status == 401:
         return "authentication", False

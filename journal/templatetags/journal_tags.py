@@ -3,6 +3,8 @@ import json
 from django import template
 from django.urls import reverse
 
+from journal.views import STEPS_PER_PAGE
+
 register = template.Library()
 
 
@@ -15,7 +17,5 @@ def pretty_json(value) -> str:
 @register.simple_tag
 def step_url(run_public_id, number: int) -> str:
     """The run page that shows step `number` (the steps are paged), anchored at it."""
-    from journal.views import STEPS_PER_PAGE
-
     page = (int(number) - 1) // STEPS_PER_PAGE + 1
     return f"{reverse('journal:run_detail', args=[run_public_id])}?page={page}#step-{number}"

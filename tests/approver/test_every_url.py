@@ -7,8 +7,9 @@ page can be added without deciding who may use it.
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
-from approver import policy, roles, services
+from approver import policy, services
 from approver.models import AutonomyPolicy
+from journal import roles
 from journal import services as journal_services
 from tests.journal.factories import crm_server, make_run
 

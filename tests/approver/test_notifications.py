@@ -10,7 +10,7 @@ from starlette.routing import Route
 from approver import services, tasks
 from tests.conftest import ServerThread, free_port
 
-from .test_approvals import approve, enrolled, relying_party, sign  # noqa: F401 - fixtures and helpers
+from .services.test_approvals import approve, enrolled, relying_party, sign  # noqa: F401 - fixtures and helpers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

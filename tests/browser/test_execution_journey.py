@@ -6,7 +6,7 @@ into execution and on to the report without a reload."""
 import pytest
 
 from approver import services
-from tests.approver.test_approvals import approve, enrolled
+from tests.approver.services.test_approvals import approve, enrolled
 from tests.services import needs_chromium, running_worker, worker_env_for_test_database
 
 pytestmark = [pytest.mark.browser, needs_chromium, pytest.mark.django_db(transaction=True)]

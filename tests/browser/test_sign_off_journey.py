@@ -7,8 +7,9 @@ import anyio
 import pytest
 from django.contrib.auth.models import Group
 
-from approver import roles, services
+from approver import services
 from approver.models import Approval, Plan
+from journal import roles
 from journal import services as journal_services
 from journal.models import Run
 from samples import agent as scripted

@@ -4,8 +4,8 @@ state it should, nothing crashes, and nothing is repeated that should not be."""
 import pytest
 
 from approver import services, tasks
-from tests.approver.test_approvals import approve, enrolled, relying_party  # noqa: F401 - fixture
-from tests.approver.test_executing import run_plan
+from tests.approver.services.test_approvals import approve, enrolled, relying_party  # noqa: F401 - fixture
+from tests.approver.services.test_executor import run_plan
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 

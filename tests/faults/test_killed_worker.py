@@ -19,7 +19,7 @@ from approver import services, tasks
 from approver.models import Plan
 from journal import services as journal_services
 from journal.models import Run
-from tests.approver.test_approvals import approve, enrolled
+from tests.approver.services.test_approvals import approve, enrolled
 from tests.journal.helpers import register_samples, run_agent, settle
 from tests.services import worker_env_for_test_database
 

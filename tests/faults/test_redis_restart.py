@@ -16,7 +16,7 @@ from approver import services
 from approver.models import Plan
 from journal import services as journal_services
 from journal.models import Run
-from tests.approver.test_approvals import approve, enrolled
+from tests.approver.services.test_approvals import approve, enrolled
 from tests.conftest import free_port
 from tests.faults.test_killed_worker import ITEMS, book_meetings, ledger_figures
 from tests.journal.helpers import register_samples, settle

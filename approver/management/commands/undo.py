@@ -2,7 +2,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from approver import roles, services
+from approver import services
+from journal import roles
 from journal.management.commands._runs import find_run
 
 

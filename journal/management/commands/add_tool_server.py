@@ -22,11 +22,7 @@ class Command(BaseCommand):
             raise CommandError(f"A tool server named {name!r} exists. Use --update to change it.")
         try:
             if existing:
-                existing.url, existing.command = url, stdio_command
-                existing.transport = ToolServer.Transport.STDIO if stdio_command else ToolServer.Transport.HTTP
-                existing.full_clean()
-                existing.save()
-                server = existing
+                server = services.save_tool_server(server=existing, url=url, command=stdio_command)
             else:
                 server = services.register_tool_server(name=name, url=url, command=stdio_command)
         except ValidationError as exc:

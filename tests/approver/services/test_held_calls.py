@@ -13,7 +13,7 @@ from journal import services as journal_services
 from journal.models import Step, ToolServer
 from tests.journal.helpers import register_samples, run_agent
 
-from .softkey import SoftKey
+from ..softkey import SoftKey
 from .test_approvals import relying_party  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -284,9 +284,9 @@ def test_a_long_hold_keeps_the_agents_connection_alive_and_delivers_the_answer(r
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
-    from journal.mcp import gateway
+    from journal.mcp import fast_calls
 
-    monkeypatch.setattr(gateway, "HOLD_PING_SECONDS", 0.5)
+    monkeypatch.setattr(fast_calls, "HOLD_PING_SECONDS", 0.5)
     _, token = sales_bot
     set_policy(admin_user, ask_timeout=20)
 

@@ -7,10 +7,11 @@ from django.contrib.auth.models import Group
 from django.utils import timezone
 from webauthn.helpers import base64url_to_bytes
 
-from approver import roles, services, signing
+from approver import services, signing
 from approver.models import Approval, ApprovalRules, Plan
+from journal import roles
 
-from .softkey import UP, SoftKey
+from ..softkey import UP, SoftKey
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,0 +1,101 @@
+"""Reads of who may do what: who may sign a plan or decide on a held call, which approvals count, who may
+press each of a plan's buttons, and the signed decisions a run's exported bundle carries. No writes.
+
+A button's rule is stated once here (the roles and the states it needs); the view's access check, the page
+that shows the button and the service that does the work all read it.
+"""
+
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+
+from journal import roles
+from journal.models import Run
+
+from . import passkeys
+from .models import ActionApproval, ActionRequest, Approval, ApprovalRules, Plan
+
+# Who may press each button on a plan (the view's `require_role` and the page both read these).
+MAY_CHECK = (roles.ON_CALL, roles.APPROVER)
+MAY_CANCEL = (roles.ON_CALL, roles.ADMIN)
+MAY_CONTROL = (roles.APPROVER, roles.ADMIN)  # pause, resume, abort, and try an unknown outcome again
+MAY_SETTLE = (roles.ON_CALL, roles.APPROVER, roles.ADMIN)  # look at an unknown outcome, say how it ended
+
+
+def plan_buttons(user, plan: Plan) -> dict[str, bool]:
+    """Which of the plan's buttons `user` may press now: their roles, and the plan's state."""
+    running = not plan.stop_reason
+    return {
+        "may_check": roles.has_any_role(user, *MAY_CHECK) and plan.state in Plan.CHECKABLE_STATES,
+        "may_cancel": roles.has_any_role(user, *MAY_CANCEL) and plan.state in Plan.CANCELLABLE_STATES,
+        "may_abort": roles.has_any_role(user, *MAY_CONTROL) and plan.state in Plan.STOPPABLE_STATES and running,
+        "may_pause": roles.has_any_role(user, *MAY_CONTROL) and plan.state in Plan.RUNNABLE_STATES and running,
+        "may_resume": roles.has_any_role(user, *MAY_CONTROL) and plan.state == Plan.State.PAUSED and running,
+        "may_settle": roles.has_any_role(user, *MAY_SETTLE) and plan.state in Plan.FINISHED_STATES,
+        "may_retry": roles.has_any_role(user, *MAY_CONTROL) and plan.state in Plan.FINISHED_STATES and running,
+    }
+
+
+def signing_refusal(*, plan: Plan, user, rules: ApprovalRules | None = None) -> str:
+    """Why `user` may not approve or reject `plan` (separation of duties, role), or "" if they may."""
+    rules = rules or ApprovalRules.current()
+    if not user.is_active or not roles.has_role(user, rules.approver_role):
+        return f"Only members of {rules.approver_role} may approve or reject plans."
+    if rules.separation_of_duties:
+        if user.pk == plan.requested_by_id:
+            return "You asked for this plan, so someone else must approve it (separation of duties)."
+        agent = plan.run.agent
+        if agent is not None and user.pk == agent.on_behalf_of_id:
+            return "The agent acted for you, so someone else must approve undoing it (separation of duties)."
+    return ""
+
+
+def counting_approvals(*, plan: Plan, now: datetime | None = None, rules: ApprovalRules | None = None) -> list[Approval]:
+    """The approvals that count now, one per approver: of the plan's current content, not expired, by someone
+    who still may approve (active, in the role, not barred by separation of duties) with a passkey that is
+    not revoked. Execution asks again before it starts, so lost authority is never counted."""
+    now = now or timezone.now()
+    rules = rules or ApprovalRules.current()
+    counted: dict[int, Approval] = {}
+    for approval in (plan.approvals.filter(decision=Approval.Decision.APPROVE, digest=plan.digest, expires_at__gt=now,
+                                           passkey__revoked_at__isnull=True)
+                     .select_related("approver", "passkey").order_by("created_at")):
+        if approval.approver_id in counted or signing_refusal(plan=plan, user=approval.approver, rules=rules):
+            continue
+        counted[approval.approver_id] = approval
+    return list(counted.values())
+
+
+def approvals_for_bundle(run: Run) -> list[dict[str, Any]]:  # the journal's `signed_decisions` port
+    """Every signed decision on the run's plans and held calls, with what an offline verifier needs: the
+    fields the challenge was derived from, the assertion and the passkey's public key (SubjectPublicKeyInfo)."""
+    def signed(approval, fields: dict[str, Any]) -> dict[str, Any]:
+        response = approval.assertion.get("response", {}) if isinstance(approval.assertion, dict) else {}
+        return {**fields, "approver": approval.approver.get_username(), "decision": approval.decision,
+                "digest": approval.digest, "nonce": approval.nonce, "reason": approval.reason or None,
+                "createdAt": approval.created_at.isoformat(), "credentialId": approval.passkey.credential_id,
+                "publicKey": passkeys.spki(approval.passkey.public_key),
+                "assertion": {key: response.get(key) for key in ("clientDataJSON", "authenticatorData", "signature")}}
+
+    bundle = [signed(a, {"plan": str(a.plan.public_id), "choices": a.choices, "expiresAt": a.expires_at.isoformat()})
+              for a in (Approval.objects.filter(plan__run=run).select_related("plan", "approver", "passkey")
+                        .order_by("created_at", "pk"))]
+    bundle += [signed(a, {"action": str(a.request.public_id)})
+               for a in (ActionApproval.objects.filter(request__run=run).select_related("request", "approver", "passkey")
+                         .order_by("created_at", "pk"))]
+    return bundle
+
+
+def action_refusal(*, action: ActionRequest, user) -> str:
+    """Why `user` may not decide on this held call now, or "" if they may."""
+    if action.state != ActionRequest.State.PENDING:
+        return f"This call is {action.get_state_display().lower()}; there is nothing to decide."
+    if not roles.has_role(user, action.approver_group):
+        return f"Only members of {action.approver_group} decide on held calls."
+    if ApprovalRules.current().separation_of_duties and action.agent.on_behalf_of_id == user.pk:
+        return "The agent acts for you, so someone else must decide on its calls."
+    if action.approvals.filter(approver=user).exists():
+        return "You have already decided on this call."
+    return ""
+

@@ -1,0 +1,68 @@
+"""Reads of a plan: its content exactly as it is digested and signed, its items as the plan page shows them,
+and where it lives. No writes."""
+
+from typing import Any
+
+from django.urls import reverse
+
+from . import planning
+from .models import Plan, PlanItem
+
+# What the content reads of each item and its step: plain values, one query, whatever the plan's size.
+_CONTENT_FIELDS = (
+    "position", "action", "rule", "pulled_in_by", "tool", "arguments", "if_version", "idempotency_key",
+    "needs_human", "via", "side_effect", "cost", "undo_by", "reason", "remedy", "check_status", "check_detail",
+    "conflict_choice",
+    "step__number", "step__server_name", "step__tool", "step__effect_summary", "step__effect_resource",
+    "step__effect_version",
+)
+
+
+def content_rows(plan: Plan) -> list[dict[str, Any]]:
+    return list(plan.items.order_by("position").values(*_CONTENT_FIELDS))
+
+
+def plan_content(plan: Plan, rows: list[dict[str, Any]] | None = None,
+                 choices: dict[str, str] | None = None) -> dict[str, Any]:
+    """The plan's content, exactly as it is digested (`rows` from `content_rows`, read if not given), or as
+    it would be with these conflict `choices` (item position as text -> choice) in place of the stored ones."""
+    items = []
+    for row in content_rows(plan) if rows is None else rows:
+        choice = row["conflict_choice"] if choices is None else choices.get(str(row["position"]), "")
+        compensate = row["action"] == PlanItem.Action.COMPENSATE
+        items.append(planning.item_content(
+            position=row["position"], step=row["step__number"], server=row["step__server_name"],
+            tool=row["step__tool"], action=row["action"], rule=row["rule"], pulled_in_by=row["pulled_in_by"],
+            compensation={"tool": row["tool"], "arguments": row["arguments"], "ifVersion": row["if_version"] or None,
+                          "idempotencyKey": row["idempotency_key"]} if compensate else None,
+            needs_human=row["needs_human"], via=row["via"], side_effect=row["side_effect"], cost=row["cost"],
+            undo_by=row["undo_by"].isoformat() if row["undo_by"] else None, reason=row["reason"],
+            remedy=row["remedy"],
+            effect={"summary": row["step__effect_summary"], "resource": row["step__effect_resource"],
+                    "version": row["step__effect_version"]},
+            check={"status": row["check_status"] or None, **(row["check_detail"] or {})} if compensate else None,
+            conflict_choice=choice,
+        ))
+    return planning.plan_content(plan={
+        "plan": str(plan.public_id), "run": str(plan.run.public_id), "requestedBy": plan.requested_by.get_username(),
+        "reason": plan.reason, "selection": {"fromStep": plan.from_step} if plan.from_step is not None
+        else {"steps": plan.chosen_steps},
+    }, items=items)
+
+
+def items_for_page(plan: Plan):
+    """Every item with what the plan page shows of its step, in one query whatever the plan's size."""
+    return plan.items.select_related("step", "call_step").order_by("position").only(
+        *(f.name for f in PlanItem._meta.concrete_fields if f.name != "plan"), "plan_id",
+        "step__number", "step__server_name", "step__tool", "step__effect_summary", "step__effect_resource",
+        "step__effect_version", "step__finished_at", "step__run_id", "call_step__number")
+
+
+def conflict_positions(plan: Plan) -> set[int]:
+    return set(plan.items.filter(action=PlanItem.Action.COMPENSATE, check_status=PlanItem.Check.CONFLICT)
+               .values_list("position", flat=True))
+
+
+def plan_url(plan: Plan) -> str:
+    return reverse("approver:plan_detail", args=[plan.public_id])
+

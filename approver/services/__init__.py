@@ -1,0 +1,93 @@
+"""Every write on the approval side, one module per concept; views, tasks and commands call them as
+`approver.services.X`.
+
+- `plans`: ask for a reversal plan, its rounds of checks, cancel it.
+- `approvals`: the one passkey ceremony (a plan, a held call) and the transitions a decision makes.
+- `enrolment`: approvers' passkeys.
+- `executor`: run an approved plan; pause, resume, abort; the reconciler.
+- `outcomes`: unknown outcomes, checked again, settled by hand or tried again.
+- `policies`: autonomy policies and their signed change log.
+- `held_calls`: the gate the Recorder asks, and the calls it holds.
+- `bell`: the one doorbell to the worker.
+
+The reads that callers have always found here (a plan's content, who may sign, the policies' simulator) live
+in `approver.content`, `approver.authority` and `approver.policy_book`, and are named here too.
+"""
+
+from ..authority import action_refusal, approvals_for_bundle, counting_approvals, signing_refusal
+from ..checks import CheckResult
+from ..content import conflict_positions, content_rows, items_for_page, plan_content, plan_url
+from ..models import Plan
+from ..policy_book import (
+    POLICY_LOG,
+    as_policy,
+    current_policies,
+    decide_call,
+    plan_needs_a_human,
+    policy_record,
+    recent_calls,
+    simulate_policy,
+    verify_policy_log,
+)
+from .approvals import (
+    SIGNING_SECONDS,
+    ActionRefused,
+    approve,
+    begin_action_signing,
+    begin_signing,
+    complete_action_signing,
+    complete_signing,
+    reject,
+)
+from .enrolment import enroll_passkey, passkey_registration_options, revoke_passkey, user_handle
+from .executor import (
+    ExecutionStopped,
+    abort_plan,
+    compensation_call,
+    enter_executing,
+    execute_plan,
+    pause_plan,
+    queue_execution,
+    reconcile_execution,
+    recount,
+    resume_plan,
+)
+from .held_calls import (
+    HeldCallGate,
+    action_digest,
+    action_url,
+    claim_approved_action,
+    expire_held_calls,
+    held_call_state,
+    request_for_held_call,
+)
+from .outcomes import SETTLEMENTS, NotSettled, check_unknown, retry_unknown, settle_unknown
+from .plans import (
+    WRITE_EVERY,
+    PlanRefused,
+    cancel_plan,
+    finish_checks,
+    queue_checks,
+    record_checks,
+    request_plan,
+    run_checks,
+    step_facts,
+)
+from .policies import PolicyRefused, clean_policy, delete_policy, save_policy
+
+FINISHED_STATES = Plan.FINISHED_STATES
+
+__all__ = [
+    "FINISHED_STATES", "POLICY_LOG", "SETTLEMENTS", "SIGNING_SECONDS", "WRITE_EVERY", "ActionRefused", "CheckResult",
+    "ExecutionStopped", "HeldCallGate", "NotSettled", "PlanRefused", "PolicyRefused", "abort_plan", "action_digest",
+    "action_refusal", "action_url", "approvals_for_bundle", "approve", "as_policy", "begin_action_signing",
+    "begin_signing", "cancel_plan", "check_unknown", "claim_approved_action", "clean_policy", "compensation_call",
+    "complete_action_signing", "complete_signing", "conflict_positions", "content_rows", "counting_approvals",
+    "current_policies", "decide_call", "delete_policy", "enroll_passkey", "enter_executing", "execute_plan",
+    "expire_held_calls", "finish_checks", "held_call_state", "items_for_page", "passkey_registration_options",
+    "pause_plan", "plan_content", "plan_needs_a_human", "plan_url", "policy_record", "queue_checks",
+    "queue_execution", "recent_calls", "reconcile_execution", "record_checks", "recount", "reject",
+    "request_for_held_call", "request_plan", "resume_plan", "retry_unknown", "revoke_passkey", "run_checks",
+    "save_policy", "settle_unknown", "signing_refusal", "simulate_policy", "step_facts", "user_handle",
+    "verify_policy_log",
+]

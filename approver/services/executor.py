@@ -1,0 +1,360 @@
+"""Executing an approved plan: its items in order, most recent first, each claimed with a conditional update
+and its outcome kept before the next starts; pausing, resuming and aborting it; and picking up what a
+killed worker left (the reconciler).
+
+Rule of the house: no outside I/O inside a transaction. A compensation is journaled as a step of the plan's
+own compensation run (intent, then outcome), with the tool server called in between, no transaction open.
+"""
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import anyio
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from journal import declarations
+from journal import services as journal_services
+from journal.errors import Refused
+from journal.mcp.client import ToolServerError, Upstreams, endpoint_of
+from journal.models import Run
+
+from .. import answers, execution, passkeys, planning, signing
+from ..authority import counting_approvals
+from ..models import ApprovalRules, Plan, PlanItem
+from ..policy_book import plan_needs_a_human
+from . import bell
+from .plans import step_facts
+
+NOT_STARTED, RUNNING, DONE = PlanItem.Exec.NOT_STARTED, PlanItem.Exec.RUNNING, PlanItem.Exec.DONE
+
+
+class ExecutionStopped(Refused):
+    """The plan no longer qualifies to run (its approvals lapsed); `message` says why."""
+
+
+def queue_execution(*, plan: Plan) -> None:
+    """Ring the worker for an approved or executing plan (after the current transaction commits)."""
+    bell.ring(bell.EXECUTE_PLAN, plan.pk)
+
+
+def enter_executing(*, plan: Plan, from_states, now: datetime, **fields) -> bool:
+    """The one way a plan becomes `executing` (from `from_states`, and only while nobody has stopped it):
+    the worker taking an approved plan, a resume, an abort finishing a plan no worker runs, and a human's
+    retry of one unknown outcome. A conditional update: False if the plan was not in one of those states."""
+    return bool(Plan.objects.filter(pk=plan.pk, state__in=from_states, **fields.pop("only_if", {})).update(
+        state=Plan.State.EXECUTING, updated_at=now, **fields))
+
+
+def qualifies(plan: Plan, now: datetime) -> None:
+    if plan.approved_by_policy:
+        # No human signed it: the policies let it run alone, and must still, for this exact content.
+        refusal = "the plan changed since" if plan.approved_by_policy != plan.digest else plan_needs_a_human(plan)
+        if refusal:
+            raise ExecutionStopped(f"The policies no longer let this plan run without a human: {refusal}")
+        return
+    rules = ApprovalRules.current()
+    counted = counting_approvals(plan=plan, now=now, rules=rules)
+    if len(counted) < rules.quorum:
+        raise ExecutionStopped(f"Only {len(counted)} of the {rules.quorum} approvals needed still hold "
+                               "(expired, revoked, or the approver may no longer approve).")
+    for approval in counted:  # the stored signature still covers the stored fields
+        payload = signing.challenge_payload(plan=str(plan.public_id), digest=approval.digest,
+                                            decision=approval.decision, choices=approval.choices, nonce=approval.nonce)
+        try:
+            passkeys.verify_assertion(rp=passkeys.this_site(), credential=approval.assertion,
+                                      challenge=signing.challenge(payload), public_key=approval.passkey.public_key,
+                                      sign_count=0)
+        except passkeys.PasskeyRefused:
+            raise ExecutionStopped(f"{approval.approver.get_username()}'s signature no longer verifies.") from None
+
+
+def execute_plan(*, plan: Plan, later=None, now=timezone.now) -> Plan:
+    """Run an approved plan's items in order, most recent first, each claimed with a conditional update and
+    its outcome kept before the next starts. Safe to run twice and after a killed worker: a claimed item is
+    never claimed again (`reconcile_execution` deals with one left running). Approvals are re-checked
+    before every call; a plan that no longer qualifies stops, and what had not started is skipped.
+
+    A failure that is safe to repeat lets the item go until its backoff is over and asks to be rung again
+    then (`later(seconds)`, by default a Celery countdown), so no worker sleeps through a backoff and a
+    pause or an abort takes effect before the next try."""
+    later = later or (lambda seconds: bell.ring(bell.EXECUTE_PLAN, plan.pk, countdown=seconds))
+    if not enter_executing(plan=plan, from_states=Plan.RUNNABLE_STATES, now=now()):
+        return Plan.objects.get(pk=plan.pk)
+    plan = Plan.objects.select_related("run__agent", "requested_by").get(pk=plan.pk)
+    facts = {f.number: f for f in step_facts(plan.run)}
+    numbers = sorted(facts)
+    stops: dict[int, set[int]] = {}
+    for done in plan.items.filter(exec_state=DONE, outcome__in=execution.STOPS_DEPENDENCIES).select_related("step"):
+        stops[done.step.number] = _dependencies(facts, done.step.number, numbers)
+    while True:
+        item = plan.items.filter(exec_state=NOT_STARTED).select_related("step__server").order_by("position").first()
+        if item is None:
+            break
+        state, stop_reason = Plan.objects.filter(pk=plan.pk).values_list("state", "stop_reason").get()
+        if stop_reason:
+            _stop(plan, stop_reason, now())
+            break
+        if state != Plan.State.EXECUTING:
+            return Plan.objects.get(pk=plan.pk)  # paused: resuming rings again
+        if item.retry_at is not None and item.retry_at > now():
+            later((item.retry_at - now()).total_seconds())
+            return Plan.objects.get(pk=plan.pk)
+        try:
+            qualifies(plan, now())
+        except ExecutionStopped as stopped:
+            _stop(plan, stopped.message, now())
+            break
+        if not _claim(plan, item, now()):
+            return Plan.objects.get(pk=plan.pk)  # another worker has an item of this plan in flight
+        verdict = _run_item(plan, item, stops)
+        if verdict.retry:
+            _let_go(item, verdict, now())
+            continue
+        _keep_outcome(plan, item, verdict, now())
+        if verdict.outcome in execution.STOPS_DEPENDENCIES:
+            stops[item.step.number] = _dependencies(facts, item.step.number, numbers)
+    return _finish(plan, now())
+
+
+def _let_go(item: PlanItem, verdict: execution.Verdict, now: datetime) -> None:
+    """After a failure that is safe to repeat: unclaim the item until its backoff is over, saying why."""
+    attempt = item.attempts + 1
+    retry_at = now + timedelta(seconds=execution.backoff(attempt))
+    PlanItem.objects.filter(pk=item.pk, exec_state=RUNNING).update(
+        exec_state=NOT_STARTED, retry_at=retry_at,
+        outcome_detail={"retrying": {**verdict.detail, "attempt": attempt, "of": execution.MAX_ATTEMPTS,
+                                     "at": retry_at.isoformat()}})
+
+
+def _claim(plan: Plan, item: PlanItem, now: datetime) -> bool:
+    """Claim `item` for this worker, under the plan's row lock, only while the plan is executing and no other
+    item of it is in flight: one compensation at a time per plan keeps the reverse order even when two workers
+    were rung for the same plan."""
+    with transaction.atomic():
+        locked = list(Plan.objects.select_for_update().filter(pk=plan.pk, state=Plan.State.EXECUTING, stop_reason="")
+                      .values_list("pk", flat=True))
+        if not locked or plan.items.filter(exec_state=RUNNING).exists():
+            return False
+        if not PlanItem.objects.filter(pk=item.pk, exec_state=NOT_STARTED).update(
+                exec_state=RUNNING, attempts=F("attempts") + 1, exec_started_at=now):
+            return False
+        Plan.objects.filter(pk=plan.pk).update(updated_at=now)  # alive: the reconciler leaves it be
+    return True
+
+
+def _dependencies(facts: dict, number: int, numbers: list[int]) -> set[int]:
+    step = facts[number]
+    return execution.depends_on(number, earlier=numbers, declared=step.declared_deps,
+                                inferred=set(step.inferred_deps))
+
+
+def _run_item(plan: Plan, item: PlanItem, stops: dict[int, set[int]]) -> execution.Verdict:
+    if item.action != PlanItem.Action.COMPENSATE:
+        return execution.without_compensation(item.action, item.reason)
+    if item.conflict_choice == PlanItem.Choice.KEEP_NEWER:
+        return execution.Verdict(execution.SKIPPED, {"message": "The approver chose to keep the newer change."})
+    blocker = execution.stopped_by(item.step.number, stops)
+    if blocker is not None:
+        return execution.Verdict(execution.SKIPPED, {"message": f"Step {blocker} was not undone and depends on "
+                                                                f"this one, so this one stays too."})
+    if item.step.server is None:
+        return execution.Verdict(execution.COMPENSATION_FAILED, {"message": "The tool server is no longer registered."})
+    return _attempt(plan, item, item.attempts + 1)  # this claim's attempt
+
+
+def _compensation_run(plan: Plan) -> int:
+    """The run that journals this plan's compensation calls, created once (under the plan's row lock)."""
+    if plan.compensation_run_id:
+        return plan.compensation_run_id
+    with transaction.atomic():
+        locked = Plan.objects.select_for_update().get(pk=plan.pk)
+        if locked.compensation_run_id is None:
+            now = timezone.now()
+            locked.compensation_run = Run.objects.create(
+                agent=None, started_at=now, last_activity_at=now,
+                agent_label=f"Undo of {plan.run.agent_name} (plan {str(plan.public_id)[:8]})")
+            locked.save(update_fields=["compensation_run"])
+    plan.compensation_run_id = locked.compensation_run_id
+    return plan.compensation_run_id
+
+
+def compensation_call(item: PlanItem) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The arguments and request `_meta` of an item's compensation: its ifVersion (the version the approver
+    chose to overwrite, when they did) and its stable idempotency key, in the arguments for HATP and in
+    `_meta["hatp/journal"]` for the other dialects."""
+    if_version = item.if_version
+    if item.conflict_choice == PlanItem.Choice.OVERWRITE and item.check_status == PlanItem.Check.CONFLICT:
+        if_version = ((item.check_detail or {}).get("current") or {}).get("version") or if_version
+    contract = {"ifVersion": if_version, "idempotencyKey": item.idempotency_key}
+    if item.dialect == planning.HATP:
+        return {**(item.arguments or {}), **contract}, None
+    return dict(item.arguments or {}), {declarations.HATP_KEY: contract}
+
+
+def _attempt(plan: Plan, item: PlanItem, attempt: int) -> execution.Verdict:
+    """One compensation call, journaled as a step of the plan's compensation run like any agent's call:
+    the intent before it leaves, what came back after."""
+    arguments, meta = compensation_call(item)
+    run_id = _compensation_run(plan)
+    started = timezone.now()
+    opened = journal_services.open_step_in_run(
+        run_id=run_id, server=item.step.server, tool=item.tool, arguments=arguments, request_meta=meta, now=started,
+        who={"executor": "undo", "plan": str(plan.public_id), "attempt": attempt,
+             "undoes": {"run": str(plan.run.public_id), "step": item.step.number}})
+    PlanItem.objects.filter(pk=item.pk).update(call_step_id=opened.step_id)
+    verdict, outcome = anyio.run(_compensate, item, arguments, meta, attempt)
+    journal_services.close_step(opened=opened, outcome=outcome, started=started, finished=timezone.now())
+    return verdict
+
+
+async def _compensate(item: PlanItem, arguments: dict[str, Any], meta: dict[str, Any] | None,
+                      attempt: int) -> tuple[execution.Verdict, journal_services.Outcome]:
+    """One compensation call through the one client: the verdict, and what to journal."""
+    async with Upstreams(timeout=settings.TOOL_SERVER_TIMEOUT) as upstreams:
+        try:
+            result = await upstreams.call_tool(endpoint_of(item.step.server), item.tool, arguments, meta=meta)
+        except ToolServerError as exc:
+            verdict = execution.read_failure(
+                failure_class=exc.failure_class, message=exc.message, transient=exc.transient,
+                may_have_acted=exc.may_have_acted, repeat_is_safe=item.dialect == planning.HATP,
+                attempt=attempt)
+            return verdict, journal_services.Outcome(error_message=exc.message, failure_class=exc.failure_class,
+                                                     may_have_acted=exc.may_have_acted)
+    return execution.read_answer(result), journal_services.Outcome(result=result)
+
+
+def _keep_outcome(plan: Plan, item: PlanItem, verdict: execution.Verdict, now: datetime) -> None:
+    with transaction.atomic():
+        PlanItem.objects.filter(pk=item.pk, exec_state=RUNNING).update(
+            exec_state=DONE, outcome=verdict.outcome, outcome_detail=verdict.detail, exec_finished_at=now,
+            retry_at=None)
+        journal_services.record_event(run_id=plan.run_id, event="compensation", now=now, data={
+            "plan": str(plan.public_id), "step": item.step.number, "tool": item.tool or None,
+            "arguments": item.arguments if item.action == PlanItem.Action.COMPENSATE else None,
+            "idempotencyKey": item.idempotency_key or None, "outcome": verdict.outcome, "detail": verdict.detail,
+            "call": _call_reference(plan, item),
+        })
+
+
+def _call_reference(plan: Plan, item: PlanItem) -> dict[str, Any] | None:
+    """Where the item's latest compensation call is journaled: a step of the plan's compensation run."""
+    row = (PlanItem.objects.filter(pk=item.pk, call_step__isnull=False)
+           .values_list("call_step__run__public_id", "call_step__number").first())
+    return {"run": str(row[0]), "step": row[1]} if row else None
+
+
+def _stop(plan: Plan, reason: str, now: datetime) -> None:
+    """Nothing more starts. An item waiting to be tried again failed (or, if its last try may have acted,
+    nobody knows); what never started is skipped."""
+    with transaction.atomic():
+        for item in plan.items.filter(exec_state=NOT_STARTED, attempts__gt=0):
+            tried = (item.outcome_detail or {}).get("retrying") or {}
+            outcome = execution.OUTCOME_UNKNOWN if tried.get("mayHaveActed") else execution.COMPENSATION_FAILED
+            PlanItem.objects.filter(pk=item.pk, exec_state=NOT_STARTED).update(
+                exec_state=DONE, outcome=outcome, exec_finished_at=now, retry_at=None,
+                outcome_detail={**tried, "message": answers.bounded(
+                    f"{tried.get('message') or 'It failed'}; stopped before trying again: {reason}")})
+        PlanItem.objects.filter(plan=plan, exec_state=NOT_STARTED).update(
+            exec_state=DONE, outcome=execution.SKIPPED, outcome_detail={"message": f"Not started: {reason}"},
+            exec_finished_at=now)
+        Plan.objects.filter(pk=plan.pk).update(stop_reason=reason)
+
+
+def _outcome_state(plan: Plan, stop_reason: str) -> tuple[str, str]:
+    """The finished plan's state and summary line, from its items' outcomes."""
+    outcomes = list(plan.items.order_by("position").values_list("outcome", flat=True))
+    undoable = [o for o in outcomes if o not in (execution.NO_COMPENSATION, execution.IRREVERSIBLE)]
+    if not stop_reason and all(o == execution.COMPENSATED for o in undoable):
+        state = Plan.State.COMPLETED
+    else:
+        state = Plan.State.PARTIALLY_COMPLETED if execution.COMPENSATED in undoable else Plan.State.FAILED
+    return state, execution.summary_line(outcomes)
+
+
+def recount(*, plan: Plan, now: datetime, **fields) -> None:
+    """The one writer of a finished plan's state and report line, counted from its items' outcomes: after its
+    last item, and again when a human settles an unknown one. The caller holds the plan's row lock."""
+    plan.state, plan.execution_summary = _outcome_state(plan, plan.stop_reason)
+    plan.updated_at = now
+    for name, value in fields.items():
+        setattr(plan, name, value)
+    plan.save(update_fields=["state", "execution_summary", "updated_at", *fields])
+
+
+def _finish(plan: Plan, now: datetime) -> Plan:
+    with transaction.atomic():
+        locked = Plan.objects.select_for_update().get(pk=plan.pk)
+        if locked.state not in (Plan.State.EXECUTING, Plan.State.PAUSED) or plan.items.exclude(exec_state=DONE).exists():
+            return locked  # another worker is still at it, or it is already finished
+        recount(plan=locked, now=now, paused_by="", paused_at=None)
+        plan.items.update(holds_step=False)
+        journal_services.record_event(run_id=plan.run_id, event="plan_executed", now=now, data={
+            "plan": str(plan.public_id), "state": locked.state, "summary": locked.execution_summary,
+            "stopReason": locked.stop_reason or None})
+        bell.ring(bell.NOTIFY_PLAN_EXECUTED, plan.pk)
+    return locked
+
+
+def reconcile_execution(*, older_than: datetime, now: datetime | None = None) -> list[int]:
+    """Pick up what a killed worker left: an item still `running` since before `older_than` is claimed
+    again when repeating it is safe (an HATP server honours the idempotency key, so a repeat returns the
+    first outcome), and otherwise becomes `outcome_unknown` for a human. Returns the plans to ring again."""
+    now = now or timezone.now()
+    stuck = PlanItem.objects.filter(exec_state=RUNNING, exec_started_at__lt=older_than,
+                                    plan__state__in=[Plan.State.EXECUTING, Plan.State.PAUSED]
+                                    ).select_related("plan__run", "step")
+    for item in stuck:
+        if item.dialect == planning.HATP:
+            PlanItem.objects.filter(pk=item.pk, exec_state=RUNNING).update(exec_state=NOT_STARTED)
+        else:
+            _keep_outcome(item.plan, item, execution.Verdict(execution.OUTCOME_UNKNOWN, {
+                "message": "The worker stopped during this compensation and the server may have acted; "
+                           "check it before trying again."}), now)
+    # An approved plan whose bell was lost (a broker restarted before the worker took it) is rung too.
+    return list(Plan.objects.filter(state__in=Plan.RUNNABLE_STATES, updated_at__lt=older_than)
+                .values_list("pk", flat=True))
+
+
+def abort_plan(*, plan: Plan, by, now: datetime | None = None) -> bool:
+    """Stop an approved, executing or paused plan. The executor checks before every item, so the one in
+    flight finishes and nothing after it starts; a plan no worker is running is finished here."""
+    now = now or timezone.now()
+    reason = f"Aborted by {by.get_username()}."
+    if not Plan.objects.filter(pk=plan.pk, state__in=Plan.STOPPABLE_STATES, stop_reason="").update(
+            stop_reason=reason, updated_at=now):
+        return False
+    journal_services.record_event(run_id=plan.run_id, event="plan_aborted", now=now, data={
+        "plan": str(plan.public_id), "by": by.get_username()})
+    if enter_executing(plan=plan, from_states=(Plan.State.APPROVED, Plan.State.PAUSED), now=now):
+        _stop(plan, reason, now)
+        _finish(plan, now)  # leaves it to the executor if an item is still in flight
+    return True
+
+
+def pause_plan(*, plan: Plan, by, now: datetime | None = None) -> bool:
+    """Hold an approved or executing plan: the item in flight finishes, nothing after it starts until someone
+    resumes (or aborts) it. Approvals are re-checked when it resumes, as before every item."""
+    now = now or timezone.now()
+    if not Plan.objects.filter(pk=plan.pk, state__in=Plan.RUNNABLE_STATES, stop_reason="").update(
+            state=Plan.State.PAUSED, paused_by=by.get_username(), paused_at=now, updated_at=now):
+        return False
+    journal_services.record_event(run_id=plan.run_id, event="plan_paused", now=now, data={
+        "plan": str(plan.public_id), "by": by.get_username()})
+    return True
+
+
+def resume_plan(*, plan: Plan, by, now: datetime | None = None) -> bool:
+    """Let a paused plan go on from the next item not started."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        if not enter_executing(plan=plan, from_states=(Plan.State.PAUSED,), now=now, only_if={"stop_reason": ""},
+                               paused_by="", paused_at=None):
+            return False
+        journal_services.record_event(run_id=plan.run_id, event="plan_resumed", now=now, data={
+            "plan": str(plan.public_id), "by": by.get_username()})
+        queue_execution(plan=plan)
+    return True
+

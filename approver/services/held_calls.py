@@ -1,0 +1,115 @@
+"""Calls an autonomy policy holds for a human: the gate the Recorder asks before forwarding a call
+(`HeldCallGate`, plugged into `journal.ports` when the app starts), the request a held call waits on, and
+what becomes of it (used once when approved, expired when nobody decides in time). Decisions on held calls
+are signed in `approvals`."""
+
+import hashlib
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.urls import reverse
+from django.utils import timezone
+
+from journal import ports, roles
+from journal import services as journal_services
+from journal.canonical import canonical_bytes
+
+from ..models import ActionRequest, ApprovalRules
+from ..policy_book import PolicyBook, decide_call
+from . import bell
+
+
+def action_digest(*, agent: str, server: str, tool: str, arguments: Any) -> str:
+    """What an approval of a held call binds: the agent, the server, the tool and the exact arguments."""
+    return hashlib.sha256(canonical_bytes({"agent": agent, "server": server, "tool": tool,
+                                           "arguments": arguments})).hexdigest()
+
+
+def action_url(action: ActionRequest) -> str:
+    return settings.PUBLIC_URL.rstrip("/") + reverse("approver:action_detail", args=[action.public_id])
+
+
+def request_for_held_call(*, agent, server, tool: str, arguments: dict[str, Any], decision: dict[str, Any],
+                          run_id: int, step_id: int, now: datetime | None = None) -> ActionRequest:
+    """The action request a held call waits on: the open one for the same exact call (so an agent that asks
+    again does not pile up requests), or a new one, which approvers are told of."""
+    now = now or timezone.now()
+    digest = action_digest(agent=agent.name, server=server.name, tool=tool, arguments=arguments)
+    with transaction.atomic():
+        existing = (ActionRequest.objects.select_for_update()
+                    .filter(digest=digest, state__in=[ActionRequest.State.PENDING, ActionRequest.State.APPROVED],
+                            expires_at__gt=now).order_by("created_at").first())
+        if existing is not None:
+            return existing
+        hold = decision.get("hold") or {}
+        chosen = decision.get("policy") or {}
+        action = ActionRequest.objects.create(
+            agent=agent, run_id=run_id, step_id=step_id, server=server, tool=tool, arguments=arguments,
+            digest=digest, call_class=decision.get("class", "unknown"), reason=decision.get("reason", ""),
+            why=hold.get("why") or {}, policy_id=chosen.get("id") or None, policy_name=chosen.get("name") or "",
+            approver_group=hold.get("approverGroup") or roles.APPROVER, quorum=hold.get("quorum") or 1,
+            created_at=now, expires_at=now + ApprovalRules.current().valid_for)
+        journal_services.record_event(run_id=run_id, event="action_requested", now=now, data={
+            "action": str(action.public_id), "digest": digest, "tool": tool, "server": server.name,
+            "reason": action.reason})
+        bell.ring(bell.NOTIFY_ACTION_REQUESTED, action.pk)
+    return action
+
+
+def held_call_state(action_id: int) -> tuple[str, str, str, datetime] | None:
+    """Where a held call's request stands (state, decided by, the decision's reason, expiry): what a waiting
+    Recorder polls, one indexed read."""
+    return ActionRequest.objects.filter(pk=action_id).values_list(
+        "state", "decided_by", "decision_reason", "expires_at").first()
+
+
+def claim_approved_action(*, action_id: int, step_id: int, now: datetime | None = None) -> bool:
+    """Let one call through on an approval: approved becomes used, once (a conditional update)."""
+    now = now or timezone.now()
+    return bool(ActionRequest.objects.filter(pk=action_id, state=ActionRequest.State.APPROVED, expires_at__gt=now)
+                .update(state=ActionRequest.State.USED, used_at=now, used_step_id=step_id))
+
+
+def expire_held_calls(*, now: datetime | None = None) -> int:
+    """Close held-call requests past their time: undecided, or approved but never used. The agent must ask
+    again, and approvers see them as expired."""
+    now = now or timezone.now()
+    expired = 0
+    for action in ActionRequest.objects.filter(
+            state__in=[ActionRequest.State.PENDING, ActionRequest.State.APPROVED], expires_at__lte=now):
+        with transaction.atomic():
+            if ActionRequest.objects.filter(pk=action.pk, state=action.state).update(
+                    state=ActionRequest.State.EXPIRED, decided_at=action.decided_at or now):
+                expired += 1
+                if action.run_id:
+                    journal_services.record_event(run_id=action.run_id, event="action_expired", now=now, data={
+                        "action": str(action.public_id), "was": action.state})
+    return expired
+
+
+
+class HeldCallGate:
+    """The Recorder's policy gate (`journal.ports.PolicyGate`), answered by the autonomy policies and the
+    held-call requests above. It keeps its own `PolicyBook`, read again whenever the policies change."""
+
+    def __init__(self):
+        self.book = PolicyBook()
+
+    def decide(self, *, agent_name: str, server_name: str, tool: str, declaration) -> dict[str, Any]:
+        return decide_call(agent_name=agent_name, server_name=server_name, tool=tool, declaration=declaration,
+                           book=self.book)
+
+    def hold(self, *, agent, server, tool: str, arguments: dict[str, Any], decision: dict[str, Any], run_id: int,
+             step_id: int, now: datetime) -> ports.HeldCall:
+        action = request_for_held_call(agent=agent, server=server, tool=tool, arguments=arguments,
+                                       decision=decision, run_id=run_id, step_id=step_id, now=now)
+        return ports.HeldCall(id=action.pk, public_id=str(action.public_id), url=action_url(action))
+
+    def state(self, held_id: int) -> ports.HeldCallState | None:
+        row = held_call_state(held_id)
+        return ports.HeldCallState(*row) if row is not None else None
+
+    def claim(self, *, held_id: int, step_id: int) -> bool:
+        return claim_approved_action(action_id=held_id, step_id=step_id)

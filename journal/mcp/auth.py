@@ -1,0 +1,57 @@
+"""Who is calling: the agent behind `Authorization: Bearer …`, resolved once per HTTP request."""
+
+import time
+
+from asgiref.sync import sync_to_async
+from starlette.responses import JSONResponse
+
+from .. import services
+from ..models import Agent
+
+
+class BearerAgent:
+    """Authenticate the agent from `Authorization: Bearer …` before any MCP processing.
+
+    A token's agent is remembered for AUTH_TTL seconds, so an agent's burst of calls costs one lookup;
+    deactivating an agent (or its user) therefore takes effect within that many seconds. Refusals are
+    never remembered, so a new agent works at once.
+    """
+
+    AUTH_TTL = 5.0
+
+    def __init__(self, app, fast_calls=None):
+        self.app = app
+        self.fast_calls = fast_calls
+        self._known: dict[str, tuple[Agent, float]] = {}
+
+    async def _agent_for(self, token: str) -> Agent | None:
+        key = services.hash_token(token)
+        known = self._known.get(key)
+        if known is not None and known[1] > time.monotonic():
+            return known[0]
+        agent = await sync_to_async(services.authenticate_agent)(token)
+        if agent is None:
+            self._known.pop(key, None)
+            return None
+        if len(self._known) > 10_000:  # bounded: one entry per live token is all it ever needs
+            self._known.clear()
+        self._known[key] = (agent, time.monotonic() + self.AUTH_TTL)
+        return agent
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = header.partition(" ")
+        agent = await self._agent_for(token.strip()) if scheme.lower() == "bearer" else None
+        if agent is None:
+            response = JSONResponse(
+                {"error": "invalid_token", "error_description": "Send the agent's token as 'Authorization: Bearer agt_…'."},
+                status_code=401, headers={"WWW-Authenticate": 'Bearer realm="recorder"'},
+            )
+            return await response(scope, receive, send)
+        scope.setdefault("state", {})["agent"] = agent
+        if self.fast_calls is not None and await self.fast_calls.handle(agent, scope, receive, send):
+            return
+        await self.app(scope, receive, send)
+

@@ -1,0 +1,174 @@
+"""The Recorder's hot path: plain `tools/call` requests on the stateless 2026-07-28 protocol, answered
+without the SDK's per-request machinery, and the event stream a held call's answer turns into."""
+
+import json
+import logging
+import time
+from typing import Any
+
+import mcp_types as types
+from mcp import MCPError
+from mcp.server.transport_security import (
+    DEFAULT_MAX_REQUEST_BODY_SIZE,
+    TransportSecurityMiddleware,
+    TransportSecuritySettings,
+)
+from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, encode_header_value
+from mcp_types import PROTOCOL_VERSION_META_KEY, SERVER_INFO_META_KEY
+from mcp_types import methods as _methods
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..models import Agent
+from .asgi import read_body
+
+logger = logging.getLogger(__name__)
+
+
+class FastCalls:
+    """`tools/call` on the stateless 2026-07-28 protocol, answered without the SDK's per-request machinery.
+
+    This is the Recorder's hot path: an agent's call costs one JSON parse, the journal and the upstream call.
+    Only plain, well-formed requests take it (JSON in and out, no session, no progress token, no extra
+    parameters, headers that agree with the body, within the body limit, passing the same host and origin
+    checks). Everything else, including every malformed request, goes to the SDK, which answers it as it
+    would have anyway. Replies are built with the SDK's own result sieve, error table and serverInfo stamp,
+    so a client cannot tell which path answered.
+    """
+
+    def __init__(self, recorder, security: TransportSecuritySettings):
+        self.recorder = recorder
+        self.security = TransportSecurityMiddleware(security)
+        self.answered = 0  # how many calls took this path (tests and the benchmark read it)
+
+    def _candidate(self, scope) -> str | None:
+        """The protocol version, when the headers alone allow the fast path."""
+        if scope["method"] != "POST":
+            return None
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers") or []}
+        version = headers.get("mcp-protocol-version", "")
+        length = headers.get("content-length", "")
+        if (
+            headers.get("mcp-method") != "tools/call"
+            or version not in MODERN_PROTOCOL_VERSIONS
+            or "mcp-session-id" in headers
+            or any(name.startswith("mcp-param-") for name in headers)
+            or not headers.get("content-type", "").startswith("application/json")
+            or "application/json" not in headers.get("accept", "")
+            or not length.isdigit()
+            or int(length) > DEFAULT_MAX_REQUEST_BODY_SIZE
+        ):
+            return None
+        return version
+
+    @staticmethod
+    def _request(body: bytes, version: str, name_header: str | None) -> dict | None:
+        try:
+            request = json.loads(body)
+        except ValueError:
+            return None
+        params = request.get("params") if isinstance(request, dict) else None
+        if not isinstance(params, dict):
+            return None
+        meta = params.get("_meta")
+        request_id = request.get("id")
+        plain = (
+            request.get("jsonrpc") == "2.0" and request.get("method") == "tools/call"
+            and set(request) == {"jsonrpc", "id", "method", "params"}
+            and (isinstance(request_id, str) or (isinstance(request_id, int) and not isinstance(request_id, bool)))
+            and set(params) <= {"name", "arguments", "_meta"}
+            and isinstance(params.get("name"), str) and name_header == encode_header_value(params["name"])
+            and isinstance(params.get("arguments", {}), dict)
+            and isinstance(meta, dict) and meta.get(PROTOCOL_VERSION_META_KEY) == version
+            and "progressToken" not in meta
+        )
+        return request if plain else None
+
+    async def handle(self, agent: Agent, scope, receive, send) -> bool:
+        """Answer the request and return True, or return False having consumed nothing."""
+        version = self._candidate(scope)
+        if version is None:
+            return False
+        body = await read_body(receive)
+        name_header = dict(scope.get("headers") or []).get(b"mcp-name", b"").decode("latin-1") or None
+        request = self._request(body, version, name_header)
+        if request is None or await self.security.validate_request(Request(scope), is_post=True) is not None:
+            # Hand the untouched body to the SDK, which gives the standard answer.
+            replay = iter([{"type": "http.request", "body": body, "more_body": False}])
+
+            async def replayed():
+                return next(replay, None) or await receive()
+
+            await self.recorder.sdk_app(scope, replayed, send)
+            return True
+        params = request["params"]
+        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": request["id"]}
+        status = 200
+        journaled = None
+        accept = dict(scope.get("headers") or []).get(b"accept", b"").decode("latin-1")
+        stream = _HeldStream(send) if "text/event-stream" in accept else None
+        try:
+            result, journaled = await self.recorder.forward(
+                agent=agent, name=params["name"], arguments=params.get("arguments"), meta=params["_meta"],
+                session_id=None, progress=stream.keep_alive if stream else None)
+            if isinstance(result, types.CallToolResult):
+                result = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+            wire = _methods.serialize_server_result("tools/call", version, result)
+            wire_meta = wire.get("_meta") if isinstance(wire.get("_meta"), dict) else {}
+            if wire_meta.get(SERVER_INFO_META_KEY) is None:
+                wire["_meta"] = {**wire_meta, SERVER_INFO_META_KEY: self.recorder.server.server_info_stamp}
+            reply["result"] = wire
+        except MCPError as exc:
+            reply["error"] = exc.error.model_dump(mode="json", by_alias=True, exclude_none=True)
+            status = ERROR_CODE_HTTP_STATUS.get(exc.error.code, 200)
+        except ValidationError:
+            logger.exception("a tools/call result did not fit the %s result schema", version)
+            reply["error"] = {"code": -32603, "message": "Handler returned an invalid result"}
+        except Exception:  # as the SDK does: log it, and never let internals reach the wire
+            logger.exception("tools/call failed inside the Recorder")
+            reply["error"] = {"code": -32603, "message": "Internal server error"}
+        self.answered += 1
+        try:
+            if stream is not None and stream.open:
+                await stream.finish(reply)
+            else:
+                await Response(json.dumps(reply, separators=(",", ":")), status_code=status,
+                               media_type="application/json")(scope, receive, send)
+        finally:
+            if journaled is not None:  # queued before the reply, so it is journaled before the agent's next call
+                await journaled
+        return True
+
+
+HOLD_PING_SECONDS = 10.0  # SSE keep-alive comments while a held call waits, so no proxy or client gives up
+_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache, no-transform"),
+                (b"connection", b"keep-alive"), (b"x-accel-buffering", b"no")]
+
+
+class _HeldStream:
+    """A fast-path reply that turns into an event stream while a held call waits, as the SDK's own replies
+    do: keep-alive comments (this path has no progress token, so no progress notifications), then the
+    reply as one `message` event. A call that is not held never opens it and is answered with plain JSON."""
+
+    def __init__(self, send):
+        self.send = send
+        self.open = False
+        self.last_ping = 0.0
+
+    async def keep_alive(self, done: float, total: float | None, message: str | None) -> None:
+        now = time.monotonic()
+        if not self.open:
+            await self.send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            self.open = True
+        elif now - self.last_ping < HOLD_PING_SECONDS:
+            return
+        self.last_ping = now
+        await self.send({"type": "http.response.body", "body": b": ping\r\n\r\n", "more_body": True})
+
+    async def finish(self, reply: dict[str, Any]) -> None:
+        data = json.dumps(reply, separators=(",", ":"))
+        await self.send({"type": "http.response.body", "body": f"event: message\r\ndata: {data}\r\n\r\n".encode(),
+                         "more_body": False})
+

@@ -1,0 +1,109 @@
+"""What a tool server's answer says, as pure functions: the undo facts of a result, whether its receipt
+verifies, and which failure class an `isError` result belongs to.
+
+No ORM and no clock: the writer (`journal.services.steps.close_step`) passes in the server's catalogue
+entry, its pinned receipt keys and the moment the answer came back. A server's answer is untrusted input.
+"""
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from . import chain, declarations
+from .bindings import BindingError, resolve_arguments
+from .canonical import to_ijson
+
+# The MCP-Rescue failure class of an `isError` result's structured code.
+_CLASS_BY_CODE = {
+    "UNDO_CONFLICT": "conflict", "CONFLICT": "conflict", "UNDO_EXPIRED": "business_rule",
+    "UNDO_UNKNOWN_TOKEN": "not_found", "NOT_FOUND": "not_found", "UNDO_FAILED": "business_rule",
+    "INVALID_ARGUMENTS": "invalid_arguments", "UNAUTHENTICATED": "authentication",
+    "PERMISSION_DENIED": "permission", "FORBIDDEN": "permission", "UNAVAILABLE": "transient",
+    "RATE_LIMITED": "transient", "BUSINESS_RULE": "business_rule",
+}
+# Without a code, the server's own words, read in this order.
+_CLASS_BY_WORDS = (
+    (("timed out", "timeout", "temporarily", "unavailable", "try again", "rate limit"), "transient"),
+    (("unauthori", "unauthenticated", "invalid token", "not authenticated"), "authentication"),
+    (("permission", "forbidden", "not allowed", "access denied"), "permission"),
+    (("not found", "no such", "does not exist", "unknown"), "not_found"),
+    (("conflict", "version mismatch", "was modified", "changed since"), "conflict"),
+    (("invalid", "validation", "required", "must be", "expected"), "invalid_arguments"),
+)
+
+
+def classify_tool_error(result: Mapping[str, Any]) -> str:
+    """A best reading of an `isError` result: structured codes first, then the server's words."""
+    structured = result.get("structuredContent")
+    code = structured.get("code") if isinstance(structured, Mapping) else None
+    if isinstance(code, str) and code.upper() in _CLASS_BY_CODE:
+        return _CLASS_BY_CODE[code.upper()]
+    text = " ".join(
+        block.get("text", "") for block in result.get("content") or [] if isinstance(block, Mapping)
+    ).lower()
+    for needles, failure_class in _CLASS_BY_WORDS:
+        if any(needle in text for needle in needles):
+            return failure_class
+    return "business_rule" if text else "unknown"
+
+
+def receipt_check(receipt_keys: Mapping[str, str], journal_raw: Any, parsed) -> tuple[bool | None, str]:
+    """Whether the call's receipt verifies against the server's pinned key: (None, "") when it sent none."""
+    if parsed is None or parsed.receipt is None:
+        return None, ""
+    public = receipt_keys.get(parsed.receipt.key_id)
+    if public is None:
+        return False, f"unknown receipt key {parsed.receipt.key_id}"
+    body = {k: v for k, v in journal_raw.items() if k != "receipt"}
+    try:
+        ok = chain.signature_valid(chain.public_key_from_text(public), to_ijson(body), parsed.receipt.signature)
+    except ValueError:
+        ok = False
+    return ok, "" if ok else "the receipt's signature does not verify"
+
+
+def undo_facts(*, tool_def: dict[str, Any] | None, catalogue: set[str], receipt_keys: Mapping[str, str],
+               arguments: dict[str, Any], result: dict[str, Any], finished: datetime) -> dict[str, Any]:
+    """Everything a successful result says about undoing its call, read through the declaration rules, as
+    the step's column values."""
+    meta = result.get("_meta") if isinstance(result.get("_meta"), dict) else {}
+    journal_raw = meta.get(declarations.HATP_KEY)
+    parsed, problems = declarations.parse_call_journal(journal_raw)
+    declaration = declarations.normalise(
+        tool_def or {}, catalogue=catalogue, call_journal=journal_raw if parsed is not None else None)
+    problems = [*problems, *declaration.problems]
+    effect = parsed.effect if parsed and parsed.effect else declarations.Effect()
+    token = parsed.compensation_token if parsed else None
+    compensation_arguments = None
+    if declaration.kind == "compensate" and declaration.compensation is not None:
+        spec = declaration.compensation
+        if spec.dialect == "hatp":
+            if not token:
+                problems.append("the server declared a compensation but returned no compensation token")
+            else:
+                compensation_arguments = {"compensationToken": token}
+        else:
+            response = result.get("structuredContent") if spec.dialect == "sep3172" else result
+            try:
+                compensation_arguments = resolve_arguments(
+                    spec.bindings, dialect=spec.dialect, request=arguments, response=response)
+            except BindingError as exc:
+                problems.append(f"a binding does not resolve: {exc}")
+        if not effect.version:
+            problems.append(declarations.NO_VERSION_PROBLEM)
+    verified, receipt_problem = receipt_check(receipt_keys, journal_raw, parsed)
+    return {
+        "declaration": declaration.model_dump(mode="json"),
+        "declaration_source": declaration.source,
+        "reversibility": declaration.kind,
+        "compensation_arguments": compensation_arguments,
+        "undo_problems": problems,
+        "effect_summary": effect.summary or "",
+        "effect_resource": effect.resource or "",
+        "effect_version": effect.version or "",
+        "compensation_token": token or "",
+        "undo_by": declaration.deadline(finished),
+        "receipt": journal_raw.get("receipt") if isinstance(journal_raw, dict) else None,
+        "receipt_verified": verified,
+        "receipt_problem": receipt_problem,
+    }

@@ -1,0 +1,105 @@
+"""The interfaces the Recorder asks through, so the journal never needs to know who answers them.
+
+- A **policy gate** decides each agent call before it is forwarded (allow, ask, deny), holds the calls it
+  asks about until someone decides, and lets an approved call through once.
+- A **source of signed decisions** adds the approvals of a run's plans and held calls to its exported bundle.
+
+The approval side plugs its own in when the app starts (`approver.apps.ApproverConfig.ready`). Until then,
+and whenever the journal runs on its own, the defaults allow every call, hold none and add no decisions, so
+the journal works and is tested without the approval side.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+# The longest a gate may hold a call. The reconciler closes a step still held after this (plus the time a
+# call may take): the Recorder that held it stopped.
+MAX_HOLD_SECONDS = 3600
+# How long a held call waits when its decision names no time of its own.
+DEFAULT_HOLD_SECONDS = 60
+
+
+class HeldState:
+    """Where a held call's request stands."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"
+    USED = "used"
+
+
+@dataclass(frozen=True)
+class HeldCall:
+    """The request a held call waits on: its id for polling, and what the agent is told."""
+
+    id: int
+    public_id: str
+    url: str
+
+
+@dataclass(frozen=True)
+class HeldCallState:
+    state: str
+    decided_by: str
+    decision_reason: str
+    expires_at: datetime
+
+
+class PolicyGate(Protocol):
+    def decide(self, *, agent_name: str, server_name: str, tool: str, declaration: Any) -> dict[str, Any] | None:
+        """The decision as the run record keeps it (`{"decision": "allow"|"ask"|"deny", ...}`; an `ask`
+        carries `hold`: who approves, how many, `askTimeout`), or None when nothing governs calls."""
+
+    def hold(self, *, agent: Any, server: Any, tool: str, arguments: dict[str, Any], decision: dict[str, Any],
+             run_id: int, step_id: int, now: datetime) -> HeldCall:
+        """The request this held call waits on (an identical call already waiting shares it)."""
+
+    def state(self, held_id: int) -> HeldCallState | None:
+        """Where the request stands now: one cheap read, polled while the agent waits."""
+
+    def claim(self, *, held_id: int, step_id: int) -> bool:
+        """Use an approval for this one call; False if it is not (or no longer) approved."""
+
+
+class AllowEverything:
+    """The gate when no approval side is plugged in: every call is forwarded and nothing is ever held."""
+
+    def decide(self, *, agent_name: str, server_name: str, tool: str, declaration: Any) -> None:
+        return None
+
+    def hold(self, **kwargs) -> HeldCall:
+        raise RuntimeError("No policy gate is installed, so no call can be held.")
+
+    def state(self, held_id: int) -> None:
+        return None
+
+    def claim(self, *, held_id: int, step_id: int) -> bool:
+        return False
+
+
+def no_decisions(run: Any) -> list[dict[str, Any]]:
+    return []
+
+
+_installed: dict[str, Any] = {"gate": AllowEverything(), "signed_decisions": no_decisions}
+
+
+def install(*, gate: PolicyGate | None = None,
+            signed_decisions: Callable[[Any], list[dict[str, Any]]] | None = None) -> None:
+    """Plug in the approval side's answers (once, when the app starts)."""
+    if gate is not None:
+        _installed["gate"] = gate
+    if signed_decisions is not None:
+        _installed["signed_decisions"] = signed_decisions
+
+
+def gate() -> PolicyGate:
+    return _installed["gate"]
+
+
+def signed_decisions(run: Any) -> list[dict[str, Any]]:
+    """Every signed decision on the run's plans and held calls, as the bundle carries them."""
+    return _installed["signed_decisions"](run)

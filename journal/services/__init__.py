@@ -1,0 +1,32 @@
+"""Every write on the Recorder side, one module per concept; views, tasks, commands and the gateway call
+these as `journal.services.X`.
+
+- `agents`: agents and their bearer tokens.
+- `servers`: tool servers and their catalogues.
+- `record`: a run's chain and its signed checkpoints.
+- `steps`: an agent's call, journaled before it is forwarded and after it returns.
+- `bundles`: verify, export and import a whole run record.
+"""
+
+from .agents import TOKEN_PREFIX, authenticate_agent, create_agent, hash_token, reset_agent_token
+from .bundles import export_bundle, import_bundle, import_chronomcp_log, verify_run
+from .record import append_entry, checkpoint_run, record_event
+from .servers import refresh_catalogue, register_tool_server, save_catalogue, save_tool_server
+from .steps import (
+    OpenedStep,
+    Outcome,
+    close_step,
+    open_step,
+    open_step_in_run,
+    reconcile_stale_steps,
+    refuse_step,
+    release_held_step,
+)
+
+__all__ = [
+    "TOKEN_PREFIX", "OpenedStep", "Outcome", "append_entry", "authenticate_agent", "checkpoint_run", "close_step",
+    "create_agent", "export_bundle", "hash_token", "import_bundle", "import_chronomcp_log", "open_step",
+    "open_step_in_run", "reconcile_stale_steps", "record_event", "refresh_catalogue", "refuse_step",
+    "register_tool_server", "release_held_step", "reset_agent_token", "save_catalogue", "save_tool_server",
+    "verify_run",
+]

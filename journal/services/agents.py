@@ -1,0 +1,40 @@
+"""Agents and their bearer tokens: created once (the token is shown once and never stored), reset, checked."""
+
+import hashlib
+import secrets
+
+from ..models import Agent
+
+TOKEN_PREFIX = "agt_"
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create_agent(*, name: str, on_behalf_of) -> tuple[Agent, str]:
+    """Create an agent and return it with its bearer token, which is shown once and never stored."""
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    agent = Agent.objects.create(
+        name=name, on_behalf_of=on_behalf_of, token_hash=hash_token(token), token_prefix=token[:10]
+    )
+    return agent, token
+
+
+def authenticate_agent(token: str) -> Agent | None:
+    if not token.startswith(TOKEN_PREFIX):
+        return None
+    return (
+        Agent.objects.select_related("on_behalf_of")
+        .filter(token_hash=hash_token(token), is_active=True, on_behalf_of__is_active=True)
+        .first()
+    )
+
+
+
+def reset_agent_token(*, agent: Agent) -> str:
+    """Give an agent a new token; the old one stops working at once."""
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    agent.token_hash, agent.token_prefix = hash_token(token), token[:10]
+    agent.save(update_fields=["token_hash", "token_prefix"])
+    return token

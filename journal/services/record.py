@@ -1,0 +1,88 @@
+"""The chain of a run: appending events, signing checkpoints, and the run row's moving columns.
+
+Every writer here holds the run's row lock while it appends (see `append_entry`).
+"""
+
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from .. import chain, keys, sql
+from ..models import ChainEntry, Checkpoint, Run
+
+# The run columns a call reads and moves. They are integers and text, so the hot path reads them raw
+# (`sql.locked_row`) and writes back only these (`save_moving`), which keeps each transaction small.
+RUN_MOVING_FIELDS = (
+    "step_count", "head_seq", "head_hash", "checkpointed_seq", "state",
+    "reversible_count", "irreversible_count", "unknown_count", "failed_count",
+)
+_RUN_LOCKED_FIELDS = ("id", *RUN_MOVING_FIELDS)
+
+
+def locked_run(where: str, params: list[Any]) -> Run | None:
+    return sql.locked_row(Run, _RUN_LOCKED_FIELDS, where, params)
+
+
+def save_moving(run: Run, *, now: datetime | None) -> None:
+    """Write back the moving columns; `now` is the agent's latest activity (None for events that are not
+    the agent's, such as a plan, which must not keep an idle run alive)."""
+    values = {name: getattr(run, name) for name in RUN_MOVING_FIELDS}
+    sql.update(Run, run.pk, values if now is None else {**values, "last_activity_at": now})
+
+
+def append_entry(*, run: Run, event: str, data: Any, now: datetime) -> ChainEntry:
+    """Append one event to a run's chain.
+
+    The caller holds a transaction and the run's row lock (`locked_run`, or `select_for_update`): the lock
+    serialises writers on one run across processes, and the unique (run, seq) constraint is the backstop if
+    anyone ever forgets it. The caller saves the run's head afterwards (`save_moving`).
+    """
+    entry = chain.make_entry(
+        seq=run.head_seq + 1, ts=chain.format_ts(now), event=event, data=data, prev_hash=run.head_hash
+    )
+    row = ChainEntry(run_id=run.pk, seq=entry["seq"], ts=entry["ts"], event=event, data=entry["data"],
+                     prev_hash=entry["prevHash"], hash=entry["hash"])
+    row.pk = sql.insert(ChainEntry, {f: getattr(row, f) for f in ("run_id", "seq", "ts", "event", "data",
+                                                                   "prev_hash", "hash")})
+    run.head_seq, run.head_hash = entry["seq"], entry["hash"]
+    if run.head_seq - run.checkpointed_seq >= settings.RECORDER_CHECKPOINT_EVERY:
+        sign_checkpoint(run=run, now=now)
+    return row
+
+
+def sign_checkpoint(*, run: Run, now: datetime) -> Checkpoint:
+    """Sign the run's head as it is now (the caller holds the run's row lock and saves `checkpointed_seq`)."""
+    key_id, private = keys.signing_key()
+    payload = chain.checkpoint_payload(run=str(run.public_id), seq=run.head_seq, head_hash=run.head_hash)
+    checkpoint = Checkpoint.objects.create(
+        run=run, seq=run.head_seq, head_hash=run.head_hash, key_id=key_id,
+        signature=chain.sign(private, payload), created_at=now,
+    )
+    run.checkpointed_seq = run.head_seq
+    return checkpoint
+
+
+def checkpoint_run(*, run: Run, now: datetime | None = None) -> Checkpoint | None:
+    """Sign the run's current head, if anything was appended since the last checkpoint."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        if run.head_seq == run.checkpointed_seq:
+            return None
+        checkpoint = sign_checkpoint(run=run, now=now or timezone.now())
+        run.save(update_fields=["checkpointed_seq"])
+        return checkpoint
+
+
+def record_event(*, run_id: int, event: str, data: Any, now: datetime) -> ChainEntry:
+    """Append an event from outside the Recorder (a plan, a check, an approval) to a run's chain.
+
+    Runs inside the caller's transaction if there is one, so the event commits with the change it records."""
+    with transaction.atomic():
+        run = locked_run("id = %s", [run_id])
+        entry = append_entry(run=run, event=event, data=data, now=now)
+        save_moving(run, now=None)
+    return entry
+

@@ -1,0 +1,89 @@
+"""Tool servers: every write to their rows (the command, the admin and the demo alike) and their catalogues."""
+
+from datetime import datetime
+from typing import Any
+
+import anyio
+from django.conf import settings
+from django.utils import timezone
+
+from .. import chain, declarations
+from ..canonical import to_ijson
+from ..mcp.client import ToolServerError, Upstreams, endpoint_of
+from ..models import ToolServer
+
+
+def register_tool_server(*, name: str, url: str = "", command: str = "") -> ToolServer:
+    """A new tool server, reached over streamable HTTP at `url` or started as the stdio `command`.
+    ValidationError names what is wrong."""
+    return save_tool_server(server=ToolServer(name=name), url=url, command=command)
+
+
+def save_tool_server(*, server: ToolServer, url: str | None = None, command: str | None = None) -> ToolServer:
+    """Keep a tool server's row, new or changed (its URL or command, if given; the transport follows from
+    them), after Django's validation. The one writer of the row: the command, the admin and the demo."""
+    if url is not None or command is not None:
+        server.url, server.command = url or "", command or ""
+        server.transport = ToolServer.Transport.STDIO if server.command else ToolServer.Transport.HTTP
+    server.full_clean()
+    server.save()
+    return server
+
+
+def save_catalogue(*, server: ToolServer, tools: list[dict[str, Any]] | None, error: str = "",
+                   now: datetime | None = None) -> ToolServer:
+    """Keep the raw catalogue and pin receipt keys on first sight; a key id that later changes its key is
+    refused (and said so), because a server that swaps keys under the same id could forge old receipts."""
+    now = now or timezone.now()
+    if tools is None:
+        server.catalogue_error = error
+        server.save(update_fields=["catalogue_error", "updated_at"])
+        return server
+    tools = to_ijson(tools)
+    problems = []
+    pinned = dict(server.receipt_keys)
+    for tool in tools:
+        if not isinstance(tool, dict):
+            problems.append("the catalogue has entries that are not tool objects; agents will not see them")
+            continue
+        journal = tool["_meta"].get(declarations.HATP_KEY) if isinstance(tool.get("_meta"), dict) else None
+        published = journal.get("receiptKeys") if isinstance(journal, dict) else None
+        for key in published if isinstance(published, list) else []:
+            if not isinstance(key, dict) or key.get("alg") != "Ed25519":
+                continue
+            key_id, public = str(key.get("keyId", "")), str(key.get("publicKey", ""))
+            if not key_id or not public:
+                continue
+            if key_id in pinned and pinned[key_id] != public:
+                problems.append(f"receipt key {key_id} changed; the pinned key is kept")
+                continue
+            try:
+                chain.public_key_from_text(public)
+            except ValueError:
+                problems.append(f"receipt key {key_id} is not an Ed25519 public key")
+                continue
+            pinned[key_id] = public
+    server.catalogue = tools
+    server.catalogue_fetched_at = now
+    server.catalogue_error = "; ".join(sorted(set(problems)))
+    server.receipt_keys = pinned
+    server.save(update_fields=["catalogue", "catalogue_fetched_at", "catalogue_error", "receipt_keys", "updated_at"])
+    return server
+
+
+
+def refresh_catalogue(*, server: ToolServer) -> ToolServer:
+    """Read the server's raw `tools/list` and keep it. Called outside any transaction (it is network I/O),
+    from commands, the admin and tests; the Recorder itself reads what was kept."""
+    endpoint = endpoint_of(server)
+
+    async def fetch():
+        async with Upstreams(timeout=settings.TOOL_SERVER_TIMEOUT) as upstreams:
+            return await upstreams.list_tools(endpoint)
+
+    try:
+        tools = anyio.run(fetch)
+    except ToolServerError as exc:
+        return save_catalogue(server=server, tools=None, error=f"Could not read the catalogue: {exc.message}")
+    return save_catalogue(server=server, tools=tools)
+
