@@ -119,14 +119,18 @@ def execute_plan(*, plan: Plan, later=None, now=timezone.now) -> Plan:
     return _finish(plan, now())
 
 
+def _unclaim(item: PlanItem, **fields) -> bool:
+    """The one way an item in flight goes back to not started (its next claim tries it again): after a
+    failure that is safe to repeat, and when the reconciler finds a repeat safe. A conditional update."""
+    return bool(PlanItem.objects.filter(pk=item.pk, exec_state=RUNNING).update(exec_state=NOT_STARTED, **fields))
+
+
 def _let_go(item: PlanItem, verdict: execution.Verdict, now: datetime) -> None:
     """After a failure that is safe to repeat: unclaim the item until its backoff is over, saying why."""
     attempt = item.attempts + 1
     retry_at = now + timedelta(seconds=execution.backoff(attempt))
-    PlanItem.objects.filter(pk=item.pk, exec_state=RUNNING).update(
-        exec_state=NOT_STARTED, retry_at=retry_at,
-        outcome_detail={"retrying": {**verdict.detail, "attempt": attempt, "of": execution.MAX_ATTEMPTS,
-                                     "at": retry_at.isoformat()}})
+    _unclaim(item, retry_at=retry_at, outcome_detail={"retrying": {
+        **verdict.detail, "attempt": attempt, "of": execution.MAX_ATTEMPTS, "at": retry_at.isoformat()}})
 
 
 def _claim(plan: Plan, item: PlanItem, now: datetime) -> bool:
@@ -308,7 +312,7 @@ def reconcile_execution(*, older_than: datetime, now: datetime | None = None) ->
                                     ).select_related("plan__run", "step")
     for item in stuck:
         if item.dialect == planning.HATP:
-            PlanItem.objects.filter(pk=item.pk, exec_state=RUNNING).update(exec_state=NOT_STARTED)
+            _unclaim(item)
         else:
             _keep_outcome(item.plan, item, execution.Verdict(execution.OUTCOME_UNKNOWN, {
                 "message": "The worker stopped during this compensation and the server may have acted; "
