@@ -133,6 +133,8 @@ class Step(models.Model):
         HELD = "held", "Held for approval"
         OK = "ok", "Succeeded"
         ERROR = "error", "Failed"
+        # The server answered (and may have acted), but the answer never reached the agent.
+        UNDELIVERED = "undelivered", "Acted; the agent did not get the answer"
 
     class FailureClass(models.TextChoices):
         # MCP-Rescue's categories.
@@ -153,7 +155,7 @@ class Step(models.Model):
     tool = models.CharField(max_length=200)
     arguments = models.JSONField(default=dict)
     request_meta = models.JSONField(null=True, blank=True)
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.PENDING)
     result = models.JSONField(null=True, blank=True)
     is_error = models.BooleanField(default=False)
     error_message = models.TextField(blank=True)

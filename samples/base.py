@@ -74,7 +74,8 @@ class SampleServer:
     def __init__(self, state_dir: Path | None):
         self.store = Store(state_dir / f"{self.name}.json" if state_dir else None, self.initial_state())
         self.delay_ms = 0
-        self.mode = "normal"  # normal | rpc_error | error_5xx | garbage | hang | lie | act_then_hang (see samples.app.Faults)
+        # normal | rpc_error | input_required | error_5xx | garbage | hang | lie | act_then_hang (samples.app.Faults)
+        self.mode = "normal"
 
     def initial_state(self) -> dict[str, Any]:
         return {"ledger": []}
@@ -95,7 +96,10 @@ class SampleServer:
         if self.delay_ms:
             await anyio.sleep(self.delay_ms / 1000)
         if self.mode == "rpc_error":
-            raise MCPError(code=-32602, message=f"Invalid params for {params.name}")
+            raise MCPError(code=-32602, message=f"Invalid params for {params.name}",
+                           data={"field": "arguments", "tool": params.name})
+        if self.mode == "input_required":  # 2026-07-28: ask the client for more before answering
+            return types.InputRequiredResult(result_type="input_required", request_state=f"ask-again:{params.name}")
         handler = self.handlers().get(params.name)
         if handler is None:
             return tool_error(f"Unknown tool {params.name!r}", code="NOT_FOUND")

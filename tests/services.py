@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +31,13 @@ def _redis_answers() -> bool:
 
 needs_redis = pytest.mark.skipif(
     not REQUIRED and not _redis_answers(), reason="Redis is not available here (set TEST_REDIS_URL)"
+)
+CONFORMANCE = Path(__file__).resolve().parent / "conformance"
+NODE_MODULES = CONFORMANCE / "node_modules"
+needs_node = pytest.mark.skipif(
+    not REQUIRED and not (shutil.which("node") and NODE_MODULES.is_dir()),
+    reason="Node and the pinned npm MCP servers are not installed here (apt install nodejs npm; "
+           "npm ci --prefix tests/conformance)",
 )
 needs_chromium = pytest.mark.skipif(
     not REQUIRED and not shutil.which(CHROMIUM), reason=f"Chromium is not available here ({CHROMIUM})"

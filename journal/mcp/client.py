@@ -55,17 +55,19 @@ class ToolServerError(Exception):
 
     `failure_class` is one of MCP-Rescue's categories; `transient` failures may succeed if repeated;
     `may_have_acted` is true when the request left us but no answer came back, so the server may have
-    done the work (a timeout after sending): such a call must never be repeated blindly.
+    done the work (a timeout after sending): such a call must never be repeated blindly. `rpc` is a JSON-RPC
+    error exactly as the server sent it (code, message and data), for whoever relays it.
     """
 
     def __init__(self, message: str, *, failure_class: str, transient: bool = False, may_have_acted: bool = False,
-                 code: int | None = None):
+                 code: int | None = None, rpc: dict[str, Any] | None = None):
         super().__init__(message)
         self.message = message
         self.failure_class = failure_class
         self.transient = transient
         self.may_have_acted = may_have_acted
         self.code = code
+        self.rpc = rpc
 
 
 # JSON-RPC codes from the MCP spec and JSON-RPC 2.0.
@@ -148,6 +150,7 @@ def translate(exc: BaseException, *, server: str, sent: bool) -> ToolServerError
                 return ToolServerError(
                     f"{server} answered with JSON-RPC error {code}: {cause.error.message}",
                     failure_class=failure_class, transient=False, code=code,
+                    rpc=cause.error.model_dump(mode="json", by_alias=True, exclude_none=True),
                 )
             if isinstance(cause, ValidationError):
                 return ToolServerError(
@@ -272,7 +275,8 @@ class _Connection:
         if isinstance(message, dict) and isinstance(message.get("error"), dict):
             error = message["error"]
             code = error.get("code") if isinstance(error.get("code"), int) else -32603
-            raise translate(MCPError(code=code, message=str(error.get("message", ""))), server=server, sent=True)
+            raise translate(MCPError(code=code, message=str(error.get("message", "")), data=error.get("data")),
+                            server=server, sent=True)
         if status >= 400:
             failure_class, transient = _http_status_class(status)
             raise ToolServerError(f"{server} answered HTTP {status}", failure_class=failure_class,

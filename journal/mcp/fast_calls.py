@@ -112,10 +112,12 @@ class FastCalls:
         try:
             result, journaled = await self.recorder.forward(
                 agent=agent, name=params["name"], arguments=params.get("arguments"), meta=params["_meta"],
-                session_id=None, progress=stream.keep_alive if stream else None)
-            if isinstance(result, types.CallToolResult):
-                result = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-            wire = _methods.serialize_server_result("tools/call", version, result)
+                session_id=None, version=version, progress=stream.keep_alive if stream else None)
+            if isinstance(result, types.CallToolResult):  # the Recorder's own tool error
+                wire = _methods.serialize_server_result(
+                    "tools/call", version, result.model_dump(by_alias=True, mode="json", exclude_none=True))
+            else:  # a server's answer, already shaped and sieved for this version by `forward`
+                wire = result
             wire_meta = wire.get("_meta") if isinstance(wire.get("_meta"), dict) else {}
             if wire_meta.get(SERVER_INFO_META_KEY) is None:
                 wire["_meta"] = {**wire_meta, SERVER_INFO_META_KEY: self.recorder.server.server_info_stamp}

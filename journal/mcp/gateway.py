@@ -25,11 +25,13 @@ from django.utils import timezone
 from mcp import MCPError
 from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types import methods as _methods
 from pydantic import ValidationError
 from starlette.applications import Starlette
 
 from .. import declarations, keys, ports, services
 from ..models import Agent, ToolServer
+from . import versions
 from .auth import BearerAgent
 from .client import ToolServerError, Upstreams, endpoint_of
 from .fast_calls import FastCalls
@@ -83,7 +85,7 @@ def _agent(ctx) -> Agent:
     request = ctx.request
     agent = request.scope.get("state", {}).get("agent") if request is not None else None
     if agent is None:  # BearerAgent guards the route, so this is a wiring bug, not a client error
-        raise MCPError(code=-32603, message="No authenticated agent on this request")
+        raise recorder_error(-32603, "No authenticated agent on this request", reason="internal")
     return agent
 
 
@@ -101,6 +103,18 @@ def forwarded_meta(meta: Any) -> dict[str, Any] | None:
     meta = meta if isinstance(meta, dict) else {}
     kept = {k: v for k, v in meta.items() if not k.startswith(_ENVELOPE_PREFIX) and k != "progressToken"}
     return kept or None
+
+
+def recorder_error(code: int, message: str, *, reason: str) -> MCPError:
+    """A JSON-RPC error of the Recorder's own: its `data` says so, which an upstream's error (relayed exactly
+    as the server sent it) never does."""
+    return MCPError(code=code, message=message, data={"source": "recorder", "reason": reason})
+
+
+def upstream_error(exc: ToolServerError) -> MCPError:
+    """The server's JSON-RPC error as it sent it: code, message and data, nothing added."""
+    rpc = exc.rpc or {"code": exc.code, "message": exc.message}
+    return MCPError(code=rpc["code"], message=rpc.get("message", ""), data=rpc.get("data"))
 
 
 def tool_error(text: str) -> types.CallToolResult:
@@ -125,20 +139,25 @@ class Recorder:
         session_id = ctx.request.headers.get("mcp-session-id") if ctx.request is not None else None
         result, journaled = await self.forward(agent=_agent(ctx), name=params.name, arguments=params.arguments,
                                                meta=ctx.meta, session_id=session_id,
+                                               version=ctx.session.protocol_version,
                                                progress=ctx.session.report_progress)
         if journaled is not None:
             await journaled
         return result
 
     async def forward(self, *, agent: Agent, name: str, arguments: Any, meta: Any, session_id: str | None,
-                      progress=None):
-        """Journal, forward and journal one tools/call; the result dict goes back unchanged, a failure
-        comes back as a tool error, and a JSON-RPC error from the server as the same JSON-RPC error.
+                      version: str, progress=None):
+        """Journal, forward and journal one tools/call for an agent on protocol `version`. The result goes
+        back as the server sent it, shaped for the agent's version where the versions differ
+        (`versions.for_client`); a failure comes back as a tool error, and a JSON-RPC error from the server
+        as the same JSON-RPC error. An answer that cannot reach the agent is journaled as undelivered (the
+        server acted) and the agent gets a JSON-RPC error of the Recorder's own.
         The autonomy policy decides first: a denied call is answered with a tool error and never forwarded;
         a call the policy asks about waits for approvers (`_hold`), reporting progress when the agent asked
         for it (`progress(done, total, message)`).
 
-        Returns the result and the journal write of its outcome, already queued (None when nothing was
+        Returns the result (the Recorder's own tool error, or the server's answer as the agent gets it) and
+        the journal write of its outcome, already queued (None when nothing was
         journaled): the caller awaits it, after replying if it can."""
         server_name, separator, tool = name.partition(SEPARATOR)
         if not separator or not tool:
@@ -171,10 +190,21 @@ class Recorder:
             if exc.code is not None and exc.failure_class != "transient":
                 # A JSON-RPC error from the server goes back as the same JSON-RPC error.
                 await journaled
-                raise MCPError(code=exc.code, message=exc.message) from None
+                raise upstream_error(exc) from None
             note = " It may have acted before failing; do not repeat the call blindly." if exc.may_have_acted else ""
             return tool_error(f"{exc.message} ({exc.failure_class}).{note}"), journaled
-        return result, self._journal_outcome(opened, started, services.Outcome(result=result))
+        relayed = versions.from_server(result)
+        try:  # shaped for the agent's version, then through the SDK's own sieve for it, as a reply would be
+            delivered = _methods.serialize_server_result(
+                "tools/call", version, versions.for_client(relayed, version=version))
+        except (versions.Untranslatable, ValidationError, KeyError, ValueError) as exc:
+            why = exc.message if isinstance(exc, versions.Untranslatable) else (
+                f"it is not a tools/call result of protocol {version}")
+            message = (f"{server_name} answered, but its answer cannot be delivered: {why}. The server may have "
+                       "acted; do not repeat the call blindly.")
+            await self._journal_outcome(opened, started, services.Outcome(result=relayed, undelivered=message))
+            raise recorder_error(-32603, message, reason="undelivered") from None
+        return delivered, self._journal_outcome(opened, started, services.Outcome(result=relayed))
 
     async def _hold(self, agent: Agent, opened: services.OpenedStep, arguments: dict, progress) -> str | None:
         """Wait for approvers to decide on a held call, up to the policy's time. Returns None once the call

@@ -151,13 +151,14 @@ def refuse_step(*, opened: OpenedStep, message: str, now: datetime) -> bool:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What came back for a call: a raw result (which may be an `isError` result), or a failure."""
+    """What came back for a call: a raw result (which may be an `isError` result), or a failure.
+    `undelivered` says why a result the server sent never reached the agent (the server acted all the same)."""
 
     result: dict[str, Any] | None = None
     error_message: str = ""
     failure_class: str = ""
     may_have_acted: bool = False
-
+    undelivered: str = ""
 
 
 def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finished: datetime) -> Step | None:
@@ -181,6 +182,8 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
                 tool_def=server.tool(step.tool) if server else None, catalogue=server.tool_names if server else set(),
                 receipt_keys=server.receipt_keys if server else {}, arguments=step.arguments, result=result,
                 finished=finished))
+        if outcome.undelivered:
+            fields.update(status=Step.Status.UNDELIVERED, error_message=outcome.undelivered)
     else:
         fields.update(status=Step.Status.ERROR, is_error=True, error_message=outcome.error_message,
                       failure_class=outcome.failure_class or Step.FailureClass.UNKNOWN)
@@ -226,7 +229,7 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
 def count(run: Run, step: Step, *, acted: bool) -> None:
     """Keep the run list's counters. A failed call counts as failed; only calls that acted (or may have,
     when the server never answered) count towards reversible, irreversible or unknown."""
-    if step.status == Step.Status.ERROR:
+    if step.status in (Step.Status.ERROR, Step.Status.UNDELIVERED):  # the agent saw a failure either way
         run.failed_count += 1
         run.state = Run.State.FAILED
     if not acted:

@@ -1,0 +1,150 @@
+"""Every protocol pairing, through the Recorder: agents on the stateless 2026-07-28 protocol ("auto") and on
+the 2025-11-25 handshake ("legacy"), against tool servers on either (the sample servers over streamable HTTP;
+the npm reference server-everything over stdio, which speaks 2025-11-25; PyPI's mcp-server-time over stdio,
+which speaks 2026-07-28). What the agent gets through the Recorder must equal what it gets directly, but for
+the hop's own envelope, and every call is journaled once with the status the agent saw."""
+
+import os
+import sys
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+from journal import services
+from journal.mcp import versions
+from journal.models import Step
+from tests.services import NODE_MODULES, needs_node
+
+from .helpers import register_samples, run_agent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EVERYTHING = ["node", str(NODE_MODULES / "@modelcontextprotocol/server-everything/dist/index.js"), "stdio"]
+TIME = [str(Path(sys.executable).parent / "mcp-server-time")]
+MODES = ["auto", "legacy"]
+
+# Tools whose answer depends only on their arguments, so a direct call and one through the Recorder agree.
+CALLS = {
+    "everything": [("echo", {"message": "hi"}), ("get-sum", {"a": 1, "b": 2}),
+                   ("get-structured-content", {"location": "Chicago"}), ("get-tiny-image", {}),
+                   ("get-annotated-message", {"messageType": "success", "includeImage": True}),
+                   ("get-resource-links", {"count": 2}),
+                   ("get-sum", {"a": "not a number"})],
+    "time": [("convert_time", {"source_timezone": "Europe/London", "time": "09:30", "target_timezone": "Asia/Tokyo"}),
+             ("convert_time", {"source_timezone": "Nowhere/Else", "time": "09:30", "target_timezone": "Asia/Tokyo"})],
+    "legacy": [("echo", {"text": "hi"}), ("echo", {})],
+}
+
+
+def same(result) -> dict:
+    """A result as compared: its own fields, without the envelope each hop stamps for itself."""
+    dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    meta = versions.without_envelope(dumped.pop("_meta", None))
+    return {**dumped, **({"_meta": meta} if meta else {})}
+
+
+def call_directly(target, mode: str, calls) -> list:
+    async def main():
+        async with Client(target, mode=mode, cache=None) as client:
+            return [same(await client.call_tool(tool, arguments)) for tool, arguments in calls]
+
+    return anyio.run(main)
+
+
+def call_through(recorder, token: str, mode: str, server: str, calls) -> list:
+    async def script(client):
+        return [same(await client.call_tool(f"{server}__{tool}", arguments)) for tool, arguments in calls]
+
+    return run_agent(recorder, token, script, mode=mode)
+
+
+@pytest.fixture
+def token(dana):
+    return services.create_agent(name="bot", on_behalf_of=dana)[1]
+
+
+def stdio(argv):
+    return StdioServerParameters(command=argv[0], args=argv[1:], env={"PATH": os.environ["PATH"]})
+
+
+def assert_journaled(results, server: str):
+    steps = list(Step.objects.filter(server_name=server).order_by("number").values_list("tool", "status"))
+    assert steps == [(tool, "error" if result.get("isError") else "ok")
+                     for (tool, _), result in zip(CALLS[server], results, strict=True)]
+
+
+@needs_node
+@pytest.mark.parametrize("mode", MODES)
+def test_an_agent_on_either_protocol_reaches_a_2025_stdio_server_as_it_would_directly(recorder, token, mode):
+    services.refresh_catalogue(server=services.register_tool_server(name="everything", command=" ".join(EVERYTHING)))
+    direct = call_directly(stdio(EVERYTHING), mode, CALLS["everything"])
+    assert call_through(recorder, token, mode, "everything", CALLS["everything"]) == direct
+    assert direct[0]["content"] == [{"type": "text", "text": "Echo: hi"}] and direct[-1]["isError"]
+    assert_journaled(direct, "everything")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_agent_on_either_protocol_reaches_a_2026_stdio_server_as_it_would_directly(recorder, token, mode):
+    services.refresh_catalogue(server=services.register_tool_server(name="time", command=" ".join(TIME)))
+    direct = call_directly(stdio(TIME), mode, CALLS["time"])
+    assert call_through(recorder, token, mode, "time", CALLS["time"]) == direct
+    assert "T18:30:00+09:00" in direct[0]["content"][0]["text"] and direct[1]["isError"]
+    assert_journaled(direct, "time")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_agent_on_either_protocol_reaches_a_streamable_http_server_as_it_would_directly(
+        recorder, sample_servers, token, mode):
+    register_samples(sample_servers, names=("legacy",))
+
+    async def direct_main():
+        async with httpx2.AsyncClient(timeout=30) as http:
+            async with Client(streamable_http_client(sample_servers.url("legacy"), http_client=http), mode=mode,
+                              cache=None) as client:
+                return [same(await client.call_tool(tool, arguments)) for tool, arguments in CALLS["legacy"]]
+
+    direct = anyio.run(direct_main)
+    assert call_through(recorder, token, mode, "legacy", CALLS["legacy"]) == direct
+    assert_journaled(direct, "legacy")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_upstream_json_rpc_error_arrives_verbatim(recorder, sample_servers, token, mode):
+    register_samples(sample_servers, names=("crm",))
+    sample_servers.set_mode("crm", "rpc_error")
+
+    async def script(client):
+        with pytest.raises(MCPError) as failure:
+            await client.call_tool("crm__get_deal", {"deal_id": "D-881"})
+        return failure.value.error
+
+    error = run_agent(recorder, token, script, mode=mode)
+    assert (error.code, error.message, error.data) == (
+        -32602, "Invalid params for get_deal", {"field": "arguments", "tool": "get_deal"})
+
+
+def test_an_answer_the_agents_protocol_cannot_carry_is_journaled_as_undelivered(recorder, sample_servers, token):
+    """A 2026 server asks for more input (`input_required`); a 2025 agent has no way to read that. The agent
+    gets an error of the Recorder's own (its `data` says so), and the journal says the answer was not
+    delivered, keeping what the server sent."""
+    register_samples(sample_servers, names=("legacy",))
+    sample_servers.set_mode("legacy", "input_required")
+
+    async def script(client):
+        with pytest.raises(MCPError) as failure:
+            await client.call_tool("legacy__echo", {"text": "hi"})
+        return failure.value.error
+
+    error = run_agent(recorder, token, script, mode="legacy")
+    assert error.code == -32603 and error.data == {"source": "recorder", "reason": "undelivered"}
+    assert "cannot be delivered" in error.message and "'input_required'" in error.message
+    step = Step.objects.get()
+    assert step.status == "undelivered" and step.error_message == error.message
+    assert step.result == {"resultType": "input_required", "requestState": "ask-again:echo"}
+    assert step.run.failed_count == 1
+    result = step.run.entries.get(event="result").data
+    assert (result["status"], result["error"]) == ("undelivered", error.message)
