@@ -359,13 +359,17 @@ class Upstreams:
         except Exception as exc:
             raise translate(exc, server=endpoint.name, sent=False) from exc
 
-    async def request(self, endpoint: Endpoint, request: Any, *, timeout: float | None = None) -> dict[str, Any]:
-        """Send one request and return the raw result dict, or raise ToolServerError."""
+    async def request(self, endpoint: Endpoint, request: Any, *, timeout: float | None = None,
+                      progress=None) -> dict[str, Any]:
+        """Send one request and return the raw result dict, or raise ToolServerError. With `progress`, the
+        request carries a progress token of its own and `progress(done, total, message)` is awaited for each
+        progress notification the server sends about it."""
         timeout = timeout or self.timeout
         connection = await self._open(endpoint)
         try:
             with anyio.fail_after(timeout):
-                return await connection.client.session.send_request(request, _RAW, request_read_timeout_seconds=timeout)
+                return await connection.client.session.send_request(
+                    request, _RAW, request_read_timeout_seconds=timeout, progress_callback=progress)
         except MCPError as exc:
             # An error answer leaves the session healthy; a transport failure does not.
             if exc.error.code == -32001:
@@ -393,10 +397,12 @@ class Upstreams:
 
     async def call_tool(
         self, endpoint: Endpoint, name: str, arguments: Mapping[str, Any] | None,
-        *, meta: Mapping[str, Any] | None = None, timeout: float | None = None,
+        *, meta: Mapping[str, Any] | None = None, timeout: float | None = None, progress=None,
     ) -> dict[str, Any]:
-        """The raw `tools/call` result, `isError` results included (they are answers, not failures)."""
-        if endpoint.transport == "http" and self.direct:
+        """The raw `tools/call` result, `isError` results included (they are answers, not failures). With
+        `progress`, the server's progress notifications about the call are relayed to it (see `request`);
+        the direct path, which reads one answer and nothing else, is then not taken."""
+        if endpoint.transport == "http" and self.direct and progress is None:
             connection = await self._open(endpoint)
             if connection.direct_calls:
                 try:
@@ -406,4 +412,4 @@ class Upstreams:
                         self._discard(endpoint, connection)
                     raise
         params = types.CallToolRequestParams(name=name, arguments=dict(arguments or {}), _meta=dict(meta) if meta else None)
-        return await self.request(endpoint, types.CallToolRequest(params=params), timeout=timeout)
+        return await self.request(endpoint, types.CallToolRequest(params=params), timeout=timeout, progress=progress)

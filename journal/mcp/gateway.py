@@ -98,10 +98,22 @@ def run_key(meta: Any, session_id: str | None) -> str:
     return "session:" + session_id[:180] if session_id else ""
 
 
+# The agent's progress token, as the wire names it and as the SDK's request context does.
+_PROGRESS_TOKEN_KEYS = ("progressToken", "progress_token")
+
+
+def progress_token(meta: Any) -> Any:
+    """The progress token the agent's request carries, if any."""
+    if not isinstance(meta, dict):
+        return None
+    return next((meta[key] for key in _PROGRESS_TOKEN_KEYS if meta.get(key) is not None), None)
+
+
 def forwarded_meta(meta: Any) -> dict[str, Any] | None:
-    """The agent's `_meta`, minus the protocol envelope each hop writes for itself."""
+    """The agent's `_meta`, minus the protocol envelope each hop writes for itself and the agent's progress
+    token (the Recorder asks each server for progress on a token of its own, and relays it on the agent's)."""
     meta = meta if isinstance(meta, dict) else {}
-    kept = {k: v for k, v in meta.items() if not k.startswith(_ENVELOPE_PREFIX) and k != "progressToken"}
+    kept = {k: v for k, v in meta.items() if not k.startswith(_ENVELOPE_PREFIX) and k not in _PROGRESS_TOKEN_KEYS}
     return kept or None
 
 
@@ -119,6 +131,16 @@ def upstream_error(exc: ToolServerError) -> MCPError:
 
 def tool_error(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+
+
+def _relayed(progress):
+    """The server's progress, reported to the agent on the agent's own token. An agent that went away must
+    not end the call: the server is already at work, and its answer is still journaled."""
+    async def relay(done: float, total: float | None = None, message: str | None = None) -> None:
+        with contextlib.suppress(Exception):
+            await progress(done, total, message)
+
+    return relay
 
 
 class Recorder:
@@ -154,7 +176,8 @@ class Recorder:
         server acted) and the agent gets a JSON-RPC error of the Recorder's own.
         The autonomy policy decides first: a denied call is answered with a tool error and never forwarded;
         a call the policy asks about waits for approvers (`_hold`), reporting progress when the agent asked
-        for it (`progress(done, total, message)`).
+        for it (`progress(done, total, message)`). When the agent's request carries a progress token, the
+        server's own progress notifications about the call reach the agent the same way, on its token.
 
         Returns the result (the Recorder's own tool error, or the server's answer as the agent gets it) and
         the journal write of its outcome, already queued (None when nothing was
@@ -182,8 +205,11 @@ class Recorder:
             refusal = await self._hold(agent, opened, arguments, progress)
             if refusal is not None:
                 return tool_error(refusal), None
+        wants_progress = progress_token(meta) is not None
         try:
-            result = await self.upstreams.call_tool(endpoint_of(opened.server), tool, arguments, meta=kept_meta)
+            result = await self.upstreams.call_tool(
+                endpoint_of(opened.server), tool, arguments, meta=kept_meta,
+                progress=_relayed(progress) if wants_progress and progress is not None else None)
         except ToolServerError as exc:
             journaled = self._journal_outcome(opened, started, services.Outcome(
                 error_message=exc.message, failure_class=exc.failure_class, may_have_acted=exc.may_have_acted))

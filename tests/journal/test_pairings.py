@@ -148,3 +148,30 @@ def test_an_answer_the_agents_protocol_cannot_carry_is_journaled_as_undelivered(
     assert step.run.failed_count == 1
     result = step.run.entries.get(event="result").data
     assert (result["status"], result["error"]) == ("undelivered", error.message)
+
+
+@needs_node
+@pytest.mark.parametrize("mode", MODES)
+def test_the_servers_progress_reaches_the_agent_on_its_own_token(recorder, token, mode):
+    services.refresh_catalogue(server=services.register_tool_server(name="everything", command=" ".join(EVERYTHING)))
+    call = ("trigger-long-running-operation", {"duration": 1, "steps": 3})
+
+    def collecting(seen):
+        async def progress(done, total, message):
+            seen.append((done, total, message))
+        return progress
+
+    async def direct_main(seen):
+        async with Client(stdio(EVERYTHING), mode=mode, cache=None) as client:
+            return same(await client.call_tool(*call, progress_callback=collecting(seen)))
+
+    async def script(client, seen):
+        return same(await client.call_tool(f"everything__{call[0]}", call[1], progress_callback=collecting(seen)))
+
+    direct_seen, through_seen = [], []
+    direct = anyio.run(direct_main, direct_seen)
+    assert run_agent(recorder, token, lambda client: script(client, through_seen), mode=mode) == direct
+    assert through_seen == direct_seen == [(1.0, 3.0, None), (2.0, 3.0, None), (3.0, 3.0, None)]
+    step = Step.objects.get()
+    assert step.status == "ok" and "progressToken" not in (step.request_meta or {}) \
+        and "progress_token" not in (step.request_meta or {})
