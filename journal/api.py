@@ -111,7 +111,7 @@ def _schema() -> dict:
         "required": ["number", "server", "tool", "status", "undo"],
         "properties": {
             "number": integer, "server": string, "tool": string, "arguments": {"type": "object"},
-            "status": {"enum": ["pending", "held", "ok", "error", "undelivered"]}, "isError": {"type": "boolean"},
+            "status": {"enum": ["pending", "held", "ok", "error", "undelivered", "cancelled"]}, "isError": {"type": "boolean"},
             "result": {"type": ["object", "null"]}, "error": nullable_string, "failureClass": nullable_string,
             "startedAt": {"type": "string", "format": "date-time"}, "finishedAt": nullable_string,
             "durationMs": {"type": ["number", "null"]},

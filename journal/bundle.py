@@ -200,7 +200,7 @@ def step_fields(entries: list[dict[str, Any]], *, started_at: datetime) -> list[
             kind = undo.get("kind")
             problems = undo.get("problems")
             steps[number].update(
-                status=data.get("status") if data.get("status") in ("error", "undelivered") else "ok",
+                status=data.get("status") if data.get("status") in ("error", "undelivered", "cancelled") else "ok",
                 is_error=data.get("isError") is True,
                 result=data.get("result") if isinstance(data.get("result"), dict) else None,
                 failure_class=str(data.get("failureClass") or "")[:20],

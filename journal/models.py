@@ -135,6 +135,8 @@ class Step(models.Model):
         ERROR = "error", "Failed"
         # The server answered (and may have acted), but the answer never reached the agent.
         UNDELIVERED = "undelivered", "Acted; the agent did not get the answer"
+        # The agent cancelled while the server had the call: it may or may not have acted.
+        CANCELLED = "cancelled", "Cancelled by the agent"
 
     class FailureClass(models.TextChoices):
         # MCP-Rescue's categories.

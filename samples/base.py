@@ -94,7 +94,12 @@ class SampleServer:
 
     async def call_tool(self, ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
         if self.delay_ms:
-            await anyio.sleep(self.delay_ms / 1000)
+            try:
+                await anyio.sleep(self.delay_ms / 1000)
+            except anyio.get_cancelled_exc_class():
+                # The client cancelled while the call was in hand: the ledger says so (tests read it).
+                self.store.record({"op": "cancelled", "tool": params.name})
+                raise
         if self.mode == "rpc_error":
             raise MCPError(code=-32602, message=f"Invalid params for {params.name}",
                            data={"field": "arguments", "tool": params.name})

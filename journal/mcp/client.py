@@ -330,6 +330,11 @@ class Upstreams:
                 and not connection.closing.is_set():
             return connection  # the common case, on every call: no lock, no timer
         async with self._lock:
+            for other, open_one in list(self._connections.items()):
+                if other.name == endpoint.name and other != endpoint:
+                    # The server was moved or its command replaced: the old session (and a stdio server's
+                    # old process) is closed, never left running beside the new one.
+                    self._discard(other, open_one)
             connection = self._connections.get(endpoint)
             if connection is None or connection.error is not None or connection.closing.is_set():
                 connection = _Connection(endpoint, self.timeout)

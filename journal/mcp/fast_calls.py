@@ -6,6 +6,7 @@ import logging
 import time
 from typing import Any
 
+import anyio
 import mcp_types as types
 from mcp import MCPError
 from mcp.server.transport_security import (
@@ -110,9 +111,24 @@ class FastCalls:
         accept = dict(scope.get("headers") or []).get(b"accept", b"").decode("latin-1")
         stream = _HeldStream(send) if "text/event-stream" in accept else None
         try:
-            result, journaled = await self.recorder.forward(
-                agent=agent, name=params["name"], arguments=params.get("arguments"), meta=params["_meta"],
-                session_id=None, version=version, progress=stream.keep_alive if stream else None)
+            # On this protocol an agent cancels a call by closing its request's connection: the call is
+            # then left (and journaled as cancelled), which closes the upstream request in turn.
+            outcome: tuple | None = None
+            async with anyio.create_task_group() as watching:
+                watching.start_soon(_cancel_on_disconnect, receive, watching.cancel_scope)
+                try:
+                    # An error is kept and raised below, outside the task group, which would wrap it.
+                    outcome = await _settled(self.recorder.forward(
+                        agent=agent, name=params["name"], arguments=params.get("arguments"), meta=params["_meta"],
+                        session_id=None, version=version, progress=stream.keep_alive if stream else None))
+                finally:
+                    watching.cancel_scope.cancel()  # answered (or failed): stop watching
+            if outcome is None:  # the watcher cancelled the call: the agent went away, nobody to answer
+                return True
+            answer, error = outcome
+            if error is not None:
+                raise error
+            result, journaled = answer
             if isinstance(result, types.CallToolResult):  # the Recorder's own tool error
                 wire = _methods.serialize_server_result(
                     "tools/call", version, result.model_dump(by_alias=True, mode="json", exclude_none=True))
@@ -142,6 +158,20 @@ class FastCalls:
             if journaled is not None:  # queued before the reply, so it is journaled before the agent's next call
                 await journaled
         return True
+
+
+async def _settled(call) -> tuple:
+    """(what `call` returned, None) or (None, the exception it raised); cancellation is not caught."""
+    try:
+        return await call, None
+    except Exception as exc:  # noqa: BLE001 - handed back to the caller, which re-raises it
+        return None, exc
+
+
+async def _cancel_on_disconnect(receive, scope: anyio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
 
 
 HOLD_PING_SECONDS = 10.0  # SSE keep-alive comments while a held call waits, so no proxy or client gives up

@@ -19,6 +19,7 @@ import logging
 from typing import Any
 
 import mcp_types as types
+from anyio import get_cancelled_exc_class
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.utils import timezone
@@ -210,6 +211,14 @@ class Recorder:
             result = await self.upstreams.call_tool(
                 endpoint_of(opened.server), tool, arguments, meta=kept_meta,
                 progress=_relayed(progress) if wants_progress and progress is not None else None)
+        except get_cancelled_exc_class():
+            # The agent cancelled (notifications/cancelled, or its 2026 request's connection closed). Leaving
+            # the upstream call tells the server at once: the SDK sends notifications/cancelled on a
+            # handshake session, and a 2026 request's connection closes. The server had the call, so it may
+            # have acted: the journal says exactly that, never leaving the step for the reconciler to guess.
+            self._journal_unawaited(opened, started, services.Outcome(
+                cancelled=f"The agent cancelled the call while {server_name} had it; the server may have acted."))
+            raise
         except ToolServerError as exc:
             journaled = self._journal_outcome(opened, started, services.Outcome(
                 error_message=exc.message, failure_class=exc.failure_class, may_have_acted=exc.may_have_acted))
@@ -278,6 +287,19 @@ class Recorder:
         written = self.journal.submit(services.close_step, opened=opened, outcome=outcome, started=started,
                                       finished=timezone.now())
         return self._outcome_written(written, opened)
+
+    def _journal_unawaited(self, opened: services.OpenedStep, started, outcome: services.Outcome) -> None:
+        """Queue the outcome's journal write from a call that is being cancelled, so cannot wait for it; a
+        failure is logged (the reconciler then marks the step), as for any outcome."""
+        written = self.journal.submit(services.close_step, opened=opened, outcome=outcome, started=started,
+                                      finished=timezone.now())
+
+        def logged(future: asyncio.Future) -> None:
+            if not future.cancelled() and future.exception() is not None:
+                logger.error("could not journal the outcome of step %s of run %s; the reconciler will mark it",
+                             opened.number, opened.run_id, exc_info=future.exception())
+
+        written.add_done_callback(logged)
 
     @staticmethod
     async def _outcome_written(written: asyncio.Future, opened: services.OpenedStep) -> None:

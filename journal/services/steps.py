@@ -159,6 +159,7 @@ class Outcome:
     failure_class: str = ""
     may_have_acted: bool = False
     undelivered: str = ""
+    cancelled: str = ""  # why the agent never waited for the answer: the server had the call, so it may have acted
 
 
 def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finished: datetime) -> Step | None:
@@ -184,6 +185,10 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
                 finished=finished))
         if outcome.undelivered:
             fields.update(status=Step.Status.UNDELIVERED, error_message=outcome.undelivered)
+    elif outcome.cancelled:
+        fields.update(status=Step.Status.CANCELLED, error_message=outcome.cancelled,
+                      reversibility=Step.Reversibility.UNKNOWN, undo_problems=[
+                          "the agent cancelled the call while the server had it, so it may or may not have acted"])
     else:
         fields.update(status=Step.Status.ERROR, is_error=True, error_message=outcome.error_message,
                       failure_class=outcome.failure_class or Step.FailureClass.UNKNOWN)
@@ -202,7 +207,8 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
         step.reversibility = fields.get("reversibility", opened.kind)
         step.declaration_source = fields.get("declaration_source", opened.source)
         step.undo_problems = fields.get("undo_problems", [])
-        count(run, step, acted=(outcome.result is not None and not step.is_error) or outcome.may_have_acted)
+        count(run, step, acted=(outcome.result is not None and not step.is_error) or outcome.may_have_acted
+              or bool(outcome.cancelled))
         links = _link(run, step)
         append_entry(run=run, event="result", now=finished, data={
             "step": step.number,

@@ -175,3 +175,84 @@ def test_the_servers_progress_reaches_the_agent_on_its_own_token(recorder, token
     step = Step.objects.get()
     assert step.status == "ok" and "progressToken" not in (step.request_meta or {}) \
         and "progress_token" not in (step.request_meta or {})
+
+
+SLOW = [sys.executable, str(Path(__file__).resolve().parent.parent / "fixtures" / "slow_stdio_server.py")]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_agents_cancellation_reaches_the_server_and_the_step_says_it_was_cancelled(recorder, token, mode, tmp_path):
+    """notifications/cancelled on the handshake, the request's connection closing on 2026-07-28: either way
+    the Recorder leaves the upstream call at once (the server is told), and journals the step as cancelled
+    while the server had it, so it may have acted; the reconciler never has to guess."""
+    ledger = tmp_path / "ledger"
+    services.refresh_catalogue(server=services.register_tool_server(name="slow", command=" ".join([*SLOW, str(ledger)])))
+    ledger.unlink()  # reading the catalogue started (and stopped) a process of its own
+
+    async def script(client):
+        assert (await client.call_tool("slow__wait", {"seconds": 0})).content[0].text == "waited 0.0 s"
+        with anyio.move_on_after(1.5):
+            await client.call_tool("slow__wait", {"seconds": 30})
+            raise AssertionError("the call was not cancelled")
+        for _ in range(50):  # the server writes it down as its call is cancelled
+            if "cancelled" in ledger.read_text():
+                return ledger.read_text()
+            await anyio.sleep(0.1)
+
+    assert run_agent(recorder, token, script, mode=mode) == "started\ncancelled\n"
+    first, second = Step.objects.order_by("number")
+    assert first.status == "ok" and second.status == "cancelled"
+    assert second.error_message == "The agent cancelled the call while slow had it; the server may have acted."
+    assert second.reversibility == "unknown" and "may or may not have acted" in second.undo_problems[0]
+    assert second.run.entries.filter(event="result", data__status="cancelled").count() == 1
+
+
+def ts_client(target: str, token: str, calls) -> dict:
+    """The official TypeScript SDK's client (tests/conformance/ts_client.mjs) making `calls`."""
+    import json
+    import subprocess
+
+    script = NODE_MODULES.parent / "ts_client.mjs"
+    done = subprocess.run(["node", str(script), target, token, json.dumps(calls)], capture_output=True, text=True,
+                          timeout=60, check=True)
+    answer = json.loads(done.stdout)
+    for result in answer["results"]:
+        meta = versions.without_envelope(result.pop("_meta", None))
+        if meta:
+            result["_meta"] = meta
+    return answer
+
+
+@needs_node
+def test_the_typescript_sdks_client_gets_through_the_recorder_what_it_gets_directly(recorder, sample_servers, token):
+    register_samples(sample_servers, names=("legacy",))
+    services.refresh_catalogue(server=services.register_tool_server(name="everything", command=" ".join(EVERYTHING)))
+    direct_everything = ts_client("stdio:" + " ".join(EVERYTHING), "", CALLS["everything"])
+    direct_legacy = ts_client(sample_servers.url("legacy"), "", CALLS["legacy"])
+    through = ts_client(f"{recorder.base}/mcp/", token, [
+        *([f"everything__{tool}", arguments] for tool, arguments in CALLS["everything"]),
+        *([f"legacy__{tool}", arguments] for tool, arguments in CALLS["legacy"])])
+    assert through["results"] == direct_everything["results"] + direct_legacy["results"]
+    assert through["protocolVersion"] == direct_legacy["protocolVersion"] == "2025-11-25"
+    assert direct_everything["results"][0]["content"] == [{"type": "text", "text": "Echo: hi"}]
+    assert Step.objects.count() == len(CALLS["everything"]) + len(CALLS["legacy"])
+
+
+def test_replacing_a_stdio_servers_command_stops_its_old_process(recorder, token, tmp_path):
+    old, new = tmp_path / "old", tmp_path / "new"
+    server = services.refresh_catalogue(server=services.register_tool_server(
+        name="slow", command=" ".join([*SLOW, str(old)])))
+    old.unlink()  # reading the catalogue started (and stopped) a process of its own
+
+    async def call(client):
+        return (await client.call_tool("slow__wait", {"seconds": 0})).content[0].text
+
+    assert run_agent(recorder, token, call) == "waited 0.0 s"
+    assert old.read_text() == "started\n"
+    services.save_tool_server(server=server, command=" ".join([*SLOW, str(new)]))
+    assert run_agent(recorder, token, call) == "waited 0.0 s"
+    for _ in range(50):
+        if "stopped" in old.read_text():
+            break
+        anyio.run(anyio.sleep, 0.1)
+    assert old.read_text() == "started\nstopped\n" and new.read_text() == "started\n"
