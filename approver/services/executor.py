@@ -40,11 +40,11 @@ def queue_execution(*, plan: Plan) -> None:
     bell.ring(bell.EXECUTE_PLAN, plan.pk)
 
 
-def enter_executing(*, plan: Plan, from_states, now: datetime, **fields) -> bool:
-    """The one way a plan becomes `executing` (from `from_states`, and only while nobody has stopped it):
-    the worker taking an approved plan, a resume, an abort finishing a plan no worker runs, and a human's
-    retry of one unknown outcome. A conditional update: False if the plan was not in one of those states."""
-    return bool(Plan.objects.filter(pk=plan.pk, state__in=from_states, **fields.pop("only_if", {})).update(
+def enter_executing(*, plan: Plan, from_states, now: datetime, only_if: dict | None = None, **fields) -> bool:
+    """The one way a plan becomes `executing` (from `from_states`): the worker taking an approved plan, a resume, an abort finishing a plan no worker runs, and a human's
+    retry of one unknown outcome. A conditional update (on `from_states` and any `only_if` column values):
+    False if the plan was not as expected. `fields` are written with the state."""
+    return bool(Plan.objects.filter(pk=plan.pk, state__in=from_states, **(only_if or {})).update(
         state=Plan.State.EXECUTING, updated_at=now, **fields))
 
 

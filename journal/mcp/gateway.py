@@ -43,7 +43,6 @@ logger = logging.getLogger(__name__)
 SEPARATOR = "__"
 HOLD_POLL_SECONDS = 0.5  # how often a held call looks for the approvers' decision
 RUN_ID_KEY = "runId"
-_ENVELOPE_PREFIX = "io.modelcontextprotocol/"
 
 
 def agent_tools(servers: list[ToolServer]) -> list[types.Tool]:
@@ -113,9 +112,8 @@ def progress_token(meta: Any) -> Any:
 def forwarded_meta(meta: Any) -> dict[str, Any] | None:
     """The agent's `_meta`, minus the protocol envelope each hop writes for itself and the agent's progress
     token (the Recorder asks each server for progress on a token of its own, and relays it on the agent's)."""
-    meta = meta if isinstance(meta, dict) else {}
-    kept = {k: v for k, v in meta.items() if not k.startswith(_ENVELOPE_PREFIX) and k not in _PROGRESS_TOKEN_KEYS}
-    return kept or None
+    kept = versions.without_envelope(meta) or {}
+    return {k: v for k, v in kept.items() if k not in _PROGRESS_TOKEN_KEYS} or None
 
 
 def recorder_error(code: int, message: str, *, reason: str) -> MCPError:
@@ -284,15 +282,16 @@ class Recorder:
     def _journal_outcome(self, opened: services.OpenedStep, started, outcome: services.Outcome):
         """Queue the outcome's journal write now (so it comes before anything the agent does next) and
         return an awaitable for it."""
-        written = self.journal.submit(services.close_step, opened=opened, outcome=outcome, started=started,
-                                      finished=timezone.now())
-        return self._outcome_written(written, opened)
+        return self._outcome_written(self._queue_outcome(opened, started, outcome), opened)
+
+    def _queue_outcome(self, opened: services.OpenedStep, started, outcome: services.Outcome) -> asyncio.Future:
+        return self.journal.submit(services.close_step, opened=opened, outcome=outcome, started=started,
+                                   finished=timezone.now())
 
     def _journal_unawaited(self, opened: services.OpenedStep, started, outcome: services.Outcome) -> None:
         """Queue the outcome's journal write from a call that is being cancelled, so cannot wait for it; a
         failure is logged (the reconciler then marks the step), as for any outcome."""
-        written = self.journal.submit(services.close_step, opened=opened, outcome=outcome, started=started,
-                                      finished=timezone.now())
+        written = self._queue_outcome(opened, started, outcome)
 
         def logged(future: asyncio.Future) -> None:
             if not future.cancelled() and future.exception() is not None:

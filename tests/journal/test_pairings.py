@@ -55,6 +55,16 @@ def call_directly(target, mode: str, calls) -> list:
     return anyio.run(main)
 
 
+def rpc_error_through(recorder, token: str, mode: str, name: str, arguments: dict):
+    """The JSON-RPC error an agent gets for this call through the Recorder."""
+    async def script(client):
+        with pytest.raises(MCPError) as failure:
+            await client.call_tool(name, arguments)
+        return failure.value.error
+
+    return run_agent(recorder, token, script, mode=mode)
+
+
 def call_through(recorder, token: str, mode: str, server: str, calls) -> list:
     async def script(client):
         return [same(await client.call_tool(f"{server}__{tool}", arguments)) for tool, arguments in calls]
@@ -116,13 +126,7 @@ def test_an_agent_on_either_protocol_reaches_a_streamable_http_server_as_it_woul
 def test_an_upstream_json_rpc_error_arrives_verbatim(recorder, sample_servers, token, mode):
     register_samples(sample_servers, names=("crm",))
     sample_servers.set_mode("crm", "rpc_error")
-
-    async def script(client):
-        with pytest.raises(MCPError) as failure:
-            await client.call_tool("crm__get_deal", {"deal_id": "D-881"})
-        return failure.value.error
-
-    error = run_agent(recorder, token, script, mode=mode)
+    error = rpc_error_through(recorder, token, mode, "crm__get_deal", {"deal_id": "D-881"})
     assert (error.code, error.message, error.data) == (
         -32602, "Invalid params for get_deal", {"field": "arguments", "tool": "get_deal"})
 
@@ -133,13 +137,7 @@ def test_an_answer_the_agents_protocol_cannot_carry_is_journaled_as_undelivered(
     delivered, keeping what the server sent."""
     register_samples(sample_servers, names=("legacy",))
     sample_servers.set_mode("legacy", "input_required")
-
-    async def script(client):
-        with pytest.raises(MCPError) as failure:
-            await client.call_tool("legacy__echo", {"text": "hi"})
-        return failure.value.error
-
-    error = run_agent(recorder, token, script, mode="legacy")
+    error = rpc_error_through(recorder, token, "legacy", "legacy__echo", {"text": "hi"})
     assert error.code == -32603 and error.data == {"source": "recorder", "reason": "undelivered"}
     assert "cannot be delivered" in error.message and "'input_required'" in error.message
     step = Step.objects.get()

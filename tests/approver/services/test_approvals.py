@@ -219,13 +219,10 @@ def test_the_readme_verifier_checks_approvals_in_an_exported_bundle(conflicted_p
     import subprocess
     import sys
 
-    from django.core.management import call_command
-
-    from tests.journal.test_run_record import readme_verifier
+    from tests.journal.test_run_record import export, readme_verifier
 
     approve(conflicted_plan, approver_user, enrolled(approver_user))
-    path = tmp_path / "run.json"
-    call_command("export_run", str(conflicted_plan.run.public_id), "-o", str(path), stderr=open("/dev/null", "w"))
+    path = export(conflicted_plan.run, tmp_path)
     script = readme_verifier(tmp_path)
     good = subprocess.run([sys.executable, script, path], capture_output=True, text=True)
     assert good.returncode == 0, good.stderr

@@ -311,15 +311,12 @@ def test_the_readme_verifier_checks_a_held_calls_signed_decision(held_email, app
     import subprocess
     import sys
 
-    from django.core.management import call_command
-
-    from tests.journal.test_run_record import readme_verifier
+    from tests.journal.test_run_record import export, readme_verifier
 
     opened, action = held_email
     decide(action, approver_user, "approve")
     decide(action, second_approver, "approve")
-    path = tmp_path / "run.json"
-    call_command("export_run", str(action.run.public_id), "-o", str(path), stderr=open("/dev/null", "w"))
+    path = export(action.run, tmp_path)
     script = readme_verifier(tmp_path)
     good = subprocess.run([sys.executable, script, path], capture_output=True, text=True)
     assert good.returncode == 0, good.stderr
