@@ -36,6 +36,18 @@ def start_worker():
         env=worker_env_for_test_database(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def wait_until_working(plan, worker, timeout: float = 30.0) -> None:
+    """Until the started worker claims an item, or the plan has finished, or the worker died."""
+    done = plan.items.filter(exec_state="done").count()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and worker.poll() is None:
+        items = plan.items.all()
+        if (items.filter(exec_state="running").exists() or items.filter(exec_state="done").count() > done
+                or Plan.objects.get(pk=plan.pk).state not in ("approved", "executing")):
+            return
+        time.sleep(0.05)
+
+
 def ledger_figures(sample_servers, plan) -> tuple[int, int, int]:
     """From the calendar's own ledger: (compensations applied twice, lost, consecutive pairs not in
     reverse order) for this plan, whose idempotency keys end in the step number."""
@@ -82,7 +94,9 @@ def test_sigkill_at_random_moments_never_loses_or_repeats_a_compensation(
             assert time.monotonic() < deadline, "the plan did not finish"
             worker = start_worker()
             tasks.execute_plan.delay(plan.pk)
-            time.sleep(rng.uniform(1.5, 3.5))  # the worker takes 1-2 s to start, then runs for a while
+            # The kill lands at a random moment of the worker's work, however long its start took.
+            wait_until_working(plan, worker)
+            time.sleep(rng.uniform(0.0, 1.2))
             if worker.poll() is None:
                 worker.send_signal(signal.SIGKILL)
                 kills += 1

@@ -68,7 +68,10 @@ def test_restarting_redis_mid_plan_loses_and_repeats_nothing(
             approve(plan, second_approver, bo, choices={})
             sample_servers.set_mode("calendar", "normal", delay_ms=150)
             bell.send_task("approver.execute_plan", args=[plan.pk])
-            time.sleep(3.0)  # the plan is under way
+            under_way = time.monotonic() + 30
+            while not plan.items.filter(exec_state="done").exists() and time.monotonic() < under_way:
+                time.sleep(0.05)
+            time.sleep(0.5)  # the plan is under way
             done = plan.items.filter(exec_state="done").count()
             mid_plan += 0 < done < ITEMS
             server.send_signal(signal.SIGKILL)
