@@ -211,6 +211,10 @@ RECORDER_CHECKPOINT_EVERY = env_int("RECORDER_CHECKPOINT_EVERY", 20)
 TOOL_SERVER_TIMEOUT = float(env_str("TOOL_SERVER_TIMEOUT", "30"))
 # A plan's checks run concurrently, at most this many at a time on any one tool server.
 PLAN_CHECKS_PER_SERVER = env_int("PLAN_CHECKS_PER_SERVER", 64)
+# Each agent session has its own upstream sessions (a stdio server, its own process): closed after this many
+# idle seconds, and at most this many open in one Recorder process.
+RECORDER_UPSTREAM_IDLE_SECONDS = env_int("RECORDER_UPSTREAM_IDLE_SECONDS", 300)
+RECORDER_MAX_UPSTREAM_SESSIONS = env_int("RECORDER_MAX_UPSTREAM_SESSIONS", 256)
 # Plain 2026-07-28 tools/call requests skip the SDK's per-request machinery (journal.mcp.gateway.FastCalls).
 RECORDER_FAST_CALLS = env_bool("RECORDER_FAST_CALLS", True)
 # Without a runId or an MCP session id, an agent's calls join its latest run unless it has been idle this long.

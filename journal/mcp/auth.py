@@ -19,9 +19,10 @@ class BearerAgent:
 
     AUTH_TTL = 5.0
 
-    def __init__(self, app, fast_calls=None):
+    def __init__(self, app, fast_calls=None, on_session_end=None):
         self.app = app
         self.fast_calls = fast_calls
+        self.on_session_end = on_session_end  # (agent, session id), once an agent has ended its MCP session
         self._known: dict[str, tuple[Agent, float]] = {}
 
     async def _agent_for(self, token: str) -> Agent | None:
@@ -54,4 +55,7 @@ class BearerAgent:
         if self.fast_calls is not None and await self.fast_calls.handle(agent, scope, receive, send):
             return
         await self.app(scope, receive, send)
+        session_id = dict(scope.get("headers") or []).get(b"mcp-session-id")
+        if scope["method"] == "DELETE" and session_id and self.on_session_end is not None:
+            self.on_session_end(agent, session_id.decode("latin-1"))
 

@@ -1,7 +1,7 @@
 """The one door to tool servers.
 
-Every MCP exchange the project makes with a tool server goes through `Upstreams`: one long-lived session per
-server per process (reused across calls, reconnected when it breaks), a timeout on every call, raw JSON in
+Every MCP exchange the project makes with a tool server goes through `Upstreams`: long-lived sessions, one
+per server and agent session (reused across calls, reconnected when they break, closed when idle), a timeout on every call, raw JSON in
 and out (the SDK's models drop fields such as `annotations.recovery`), and one error type that says how a
 failure should be treated: its MCP-Rescue failure class, whether repeating could help, and whether the
 server may have acted before it failed.
@@ -12,7 +12,8 @@ import itertools
 import json
 import logging
 import shlex
-from collections.abc import Mapping
+import time
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,6 +201,8 @@ class _Connection:
         self.http: Any = None  # the SDK's HTTP client for this server
         self.fast: aiohttp.ClientSession | None = None  # our own, for the direct tools/call path
         self.request_ids = itertools.count(1)
+        self.busy = 0  # calls in flight on it
+        self.last_used = time.monotonic()
 
     async def _saw(self, response) -> None:
         if response.status_code >= 400:
@@ -221,6 +224,7 @@ class _Connection:
                     target = streamable_http_client(self.endpoint.url, http_client=self.http)
                 self.client = Client(target, read_timeout_seconds=self.timeout, cache=None, client_info=CLIENT_INFO)
                 await stack.enter_async_context(self.client)
+                self.last_used = time.monotonic()
                 self.ready.set()
                 await self.closing.wait()
         except BaseException as exc:  # noqa: BLE001 - reported to whoever waits on `ready`
@@ -228,6 +232,12 @@ class _Connection:
             self.ready.set()
             if not isinstance(exc, Exception):
                 raise
+
+    @property
+    def stateless(self) -> bool:
+        """A streamable HTTP server on the stateless 2026-07-28 protocol: it keeps nothing per session."""
+        return self.http is not None and self.client is not None \
+            and self.client.protocol_version in MODERN_PROTOCOL_VERSIONS
 
     @property
     def direct_calls(self) -> bool:
@@ -301,19 +311,37 @@ class _Connection:
         return translate(exc, server=self.endpoint.name, sent=sent)
 
 
-class Upstreams:
-    """Open sessions to tool servers, one per server, for the life of an `async with` block."""
+# Whose upstream session a call uses: an agent's session, as `(agent id, its MCP session id or "")`, or None
+# for the service's own (catalogue reads, plan checks, compensations).
+Owner = Hashable | None
 
-    def __init__(self, *, timeout: float = 30.0, direct: bool = True):
+
+class Upstreams:
+    """Open sessions to tool servers, for the life of an `async with` block: one per server and owner.
+
+    Nothing a tool server keeps per session is shared between owners: each agent session gets its own
+    upstream session (a stdio server, its own process), opened on first use. A streamable HTTP server on
+    the stateless 2026-07-28 protocol keeps nothing per session, so its one connection serves every owner.
+    With `idle_seconds`, a session nobody has used for that long is closed (a stdio server's process
+    stopped); with `max_sessions`, opening one more first closes the least recently used idle one.
+    """
+
+    def __init__(self, *, timeout: float = 30.0, direct: bool = True, idle_seconds: float | None = None,
+                 max_sessions: int | None = None):
         self.timeout = timeout
         self.direct = direct  # False forces every call through the SDK (tests compare the two paths)
-        self._connections: dict[Endpoint, _Connection] = {}
+        self.idle_seconds = idle_seconds
+        self.max_sessions = max_sessions
+        self._connections: dict[tuple[Endpoint, Owner], _Connection] = {}
         self._lock = anyio.Lock()
         self._task_group: anyio.abc.TaskGroup | None = None
+        self._reaper: anyio.CancelScope | None = None
 
     async def __aenter__(self) -> "Upstreams":
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
+        if self.idle_seconds:
+            self._task_group.start_soon(self._close_idle_ones)
         return self
 
     async def __aexit__(self, *exc_info) -> None:
@@ -321,24 +349,54 @@ class Upstreams:
             connection.closing.set()
         self._connections.clear()
         assert self._task_group is not None
+        if self._reaper is not None:
+            self._reaper.cancel()
         with contextlib.suppress(Exception):
             await self._task_group.__aexit__(None, None, None)
 
-    async def _session(self, endpoint: Endpoint):
-        connection = self._connections.get(endpoint)
+    def open_sessions(self, owner: Owner = None) -> list[str]:
+        """The names of the servers `owner` has a session of its own with (tests and the admin read it)."""
+        return sorted(endpoint.name for (endpoint, whose), connection in self._connections.items()
+                      if whose == owner and not connection.closing.is_set())
+
+    def close_owner(self, owner: Owner) -> None:
+        """Close every upstream session of `owner` (an agent's session ended)."""
+        for key, connection in list(self._connections.items()):
+            if key[1] == owner:
+                self._discard(key, connection)
+
+    async def _close_idle_ones(self) -> None:
+        assert self.idle_seconds
+        with anyio.CancelScope() as self._reaper:
+            while True:
+                await anyio.sleep(min(self.idle_seconds / 4, 15.0))
+                cutoff = time.monotonic() - self.idle_seconds
+                for key, connection in list(self._connections.items()):
+                    if connection.ready.is_set() and connection.busy == 0 and connection.last_used < cutoff:
+                        logger.info("closing the idle upstream session to %s", key[0].name)
+                        self._discard(key, connection)
+
+    async def _session(self, endpoint: Endpoint, owner: Owner):
+        if owner is not None and endpoint.transport == "http":
+            shared = await self._session(endpoint, None)  # says which protocol the server speaks
+            if shared.stateless:
+                return shared
+        key = (endpoint, owner)
+        connection = self._connections.get(key)
         if connection is not None and connection.ready.is_set() and connection.error is None \
                 and not connection.closing.is_set():
             return connection  # the common case, on every call: no lock, no timer
         async with self._lock:
             for other, open_one in list(self._connections.items()):
-                if other.name == endpoint.name and other != endpoint:
-                    # The server was moved or its command replaced: the old session (and a stdio server's
-                    # old process) is closed, never left running beside the new one.
+                if other[0].name == endpoint.name and other[0] != endpoint:
+                    # The server was moved or its command replaced: the old sessions (and a stdio server's
+                    # old processes) are closed, never left running beside the new ones.
                     self._discard(other, open_one)
-            connection = self._connections.get(endpoint)
+            connection = self._connections.get(key)
             if connection is None or connection.error is not None or connection.closing.is_set():
+                self._make_room(endpoint)
                 connection = _Connection(endpoint, self.timeout)
-                self._connections[endpoint] = connection
+                self._connections[key] = connection
                 assert self._task_group is not None
                 self._task_group.start_soon(connection.keep)
         with anyio.fail_after(self.timeout):
@@ -347,15 +405,37 @@ class Upstreams:
             raise connection.translate(_first_leaf(connection.error), sent=False)
         return connection
 
-    def _discard(self, endpoint: Endpoint, connection: _Connection) -> None:
-        connection.closing.set()
-        if self._connections.get(endpoint) is connection:
-            del self._connections[endpoint]
+    def _make_room(self, endpoint: Endpoint) -> None:
+        """Below `max_sessions`, by closing the least recently used idle session; if every one is busy, the
+        call is refused (nothing was sent) rather than opening sessions without bound."""
+        live = {key: c for key, c in self._connections.items() if not c.closing.is_set()}
+        if self.max_sessions is None or len(live) < self.max_sessions:
+            return
+        idle = [(c.last_used, key) for key, c in live.items() if c.busy == 0 and c.ready.is_set()]
+        if not idle:
+            raise ToolServerError(
+                f"{endpoint.name} was not called: the Recorder already has {len(live)} upstream sessions in use, "
+                "its limit (RECORDER_MAX_UPSTREAM_SESSIONS)", failure_class="transient", transient=True)
+        _, oldest = min(idle, key=lambda pair: pair[0])
+        self._discard(oldest, self._connections[oldest])
 
-    async def _open(self, endpoint: Endpoint) -> "_Connection":
-        """The open session to `endpoint`, or a ToolServerError saying why there is none (nothing was sent)."""
+    def _discard(self, key: tuple[Endpoint, Owner], connection: _Connection) -> None:
+        connection.closing.set()
+        if self._connections.get(key) is connection:
+            del self._connections[key]
+
+    def _forget(self, connection: _Connection) -> None:
+        """Close `connection` after a failure that may have broken it; the next call opens a fresh one."""
+        for key, open_one in list(self._connections.items()):
+            if open_one is connection:
+                self._discard(key, open_one)
+
+    @contextlib.asynccontextmanager
+    async def _using(self, endpoint: Endpoint, owner: Owner):
+        """The open session to `endpoint` for `owner`, counted as in use meanwhile, or a ToolServerError
+        saying why there is none (nothing was sent)."""
         try:
-            return await self._session(endpoint)
+            connection = await self._session(endpoint, owner)
         except TimeoutError:
             raise ToolServerError(f"{endpoint.name} did not accept a connection in time", failure_class="transient",
                                   transient=True) from None
@@ -363,34 +443,41 @@ class Upstreams:
             raise
         except Exception as exc:
             raise translate(exc, server=endpoint.name, sent=False) from exc
+        connection.busy += 1
+        try:
+            yield connection
+        finally:
+            connection.busy -= 1
+            connection.last_used = time.monotonic()
 
     async def request(self, endpoint: Endpoint, request: Any, *, timeout: float | None = None,
-                      progress=None) -> dict[str, Any]:
-        """Send one request and return the raw result dict, or raise ToolServerError. With `progress`, the
-        request carries a progress token of its own and `progress(done, total, message)` is awaited for each
-        progress notification the server sends about it."""
+                      progress=None, owner: Owner = None) -> dict[str, Any]:
+        """Send one request on `owner`'s session and return the raw result dict, or raise ToolServerError.
+        With `progress`, the request carries a progress token of its own and `progress(done, total, message)`
+        is awaited for each progress notification the server sends about it."""
         timeout = timeout or self.timeout
-        connection = await self._open(endpoint)
-        try:
-            with anyio.fail_after(timeout):
-                return await connection.client.session.send_request(
-                    request, _RAW, request_read_timeout_seconds=timeout, progress_callback=progress)
-        except MCPError as exc:
-            # An error answer leaves the session healthy; a transport failure does not.
-            if exc.error.code == -32001:
-                self._discard(endpoint, connection)
-            raise connection.translate(exc, sent=True) from exc
-        except Exception as exc:
-            self._discard(endpoint, connection)
-            raise connection.translate(exc, sent=True) from exc
+        async with self._using(endpoint, owner) as connection:
+            try:
+                with anyio.fail_after(timeout):
+                    return await connection.client.session.send_request(
+                        request, _RAW, request_read_timeout_seconds=timeout, progress_callback=progress)
+            except MCPError as exc:
+                # An error answer leaves the session healthy; a transport failure does not.
+                if exc.error.code == -32001:
+                    self._forget(connection)
+                raise connection.translate(exc, sent=True) from exc
+            except Exception as exc:
+                self._forget(connection)
+                raise connection.translate(exc, sent=True) from exc
 
-    async def list_tools(self, endpoint: Endpoint, *, timeout: float | None = None) -> list[dict[str, Any]]:
+    async def list_tools(self, endpoint: Endpoint, *, timeout: float | None = None,
+                         owner: Owner = None) -> list[dict[str, Any]]:
         """Every page of the server's raw `tools/list`."""
         tools: list[dict[str, Any]] = []
         cursor = None
         for _ in range(_MAX_PAGES):
             params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-            page = await self.request(endpoint, types.ListToolsRequest(params=params), timeout=timeout)
+            page = await self.request(endpoint, types.ListToolsRequest(params=params), timeout=timeout, owner=owner)
             listed = page.get("tools")
             if not isinstance(listed, list):
                 raise ToolServerError(f"{endpoint.name} sent a tools/list without a tools array", failure_class="unknown")
@@ -402,19 +489,21 @@ class Upstreams:
 
     async def call_tool(
         self, endpoint: Endpoint, name: str, arguments: Mapping[str, Any] | None,
-        *, meta: Mapping[str, Any] | None = None, timeout: float | None = None, progress=None,
+        *, meta: Mapping[str, Any] | None = None, timeout: float | None = None, progress=None, owner: Owner = None,
     ) -> dict[str, Any]:
         """The raw `tools/call` result, `isError` results included (they are answers, not failures). With
         `progress`, the server's progress notifications about the call are relayed to it (see `request`);
         the direct path, which reads one answer and nothing else, is then not taken."""
         if endpoint.transport == "http" and self.direct and progress is None:
-            connection = await self._open(endpoint)
-            if connection.direct_calls:
-                try:
-                    return await connection.call_tool_directly(name, dict(arguments or {}), meta, timeout or self.timeout)
-                except ToolServerError as exc:
-                    if exc.transient:  # the connection may be what broke; open a fresh one next time
-                        self._discard(endpoint, connection)
-                    raise
+            async with self._using(endpoint, owner) as connection:
+                if connection.direct_calls:
+                    try:
+                        return await connection.call_tool_directly(name, dict(arguments or {}), meta,
+                                                                   timeout or self.timeout)
+                    except ToolServerError as exc:
+                        if exc.transient:  # the connection may be what broke; open a fresh one next time
+                            self._forget(connection)
+                        raise
         params = types.CallToolRequestParams(name=name, arguments=dict(arguments or {}), _meta=dict(meta) if meta else None)
-        return await self.request(endpoint, types.CallToolRequest(params=params), timeout=timeout, progress=progress)
+        return await self.request(endpoint, types.CallToolRequest(params=params), timeout=timeout, progress=progress,
+                                  owner=owner)

@@ -98,6 +98,13 @@ def run_key(meta: Any, session_id: str | None) -> str:
     return "session:" + session_id[:180] if session_id else ""
 
 
+def owner_of(agent: Agent, session_id: str | None) -> tuple[int, str]:
+    """Whose upstream sessions a call uses: the agent's MCP session's (a stateless 2026-07-28 agent has one
+    for all its calls), so nothing a tool server keeps per session is shared between two agents or two
+    sessions of one agent."""
+    return (agent.pk, session_id or "")
+
+
 # The agent's progress token, as the wire names it and as the SDK's request context does.
 _PROGRESS_TOKEN_KEYS = ("progressToken", "progress_token")
 
@@ -143,8 +150,8 @@ def _relayed(progress):
 
 
 class Recorder:
-    def __init__(self, *, timeout: float):
-        self.upstreams = Upstreams(timeout=timeout)
+    def __init__(self, *, timeout: float, idle_seconds: float | None = None, max_sessions: int | None = None):
+        self.upstreams = Upstreams(timeout=timeout, idle_seconds=idle_seconds, max_sessions=max_sessions)
         self.journal = JournalThread()
         self.server = Server(
             "agent-undo-recorder", version="0.1.0", on_list_tools=self.list_tools, on_call_tool=self.call_tool
@@ -207,7 +214,7 @@ class Recorder:
         wants_progress = progress_token(meta) is not None
         try:
             result = await self.upstreams.call_tool(
-                endpoint_of(opened.server), tool, arguments, meta=kept_meta,
+                endpoint_of(opened.server), tool, arguments, meta=kept_meta, owner=owner_of(agent, session_id),
                 progress=_relayed(progress) if wants_progress and progress is not None else None)
         except get_cancelled_exc_class():
             # The agent cancelled (notifications/cancelled, or its 2026 request's connection closed). Leaving
@@ -325,7 +332,8 @@ def _transport_security() -> TransportSecuritySettings:
 
 
 def build_app() -> Starlette:
-    recorder = Recorder(timeout=settings.TOOL_SERVER_TIMEOUT)
+    recorder = Recorder(timeout=settings.TOOL_SERVER_TIMEOUT, idle_seconds=settings.RECORDER_UPSTREAM_IDLE_SECONDS,
+                        max_sessions=settings.RECORDER_MAX_UPSTREAM_SESSIONS)
     security = _transport_security()
     mcp_app = recorder.server.streamable_http_app(
         # Not JSON-only: a held call streams progress notifications (SSE) while it waits. A request that
@@ -347,6 +355,7 @@ def build_app() -> Starlette:
             recorder.journal.close()  # runs every queued journal write first
 
     mcp_app.router.lifespan_context = lifespan
-    app = BearerAgent(mcp_app, FastCalls(recorder, security) if settings.RECORDER_FAST_CALLS else None)
+    app = BearerAgent(mcp_app, FastCalls(recorder, security) if settings.RECORDER_FAST_CALLS else None,
+                      on_session_end=lambda agent, session_id: recorder.upstreams.close_owner(owner_of(agent, session_id)))
     app.recorder = recorder  # type: ignore[attr-defined]
     return app
