@@ -1,10 +1,9 @@
 """The one door to tool servers.
 
 Every MCP exchange the project makes with a tool server goes through `Upstreams`: long-lived sessions, one
-per server and agent session (reused across calls, reconnected when they break, closed when idle), a timeout on every call, raw JSON in
-and out (the SDK's models drop fields such as `annotations.recovery`), and one error type that says how a
-failure should be treated: its MCP-Rescue failure class, whether repeating could help, and whether the
-server may have acted before it failed.
+per server and agent session (reused across calls, reconnected when they break, closed when idle), a
+timeout on every call, raw JSON in and out (the SDK's models drop fields such as `annotations.recovery`),
+and one error type for every failure (`journal.mcp.failures.ToolServerError`).
 """
 
 import contextlib
@@ -29,6 +28,10 @@ from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter, ValidationError
 
+from .failures import ToolServerError, first_leaf, http_status_class, translate
+
+__all__ = ["CLIENT_INFO", "Endpoint", "ToolServerError", "Upstreams", "endpoint_of"]
+
 logger = logging.getLogger(__name__)
 
 _RAW = TypeAdapter(dict[str, Any])
@@ -49,122 +52,6 @@ class Endpoint:
 def endpoint_of(server) -> Endpoint:
     """The Endpoint of a `journal.models.ToolServer` row."""
     return Endpoint(name=server.name, transport=server.transport, url=server.url, command=server.command)
-
-
-class ToolServerError(Exception):
-    """A call that did not produce a tool result.
-
-    `failure_class` is one of MCP-Rescue's categories; `transient` failures may succeed if repeated;
-    `may_have_acted` is true when the request left us but no answer came back, so the server may have
-    done the work (a timeout after sending): such a call must never be repeated blindly. `rpc` is a JSON-RPC
-    error exactly as the server sent it (code, message and data), for whoever relays it.
-    """
-
-    def __init__(self, message: str, *, failure_class: str, transient: bool = False, may_have_acted: bool = False,
-                 code: int | None = None, rpc: dict[str, Any] | None = None):
-        super().__init__(message)
-        self.message = message
-        self.failure_class = failure_class
-        self.transient = transient
-        self.may_have_acted = may_have_acted
-        self.code = code
-        self.rpc = rpc
-
-
-# JSON-RPC codes from the MCP spec and JSON-RPC 2.0.
-_RPC_CLASSES = {
-    -32600: "invalid_arguments",
-    -32601: "not_found",
-    -32602: "invalid_arguments",
-    -32603: "unknown",
-    -32001: "transient",  # request timeout (SDK)
-}
-
-
-def classify_rpc_error(code: int) -> str:
-    return _RPC_CLASSES.get(code, "unknown")
-
-
-def _http_status_class(status: int) -> tuple[str, bool]:
-    if status == 401:
-        return "authentication", False
-    if status == 403:
-        return "permission", False
-    if status == 404:
-        return "not_found", False
-    if status == 409:
-        return "conflict", False
-    if status in (408, 429) or status >= 500:
-        return "transient", True
-    return "invalid_arguments", False
-
-
-def _leaf_exceptions(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        leaves = []
-        for inner in exc.exceptions:
-            leaves.extend(_leaf_exceptions(inner))
-        return leaves
-    return [exc]
-
-
-def _first_leaf(exc: BaseException) -> BaseException:
-    leaves = _leaf_exceptions(exc)
-    return leaves[0] if leaves else exc
-
-
-def translate(exc: BaseException, *, server: str, sent: bool) -> ToolServerError:
-    """Map whatever the SDK or the transport raised to one ToolServerError."""
-    for leaf in _leaf_exceptions(exc):
-        cause = leaf
-        while cause is not None:
-            if isinstance(cause, ToolServerError):
-                return cause
-            if isinstance(cause, httpx.HTTPStatusError):
-                failure_class, transient = _http_status_class(cause.response.status_code)
-                return ToolServerError(
-                    f"{server} answered HTTP {cause.response.status_code}",
-                    failure_class=failure_class, transient=transient,
-                    may_have_acted=sent and cause.response.status_code >= 500,
-                )
-            if isinstance(cause, httpx.ConnectError | ConnectionRefusedError):
-                return ToolServerError(f"{server} refused the connection", failure_class="transient", transient=True)
-            if isinstance(cause, TimeoutError | httpx.TimeoutException):
-                return ToolServerError(
-                    f"{server} did not answer in time", failure_class="transient", transient=True, may_have_acted=sent
-                )
-            if isinstance(cause, MCPError):
-                code = cause.error.code
-                failure_class = classify_rpc_error(code)
-                if code == -32700:
-                    # Raised by our own client when the server's answer is not JSON-RPC: the server's fault,
-                    # not the agent's, so it must not be relayed as a parse error of the agent's request.
-                    return ToolServerError(
-                        f"{server} answered with something that is not valid MCP", failure_class="unknown",
-                        may_have_acted=sent,
-                    )
-                if code == -32001:
-                    return ToolServerError(
-                        f"{server} did not answer in time", failure_class="transient", transient=True,
-                        may_have_acted=sent, code=code,
-                    )
-                return ToolServerError(
-                    f"{server} answered with JSON-RPC error {code}: {cause.error.message}",
-                    failure_class=failure_class, transient=False, code=code,
-                    rpc=cause.error.model_dump(mode="json", by_alias=True, exclude_none=True),
-                )
-            if isinstance(cause, ValidationError):
-                return ToolServerError(
-                    f"{server} answered with something that is not a valid MCP result",
-                    failure_class="unknown", may_have_acted=sent,
-                )
-            if isinstance(cause, httpx.TransportError | OSError | anyio.BrokenResourceError | anyio.ClosedResourceError):
-                return ToolServerError(
-                    f"{server} connection failed: {type(cause).__name__}", failure_class="transient",
-                    transient=True, may_have_acted=sent,
-                )
-            cause = cause.__cause__ or cause.__context__
-    return ToolServerError(f"{server} failed: {type(exc).__name__}: {exc}", failure_class="unknown", may_have_acted=sent)
 
 
 def _reply(raw: bytes, content_type: str, request_id: int) -> Any:
@@ -288,7 +175,7 @@ class _Connection:
             raise translate(MCPError(code=code, message=str(error.get("message", "")), data=error.get("data")),
                             server=server, sent=True)
         if status >= 400:
-            failure_class, transient = _http_status_class(status)
+            failure_class, transient = http_status_class(status)
             raise ToolServerError(f"{server} answered HTTP {status}", failure_class=failure_class,
                                   transient=transient, may_have_acted=status >= 500)
         result = message.get("result") if isinstance(message, dict) else None
@@ -305,7 +192,7 @@ class _Connection:
     def translate(self, exc: BaseException, *, sent: bool) -> "ToolServerError":
         status, self.last_http_error = self.last_http_error, None
         if status is not None and isinstance(exc, MCPError) and exc.error.code in (-32603, -32600, -32601):
-            failure_class, transient = _http_status_class(status)
+            failure_class, transient = http_status_class(status)
             return ToolServerError(f"{self.endpoint.name} answered HTTP {status}", failure_class=failure_class,
                                    transient=transient, may_have_acted=sent and status >= 500)
         return translate(exc, server=self.endpoint.name, sent=sent)
@@ -402,7 +289,7 @@ class Upstreams:
         with anyio.fail_after(self.timeout):
             await connection.ready.wait()
         if connection.error is not None:
-            raise connection.translate(_first_leaf(connection.error), sent=False)
+            raise connection.translate(first_leaf(connection.error), sent=False)
         return connection
 
     def _make_room(self, endpoint: Endpoint) -> None:
