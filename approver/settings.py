@@ -215,6 +215,10 @@ PLAN_CHECKS_PER_SERVER = env_int("PLAN_CHECKS_PER_SERVER", 64)
 # idle seconds, and at most this many open in one Recorder process.
 RECORDER_UPSTREAM_IDLE_SECONDS = env_int("RECORDER_UPSTREAM_IDLE_SECONDS", 300)
 RECORDER_MAX_UPSTREAM_SESSIONS = env_int("RECORDER_MAX_UPSTREAM_SESSIONS", 256)
+# A tool server's answer over this many bytes is not relayed: the agent gets a tool error naming the limit and
+# the step keeps the answer's size and SHA-256. A result over the inline size is kept in the run's record only.
+RECORDER_MAX_RESULT_BYTES = env_int("RECORDER_MAX_RESULT_BYTES", 32 * 1024 * 1024)
+RECORDER_INLINE_RESULT_BYTES = env_int("RECORDER_INLINE_RESULT_BYTES", 64 * 1024)
 # Plain 2026-07-28 tools/call requests skip the SDK's per-request machinery (journal.mcp.gateway.FastCalls).
 RECORDER_FAST_CALLS = env_bool("RECORDER_FAST_CALLS", True)
 # Without a runId or an MCP session id, an agent's calls join its latest run unless it has been idle this long.

@@ -5,7 +5,7 @@ do not open it: an agent never reads other runs.
 """
 
 from django.core.paginator import Paginator
-from django.http import JsonResponse
+from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.views.decorators.http import require_GET
@@ -42,6 +42,11 @@ def step_json(step: Step) -> dict:
         "status": step.status,
         "isError": step.is_error,
         "result": step.result,
+        "resultStorage": step.result_storage or None,
+        "resultSize": step.result_size,
+        "resultSha256": step.result_sha256 or None,
+        "resultUrl": reverse("journal:api_step_result", args=[step.run.public_id, step.number])
+        if step.result_storage in (Step.ResultStorage.INLINE, Step.ResultStorage.JOURNAL) else None,
         "error": step.error_message or None,
         "failureClass": step.failure_class or None,
         "startedAt": step.started_at.isoformat(),
@@ -90,7 +95,22 @@ def step_list(request, run_id):
     require_role(request, *READERS)
     run = get_object_or_404(Run, public_id=run_id)
     url = reverse("journal:api_step_list", args=[run.public_id])
-    return JsonResponse(_page(request, run.steps.order_by("number"), step_json, url))
+    return JsonResponse(_page(request, run.steps.select_related("run").order_by("number"), step_json, url))
+
+
+@require_GET
+def step_result(request, run_id, number):
+    """A step's whole result, as the server sent it, from the run's record (where a large one is kept)."""
+    require_role(request, *READERS)
+    run = get_object_or_404(Run, public_id=run_id)
+    step = get_object_or_404(Step, run=run, number=number)
+    entry = run.entries.filter(seq=step.result_seq, event="result").first() if step.result_seq else None
+    result = entry.data.get("result") if entry is not None and entry.data.get("step") == step.number else None
+    if not isinstance(result, dict):
+        raise Http404("This step has no result in the run's record.")
+    response = JsonResponse(result)
+    response["Content-Disposition"] = f'attachment; filename="run-{run.public_id}-step-{step.number}-result.json"'
+    return response
 
 
 def _schema() -> dict:
@@ -112,7 +132,10 @@ def _schema() -> dict:
         "properties": {
             "number": integer, "server": string, "tool": string, "arguments": {"type": "object"},
             "status": {"enum": ["pending", "held", "ok", "error", "undelivered", "cancelled"]}, "isError": {"type": "boolean"},
-            "result": {"type": ["object", "null"]}, "error": nullable_string, "failureClass": nullable_string,
+            "result": {"type": ["object", "null"], "description": "null when kept in the run's record only"},
+            "resultStorage": {"enum": ["inline", "journal", "dropped", None]},
+            "resultSize": {"type": ["integer", "null"]}, "resultSha256": nullable_string,
+            "resultUrl": nullable_string, "error": nullable_string, "failureClass": nullable_string,
             "startedAt": {"type": "string", "format": "date-time"}, "finishedAt": nullable_string,
             "durationMs": {"type": ["number", "null"]},
             "undo": {"type": "object", "properties": {
@@ -154,6 +177,10 @@ def _schema() -> dict:
                                             "responses": ok({"$ref": "#/components/schemas/Run"})}},
             "/api/runs/{run_id}/steps/": {"get": {"summary": "A run's steps in order", "parameters": [run_id, page],
                                                   "responses": ok({"$ref": "#/components/schemas/StepPage"})}},
+            "/api/runs/{run_id}/steps/{number}/result": {"get": {
+                "summary": "A step's whole result, from the run's record", "parameters": [run_id, {
+                    "name": "number", "in": "path", "required": True, "schema": integer}],
+                "responses": ok({"type": "object"})}},
         },
     }
 

@@ -157,8 +157,19 @@ class Step(models.Model):
     tool = models.CharField(max_length=200)
     arguments = models.JSONField(default=dict)
     request_meta = models.JSONField(null=True, blank=True)
+    class ResultStorage(models.TextChoices):
+        INLINE = "inline", "Kept with the step"
+        JOURNAL = "journal", "Kept in the run's record only"
+        DROPPED = "dropped", "Over the size limit; not kept"
+
     status = models.CharField(max_length=12, choices=Status.choices, default=Status.PENDING)
+    # A small result is kept here and in the run's record; a large one only in the record (its `result`
+    # entry), so its bytes are stored once and listing steps never reads it.
     result = models.JSONField(null=True, blank=True)
+    result_storage = models.CharField(max_length=8, choices=ResultStorage.choices, blank=True)
+    result_size = models.PositiveBigIntegerField(null=True, blank=True, help_text="Bytes of the answer.")
+    result_sha256 = models.CharField(max_length=64, blank=True)
+    result_seq = models.PositiveIntegerField(null=True, blank=True, help_text="The run record's entry of the result.")
     is_error = models.BooleanField(default=False)
     error_message = models.TextField(blank=True)
     failure_class = models.CharField(max_length=20, choices=FailureClass.choices, blank=True)

@@ -11,5 +11,6 @@ urlpatterns = [
     path("api/runs/", api.run_list, name="api_run_list"),
     path("api/runs/<uuid:run_id>/", api.run_detail, name="api_run_detail"),
     path("api/runs/<uuid:run_id>/steps/", api.step_list, name="api_step_list"),
+    path("api/runs/<uuid:run_id>/steps/<int:number>/result", api.step_result, name="api_step_result"),
     path("api/openapi.json", api.openapi, name="api_openapi"),
 ]

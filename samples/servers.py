@@ -322,10 +322,13 @@ class Legacy(SampleServer):
             {"name": "create_ticket", "description": "Open a support ticket.",
              "inputSchema": {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}},
             {"name": "echo", "description": "Answer with the arguments.", "inputSchema": {"type": "object"}},
+            {"name": "blob", "description": "Answer with this many characters of text.",
+             "inputSchema": {"type": "object", "properties": {"size": {"type": "integer", "minimum": 0}},
+                             "required": ["size"]}, "annotations": {"readOnlyHint": True}},
         ]
 
     def handlers(self):
-        return {"create_ticket": self.create_ticket, "echo": self.echo}
+        return {"create_ticket": self.create_ticket, "echo": self.echo, "blob": self.blob}
 
     async def create_ticket(self, arguments):
         ticket = "T-" + secrets.token_hex(3).upper()
@@ -337,6 +340,9 @@ class Legacy(SampleServer):
     async def echo(self, arguments):
         arguments.pop("__meta", None)
         return text_result("echo", structured=arguments)
+
+    async def blob(self, arguments):
+        return text_result("x" * min(int(arguments["size"]), 64 * 1024 * 1024))
 
 
 ALL = (Crm, Calendar, Mail, Payments, Inventory, Legacy)

@@ -7,6 +7,7 @@ and one error type for every failure (`journal.mcp.failures.ToolServerError`).
 """
 
 import contextlib
+import hashlib
 import itertools
 import json
 import logging
@@ -28,7 +29,8 @@ from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter, ValidationError
 
-from .failures import ToolServerError, first_leaf, http_status_class, translate
+from .bounded import CHUNK, BoundedTransport, Oversized, read_bounded
+from .failures import ToolServerError, first_leaf, http_status_class, too_large, translate
 
 __all__ = ["CLIENT_INFO", "Endpoint", "ToolServerError", "Upstreams", "endpoint_of"]
 
@@ -37,6 +39,7 @@ logger = logging.getLogger(__name__)
 _RAW = TypeAdapter(dict[str, Any])
 CLIENT_INFO = types.Implementation(name="agent-undo-recorder", version="0.1.0")
 _MAX_PAGES = 50
+DEFAULT_MAX_ANSWER_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -77,9 +80,11 @@ class _Connection:
     status so the failure can still be classified (a 502 is transient, a 403 is not).
     """
 
-    def __init__(self, endpoint: Endpoint, timeout: float):
+    def __init__(self, endpoint: Endpoint, timeout: float, max_answer_bytes: int):
         self.endpoint = endpoint
         self.timeout = timeout
+        self.max_answer_bytes = max_answer_bytes
+        self.bounded: BoundedTransport | None = None
         self.client: Client | None = None
         self.ready = anyio.Event()
         self.closing = anyio.Event()
@@ -102,13 +107,17 @@ class _Connection:
                     argv = shlex.split(self.endpoint.command)
                     target: Any = StdioServerParameters(command=argv[0], args=argv[1:])
                 else:
+                    self.bounded = BoundedTransport(httpx.AsyncHTTPTransport(), self.max_answer_bytes)
                     self.http = await stack.enter_async_context(httpx.AsyncClient(
-                        timeout=httpx.Timeout(self.timeout), event_hooks={"response": [self._saw]}))
+                        timeout=httpx.Timeout(self.timeout), event_hooks={"response": [self._saw]},
+                        transport=self.bounded))
                     # Plan checks send dozens of calls at once to one server; its per-request cost stays flat
                     # with the number of open connections (httpx's pool scans them all on every request).
                     self.fast = await stack.enter_async_context(aiohttp.ClientSession(
                         connector=aiohttp.TCPConnector(limit=256), timeout=aiohttp.ClientTimeout(total=None)))
-                    target = streamable_http_client(self.endpoint.url, http_client=self.http)
+                    # Answers are bounded by `bounded`; the SDK's own cap (1 MiB an event) would fail them sooner.
+                    target = streamable_http_client(self.endpoint.url, http_client=self.http,
+                                                    max_sse_event_size=self.max_answer_bytes + CHUNK)
                 self.client = Client(target, read_timeout_seconds=self.timeout, cache=None, client_info=CLIENT_INFO)
                 await stack.enter_async_context(self.client)
                 self.last_used = time.monotonic()
@@ -158,7 +167,7 @@ class _Connection:
             with anyio.fail_after(timeout):
                 async with self.fast.post(self.endpoint.url, data=json.dumps(body), headers=headers,
                                           allow_redirects=False) as response:
-                    raw = await response.read()
+                    raw = await read_bounded(response.content.iter_chunked(CHUNK), self.max_answer_bytes)
                     status, content_type = response.status, response.headers.get("content-type", "")
         except aiohttp.ClientConnectorError:
             raise ToolServerError(f"{server} refused the connection", failure_class="transient", transient=True) from None
@@ -168,6 +177,8 @@ class _Connection:
         except (aiohttp.ClientError, OSError) as exc:
             raise ToolServerError(f"{server} connection failed: {type(exc).__name__}", failure_class="transient",
                                   transient=True, may_have_acted=True) from None
+        if isinstance(raw, Oversized):
+            raise too_large(server, raw)
         message = _reply(raw, content_type, request_id)
         if isinstance(message, dict) and isinstance(message.get("error"), dict):
             error = message["error"]
@@ -190,6 +201,9 @@ class _Connection:
         return result
 
     def translate(self, exc: BaseException, *, sent: bool) -> "ToolServerError":
+        oversized = self.bounded.taken_from(exc) if self.bounded is not None and isinstance(exc, MCPError) else None
+        if oversized is not None:
+            return too_large(self.endpoint.name, oversized)
         status, self.last_http_error = self.last_http_error, None
         if status is not None and isinstance(exc, MCPError) and exc.error.code in (-32603, -32600, -32601):
             failure_class, transient = http_status_class(status)
@@ -214,8 +228,9 @@ class Upstreams:
     """
 
     def __init__(self, *, timeout: float = 30.0, direct: bool = True, idle_seconds: float | None = None,
-                 max_sessions: int | None = None):
+                 max_sessions: int | None = None, max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES):
         self.timeout = timeout
+        self.max_answer_bytes = max_answer_bytes
         self.direct = direct  # False forces every call through the SDK (tests compare the two paths)
         self.idle_seconds = idle_seconds
         self.max_sessions = max_sessions
@@ -282,7 +297,7 @@ class Upstreams:
             connection = self._connections.get(key)
             if connection is None or connection.error is not None or connection.closing.is_set():
                 self._make_room(endpoint)
-                connection = _Connection(endpoint, self.timeout)
+                connection = _Connection(endpoint, self.timeout, self.max_answer_bytes)
                 self._connections[key] = connection
                 assert self._task_group is not None
                 self._task_group.start_soon(connection.keep)
@@ -346,7 +361,7 @@ class Upstreams:
         async with self._using(endpoint, owner) as connection:
             try:
                 with anyio.fail_after(timeout):
-                    return await connection.client.session.send_request(
+                    result = await connection.client.session.send_request(
                         request, _RAW, request_read_timeout_seconds=timeout, progress_callback=progress)
             except MCPError as exc:
                 # An error answer leaves the session healthy; a transport failure does not.
@@ -356,6 +371,12 @@ class Upstreams:
             except Exception as exc:
                 self._forget(connection)
                 raise connection.translate(exc, sent=True) from exc
+        if connection.bounded is None:  # stdio: the answer was read whole, but is still never relayed
+            body = json.dumps(result, separators=(",", ":"), ensure_ascii=False).encode()
+            if len(body) > self.max_answer_bytes:
+                raise too_large(endpoint.name, Oversized(len(body), hashlib.sha256(body).hexdigest(),
+                                                         self.max_answer_bytes))
+        return result
 
     async def list_tools(self, endpoint: Endpoint, *, timeout: float | None = None,
                          owner: Owner = None) -> list[dict[str, Any]]:

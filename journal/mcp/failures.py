@@ -20,7 +20,7 @@ class ToolServerError(Exception):
     """
 
     def __init__(self, message: str, *, failure_class: str, transient: bool = False, may_have_acted: bool = False,
-                 code: int | None = None, rpc: dict[str, Any] | None = None):
+                 code: int | None = None, rpc: dict[str, Any] | None = None, oversized: Any = None):
         super().__init__(message)
         self.message = message
         self.failure_class = failure_class
@@ -28,6 +28,16 @@ class ToolServerError(Exception):
         self.may_have_acted = may_have_acted
         self.code = code
         self.rpc = rpc
+        self.oversized = oversized  # a `bounded.Oversized`: the server answered, over the Recorder's limit
+
+
+def too_large(server: str, oversized) -> ToolServerError:
+    """The server answered, with more than the Recorder relays: it acted, and what it sent is known only by
+    its size and digest."""
+    return ToolServerError(
+        f"{server} answered with {oversized.size} bytes, over the Recorder's limit of {oversized.limit} bytes "
+        f"(RECORDER_MAX_RESULT_BYTES), so its answer was not relayed (SHA-256 {oversized.sha256})",
+        failure_class="unknown", may_have_acted=True, oversized=oversized)
 
 
 # JSON-RPC codes from the MCP spec and JSON-RPC 2.0.

@@ -33,8 +33,9 @@ from starlette.applications import Starlette
 from .. import declarations, keys, ports, services
 from ..models import Agent, ToolServer
 from . import versions
+from .asgi import AnswerAsJson
 from .auth import BearerAgent
-from .client import ToolServerError, Upstreams, endpoint_of
+from .client import DEFAULT_MAX_ANSWER_BYTES, ToolServerError, Upstreams, endpoint_of
 from .fast_calls import FastCalls
 from .journal_thread import JournalThread, ServerDirectory
 
@@ -150,8 +151,10 @@ def _relayed(progress):
 
 
 class Recorder:
-    def __init__(self, *, timeout: float, idle_seconds: float | None = None, max_sessions: int | None = None):
-        self.upstreams = Upstreams(timeout=timeout, idle_seconds=idle_seconds, max_sessions=max_sessions)
+    def __init__(self, *, timeout: float, idle_seconds: float | None = None, max_sessions: int | None = None,
+                 max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES):
+        self.upstreams = Upstreams(timeout=timeout, idle_seconds=idle_seconds, max_sessions=max_sessions,
+                                   max_answer_bytes=max_answer_bytes)
         self.journal = JournalThread()
         self.server = Server(
             "agent-undo-recorder", version="0.1.0", on_list_tools=self.list_tools, on_call_tool=self.call_tool
@@ -225,6 +228,10 @@ class Recorder:
                 cancelled=f"The agent cancelled the call while {server_name} had it; the server may have acted."))
             raise
         except ToolServerError as exc:
+            if exc.oversized is not None:  # the server answered: it acted, but nothing of its answer is relayed
+                message = f"{exc.message}. The server may have acted; do not repeat the call blindly."
+                return tool_error(message), self._journal_outcome(opened, started, services.Outcome(
+                    undelivered=message, oversized=exc.oversized))
             journaled = self._journal_outcome(opened, started, services.Outcome(
                 error_message=exc.message, failure_class=exc.failure_class, may_have_acted=exc.may_have_acted))
             if exc.code is not None and exc.failure_class != "transient":
@@ -333,14 +340,16 @@ def _transport_security() -> TransportSecuritySettings:
 
 def build_app() -> Starlette:
     recorder = Recorder(timeout=settings.TOOL_SERVER_TIMEOUT, idle_seconds=settings.RECORDER_UPSTREAM_IDLE_SECONDS,
-                        max_sessions=settings.RECORDER_MAX_UPSTREAM_SESSIONS)
+                        max_sessions=settings.RECORDER_MAX_UPSTREAM_SESSIONS,
+                        max_answer_bytes=settings.RECORDER_MAX_RESULT_BYTES)
     security = _transport_security()
     mcp_app = recorder.server.streamable_http_app(
         # Not JSON-only: a held call streams progress notifications (SSE) while it waits. A request that
         # finishes quickly and emits nothing is still answered with plain JSON.
         streamable_http_path="/mcp/", json_response=False, transport_security=security
     )
-    recorder.sdk_app = mcp_app
+    # The SDK answers with an event stream; a stream that would carry only its answer goes out as JSON.
+    recorder.sdk_app = AnswerAsJson(mcp_app)
 
     session_manager_lifespan = mcp_app.router.lifespan_context
 
@@ -355,7 +364,7 @@ def build_app() -> Starlette:
             recorder.journal.close()  # runs every queued journal write first
 
     mcp_app.router.lifespan_context = lifespan
-    app = BearerAgent(mcp_app, FastCalls(recorder, security) if settings.RECORDER_FAST_CALLS else None,
+    app = BearerAgent(recorder.sdk_app, FastCalls(recorder, security) if settings.RECORDER_FAST_CALLS else None,
                       on_session_end=lambda agent, session_id: recorder.upstreams.close_owner(owner_of(agent, session_id)))
     app.recorder = recorder  # type: ignore[attr-defined]
     return app

@@ -5,6 +5,8 @@ intent before it is forwarded and the outcome after it returns; the tool server 
 no transaction open. Each transaction holds the run's row lock while it appends to the chain.
 """
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -160,6 +162,13 @@ class Outcome:
     may_have_acted: bool = False
     undelivered: str = ""
     cancelled: str = ""  # why the agent never waited for the answer: the server had the call, so it may have acted
+    oversized: Any = None  # a `journal.mcp.bounded.Oversized`: the server answered over the limit; nothing kept
+
+
+def measured(result: dict[str, Any]) -> tuple[int, str]:
+    """The size and SHA-256 of a result as compact JSON."""
+    body = json.dumps(result, separators=(",", ":"), ensure_ascii=False).encode()
+    return len(body), hashlib.sha256(body).hexdigest()
 
 
 def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finished: datetime) -> Step | None:
@@ -171,10 +180,15 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
                 server_name=opened.server.name if opened.server else "", tool=opened.tool,
                 arguments=opened.arguments or {}, request_meta=opened.request_meta)
     fields: dict[str, Any] = {"finished_at": finished, "duration_ms": (finished - started).total_seconds() * 1000}
+    result = None
     if outcome.result is not None:
         result = to_ijson(outcome.result)
         is_error = result.get("isError") is True
-        fields.update(result=result, is_error=is_error, status=Step.Status.ERROR if is_error else Step.Status.OK)
+        size, digest = measured(result)
+        inline = size <= settings.RECORDER_INLINE_RESULT_BYTES
+        fields.update(result=result if inline else None, result_size=size, result_sha256=digest,
+                      result_storage=Step.ResultStorage.INLINE if inline else Step.ResultStorage.JOURNAL,
+                      is_error=is_error, status=Step.Status.ERROR if is_error else Step.Status.OK)
         if is_error:
             fields["failure_class"] = outcomes.classify_tool_error(result)
         else:
@@ -185,6 +199,12 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
                 finished=finished))
         if outcome.undelivered:
             fields.update(status=Step.Status.UNDELIVERED, error_message=outcome.undelivered)
+    elif outcome.oversized is not None:
+        fields.update(status=Step.Status.UNDELIVERED, error_message=outcome.undelivered,
+                      result_size=outcome.oversized.size, result_sha256=outcome.oversized.sha256,
+                      result_storage=Step.ResultStorage.DROPPED, reversibility=Step.Reversibility.UNKNOWN,
+                      undo_problems=["the server answered over the Recorder's size limit and its answer was not "
+                                     "kept, so what it did is unknown"])
     elif outcome.cancelled:
         fields.update(status=Step.Status.CANCELLED, error_message=outcome.cancelled,
                       reversibility=Step.Reversibility.UNKNOWN, undo_problems=[
@@ -198,6 +218,8 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
 
     with transaction.atomic():
         run = locked_run("id = %s", [opened.run_id])
+        if result is not None:
+            fields["result_seq"] = run.head_seq + 1  # the `result` entry below is the run's next
         if not sql.update(Step, step.pk, fields, only_if={"status": Step.Status.PENDING}):
             logger.warning("step %s of run %s was already closed; this late outcome is not recorded",
                            opened.number, opened.run_id)
@@ -208,13 +230,16 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
         step.declaration_source = fields.get("declaration_source", opened.source)
         step.undo_problems = fields.get("undo_problems", [])
         count(run, step, acted=(outcome.result is not None and not step.is_error) or outcome.may_have_acted
-              or bool(outcome.cancelled))
+              or bool(outcome.cancelled) or outcome.oversized is not None)
         links = _link(run, step)
         append_entry(run=run, event="result", now=finished, data={
             "step": step.number,
             "status": step.status,
             "isError": step.is_error,
-            "result": step.result,
+            "result": result,
+            **({"resultSize": step.result_size, "resultSha256": step.result_sha256} if step.result_size is not None
+               else {}),
+            **({"resultDropped": True} if outcome.oversized is not None else {}),
             "error": step.error_message or None,
             "failureClass": step.failure_class or None,
             "durationMs": round(step.duration_ms or 0, 3),

@@ -1,0 +1,180 @@
+"""Answers of bounded size: no tool server's answer longer than the Recorder's limit reaches the SDK, the
+journal or the agent, and what it was (its size and SHA-256, as the server sent it) is still known.
+
+An answer over the limit is read to its end, hashed and dropped as it arrives, so the process never holds
+more than the limit of it. On the SDK's HTTP path (`BoundedTransport`) the answer is then replaced by a
+JSON-RPC error naming a token only this process issued, which `Oversized.taken_from` turns back into the
+size and digest: a server cannot fake one. The direct path reads its one response with `read_bounded`.
+"""
+
+import hashlib
+import json
+import secrets
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2 as httpx
+from mcp import MCPError
+
+CHUNK = 1 << 16
+TOKEN_KEY = "oversizedAnswer"
+_BOUNDARIES = (b"\r\n\r\n", b"\n\n", b"\r\r")  # the blank line that ends a server-sent event
+_KEPT_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class Oversized:
+    """An answer over `limit` bytes: `size` and `sha256` of the bytes the server sent."""
+
+    size: int
+    sha256: str
+    limit: int
+
+
+class _Measure:
+    """Counts and hashes bytes, keeping them only while they are within the limit."""
+
+    def __init__(self, limit: int):
+        self.limit, self.size, self.digest, self.kept = limit, 0, hashlib.sha256(), bytearray()
+
+    def add(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        self.digest.update(chunk)
+        if self.size <= self.limit:
+            self.kept += chunk
+        else:
+            self.kept.clear()
+
+    @property
+    def over(self) -> bool:
+        return self.size > self.limit
+
+    def oversized(self) -> Oversized:
+        return Oversized(self.size, self.digest.hexdigest(), self.limit)
+
+
+async def read_bounded(chunks, limit: int) -> bytes | Oversized:
+    """The whole body, or what it was if it runs over `limit` bytes (read to its end, never held)."""
+    measure = _Measure(limit)
+    async for chunk in chunks:
+        measure.add(chunk)
+    return measure.oversized() if measure.over else bytes(measure.kept)
+
+
+def _request_id(request: httpx.Request) -> Any:
+    try:
+        message = json.loads(request.content)
+    except (httpx.RequestNotRead, ValueError, TypeError):
+        return None
+    return message.get("id") if isinstance(message, dict) else None
+
+
+def next_boundary(buffer: bytes | bytearray) -> int:
+    """Where the first complete event in `buffer` ends (after its blank line), or -1."""
+    ends = [found + len(mark) for mark in _BOUNDARIES if (found := buffer.find(mark)) >= 0]
+    return min(ends) if ends else -1
+
+
+class BoundedTransport(httpx.AsyncBaseTransport):
+    """The SDK's HTTP transport, with every POST's answer bounded: a JSON body, or one server-sent event,
+    over `limit` bytes is replaced by a JSON-RPC error for the request that carries a token of this
+    transport's; `taken_from(error)` gives what the answer was."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, limit: int):
+        self.inner, self.limit = inner, limit
+        self._oversized: OrderedDict[str, Oversized] = OrderedDict()
+
+    async def __aenter__(self):
+        await self.inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.inner.__aexit__(*exc_info)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def taken_from(self, error: MCPError) -> Oversized | None:
+        data = error.error.data
+        token = data.get(TOKEN_KEY) if isinstance(data, dict) else None
+        return self._oversized.pop(token, None) if isinstance(token, str) else None
+
+    def _replacement(self, request_id: Any, oversized: Oversized) -> bytes:
+        token = secrets.token_hex(12)
+        self._oversized[token] = oversized
+        while len(self._oversized) > _KEPT_TOKENS:
+            self._oversized.popitem(last=False)
+        return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {
+            "code": -32603, "message": f"The answer was {oversized.size} bytes, over the limit of {self.limit}",
+            "data": {TOKEN_KEY: token}}}).encode()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        content_type = response.headers.get("content-type", "")
+        if request.method != "POST":
+            return response
+        if content_type.startswith("application/json"):
+            stream: httpx.AsyncByteStream = _JsonBody(self, response.stream, _request_id(request))
+        elif content_type.startswith("text/event-stream"):
+            stream = _EventsBody(self, response.stream, _request_id(request))
+        else:
+            return response
+        headers = [(name, value) for name, value in response.headers.raw if name.lower() != b"content-length"]
+        return httpx.Response(response.status_code, headers=headers, stream=stream, extensions=response.extensions)
+
+
+class _JsonBody(httpx.AsyncByteStream):
+    def __init__(self, transport: BoundedTransport, inner, request_id: Any):
+        self.transport, self.inner, self.request_id = transport, inner, request_id
+
+    async def __aiter__(self):
+        body = await read_bounded(self.inner, self.transport.limit)
+        yield self.transport._replacement(self.request_id, body) if isinstance(body, Oversized) else body
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _EventsBody(httpx.AsyncByteStream):
+    """Server-sent events passed on one at a time; an event over the limit is read to its blank line,
+    hashed and replaced by an error event for the request."""
+
+    def __init__(self, transport: BoundedTransport, inner, request_id: Any):
+        self.transport, self.inner, self.request_id = transport, inner, request_id
+
+    async def __aiter__(self):
+        limit = self.transport.limit
+        pending = bytearray()  # the event being read, while it is within the limit
+        measure: _Measure | None = None  # the event being read, once it is over
+        tail = b""  # the last bytes of an oversized event, to find its blank line across chunks
+        async for chunk in self.inner:
+            if measure is not None:
+                window = tail + chunk
+                end = next_boundary(window)
+                if end < 0:
+                    measure.add(chunk)
+                    tail = window[-3:]
+                    continue
+                measure.add(window[len(tail):end])
+                yield self._error_event(measure.oversized())
+                measure, tail, chunk = None, b"", window[end:]
+            pending += chunk
+            while (end := next_boundary(pending)) >= 0:
+                yield bytes(pending[:end])
+                del pending[:end]
+            if len(pending) > limit:
+                measure = _Measure(limit)
+                measure.add(bytes(pending))
+                tail = bytes(pending[-3:])
+                pending.clear()
+        if measure is not None:
+            yield self._error_event(measure.oversized())
+        elif pending:
+            yield bytes(pending)
+
+    def _error_event(self, oversized: Oversized) -> bytes:
+        return b"event: message\r\ndata: " + self.transport._replacement(self.request_id, oversized) + b"\r\n\r\n"
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
