@@ -80,8 +80,10 @@ class _Connection:
     status so the failure can still be classified (a 502 is transient, a 403 is not).
     """
 
-    def __init__(self, endpoint: Endpoint, timeout: float, max_answer_bytes: int):
+    def __init__(self, endpoint: Endpoint, timeout: float, max_answer_bytes: int,
+                 options: dict[str, Any] | None = None):
         self.endpoint = endpoint
+        self.options = options or {}  # the SDK client's callbacks: what the server may send or ask the agent
         self.timeout = timeout
         self.max_answer_bytes = max_answer_bytes
         self.bounded: BoundedTransport | None = None
@@ -118,7 +120,8 @@ class _Connection:
                     # Answers are bounded by `bounded`; the SDK's own cap (1 MiB an event) would fail them sooner.
                     target = streamable_http_client(self.endpoint.url, http_client=self.http,
                                                     max_sse_event_size=self.max_answer_bytes + CHUNK)
-                self.client = Client(target, read_timeout_seconds=self.timeout, cache=None, client_info=CLIENT_INFO)
+                self.client = Client(target, read_timeout_seconds=self.timeout, cache=None, client_info=CLIENT_INFO,
+                                     **self.options)
                 await stack.enter_async_context(self.client)
                 self.last_used = time.monotonic()
                 self.ready.set()
@@ -228,8 +231,11 @@ class Upstreams:
     """
 
     def __init__(self, *, timeout: float = 30.0, direct: bool = True, idle_seconds: float | None = None,
-                 max_sessions: int | None = None, max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES):
+                 max_sessions: int | None = None, max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+                 client_options=None):
         self.timeout = timeout
+        # (owner, server name) -> the SDK client's callbacks for that session (`relay.Relay.client_options`)
+        self.client_options = client_options
         self.max_answer_bytes = max_answer_bytes
         self.direct = direct  # False forces every call through the SDK (tests compare the two paths)
         self.idle_seconds = idle_seconds
@@ -297,7 +303,8 @@ class Upstreams:
             connection = self._connections.get(key)
             if connection is None or connection.error is not None or connection.closing.is_set():
                 self._make_room(endpoint)
-                connection = _Connection(endpoint, self.timeout, self.max_answer_bytes)
+                options = self.client_options(owner, endpoint.name) if self.client_options and owner else None
+                connection = _Connection(endpoint, self.timeout, self.max_answer_bytes, options)
                 self._connections[key] = connection
                 assert self._task_group is not None
                 self._task_group.start_soon(connection.keep)
@@ -381,19 +388,25 @@ class Upstreams:
     async def list_tools(self, endpoint: Endpoint, *, timeout: float | None = None,
                          owner: Owner = None) -> list[dict[str, Any]]:
         """Every page of the server's raw `tools/list`."""
-        tools: list[dict[str, Any]] = []
+        return await self.list_all(endpoint, types.ListToolsRequest, "tools", timeout=timeout, owner=owner)
+
+    async def list_all(self, endpoint: Endpoint, request_type, key: str, *, timeout: float | None = None,
+                       owner: Owner = None, meta: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Every page of a raw list (`tools/list`, `resources/list`, ...): the items under `key`."""
+        items: list[dict[str, Any]] = []
         cursor = None
         for _ in range(_MAX_PAGES):
-            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-            page = await self.request(endpoint, types.ListToolsRequest(params=params), timeout=timeout, owner=owner)
-            listed = page.get("tools")
+            params = types.PaginatedRequestParams(cursor=cursor, _meta=dict(meta) if meta else None) \
+                if cursor or meta else None
+            page = await self.request(endpoint, request_type(params=params), timeout=timeout, owner=owner)
+            listed = page.get(key)
             if not isinstance(listed, list):
-                raise ToolServerError(f"{endpoint.name} sent a tools/list without a tools array", failure_class="unknown")
-            tools.extend(tool for tool in listed if isinstance(tool, dict))
+                raise ToolServerError(f"{endpoint.name} sent a list without a {key} array", failure_class="unknown")
+            items.extend(item for item in listed if isinstance(item, dict))
             cursor = page.get("nextCursor")
             if not cursor:
-                return tools
-        raise ToolServerError(f"{endpoint.name} sent more than {_MAX_PAGES} pages of tools", failure_class="unknown")
+                return items
+        raise ToolServerError(f"{endpoint.name} sent more than {_MAX_PAGES} pages of {key}", failure_class="unknown")
 
     async def call_tool(
         self, endpoint: Endpoint, name: str, arguments: Mapping[str, Any] | None,

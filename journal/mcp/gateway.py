@@ -16,6 +16,7 @@ agent does next, but the answer does not wait for the commit.
 import asyncio
 import contextlib
 import logging
+import warnings
 from typing import Any
 
 import mcp_types as types
@@ -23,9 +24,10 @@ from anyio import get_cancelled_exc_class
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.utils import timezone
-from mcp import MCPError
+from mcp.server.caching import CACHEABLE_METHODS, CacheHint
 from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp_types import methods as _methods
 from pydantic import ValidationError
 from starlette.applications import Starlette
@@ -36,14 +38,26 @@ from . import versions
 from .asgi import AnswerAsJson
 from .auth import BearerAgent
 from .client import DEFAULT_MAX_ANSWER_BYTES, ToolServerError, Upstreams, endpoint_of
+from .context import (
+    SEPARATOR,
+    agent_of,
+    enabled_servers,
+    forwarded_meta,
+    owner_of,
+    progress_token,
+    recorder_error,
+    run_key,
+    session_of,
+    upstream_error,
+)
 from .fast_calls import FastCalls
+from .features import Features
 from .journal_thread import JournalThread, ServerDirectory
+from .relay import Relay
 
 logger = logging.getLogger(__name__)
 
-SEPARATOR = "__"
 HOLD_POLL_SECONDS = 0.5  # how often a held call looks for the approvers' decision
-RUN_ID_KEY = "runId"
 
 
 def agent_tools(servers: list[ToolServer]) -> list[types.Tool]:
@@ -62,10 +76,6 @@ def agent_tools(servers: list[ToolServer]) -> list[types.Tool]:
     return tools
 
 
-def _enabled_servers() -> list[ToolServer]:
-    return list(ToolServer.objects.filter(enabled=True))
-
-
 def _begin(*, servers: ServerDirectory, agent: Agent, server_name: str, tool: str, arguments: dict, key: str,
            request_meta: dict | None, now) -> services.OpenedStep | None:
     """Find the server, ask the policy gate and journal the intent (with the decision) in one job on the
@@ -80,60 +90,6 @@ def _begin(*, servers: ServerDirectory, agent: Agent, server_name: str, tool: st
 
     return services.open_step(agent=agent, run_key=key, server=server, server_name=server_name, tool=tool,
                               arguments=arguments, request_meta=request_meta, now=now, decide=decide)
-
-
-def _agent(ctx) -> Agent:
-    request = ctx.request
-    agent = request.scope.get("state", {}).get("agent") if request is not None else None
-    if agent is None:  # BearerAgent guards the route, so this is a wiring bug, not a client error
-        raise recorder_error(-32603, "No authenticated agent on this request", reason="internal")
-    return agent
-
-
-def run_key(meta: Any, session_id: str | None) -> str:
-    """Which run a call joins: the agent's runId, else its MCP session, else none (the idle rule)."""
-    journal = meta.get(declarations.HATP_KEY) if isinstance(meta, dict) else None
-    run_id = journal.get(RUN_ID_KEY) if isinstance(journal, dict) else None
-    if isinstance(run_id, str) and run_id.strip():
-        return "run:" + run_id.strip()[:190]
-    return "session:" + session_id[:180] if session_id else ""
-
-
-def owner_of(agent: Agent, session_id: str | None) -> tuple[int, str]:
-    """Whose upstream sessions a call uses: the agent's MCP session's (a stateless 2026-07-28 agent has one
-    for all its calls), so nothing a tool server keeps per session is shared between two agents or two
-    sessions of one agent."""
-    return (agent.pk, session_id or "")
-
-
-# The agent's progress token, as the wire names it and as the SDK's request context does.
-_PROGRESS_TOKEN_KEYS = ("progressToken", "progress_token")
-
-
-def progress_token(meta: Any) -> Any:
-    """The progress token the agent's request carries, if any."""
-    if not isinstance(meta, dict):
-        return None
-    return next((meta[key] for key in _PROGRESS_TOKEN_KEYS if meta.get(key) is not None), None)
-
-
-def forwarded_meta(meta: Any) -> dict[str, Any] | None:
-    """The agent's `_meta`, minus the protocol envelope each hop writes for itself and the agent's progress
-    token (the Recorder asks each server for progress on a token of its own, and relays it on the agent's)."""
-    kept = versions.without_envelope(meta) or {}
-    return {k: v for k, v in kept.items() if k not in _PROGRESS_TOKEN_KEYS} or None
-
-
-def recorder_error(code: int, message: str, *, reason: str) -> MCPError:
-    """A JSON-RPC error of the Recorder's own: its `data` says so, which an upstream's error (relayed exactly
-    as the server sent it) never does."""
-    return MCPError(code=code, message=message, data={"source": "recorder", "reason": reason})
-
-
-def upstream_error(exc: ToolServerError) -> MCPError:
-    """The server's JSON-RPC error as it sent it: code, message and data, nothing added."""
-    rpc = exc.rpc or {"code": exc.code, "message": exc.message}
-    return MCPError(code=rpc["code"], message=rpc.get("message", ""), data=rpc.get("data"))
 
 
 def tool_error(text: str) -> types.CallToolResult:
@@ -153,31 +109,62 @@ def _relayed(progress):
 class Recorder:
     def __init__(self, *, timeout: float, idle_seconds: float | None = None, max_sessions: int | None = None,
                  max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES):
-        self.upstreams = Upstreams(timeout=timeout, idle_seconds=idle_seconds, max_sessions=max_sessions,
-                                   max_answer_bytes=max_answer_bytes)
         self.journal = JournalThread()
-        self.server = Server(
-            "agent-undo-recorder", version="0.1.0", on_list_tools=self.list_tools, on_call_tool=self.call_tool
-        )
+        self.relay = Relay(self.journal, tools_changed=self._tools_changed)
+        self.upstreams = Upstreams(timeout=timeout, idle_seconds=idle_seconds, max_sessions=max_sessions,
+                                   max_answer_bytes=max_answer_bytes, client_options=self.relay.client_options)
+        self.features = Features(self)
+        with warnings.catch_warnings():  # logging is deprecated in 2026-07-28, and still relayed to older agents
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            self.server = Server(
+                "agent-undo-recorder", version="0.1.0", on_list_tools=self.list_tools, on_call_tool=self.call_tool,
+                # What an agent lists is read for its session and changes with the servers: never reuse it.
+                cache_hints={method: CacheHint(ttl_ms=0, scope="private") for method in CACHEABLE_METHODS},
+                on_list_resources=self.features.list_resources,
+                on_list_resource_templates=self.features.list_resource_templates,
+                on_read_resource=self.features.read_resource, on_subscribe_resource=self.features.subscribe,
+                on_unsubscribe_resource=self.features.unsubscribe, on_list_prompts=self.features.list_prompts,
+                on_get_prompt=self.features.get_prompt, on_completion=self.features.complete,
+                on_set_logging_level=self.features.set_logging_level,
+            )
+
+    async def _tools_changed(self, owner, server_name: str) -> None:
+        """A server said its tools changed: its catalogue is read again (on the session that said so)."""
+        server = await self.journal.run(self.journal.servers.get, name=server_name)
+        if server is None:
+            return
+        try:
+            tools = await self.upstreams.list_tools(endpoint_of(server), owner=owner)
+        except ToolServerError as exc:
+            logger.warning("could not read %s's changed tools: %s", server_name, exc.message)
+            return
+        await self.journal.run(services.save_catalogue, server=server, tools=tools)
 
     async def list_tools(self, ctx, params) -> types.ListToolsResult:
-        _agent(ctx)
+        agent, session_id = agent_of(ctx), session_of(ctx)
+        owner = owner_of(agent, session_id)
+        self.relay.heard_from(owner, ctx.session)
         # Not on the journal thread: a read has no reason to queue behind the journal's writes.
-        servers = await sync_to_async(_enabled_servers)()
+        servers = await sync_to_async(enabled_servers)()
+        if self.relay.answers_requests(owner):
+            # A server may offer tools only to clients that can answer its requests: this agent's list is
+            # read on its own sessions, which declared what the agent declared (the kept catalogue did not).
+            servers = await self.features.live_catalogues(owner, servers)
         return types.ListToolsResult(tools=agent_tools(servers))
 
     async def call_tool(self, ctx, params: types.CallToolRequestParams):
-        session_id = ctx.request.headers.get("mcp-session-id") if ctx.request is not None else None
-        result, journaled = await self.forward(agent=_agent(ctx), name=params.name, arguments=params.arguments,
+        agent, session_id = agent_of(ctx), session_of(ctx)
+        self.relay.heard_from(owner_of(agent, session_id), ctx.session)
+        result, journaled = await self.forward(agent=agent, name=params.name, arguments=params.arguments,
                                                meta=ctx.meta, session_id=session_id,
                                                version=ctx.session.protocol_version,
-                                               progress=ctx.session.report_progress)
+                                               progress=ctx.session.report_progress, session=ctx.session)
         if journaled is not None:
             await journaled
         return result
 
     async def forward(self, *, agent: Agent, name: str, arguments: Any, meta: Any, session_id: str | None,
-                      version: str, progress=None):
+                      version: str, progress=None, session=None):
         """Journal, forward and journal one tools/call for an agent on protocol `version`. The result goes
         back as the server sent it, shaped for the agent's version where the versions differ
         (`versions.for_client`); a failure comes back as a tool error, and a JSON-RPC error from the server
@@ -190,7 +177,8 @@ class Recorder:
 
         Returns the result (the Recorder's own tool error, or the server's answer as the agent gets it) and
         the journal write of its outcome, already queued (None when nothing was
-        journaled): the caller awaits it, after replying if it can."""
+        journaled): the caller awaits it, after replying if it can. While the call is in flight, what the
+        server asks the agent (elicitation, sampling, roots) goes on `session`, the agent's request's."""
         server_name, separator, tool = name.partition(SEPARATOR)
         if not separator or not tool:
             return tool_error(f"Unknown tool {name!r}: tools are named server{SEPARATOR}tool."), None
@@ -215,10 +203,12 @@ class Recorder:
             if refusal is not None:
                 return tool_error(refusal), None
         wants_progress = progress_token(meta) is not None
+        owner = owner_of(agent, session_id)
         try:
-            result = await self.upstreams.call_tool(
-                endpoint_of(opened.server), tool, arguments, meta=kept_meta, owner=owner_of(agent, session_id),
-                progress=_relayed(progress) if wants_progress and progress is not None else None)
+            with self.relay.call(owner, session, opened):
+                result = await self.upstreams.call_tool(
+                    endpoint_of(opened.server), tool, arguments, meta=kept_meta, owner=owner,
+                    progress=_relayed(progress) if wants_progress and progress is not None else None)
         except get_cancelled_exc_class():
             # The agent cancelled (notifications/cancelled, or its 2026 request's connection closed). Leaving
             # the upstream call tells the server at once: the SDK sends notifications/cancelled on a
@@ -230,9 +220,9 @@ class Recorder:
         except ToolServerError as exc:
             if exc.oversized is not None:  # the server answered: it acted, but nothing of its answer is relayed
                 message = f"{exc.message}. The server may have acted; do not repeat the call blindly."
-                return tool_error(message), self._journal_outcome(opened, started, services.Outcome(
+                return tool_error(message), self.journal_outcome(opened, started, services.Outcome(
                     undelivered=message, oversized=exc.oversized))
-            journaled = self._journal_outcome(opened, started, services.Outcome(
+            journaled = self.journal_outcome(opened, started, services.Outcome(
                 error_message=exc.message, failure_class=exc.failure_class, may_have_acted=exc.may_have_acted))
             if exc.code is not None and exc.failure_class != "transient":
                 # A JSON-RPC error from the server goes back as the same JSON-RPC error.
@@ -241,6 +231,7 @@ class Recorder:
             note = " It may have acted before failing; do not repeat the call blindly." if exc.may_have_acted else ""
             return tool_error(f"{exc.message} ({exc.failure_class}).{note}"), journaled
         relayed = versions.from_server(result)
+        self.features.remember(owner, server_name, relayed)
         try:  # shaped for the agent's version, then through the SDK's own sieve for it, as a reply would be
             delivered = _methods.serialize_server_result(
                 "tools/call", version, versions.for_client(relayed, version=version))
@@ -249,9 +240,9 @@ class Recorder:
                 f"it is not a tools/call result of protocol {version}")
             message = (f"{server_name} answered, but its answer cannot be delivered: {why}. The server may have "
                        "acted; do not repeat the call blindly.")
-            await self._journal_outcome(opened, started, services.Outcome(result=relayed, undelivered=message))
+            await self.journal_outcome(opened, started, services.Outcome(result=relayed, undelivered=message))
             raise recorder_error(-32603, message, reason="undelivered") from None
-        return delivered, self._journal_outcome(opened, started, services.Outcome(result=relayed))
+        return delivered, self.journal_outcome(opened, started, services.Outcome(result=relayed))
 
     async def _hold(self, agent: Agent, opened: services.OpenedStep, arguments: dict, progress) -> str | None:
         """Wait for approvers to decide on a held call, up to the policy's time. Returns None once the call
@@ -293,7 +284,13 @@ class Recorder:
             await self.journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now())
             return message
 
-    def _journal_outcome(self, opened: services.OpenedStep, started, outcome: services.Outcome):
+    def session_ended(self, agent: Agent, session_id: str) -> None:
+        """The agent ended its MCP session: so end its upstream sessions (a stdio server's process stops)."""
+        owner = owner_of(agent, session_id)
+        self.upstreams.close_owner(owner)
+        self.relay.forget(owner)
+
+    def journal_outcome(self, opened: services.OpenedStep, started, outcome: services.Outcome):
         """Queue the outcome's journal write now (so it comes before anything the agent does next) and
         return an awaitable for it."""
         return self._outcome_written(self._queue_outcome(opened, started, outcome), opened)
@@ -365,6 +362,6 @@ def build_app() -> Starlette:
 
     mcp_app.router.lifespan_context = lifespan
     app = BearerAgent(recorder.sdk_app, FastCalls(recorder, security) if settings.RECORDER_FAST_CALLS else None,
-                      on_session_end=lambda agent, session_id: recorder.upstreams.close_owner(owner_of(agent, session_id)))
+                      on_session_end=recorder.session_ended)
     app.recorder = recorder  # type: ignore[attr-defined]
     return app

@@ -13,6 +13,7 @@ from .bundles import export_bundle, import_bundle, import_chronomcp_log, verify_
 from .record import append_entry, checkpoint_run, record_event
 from .servers import refresh_catalogue, register_tool_server, save_catalogue, save_tool_server
 from .steps import (
+    READ,
     OpenedStep,
     Outcome,
     close_step,
@@ -24,7 +25,7 @@ from .steps import (
 )
 
 __all__ = [
-    "TOKEN_PREFIX", "OpenedStep", "Outcome", "append_entry", "authenticate_agent", "checkpoint_run", "close_step",
+    "READ", "TOKEN_PREFIX", "OpenedStep", "Outcome", "append_entry", "authenticate_agent", "checkpoint_run", "close_step",
     "create_agent", "export_bundle", "hash_token", "import_bundle", "import_chronomcp_log", "open_step",
     "open_step_in_run", "reconcile_stale_steps", "record_event", "refresh_catalogue", "refuse_step",
     "register_tool_server", "release_held_step", "reset_agent_token", "save_catalogue", "save_tool_server",

@@ -24,6 +24,10 @@ from .record import append_entry, locked_run, save_moving
 logger = logging.getLogger(__name__)
 
 
+# A resource read, journaled as a step: it reads and changes nothing, whatever the server says.
+READ = {"name": "resources/read", "annotations": {"readOnlyHint": True}}
+
+
 @dataclass(frozen=True)
 class OpenedStep:
     """What `close_step` needs from `open_step`, carried in memory so closing costs no extra read."""
@@ -38,6 +42,7 @@ class OpenedStep:
     kind: str = "unknown"  # the tool-level declaration, which a failed call keeps
     source: str = "none"
     policy: dict[str, Any] | None = None  # what the autonomy policy decided (see `open_step`'s `decide`)
+    declared: dict[str, Any] | None = None  # the definition the call was read by, when not a tool's (a read)
 
 
 # The run columns a call reads and moves. They are integers and text, so the hot path reads them raw
@@ -70,16 +75,19 @@ def _find_run(*, agent: Agent, key: str, now: datetime) -> Run:
 def open_step(
     *, agent: Agent, run_key: str, server: ToolServer | None, server_name: str, tool: str,
     arguments: dict[str, Any], request_meta: dict[str, Any] | None, now: datetime, decide=None,
+    declared: dict[str, Any] | None = None,
 ) -> OpenedStep:
     """Journal the intent of an agent's call, before it is forwarded.
 
     `decide(declaration)`, when given, is the autonomy policy: it returns the decision as a dict
     (`{"decision": "allow"|"ask"|"deny", ...}`), which is kept with the step and in its `call` entry. An
     `ask` opens the step as `held`; the caller then releases it (`release_held_step`) or refuses it
-    (`refuse_step`), as it does a `deny`."""
+    (`refuse_step`), as it does a `deny`. `declared` stands for the tool's definition when the call is not a
+    tool's (a resource read: `READ`)."""
     return _open(lambda: _find_run(agent=agent, key=run_key, now=now), server=server, server_name=server_name,
                  tool=tool, arguments=arguments, request_meta=request_meta, now=now,
-                 who={"agent": agent.name, "onBehalfOf": agent.on_behalf_of.get_username()}, decide=decide)
+                 who={"agent": agent.name, "onBehalfOf": agent.on_behalf_of.get_username()}, decide=decide,
+                 declared=declared)
 
 
 def open_step_in_run(
@@ -93,10 +101,11 @@ def open_step_in_run(
 
 
 def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, arguments: dict[str, Any],
-          request_meta: dict[str, Any] | None, now: datetime, who: dict[str, Any], decide=None) -> OpenedStep:
+          request_meta: dict[str, Any] | None, now: datetime, who: dict[str, Any], decide=None,
+          declared: dict[str, Any] | None = None) -> OpenedStep:
     arguments = to_ijson(arguments)
     request_meta = to_ijson(request_meta) if request_meta else None
-    tool_def = server.tool(tool) if server else None
+    tool_def = declared or (server.tool(tool) if server else None)
     declaration = declarations.normalise(tool_def or {}, catalogue=server.tool_names if server else set())
     decision = to_ijson(decide(declaration)) if decide is not None else None
     status = Step.Status.HELD if decision and decision.get("decision") == "ask" else Step.Status.PENDING
@@ -116,7 +125,8 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
         append_entry(run=run, event="call", now=now, data=entry)
         save_moving(run, now=now)
     return OpenedStep(step_id=step_id, run_id=run.pk, number=number, server=server, tool=tool, arguments=arguments,
-                      request_meta=request_meta, kind=declaration.kind, source=declaration.source, policy=decision)
+                      request_meta=request_meta, kind=declaration.kind, source=declaration.source, policy=decision,
+                      declared=declared)
 
 
 def release_held_step(*, opened: OpenedStep, approval: dict[str, Any], now: datetime) -> bool:
@@ -194,7 +204,7 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
         else:
             server = step.server
             fields.update(outcomes.undo_facts(
-                tool_def=server.tool(step.tool) if server else None, catalogue=server.tool_names if server else set(),
+                tool_def=opened.declared or (server.tool(step.tool) if server else None), catalogue=server.tool_names if server else set(),
                 receipt_keys=server.receipt_keys if server else {}, arguments=step.arguments, result=result,
                 finished=finished))
         if outcome.undelivered:

@@ -17,19 +17,20 @@ def register_samples(samples, names=("crm", "calendar", "mail", "payments", "inv
 
 
 @contextlib.asynccontextmanager
-async def agent_client(recorder, token: str, *, mode: str = "auto"):
+async def agent_client(recorder, token: str, *, mode: str = "auto", **options):
+    """The `mcp` SDK's client, with `options` (its callbacks) as the agent's."""
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30) as http:
         async with Client(streamable_http_client(f"{recorder.base}/mcp/", http_client=http), mode=mode,
-                          cache=None) as client:
+                          cache=None, **options) as client:
             yield client
 
 
-def run_agent(recorder, token: str, script, *, mode: str = "auto") -> Any:
+def run_agent(recorder, token: str, script, *, mode: str = "auto", **options) -> Any:
     """Run `script(client)` in a fresh event loop and return what it returns, once the Recorder has
     journaled everything the script did (it may answer a call before the outcome's commit)."""
 
     async def main():
-        async with agent_client(recorder, token, mode=mode) as client:
+        async with agent_client(recorder, token, mode=mode, **options) as client:
             return await script(client)
 
     try:

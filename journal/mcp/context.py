@@ -1,0 +1,76 @@
+"""What every handler of the Recorder's reads from a request, and the errors it answers with."""
+
+from typing import Any
+
+from mcp import MCPError
+
+from .. import declarations
+from ..models import Agent, ToolServer
+from . import versions
+from .client import ToolServerError
+
+RUN_ID_KEY = "runId"
+SEPARATOR = "__"  # tools, prompts and resources are named server__name (resource URIs: server__uri)
+
+
+def enabled_servers() -> list[ToolServer]:
+    return list(ToolServer.objects.filter(enabled=True))
+
+
+def agent_of(ctx) -> Agent:
+    request = ctx.request
+    agent = request.scope.get("state", {}).get("agent") if request is not None else None
+    if agent is None:  # BearerAgent guards the route, so this is a wiring bug, not a client error
+        raise recorder_error(-32603, "No authenticated agent on this request", reason="internal")
+    return agent
+
+
+def session_of(ctx) -> str | None:
+    """The agent's MCP session id (none on the stateless 2026-07-28 protocol)."""
+    return ctx.request.headers.get("mcp-session-id") if ctx.request is not None else None
+
+
+def owner_of(agent: Agent, session_id: str | None) -> tuple[int, str]:
+    """Whose upstream sessions a call uses: the agent's MCP session's (a stateless 2026-07-28 agent has one
+    for all its calls), so nothing a tool server keeps per session is shared between two agents or two
+    sessions of one agent."""
+    return (agent.pk, session_id or "")
+
+
+# The agent's progress token, as the wire names it and as the SDK's request context does.
+_PROGRESS_TOKEN_KEYS = ("progressToken", "progress_token")
+
+
+def progress_token(meta: Any) -> Any:
+    """The progress token the agent's request carries, if any."""
+    if not isinstance(meta, dict):
+        return None
+    return next((meta[key] for key in _PROGRESS_TOKEN_KEYS if meta.get(key) is not None), None)
+
+
+def forwarded_meta(meta: Any) -> dict[str, Any] | None:
+    """The agent's `_meta`, minus the protocol envelope each hop writes for itself and the agent's progress
+    token (the Recorder asks each server for progress on a token of its own, and relays it on the agent's)."""
+    kept = versions.without_envelope(meta) or {}
+    return {k: v for k, v in kept.items() if k not in _PROGRESS_TOKEN_KEYS} or None
+
+
+def recorder_error(code: int, message: str, *, reason: str) -> MCPError:
+    """A JSON-RPC error of the Recorder's own: its `data` says so, which an upstream's error (relayed exactly
+    as the server sent it) never does."""
+    return MCPError(code=code, message=message, data={"source": "recorder", "reason": reason})
+
+
+def upstream_error(exc: ToolServerError) -> MCPError:
+    """The server's JSON-RPC error as it sent it: code, message and data, nothing added."""
+    rpc = exc.rpc or {"code": exc.code, "message": exc.message}
+    return MCPError(code=rpc["code"], message=rpc.get("message", ""), data=rpc.get("data"))
+
+
+def run_key(meta: Any, session_id: str | None) -> str:
+    """Which run a call joins: the agent's runId, else its MCP session, else none (the idle rule)."""
+    journal = meta.get(declarations.HATP_KEY) if isinstance(meta, dict) else None
+    run_id = journal.get(RUN_ID_KEY) if isinstance(journal, dict) else None
+    if isinstance(run_id, str) and run_id.strip():
+        return "run:" + run_id.strip()[:190]
+    return "session:" + session_id[:180] if session_id else ""

@@ -1,0 +1,278 @@
+"""The rest of MCP through the Recorder: resources, resource templates, prompts, completion and logging,
+forwarded to each tool server on the agent's own upstream session and namespaced the way tools are.
+
+Names: a prompt is `server__name`; a listed resource's URI is `server__uri` and a template's
+`server__template`, so a URI the agent builds from a template routes too. A URI the agent got without the
+prefix (a resource link or an embedded resource in a tool's result, a prompt's messages or a read's
+contents) is read from the server that gave it to this agent session. Whatever the agent sends, the server
+gets its own name or URI back, and its answers come back as it sent them.
+
+A read is journaled as a step (`resources/read`, read-only), so what the agent saw is in the run's record.
+A list asks every enabled server at once; a server that does not offer the feature, or fails, is left out
+of the list (and logged), never the whole list failed for it.
+"""
+
+import logging
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import mcp_types as types
+from asgiref.sync import sync_to_async
+from django.utils import timezone
+from mcp import MCPError
+from pydantic import ValidationError
+
+from .. import services
+from ..models import ToolServer
+from . import versions
+from .client import Owner, ToolServerError, endpoint_of
+from .context import (
+    SEPARATOR,
+    agent_of,
+    enabled_servers,
+    forwarded_meta,
+    owner_of,
+    recorder_error,
+    run_key,
+    session_of,
+    upstream_error,
+)
+
+logger = logging.getLogger(__name__)
+
+RESOURCE_NOT_FOUND = -32002  # the MCP specification's code for a resource nobody has
+_GIVEN_PER_OWNER = 1000
+_OWNERS = 1024
+
+
+def uris_in(result: Any) -> Iterator[str]:
+    """The resource URIs an answer hands the agent: resource links and embedded resources in a tool
+    result's content or a prompt's messages, and a read's contents."""
+    if not isinstance(result, dict):
+        return
+    blocks = list(result.get("content") or []) if isinstance(result.get("content"), list) else []
+    for message in result.get("messages") or [] if isinstance(result.get("messages"), list) else []:
+        if isinstance(message, dict):
+            blocks.append(message.get("content"))
+    for block in blocks:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "resource_link" and isinstance(block.get("uri"), str):
+            yield block["uri"]
+        elif block.get("type") == "resource" and isinstance(block.get("resource"), dict) \
+                and isinstance(block["resource"].get("uri"), str):
+            yield block["resource"]["uri"]
+    for content in result.get("contents") or [] if isinstance(result.get("contents"), list) else []:
+        if isinstance(content, dict) and isinstance(content.get("uri"), str):
+            yield content["uri"]
+
+
+@dataclass(frozen=True)
+class _Listed:
+    """A server's name and the tools it lists to one agent session (as `gateway.agent_tools` reads them)."""
+
+    name: str
+    catalogue: list[dict]
+
+
+def _valid(model, item: dict) -> bool:
+    try:
+        model.model_validate(item)
+    except ValidationError:
+        return False
+    return True
+
+
+class Features:
+    """Handlers for everything but tools, for the Recorder's SDK server."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+        # Which server gave an agent session each URI it holds without a prefix (bounded, oldest out).
+        self.given: OrderedDict[Owner, OrderedDict[str, str]] = OrderedDict()
+
+    def remember(self, owner: Owner, server_name: str, result: Any) -> None:
+        uris = list(uris_in(result))
+        if not uris:
+            return
+        given = self.given.pop(owner, None) or OrderedDict()
+        self.given[owner] = given
+        for uri in uris:
+            given.pop(uri, None)
+            given[uri] = server_name
+        while len(given) > _GIVEN_PER_OWNER:
+            given.popitem(last=False)
+        while len(self.given) > _OWNERS:
+            self.given.popitem(last=False)
+
+    def route(self, owner: Owner, uri: str, servers: dict[str, ToolServer]) -> tuple[ToolServer, str]:
+        """The server a URI belongs to, and the URI as that server named it."""
+        name, separator, rest = uri.partition(SEPARATOR)
+        if separator and name in servers and rest:
+            return servers[name], rest
+        giver = (self.given.get(owner) or {}).get(uri)
+        if giver in servers:
+            return servers[giver], uri
+        raise MCPError(code=RESOURCE_NOT_FOUND, message=(
+            f"Resource not found: {uri!r} is not a URI any tool server gave this session. Listed resources are "
+            f"named server{SEPARATOR}uri."), data={"source": "recorder", "reason": "unknown_resource", "uri": uri})
+
+    def _who(self, ctx) -> tuple[Any, Owner, str | None]:
+        agent = agent_of(ctx)
+        session_id = session_of(ctx)
+        owner = owner_of(agent, session_id)
+        self.recorder.relay.heard_from(owner, ctx.session)
+        return agent, owner, session_id
+
+    async def _servers(self) -> dict[str, ToolServer]:
+        return {server.name: server for server in await sync_to_async(enabled_servers)()}
+
+    async def _gather(self, ctx, request_type, key: str) -> list[tuple[str, dict]]:
+        _, owner, _ = self._who(ctx)
+        servers = list((await self._servers()).values())
+        found: dict[str, list[dict]] = {}
+
+        async def one(server: ToolServer) -> None:
+            try:
+                found[server.name] = await self.recorder.upstreams.list_all(
+                    endpoint_of(server), request_type, key, owner=owner)
+            except ToolServerError as exc:
+                logger.info("%s is left out of %s: %s", server.name, key, exc.message)
+
+        async with anyio.create_task_group() as group:
+            for server in servers:
+                group.start_soon(one, server)
+        return [(server.name, item) for server in servers for item in found.get(server.name, [])]
+
+    async def live_catalogues(self, owner: Owner, servers: list[ToolServer]) -> list:
+        """Each server with the tools it lists on `owner`'s session (its kept catalogue if that fails)."""
+        live: dict[str, list[dict]] = {}
+
+        async def one(server: ToolServer) -> None:
+            try:
+                live[server.name] = await self.recorder.upstreams.list_tools(endpoint_of(server), owner=owner)
+            except ToolServerError as exc:
+                logger.info("listing %s's kept tools: its live list failed: %s", server.name, exc.message)
+
+        async with anyio.create_task_group() as group:
+            for server in servers:
+                group.start_soon(one, server)
+        return [_Listed(server.name, live[server.name]) if server.name in live else server for server in servers]
+
+    @staticmethod
+    def _for(ctx, result: dict) -> dict:
+        return versions.for_client(result, version=ctx.session.protocol_version)
+
+    async def list_resources(self, ctx, params) -> dict:
+        items = await self._gather(ctx, types.ListResourcesRequest, "resources")
+        return self._for(ctx, {"resources": [
+            {**item, "uri": f"{name}{SEPARATOR}{item['uri']}"} for name, item in items
+            if isinstance(item.get("uri"), str) and _valid(types.Resource, item)]})
+
+    async def list_resource_templates(self, ctx, params) -> dict:
+        items = await self._gather(ctx, types.ListResourceTemplatesRequest, "resourceTemplates")
+        return self._for(ctx, {"resourceTemplates": [
+            {**item, "uriTemplate": f"{name}{SEPARATOR}{item['uriTemplate']}"} for name, item in items
+            if isinstance(item.get("uriTemplate"), str) and _valid(types.ResourceTemplate, item)]})
+
+    async def list_prompts(self, ctx, params) -> dict:
+        items = await self._gather(ctx, types.ListPromptsRequest, "prompts")
+        return self._for(ctx, {"prompts": [
+            {**item, "name": f"{name}{SEPARATOR}{item['name']}"} for name, item in items
+            if isinstance(item.get("name"), str) and _valid(types.Prompt, item)]})
+
+    async def _forward(self, server: ToolServer, owner: Owner, request) -> dict:
+        """One request to `server` on `owner`'s session; its JSON-RPC error comes back verbatim, any other
+        failure as the Recorder's own error."""
+        try:
+            return versions.from_server(await self.recorder.upstreams.request(endpoint_of(server), request, owner=owner))
+        except ToolServerError as exc:
+            if exc.code is not None and not exc.transient and exc.oversized is None:
+                raise upstream_error(exc) from None
+            raise recorder_error(-32603, exc.message, reason="too_large" if exc.oversized else "upstream_failed") \
+                from None
+
+    async def read_resource(self, ctx, params: types.ReadResourceRequestParams) -> dict:
+        agent, owner, session_id = self._who(ctx)
+        server, uri = self.route(owner, params.uri, await self._servers())
+        meta = forwarded_meta(ctx.meta)
+        started = timezone.now()
+        opened = await self.recorder.journal.run(
+            services.open_step, agent=agent, run_key=run_key(ctx.meta, session_id), server=server,
+            server_name=server.name, tool=services.READ["name"], arguments={"uri": uri}, request_meta=meta,
+            now=started, declared=services.READ)
+        request = types.ReadResourceRequest(params=types.ReadResourceRequestParams(uri=uri, _meta=meta))
+        try:
+            result = await self._forward(server, owner, request)
+        except MCPError as exc:
+            await self.recorder.journal_outcome(opened, started, services.Outcome(
+                error_message=exc.error.message, failure_class="unknown"))
+            raise
+        self.remember(owner, server.name, result)
+        await self.recorder.journal_outcome(opened, started, services.Outcome(result=result))
+        return self._for(ctx, result)
+
+    async def get_prompt(self, ctx, params: types.GetPromptRequestParams) -> dict:
+        _, owner, _ = self._who(ctx)
+        servers = await self._servers()
+        name, separator, prompt = params.name.partition(SEPARATOR)
+        if not separator or name not in servers or not prompt:
+            raise MCPError(code=-32602, message=f"Unknown prompt {params.name!r}: prompts are named "
+                           f"server{SEPARATOR}prompt.", data={"source": "recorder", "reason": "unknown_prompt"})
+        result = await self._forward(servers[name], owner, types.GetPromptRequest(params=types.GetPromptRequestParams(
+            name=prompt, arguments=params.arguments, _meta=forwarded_meta(ctx.meta))))
+        self.remember(owner, name, result)
+        return self._for(ctx, result)
+
+    async def complete(self, ctx, params: types.CompleteRequestParams) -> dict:
+        _, owner, _ = self._who(ctx)
+        servers = await self._servers()
+        sent = params.model_dump(by_alias=True, mode="json", exclude_none=True)
+        ref = dict(sent["ref"])
+        if ref.get("type") == "ref/prompt":
+            name, separator, prompt = str(ref.get("name", "")).partition(SEPARATOR)
+            if not separator or name not in servers:
+                raise MCPError(code=-32602, message=f"Unknown prompt {ref.get('name')!r}",
+                               data={"source": "recorder", "reason": "unknown_prompt"})
+            server, ref["name"] = servers[name], prompt
+        else:
+            server, ref["uri"] = self.route(owner, str(ref.get("uri", "")), servers)
+        sent["ref"] = ref
+        sent.pop("_meta", None)
+        request = types.CompleteRequest(params=types.CompleteRequestParams.model_validate(
+            {**sent, **({"_meta": meta} if (meta := forwarded_meta(ctx.meta)) else {})}))
+        return self._for(ctx, await self._forward(server, owner, request))
+
+    async def subscribe(self, ctx, params: types.SubscribeRequestParams) -> dict:
+        _, owner, _ = self._who(ctx)
+        server, uri = self.route(owner, params.uri, await self._servers())
+        await self._forward(server, owner, types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri)))
+        self.recorder.relay.subscribed(owner, server.name, uri, params.uri)
+        return {}
+
+    async def unsubscribe(self, ctx, params: types.UnsubscribeRequestParams) -> dict:
+        _, owner, _ = self._who(ctx)
+        server, uri = self.route(owner, params.uri, await self._servers())
+        await self._forward(server, owner, types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri)))
+        self.recorder.relay.unsubscribed(owner, server.name, uri)
+        return {}
+
+    async def set_logging_level(self, ctx, params: types.SetLevelRequestParams) -> dict:
+        """Every server this agent session uses logs at the agent's level (one without logging ignores it)."""
+        _, owner, _ = self._who(ctx)
+
+        async def one(server: ToolServer) -> None:
+            try:
+                await self.recorder.upstreams.request(
+                    endpoint_of(server), types.SetLevelRequest(params=types.SetLevelRequestParams(level=params.level)),
+                    owner=owner)
+            except ToolServerError as exc:
+                logger.info("%s did not take the log level: %s", server.name, exc.message)
+
+        async with anyio.create_task_group() as group:
+            for server in (await self._servers()).values():
+                group.start_soon(one, server)
+        return {}

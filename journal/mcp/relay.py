@@ -1,0 +1,162 @@
+"""What tool servers send an agent on their own: notifications (log messages, list changes, updates of
+subscribed resources) and requests (elicitation, sampling, `roots/list`), relayed to the agent session
+whose upstream session they came on.
+
+Each agent session has its own upstream sessions (`client.Upstreams`), so whatever arrives on one belongs
+to exactly one agent session. The Recorder declares to each upstream the capabilities the agent declared,
+so a server only asks what the agent can answer; a request arriving while the agent has a call in flight
+goes on that call's stream, and is journaled with the call's step. A stateless 2026-07-28 agent has no
+channel for either, so nothing is declared or relayed for it.
+"""
+
+import contextlib
+import logging
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types as types
+from django.utils import timezone
+from mcp import MCPError
+from mcp.shared.message import ServerMessageMetadata
+
+from .. import services
+from .client import Owner
+
+logger = logging.getLogger(__name__)
+
+_RELAYED_NOTIFICATIONS = (
+    types.LoggingMessageNotification, types.ToolListChangedNotification, types.ResourceListChangedNotification,
+    types.PromptListChangedNotification,
+)
+
+
+@dataclass
+class _Call:
+    session: Any  # the SDK's ServerSession of the agent's request: its stream reaches the agent
+    step: services.OpenedStep | None
+
+
+class Relay:
+    def __init__(self, journal, tools_changed=None):
+        self.journal = journal
+        self.tools_changed = tools_changed  # async (owner, server name): a server said its tools changed
+        self.sessions: weakref.WeakValueDictionary[Owner, Any] = weakref.WeakValueDictionary()
+        self.calls: dict[Owner, list[_Call]] = {}
+        self.subscriptions: dict[tuple[Owner, str, str], str] = {}  # (owner, server, its URI): the agent's URI
+
+    def heard_from(self, owner: Owner, session) -> None:
+        """The agent session behind `owner` just sent a request on `session`."""
+        if session is not None and session.client_params is not None:  # the handshake: a channel back
+            self.sessions[owner] = session
+
+    @contextlib.contextmanager
+    def call(self, owner: Owner, session, step: services.OpenedStep | None):
+        """While the agent's call is in flight, what its servers ask goes on its stream."""
+        call = _Call(session, step)
+        self.calls.setdefault(owner, []).append(call)
+        try:
+            yield
+        finally:
+            calls = self.calls.get(owner) or []
+            if call in calls:
+                calls.remove(call)
+            if not calls:
+                self.calls.pop(owner, None)
+
+    def answers_requests(self, owner: Owner) -> bool:
+        """Whether the agent behind `owner` declared it can answer a server's requests."""
+        session = self.sessions.get(owner)
+        if session is None:
+            return False
+        capabilities = session.client_params.capabilities
+        return any(c is not None for c in (capabilities.elicitation, capabilities.sampling, capabilities.roots))
+
+    def subscribed(self, owner: Owner, server: str, uri: str, as_named: str) -> None:
+        self.subscriptions[(owner, server, uri)] = as_named
+
+    def unsubscribed(self, owner: Owner, server: str, uri: str) -> None:
+        self.subscriptions.pop((owner, server, uri), None)
+
+    def forget(self, owner: Owner) -> None:
+        self.sessions.pop(owner, None)
+        for key in [key for key in self.subscriptions if key[0] == owner]:
+            del self.subscriptions[key]
+
+    def client_options(self, owner: Owner, server: str) -> dict[str, Any]:
+        """The SDK client's callbacks for `owner`'s session with `server`: a notification handler, and one
+        for each kind of request the agent declared it can answer (so the server sees those capabilities)."""
+        session = self.sessions.get(owner)
+        if owner is None or session is None:
+            return {}
+        capabilities = session.client_params.capabilities
+        options: dict[str, Any] = {"message_handler": self._notifications(owner, server)}
+        if capabilities.elicitation is not None:
+            options["elicitation_callback"] = self._asking(owner, server, types.ElicitRequest, types.ElicitResult)
+        if capabilities.sampling is not None:
+            options["sampling_callback"] = self._asking(owner, server, types.CreateMessageRequest,
+                                                        types.CreateMessageResult)
+            options["sampling_capabilities"] = capabilities.sampling
+        if capabilities.roots is not None:
+            options["list_roots_callback"] = self._roots(owner, server)
+        return options
+
+    def _notifications(self, owner: Owner, server: str):
+        async def relay(message) -> None:
+            if isinstance(message, types.ResourceUpdatedNotification):
+                named = self.subscriptions.get((owner, server, message.params.uri))
+                if named is None:
+                    return
+                message = types.ResourceUpdatedNotification(params=types.ResourceUpdatedNotificationParams(uri=named))
+            elif not isinstance(message, _RELAYED_NOTIFICATIONS):
+                return  # progress is relayed on its call's token; transport failures are the client's own
+            if isinstance(message, types.ToolListChangedNotification) and self.tools_changed is not None:
+                await self.tools_changed(owner, server)  # so the agent's tools/list that follows is current
+            session = self.sessions.get(owner)
+            if session is not None:
+                with contextlib.suppress(Exception):  # an agent that went away misses it; nothing else does
+                    await session.send_notification(message)
+
+        return relay
+
+    def _asking(self, owner: Owner, server: str, request_type, result_type):
+        async def ask(context, params):
+            return await self._ask(owner, server, request_type(params=params), result_type)
+
+        return ask
+
+    def _roots(self, owner: Owner, server: str):
+        async def ask(context):
+            return await self._ask(owner, server, types.ListRootsRequest(), types.ListRootsResult)
+
+        return ask
+
+    async def _ask(self, owner: Owner, server: str, request, result_type):
+        """Put the server's request to the agent, on the stream of its call in flight if it has one, and
+        journal both the request and the agent's answer with that call's step."""
+        calls = self.calls.get(owner) or []
+        call = calls[-1] if calls else None
+        session = call.session if call is not None else self.sessions.get(owner)
+        if session is None:
+            return types.ErrorData(code=-32603, message="The agent's session has ended.")
+        metadata = ServerMessageMetadata(related_request_id="call") if call is not None else None
+        answer: Any
+        try:
+            result = await session.send_request(request, result_type, metadata=metadata)
+            answer = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        except MCPError as exc:
+            result = exc.error
+            answer = {"error": exc.error.model_dump(by_alias=True, mode="json", exclude_none=True)}
+        except Exception as exc:  # noqa: BLE001 - the agent could not be asked; the server is told so
+            result = types.ErrorData(code=-32603, message=f"The agent could not be asked: {type(exc).__name__}")
+            answer = {"error": result.model_dump(by_alias=True, mode="json", exclude_none=True)}
+        if call is not None and call.step is not None:
+            sent = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+            try:
+                await self.journal.run(services.record_event, run_id=call.step.run_id, event="relayed",
+                                       now=timezone.now(), data={"step": call.step.number, "server": server,
+                                                                 "method": sent["method"],
+                                                                 "params": sent.get("params"), "answer": answer})
+            except Exception:  # the agent answered: a journal failure must not turn it into an error
+                logger.exception("could not journal a %s relayed for step %s", sent["method"], call.step.number)
+        return result

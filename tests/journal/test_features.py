@@ -1,0 +1,183 @@
+"""The rest of MCP through the Recorder, against the npm reference server-everything (stdio, 2025-11-25):
+resources, templates and reads, prompts, completion, logging, and the server's own requests to the agent
+(elicitation, sampling, roots), each compared with what the same client gets directly."""
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import Client, MCPError
+
+from journal import services
+from journal.models import Step
+from tests.services import needs_node
+
+from .helpers import run_agent
+from .test_pairings import EVERYTHING, same, stdio
+
+pytestmark = [pytest.mark.django_db(transaction=True), needs_node]
+MODES = ["auto", "legacy"]
+
+
+@pytest.fixture
+def token(dana):
+    services.refresh_catalogue(server=services.register_tool_server(name="everything", command=" ".join(EVERYTHING)))
+    return services.create_agent(name="bot", on_behalf_of=dana)[1]
+
+
+def dumped(model) -> dict:
+    """A result as compared: its own fields, without the envelope each hop stamps for itself."""
+    return same(model)
+
+
+def directly(script, **options):
+    async def main():
+        async with Client(stdio(EVERYTHING), cache=None, **options) as client:
+            return await script(client)
+
+    return anyio.run(main)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_resources_and_templates_are_listed_namespaced_and_read_as_the_server_sent_them(recorder, token, mode):
+    async def lists(client):
+        return dumped(await client.list_resources()), dumped(await client.list_resource_templates())
+
+    direct_resources, direct_templates = directly(lists)
+    resources, templates = run_agent(recorder, token, lists, mode=mode)
+    assert [r["uri"] for r in resources["resources"]] == [
+        f"everything__{r['uri']}" for r in direct_resources["resources"]]
+    assert [{**r, "uri": r["uri"].removeprefix("everything__")} for r in resources["resources"]] == \
+        direct_resources["resources"]
+    assert [{**t, "uriTemplate": t["uriTemplate"].removeprefix("everything__")} for t in templates["resourceTemplates"]] \
+        == direct_templates["resourceTemplates"]
+
+    first = direct_resources["resources"][0]["uri"]
+
+    async def read(client, uri):
+        return dumped(await client.read_resource(uri))
+
+    direct = directly(lambda client: read(client, first))
+    assert run_agent(recorder, token, lambda client: read(client, f"everything__{first}"), mode=mode) == direct
+    step = Step.objects.get(tool="resources/read")
+    assert (step.status, step.reversibility, step.arguments) == ("ok", "read_only", {"uri": first})
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_resource_link_a_tool_returns_is_read_through_the_recorder(recorder, token, mode):
+    async def script(client):
+        links = await client.call_tool("everything__get-resource-links", {"count": 1})
+        link = next(block for block in links.content if block.type == "resource_link")
+        return link.uri, dumped(await client.read_resource(link.uri))
+
+    uri, through = run_agent(recorder, token, script, mode=mode)
+    assert through == directly(lambda client: _read(client, uri))
+    assert [s.tool for s in Step.objects.order_by("number")] == ["get-resource-links", "resources/read"]
+
+
+async def _read(client, uri):
+    return dumped(await client.read_resource(uri))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_uri_no_server_gave_the_session_is_not_found(recorder, token, mode):
+    async def script(client):
+        with pytest.raises(MCPError) as failure:
+            await client.read_resource("file:///etc/passwd")
+        return failure.value.error
+
+    error = run_agent(recorder, token, script, mode=mode)
+    assert error.code == -32002 and error.data == {"source": "recorder", "reason": "unknown_resource",
+                                                    "uri": "file:///etc/passwd"}
+    assert not Step.objects.exists()  # nothing was sent anywhere
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_prompts_and_completion_pass_through_namespaced(recorder, token, mode):
+    async def direct_script(client):
+        return (dumped(await client.list_prompts()), dumped(await client.get_prompt("simple-prompt")),
+                dumped(await client.get_prompt("args-prompt", {"city": "Lisbon", "state": "PT"})),
+                dumped(await client.complete(types.PromptReference(type="ref/prompt", name="completable-prompt"),
+                                             {"name": "department", "value": "E"})))
+
+    async def through_script(client):
+        return (dumped(await client.list_prompts()), dumped(await client.get_prompt("everything__simple-prompt")),
+                dumped(await client.get_prompt("everything__args-prompt", {"city": "Lisbon", "state": "PT"})),
+                dumped(await client.complete(types.PromptReference(type="ref/prompt",
+                                                                   name="everything__completable-prompt"),
+                                             {"name": "department", "value": "E"})))
+
+    direct = directly(direct_script)
+    listed, *rest = run_agent(recorder, token, through_script, mode=mode)
+    assert [{**p, "name": p["name"].removeprefix("everything__")} for p in listed["prompts"]] == direct[0]["prompts"]
+    assert all(p["name"].startswith("everything__") for p in listed["prompts"])
+    assert rest == list(direct[1:])
+    assert direct[3]["completion"]["values"] == ["Engineering"]
+
+
+def test_an_agent_that_can_answer_the_servers_requests_gets_its_tools_and_answers_them(recorder, token):
+    """server-everything offers its elicitation, sampling and roots tools only to a client that declares it
+    can answer them: through the Recorder the agent sees them, and answers the server's requests itself."""
+    asked = []
+
+    async def elicit(context, params):
+        asked.append("elicitation/create")
+        return types.ElicitResult(action="accept", content={"name": "Ada", "check": True, "integer": 3})
+
+    async def sample(context, params):
+        asked.append("sampling/createMessage")
+        return types.CreateMessageResult(role="assistant", content=types.TextContent(type="text", text="four"),
+                                         model="test-model", stop_reason="endTurn")
+
+    async def roots(context):
+        asked.append("roots/list")
+        return types.ListRootsResult(roots=[types.Root(uri="file:///work", name="work")])
+
+    callbacks = {"elicitation_callback": elicit, "sampling_callback": sample, "list_roots_callback": roots}
+    calls = [("trigger-elicitation-request", {}), ("trigger-sampling-request", {"prompt": "2+2?"}),
+             ("get-roots-list", {})]
+
+    async def direct_script(client):
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        return names, [dumped(await client.call_tool(tool, arguments)) for tool, arguments in calls]
+
+    async def through_script(client):
+        names = {tool.name.removeprefix("everything__") for tool in (await client.list_tools()).tools}
+        return names, [dumped(await client.call_tool(f"everything__{tool}", arguments)) for tool, arguments in calls]
+
+    direct_names, direct = directly(direct_script, **callbacks)
+    asked.clear()
+    names, through = run_agent(recorder, token, through_script, mode="legacy", **callbacks)
+    assert {"trigger-elicitation-request", "trigger-sampling-request", "get-roots-list"} <= names == direct_names
+    assert through == direct
+    assert asked == ["elicitation/create", "sampling/createMessage", "roots/list"]
+    relayed = [entry.data for entry in Step.objects.first().run.entries.filter(event="relayed").order_by("seq")]
+    assert [(r["step"], r["method"]) for r in relayed] == [
+        (1, "elicitation/create"), (2, "sampling/createMessage"), (3, "roots/list")]
+    assert relayed[0]["answer"]["content"]["name"] == "Ada"
+
+
+def test_an_agent_that_cannot_answer_them_is_never_offered_those_tools(recorder, token):
+    async def names(client):
+        return {tool.name.removeprefix("everything__") for tool in (await client.list_tools()).tools}
+
+    through = run_agent(recorder, token, names, mode="legacy")
+    assert "trigger-elicitation-request" not in through and through == directly(names)
+
+
+def test_the_servers_log_messages_reach_an_agent_that_set_a_level(recorder, token):
+    heard = []
+
+    async def logged(params):
+        heard.append(params.level)
+
+    async def script(client):
+        await client.set_logging_level("debug")
+        await client.call_tool("everything__toggle-simulated-logging", {})
+        for _ in range(100):
+            if heard:
+                break
+            await anyio.sleep(0.1)
+        await client.call_tool("everything__toggle-simulated-logging", {})
+        return heard
+
+    assert run_agent(recorder, token, script, mode="legacy", logging_callback=logged)
