@@ -1,6 +1,7 @@
 // The official TypeScript SDK's client, as an agent built on it would call the Recorder (or a server
 // directly): node ts_client.mjs TARGET TOKEN CALLS_JSON, where TARGET is a streamable HTTP URL or
 // "stdio:COMMAND ARG..." and CALLS_JSON is [[tool, arguments], ...].
+// A call named "#read" reads the resource {uri}; "#prompt" gets the prompt {name, arguments}.
 // Prints {"protocolVersion", "results": [...]} as JSON; a JSON-RPC error is {"error": {code, message, data}}.
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
@@ -20,7 +21,9 @@ await client.connect(transport);
 const results = [];
 for (const [name, args] of JSON.parse(calls)) {
   try {
-    results.push(await client.callTool({ name, arguments: args }));
+    if (name === "#read") results.push(await client.readResource({ uri: args.uri }));
+    else if (name === "#prompt") results.push(await client.getPrompt(args));
+    else results.push(await client.callTool({ name, arguments: args }));
   } catch (error) {
     results.push({ error: { code: error.code, message: error.message, data: error.data ?? null } });
   }

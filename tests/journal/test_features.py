@@ -181,3 +181,26 @@ def test_the_servers_log_messages_reach_an_agent_that_set_a_level(recorder, toke
         return heard
 
     assert run_agent(recorder, token, script, mode="legacy", logging_callback=logged)
+
+
+def test_updates_of_a_subscribed_resource_reach_the_agent_under_the_uri_it_subscribed_to(recorder, token):
+    updated = []
+
+    async def handler(message):
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updated.append(message.params.uri)
+
+    async def script(client):
+        first = (await client.list_resources()).resources[0].uri
+        await client.subscribe_resource(first)
+        await client.call_tool("everything__toggle-subscriber-updates", {})
+        for _ in range(100):
+            if updated:
+                break
+            await anyio.sleep(0.1)
+        await client.call_tool("everything__toggle-subscriber-updates", {})
+        await client.unsubscribe_resource(first)
+        return first
+
+    first = run_agent(recorder, token, script, mode="legacy", message_handler=handler)
+    assert first.startswith("everything__") and updated and set(updated) == {first}
