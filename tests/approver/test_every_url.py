@@ -26,6 +26,7 @@ ACCESS = {
     "journal:api_run_list": ("get", READERS),
     "journal:api_run_detail": ("get", READERS),
     "journal:api_step_list": ("get", READERS),
+    "journal:api_step_result": ("get", READERS),
     "journal:api_openapi": ("get", READERS),
     "approver:request_undo": ("post", {roles.ON_CALL}),
     "approver:plan_list": ("get", READERS),
@@ -75,7 +76,7 @@ def objects(dana, on_call, approver_user):
         decision={"decision": "ask", "class": "none"}, run_id=run.pk, step_id=first.pk)
     rule = services.save_policy(row=AutonomyPolicy(name="All", scope="everything", decisions=dict(
         policy.DEFAULT_DECISIONS)), by=approver_user)
-    return {"run_id": run.public_id, "plan_id": plan.public_id, "passkey_id": passkey.pk, "position": 1,
+    return {"run_id": run.public_id, "plan_id": plan.public_id, "passkey_id": passkey.pk, "position": 1, "number": 1,
             "action_id": action.public_id, "policy_id": rule.pk}
 
 
