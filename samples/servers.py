@@ -342,7 +342,7 @@ class Legacy(SampleServer):
         return text_result("echo", structured=arguments)
 
     async def blob(self, arguments):
-        return text_result("x" * min(int(arguments["size"]), 64 * 1024 * 1024))
+        return text_result("x" * min(int(arguments["size"]), 256 * 1024 * 1024))
 
 
 ALL = (Crm, Calendar, Mail, Payments, Inventory, Legacy)
