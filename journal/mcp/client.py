@@ -360,12 +360,15 @@ class Upstreams:
             connection.last_used = time.monotonic()
 
     async def request(self, endpoint: Endpoint, request: Any, *, timeout: float | None = None,
-                      progress=None, owner: Owner = None) -> dict[str, Any]:
+                      progress=None, owner: Owner = None, sending=None) -> dict[str, Any]:
         """Send one request on `owner`'s session and return the raw result dict, or raise ToolServerError.
         With `progress`, the request carries a progress token of its own and `progress(done, total, message)`
-        is awaited for each progress notification the server sends about it."""
+        is awaited for each progress notification the server sends about it. `sending()`, if given, is
+        called as the request is about to leave (before that, the server cannot have had it)."""
         timeout = timeout or self.timeout
         async with self._using(endpoint, owner) as connection:
+            if sending is not None:
+                sending()
             try:
                 with anyio.fail_after(timeout):
                     result = await connection.client.session.send_request(
@@ -411,6 +414,7 @@ class Upstreams:
     async def call_tool(
         self, endpoint: Endpoint, name: str, arguments: Mapping[str, Any] | None,
         *, meta: Mapping[str, Any] | None = None, timeout: float | None = None, progress=None, owner: Owner = None,
+        sending=None,
     ) -> dict[str, Any]:
         """The raw `tools/call` result, `isError` results included (they are answers, not failures). With
         `progress`, the server's progress notifications about the call are relayed to it (see `request`);
@@ -418,6 +422,8 @@ class Upstreams:
         if endpoint.transport == "http" and self.direct and progress is None:
             async with self._using(endpoint, owner) as connection:
                 if connection.direct_calls:
+                    if sending is not None:
+                        sending()
                     try:
                         return await connection.call_tool_directly(name, dict(arguments or {}), meta,
                                                                    timeout or self.timeout)
@@ -427,4 +433,4 @@ class Upstreams:
                         raise
         params = types.CallToolRequestParams(name=name, arguments=dict(arguments or {}), _meta=dict(meta) if meta else None)
         return await self.request(endpoint, types.CallToolRequest(params=params), timeout=timeout, progress=progress,
-                                  owner=owner)
+                                  owner=owner, sending=sending)

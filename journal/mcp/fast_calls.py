@@ -128,6 +128,11 @@ class FastCalls:
                     watching.stop()  # answered (or failed)
             if call.cancelled_caught:  # the agent went away: the call was left and journaled, nobody to answer
                 return True
+            if journaled is not None and (watching.gone or await _gone(receive)):
+                # The server answered, but the agent left before it could have the answer.
+                await self.recorder.not_delivered(journaled, "The agent went away before the Recorder could send "
+                                                             "it the server's answer; the server acted.")
+                return True
             if isinstance(result, types.CallToolResult):  # the Recorder's own tool error
                 wire = _methods.serialize_server_result(
                     "tools/call", version, result.model_dump(by_alias=True, mode="json", exclude_none=True))
@@ -167,6 +172,7 @@ class _Watch:
 
     def __init__(self, receive, scope: anyio.CancelScope):
         self.receive, self.scope, self.task = receive, scope, None
+        self.gone = False  # the agent's connection closed
         self.timer = asyncio.get_running_loop().call_later(self.after, self._start)
 
     def _start(self) -> None:
@@ -175,12 +181,21 @@ class _Watch:
     async def _until_disconnect(self) -> None:
         while (await self.receive())["type"] != "http.disconnect":
             pass
+        self.gone = True
         self.scope.cancel()
 
     def stop(self) -> None:
         self.timer.cancel()
         if self.task is not None:
             self.task.cancel()
+
+
+async def _gone(receive) -> bool:
+    """Whether the agent's connection has closed, without waiting: the request's body is read, so the only
+    message left to receive is the disconnect, which a closed connection has ready at once."""
+    with anyio.move_on_after(0):
+        return (await receive())["type"] == "http.disconnect"
+    return False
 
 
 HOLD_PING_SECONDS = 10.0  # SSE keep-alive comments while a held call waits, so no proxy or client gives up

@@ -204,18 +204,21 @@ class Recorder:
                 return tool_error(refusal), None
         wants_progress = progress_token(meta) is not None
         owner = owner_of(agent, session_id)
+        sent = []
         try:
             with self.relay.call(owner, session, opened):
                 result = await self.upstreams.call_tool(
                     endpoint_of(opened.server), tool, arguments, meta=kept_meta, owner=owner,
-                    progress=_relayed(progress) if wants_progress and progress is not None else None)
+                    progress=_relayed(progress) if wants_progress and progress is not None else None,
+                    sending=lambda: sent.append(True))
         except get_cancelled_exc_class():
             # The agent cancelled (notifications/cancelled, or its 2026 request's connection closed). Leaving
             # the upstream call tells the server at once: the SDK sends notifications/cancelled on a
-            # handshake session, and a 2026 request's connection closes. The server had the call, so it may
+            # handshake session, and a 2026 request's connection closes. Once the server had the call it may
             # have acted: the journal says exactly that, never leaving the step for the reconciler to guess.
-            self._journal_unawaited(opened, started, services.Outcome(
-                cancelled=f"The agent cancelled the call while {server_name} had it; the server may have acted."))
+            self._journal_unawaited(opened, started, services.Outcome(may_have_acted=bool(sent), cancelled=(
+                f"The agent cancelled the call while {server_name} had it; the server may have acted." if sent
+                else f"The agent cancelled the call before it was sent to {server_name}; nothing was sent.")))
             raise
         except ToolServerError as exc:
             if exc.oversized is not None:  # the server answered: it acted, but nothing of its answer is relayed
@@ -290,10 +293,19 @@ class Recorder:
         self.upstreams.close_owner(owner)
         self.relay.forget(owner)
 
-    def journal_outcome(self, opened: services.OpenedStep, started, outcome: services.Outcome):
+    def journal_outcome(self, opened: services.OpenedStep, started, outcome: services.Outcome) -> "Journaled":
         """Queue the outcome's journal write now (so it comes before anything the agent does next) and
         return an awaitable for it."""
-        return self._outcome_written(self._queue_outcome(opened, started, outcome), opened)
+        return Journaled(self._outcome_written(self._queue_outcome(opened, started, outcome), opened), opened)
+
+    async def not_delivered(self, journaled: "Journaled", why: str) -> None:
+        """The agent went away before it had the server's answer: the step, closed as answered, says so."""
+        await journaled
+        try:
+            await self.journal.run(services.mark_undelivered, opened=journaled.opened, message=why, now=timezone.now())
+        except Exception:
+            logger.exception("could not journal that step %s of run %s was not delivered", journaled.opened.number,
+                             journaled.opened.run_id)
 
     def _queue_outcome(self, opened: services.OpenedStep, started, outcome: services.Outcome) -> asyncio.Future:
         return self.journal.submit(services.close_step, opened=opened, outcome=outcome, started=started,
@@ -322,6 +334,16 @@ class Recorder:
             logger.exception("could not journal the outcome of step %s of run %s; the reconciler will mark it",
                              opened.number, opened.run_id)
 
+
+
+class Journaled:
+    """The journal write of a call's outcome, already queued: await it. `opened` is the step it closes."""
+
+    def __init__(self, written, opened: services.OpenedStep):
+        self.written, self.opened = written, opened
+
+    def __await__(self):
+        return self.written.__await__()
 
 
 def _transport_security() -> TransportSecuritySettings:

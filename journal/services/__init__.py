@@ -17,6 +17,7 @@ from .steps import (
     OpenedStep,
     Outcome,
     close_step,
+    mark_undelivered,
     open_step,
     open_step_in_run,
     reconcile_stale_steps,
@@ -26,7 +27,7 @@ from .steps import (
 
 __all__ = [
     "READ", "TOKEN_PREFIX", "OpenedStep", "Outcome", "append_entry", "authenticate_agent", "checkpoint_run", "close_step",
-    "create_agent", "export_bundle", "hash_token", "import_bundle", "import_chronomcp_log", "open_step",
+    "create_agent", "export_bundle", "hash_token", "import_bundle", "import_chronomcp_log", "mark_undelivered", "open_step",
     "open_step_in_run", "reconcile_stale_steps", "record_event", "refresh_catalogue", "refuse_step",
     "register_tool_server", "release_held_step", "reset_agent_token", "save_catalogue", "save_tool_server",
     "verify_run",

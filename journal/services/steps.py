@@ -171,7 +171,7 @@ class Outcome:
     failure_class: str = ""
     may_have_acted: bool = False
     undelivered: str = ""
-    cancelled: str = ""  # why the agent never waited for the answer: the server had the call, so it may have acted
+    cancelled: str = ""  # why the agent never waited for the answer (with may_have_acted once the server had it)
     oversized: Any = None  # a `journal.mcp.bounded.Oversized`: the server answered over the limit; nothing kept
 
 
@@ -215,10 +215,13 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
                       result_storage=Step.ResultStorage.DROPPED, reversibility=Step.Reversibility.UNKNOWN,
                       undo_problems=["the server answered over the Recorder's size limit and its answer was not "
                                      "kept, so what it did is unknown"])
-    elif outcome.cancelled:
+    elif outcome.cancelled and outcome.may_have_acted:
         fields.update(status=Step.Status.CANCELLED, error_message=outcome.cancelled,
                       reversibility=Step.Reversibility.UNKNOWN, undo_problems=[
                           "the agent cancelled the call while the server had it, so it may or may not have acted"])
+    elif outcome.cancelled:  # before anything was sent: nothing happened, so there is nothing to undo
+        fields.update(status=Step.Status.CANCELLED, error_message=outcome.cancelled,
+                      reversibility=Step.Reversibility.READ_ONLY, undo_problems=[])
     else:
         fields.update(status=Step.Status.ERROR, is_error=True, error_message=outcome.error_message,
                       failure_class=outcome.failure_class or Step.FailureClass.UNKNOWN)
@@ -240,7 +243,7 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
         step.declaration_source = fields.get("declaration_source", opened.source)
         step.undo_problems = fields.get("undo_problems", [])
         count(run, step, acted=(outcome.result is not None and not step.is_error) or outcome.may_have_acted
-              or bool(outcome.cancelled) or outcome.oversized is not None)
+              or outcome.oversized is not None)
         links = _link(run, step)
         append_entry(run=run, event="result", now=finished, data={
             "step": step.number,
@@ -265,6 +268,24 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
         })
         save_moving(run, now=finished)
     return step
+
+
+def mark_undelivered(*, opened: OpenedStep, message: str, now: datetime) -> bool:
+    """A call closed as answered whose answer never reached the agent (it went away first): the step says
+    so, with the server's answer kept (it acted). Only a step closed as `ok` or `error` changes."""
+    with transaction.atomic():
+        run = locked_run("id = %s", [opened.run_id])
+        status = Step.objects.filter(pk=opened.step_id).values_list("status", flat=True).first()
+        if status not in (Step.Status.OK, Step.Status.ERROR) or not sql.update(
+                Step, opened.step_id, {"status": Step.Status.UNDELIVERED, "error_message": message},
+                only_if={"status": status}):
+            return False
+        if status == Step.Status.OK:
+            run.failed_count += 1
+        run.state = Run.State.FAILED
+        append_entry(run=run, event="undelivered", now=now, data={"step": opened.number, "error": message})
+        save_moving(run, now=now)
+    return True
 
 
 def count(run: Run, step: Step, *, acted: bool) -> None:

@@ -4,8 +4,11 @@ the npm reference server-everything over stdio, which speaks 2025-11-25; PyPI's 
 which speaks 2026-07-28). What the agent gets through the Recorder must equal what it gets directly, but for
 the hop's own envelope, and every call is journaled once with the status the agent saw."""
 
+import json
 import os
+import socket
 import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -207,7 +210,6 @@ def test_an_agents_cancellation_reaches_the_server_and_the_step_says_it_was_canc
 
 def ts_client(target: str, token: str, calls) -> dict:
     """The official TypeScript SDK's client (tests/conformance/ts_client.mjs) making `calls`."""
-    import json
     import subprocess
 
     script = NODE_MODULES.parent / "ts_client.mjs"
@@ -254,3 +256,49 @@ def test_replacing_a_stdio_servers_command_stops_its_old_process(recorder, token
             break
         anyio.run(anyio.sleep, 0.1)
     assert old.read_text() == "started\nstopped\n" and new.read_text() == "started\n"
+
+
+def test_a_call_cancelled_before_it_reached_the_server_says_nothing_was_sent(recorder, token, tmp_path):
+    """The agent gives up while the Recorder is still starting the server's process: the call never left,
+    so the step says so, and there is nothing to undo."""
+    ledger = tmp_path / "ledger"
+    services.refresh_catalogue(server=services.register_tool_server(name="slow", command=" ".join([*SLOW, str(ledger)])))
+
+    async def script(client):
+        with anyio.move_on_after(0.2):  # the server's process takes about a second to start
+            await client.call_tool("slow__wait", {"seconds": 0})
+            raise AssertionError("the call was not cancelled")
+
+    run_agent(recorder, token, script, mode="legacy")
+    step = Step.objects.get()
+    assert step.status == "cancelled" and step.reversibility == "read_only" and not step.undo_problems
+    assert step.error_message == "The agent cancelled the call before it was sent to slow; nothing was sent."
+    assert step.run.unknown_count == 0
+
+
+def test_an_answer_the_agent_left_before_getting_is_journaled_as_undelivered(recorder, sample_servers, token):
+    """A 2026 agent sends its call and closes the connection at once: the server acts and answers, but nobody
+    is there to get it. The step says the answer was not delivered, and keeps it."""
+    register_samples(sample_servers, names=("legacy",))
+    call_through(recorder, token, "auto", "legacy", [("echo", {})])  # the Recorder's session with it is open
+    sample_servers.set_mode("legacy", "normal", delay_ms=20)  # answered before the Recorder watches for a hang-up
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "legacy__create_ticket", "arguments": {"title": "left"}, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": {}}}}).encode()
+    head = (f"POST /mcp/ HTTP/1.1\r\nHost: 127.0.0.1:{recorder.port}\r\nAuthorization: Bearer {token}\r\n"
+            "Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n"
+            "Mcp-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: legacy__create_ticket\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", recorder.port)) as raw:
+        raw.sendall(head + body)
+    for _ in range(100):
+        step = Step.objects.filter(tool="create_ticket").exclude(status="pending").first()
+        if step is not None and step.status != "ok":
+            break
+        time.sleep(0.05)
+    assert step.status == "undelivered" and "went away" in step.error_message
+    assert step.result["structuredContent"]["ticket"].startswith("T-")  # the server acted: its answer is kept
+    assert step.run.entries.filter(event="undelivered", data__step=step.number).count() == 1
+    assert [e["op"] for e in sample_servers.ledger("legacy")] == ["create_ticket"]
