@@ -105,6 +105,17 @@ class SampleServer:
                            data={"field": "arguments", "tool": params.name})
         if self.mode == "input_required":  # 2026-07-28: ask the client for more before answering
             return types.InputRequiredResult(result_type="input_required", request_state=f"ask-again:{params.name}")
+        if self.mode == "ask_name":  # 2026-07-28: ask the user (an elicitation) before answering
+            answer = (params.input_responses or {}).get("name")
+            if isinstance(answer, types.ElicitResult) and params.request_state == "asked:name":
+                if answer.action != "accept" or not answer.content:
+                    return tool_error("No name given.")
+                self.store.record({"op": "greeted", "name": answer.content.get("name")})
+                return text_result(f"Hello {answer.content.get('name')}")
+            return types.InputRequiredResult(result_type="input_required", request_state="asked:name", input_requests={
+                "name": types.ElicitRequest(params=types.ElicitRequestFormParams(
+                    message="Who is asking?", requested_schema={
+                        "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}))})
         handler = self.handlers().get(params.name)
         if handler is None:
             return tool_error(f"Unknown tool {params.name!r}", code="NOT_FOUND")

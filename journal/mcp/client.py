@@ -148,7 +148,7 @@ class _Connection:
         )
 
     async def call_tool_directly(self, name: str, arguments: dict[str, Any], meta: Mapping[str, Any] | None,
-                                 timeout: float) -> dict[str, Any]:
+                                 timeout: float, retry: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """One tools/call as the SDK would send it on a 2026-07-28 connection (the per-request `_meta`
         envelope and the Mcp-* headers), without its per-call machinery: this is the Recorder's hot path.
 
@@ -162,7 +162,8 @@ class _Connection:
         }
         request_id = next(self.request_ids)
         body = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
-                "params": {"name": name, "arguments": arguments, "_meta": {**(meta or {}), **envelope}}}
+                "params": {"name": name, "arguments": arguments, "_meta": {**(meta or {}), **envelope},
+                           **(retry or {})}}
         headers = {"accept": "application/json, text/event-stream", "content-type": "application/json",
                    "mcp-protocol-version": version, "mcp-method": "tools/call", "mcp-name": encode_header_value(name)}
         server = self.endpoint.name
@@ -414,9 +415,10 @@ class Upstreams:
     async def call_tool(
         self, endpoint: Endpoint, name: str, arguments: Mapping[str, Any] | None,
         *, meta: Mapping[str, Any] | None = None, timeout: float | None = None, progress=None, owner: Owner = None,
-        sending=None,
+        sending=None, retry: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """The raw `tools/call` result, `isError` results included (they are answers, not failures). With
+        """The raw `tools/call` result, `isError` results included (they are answers, not failures). `retry`
+        carries a 2026-07-28 retry's `inputResponses` and `requestState`, as the wire names them. With
         `progress`, the server's progress notifications about the call are relayed to it (see `request`);
         the direct path, which reads one answer and nothing else, is then not taken."""
         if endpoint.transport == "http" and self.direct and progress is None:
@@ -426,11 +428,12 @@ class Upstreams:
                         sending()
                     try:
                         return await connection.call_tool_directly(name, dict(arguments or {}), meta,
-                                                                   timeout or self.timeout)
+                                                                   timeout or self.timeout, retry)
                     except ToolServerError as exc:
                         if exc.transient:  # the connection may be what broke; open a fresh one next time
                             self._forget(connection)
                         raise
-        params = types.CallToolRequestParams(name=name, arguments=dict(arguments or {}), _meta=dict(meta) if meta else None)
+        params = types.CallToolRequestParams.model_validate({
+            "name": name, "arguments": dict(arguments or {}), **({"_meta": dict(meta)} if meta else {}), **(retry or {})})
         return await self.request(endpoint, types.CallToolRequest(params=params), timeout=timeout, progress=progress,
                                   owner=owner, sending=sending)

@@ -58,6 +58,7 @@ from .relay import Relay
 logger = logging.getLogger(__name__)
 
 HOLD_POLL_SECONDS = 0.5  # how often a held call looks for the approvers' decision
+INPUT_ROUNDS = 8  # how many times a server may ask for more input on one call of a handshake agent
 
 
 def agent_tools(servers: list[ToolServer]) -> list[types.Tool]:
@@ -155,16 +156,19 @@ class Recorder:
     async def call_tool(self, ctx, params: types.CallToolRequestParams):
         agent, session_id = agent_of(ctx), session_of(ctx)
         self.relay.heard_from(owner_of(agent, session_id), ctx.session)
+        sent = params.model_dump(by_alias=True, mode="json", exclude_none=True)
+        retry = {key: sent[key] for key in ("inputResponses", "requestState") if key in sent}
         result, journaled = await self.forward(agent=agent, name=params.name, arguments=params.arguments,
                                                meta=ctx.meta, session_id=session_id,
                                                version=ctx.session.protocol_version,
-                                               progress=ctx.session.report_progress, session=ctx.session)
+                                               progress=ctx.session.report_progress, session=ctx.session,
+                                               retry=retry or None)
         if journaled is not None:
             await journaled
         return result
 
     async def forward(self, *, agent: Agent, name: str, arguments: Any, meta: Any, session_id: str | None,
-                      version: str, progress=None, session=None):
+                      version: str, progress=None, session=None, retry: dict | None = None):
         """Journal, forward and journal one tools/call for an agent on protocol `version`. The result goes
         back as the server sent it, shaped for the agent's version where the versions differ
         (`versions.for_client`); a failure comes back as a tool error, and a JSON-RPC error from the server
@@ -178,7 +182,9 @@ class Recorder:
         Returns the result (the Recorder's own tool error, or the server's answer as the agent gets it) and
         the journal write of its outcome, already queued (None when nothing was
         journaled): the caller awaits it, after replying if it can. While the call is in flight, what the
-        server asks the agent (elicitation, sampling, roots) goes on `session`, the agent's request's."""
+        server asks the agent (elicitation, sampling, roots) goes on `session`, the agent's request's. `retry`
+        is a 2026-07-28 agent's answer to a server's `input_required` result, passed on as it sent it; an
+        agent on the handshake is asked the server's embedded requests itself (`_answered`)."""
         server_name, separator, tool = name.partition(SEPARATOR)
         if not separator or not tool:
             return tool_error(f"Unknown tool {name!r}: tools are named server{SEPARATOR}tool."), None
@@ -210,7 +216,9 @@ class Recorder:
                 result = await self.upstreams.call_tool(
                     endpoint_of(opened.server), tool, arguments, meta=kept_meta, owner=owner,
                     progress=_relayed(progress) if wants_progress and progress is not None else None,
-                    sending=lambda: sent.append(True))
+                    sending=lambda: sent.append(True), retry=retry)
+                if result.get("resultType") == versions.INPUT_REQUIRED and version not in versions.MODERN:
+                    result = await self._answered(result, owner, opened, tool, arguments, kept_meta)
         except get_cancelled_exc_class():
             # The agent cancelled (notifications/cancelled, or its 2026 request's connection closed). Leaving
             # the upstream call tells the server at once: the SDK sends notifications/cancelled on a
@@ -246,6 +254,30 @@ class Recorder:
             await self.journal_outcome(opened, started, services.Outcome(result=relayed, undelivered=message))
             raise recorder_error(-32603, message, reason="undelivered") from None
         return delivered, self.journal_outcome(opened, started, services.Outcome(result=relayed))
+
+    async def _answered(self, result: dict, owner, opened: services.OpenedStep, tool: str, arguments: dict,
+                        meta: dict | None) -> dict:
+        """A 2026-07-28 server asks for more input, which an agent on the handshake cannot read as a result:
+        its embedded requests go to the agent as the requests they are, and the call is repeated with the
+        answers, as a 2026 client would, for up to INPUT_ROUNDS rounds. What the agent cannot answer leaves
+        the result as it was (then journaled as undelivered)."""
+        for _ in range(INPUT_ROUNDS):
+            asked = result.get("inputRequests") or {}
+            if not isinstance(asked, dict) or not asked:
+                return result
+            answers = {}
+            for key, request in asked.items():
+                answer = await self.relay.answer(owner, opened.server.name, request)
+                if answer is None:
+                    return result
+                answers[key] = answer
+            retry = {"inputResponses": answers, **({"requestState": result["requestState"]}
+                                                   if "requestState" in result else {})}
+            result = await self.upstreams.call_tool(endpoint_of(opened.server), tool, arguments, meta=meta,
+                                                    owner=owner, retry=retry)
+            if result.get("resultType") != versions.INPUT_REQUIRED:
+                return result
+        return result
 
     async def _hold(self, agent: Agent, opened: services.OpenedStep, arguments: dict, progress) -> str | None:
         """Wait for approvers to decide on a held call, up to the policy's time. Returns None once the call

@@ -25,6 +25,13 @@ from .client import Owner
 
 logger = logging.getLogger(__name__)
 
+# What a server may ask an agent, by method: the request and result models, and the capability it needs.
+ASKS = {
+    "elicitation/create": (types.ElicitRequest, types.ElicitResult, "elicitation"),
+    "sampling/createMessage": (types.CreateMessageRequest, types.CreateMessageResult, "sampling"),
+    "roots/list": (types.ListRootsRequest, types.ListRootsResult, "roots"),
+}
+
 _RELAYED_NOTIFICATIONS = (
     types.LoggingMessageNotification, types.ToolListChangedNotification, types.ResourceListChangedNotification,
     types.PromptListChangedNotification,
@@ -118,6 +125,26 @@ class Relay:
                     await session.send_notification(message)
 
         return relay
+
+    async def answer(self, owner: Owner, server: str, asked: Any) -> dict | None:
+        """The agent's answer to one request a 2026-07-28 server embedded in an `input_required` result, put
+        to the agent as the request itself; None when the agent cannot answer it (it did not declare that
+        capability, or it refused or failed)."""
+        method = asked.get("method") if isinstance(asked, dict) else None
+        session = self.sessions.get(owner)
+        if method not in ASKS or session is None:
+            return None
+        request_type, result_type, capability = ASKS[method]
+        if getattr(session.client_params.capabilities, capability) is None:
+            return None
+        try:
+            request = request_type.model_validate(asked)
+        except ValueError:
+            return None
+        result = await self._ask(owner, server, request, result_type)
+        if isinstance(result, types.ErrorData):
+            return None
+        return result.model_dump(by_alias=True, mode="json", exclude_none=True)
 
     def _asking(self, owner: Owner, server: str, request_type, result_type):
         async def ask(context, params):

@@ -16,6 +16,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 ENVELOPE_PREFIX = "io.modelcontextprotocol/"
 COMPLETE = "complete"
+INPUT_REQUIRED = "input_required"
+MODERN = MODERN_PROTOCOL_VERSIONS
 
 
 class Untranslatable(ValueError):

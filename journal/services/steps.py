@@ -207,6 +207,9 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
                 tool_def=opened.declared or (server.tool(step.tool) if server else None), catalogue=server.tool_names if server else set(),
                 receipt_keys=server.receipt_keys if server else {}, arguments=step.arguments, result=result,
                 finished=finished))
+        if result.get("resultType") == "input_required":  # 2026-07-28: asked for more before doing anything
+            fields.update(reversibility=Step.Reversibility.READ_ONLY, undo_problems=[], compensation_arguments=None,
+                          effect_summary="The server asked for more input before acting.")
         if outcome.undelivered:
             fields.update(status=Step.Status.UNDELIVERED, error_message=outcome.undelivered)
     elif outcome.oversized is not None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import anyio
 import httpx2
+import mcp_types as types
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -302,3 +303,46 @@ def test_an_answer_the_agent_left_before_getting_is_journaled_as_undelivered(rec
     assert step.result["structuredContent"]["ticket"].startswith("T-")  # the server acted: its answer is kept
     assert step.run.entries.filter(event="undelivered", data__step=step.number).count() == 1
     assert [e["op"] for e in sample_servers.ledger("legacy")] == ["create_ticket"]
+
+
+def asking_for_a_name(sample_servers):
+    register_samples(sample_servers, names=("legacy",))
+    sample_servers.set_mode("legacy", "ask_name")
+    asked = []
+
+    async def elicit(context, params):
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"name": "Ada"})
+
+    return asked, elicit
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_server_that_asks_for_more_input_gets_the_agents_answer_on_either_protocol(recorder, sample_servers, token,
+                                                                                      mode):
+    """A 2026 server answers `input_required` with an elicitation. A 2026 agent gets that result and calls
+    again with its answer, which reaches the server as sent; an agent on the handshake is asked the
+    elicitation itself, and the Recorder calls again with its answer. Either way the agent is greeted."""
+    asked, elicit = asking_for_a_name(sample_servers)
+
+    async def script(client):
+        return (await client.call_tool("legacy__echo", {})).content[0].text
+
+    assert run_agent(recorder, token, script, mode=mode, elicitation_callback=elicit) == "Hello Ada"
+    assert asked == ["Who is asking?"]
+    assert [e["name"] for e in sample_servers.ledger("legacy") if e["op"] == "greeted"] == ["Ada"]
+    steps = list(Step.objects.order_by("number"))
+    if mode == "auto":  # the agent called twice: the first call did nothing but ask
+        assert [(s.status, s.reversibility) for s in steps] == [("ok", "read_only"), ("ok", "unknown")]
+    else:  # the Recorder asked the agent and called again, within the agent's one call
+        assert [(s.status, s.reversibility) for s in steps] == [("ok", "unknown")]
+        relayed = steps[0].run.entries.get(event="relayed").data
+        assert (relayed["method"], relayed["answer"]["content"]) == ("elicitation/create", {"name": "Ada"})
+
+
+def test_a_handshake_agent_that_cannot_answer_the_server_gets_an_undelivered_error(recorder, sample_servers, token):
+    asking_for_a_name(sample_servers)
+    error = rpc_error_through(recorder, token, "legacy", "legacy__echo", {})
+    assert error.data == {"source": "recorder", "reason": "undelivered"}
+    step = Step.objects.get()
+    assert step.status == "undelivered" and step.reversibility == "read_only"
