@@ -1,10 +1,13 @@
 """The Recorder: an MCP server to agents and an MCP client to every registered tool server.
 
 `tools/list` is the union of the catalogues, each tool named `server__tool`, with the undo contract's own
-tools (`hatp_check`, `hatp_compensate`) hidden. `tools/call` is journaled (intent, then outcome, each in
-its own short transaction), forwarded through the one client (`journal.mcp.client`), and its result goes
-back to the agent unchanged. Agents authenticate with a bearer token; the agent is resolved once per HTTP
-request by `BearerAgent` and handed to the handlers through the request's ASGI state.
+tools (`hatp_check`, `hatp_compensate`) hidden (an agent that can answer a server's requests gets the lists
+read on its own sessions). `tools/call` is journaled (intent, then outcome, each in its own short
+transaction), forwarded through the one client (`journal.mcp.client`) on the agent session's own upstream
+session, and its result goes back to the agent as the server sent it, shaped for the agent's protocol
+version (`versions`). Everything else MCP has is in `features` (resources, prompts, completion, logging)
+and `relay` (what servers send or ask the agent). Agents authenticate with a bearer token; the agent is
+resolved once per HTTP request by `BearerAgent` and handed to the handlers through the request's ASGI state.
 
 The SDK's server answers everything, except that plain 2026-07-28 `tools/call` requests take `FastCalls`,
 which gives the same answer with less work per call (the Recorder's latency is the product's tax on every
@@ -37,6 +40,7 @@ from ..models import Agent, ToolServer
 from . import versions
 from .asgi import AnswerAsJson
 from .auth import BearerAgent
+from .bridge import Bridge
 from .client import DEFAULT_MAX_ANSWER_BYTES, ToolServerError, Upstreams, endpoint_of
 from .context import (
     SEPARATOR,
@@ -111,7 +115,8 @@ class Recorder:
     def __init__(self, *, timeout: float, idle_seconds: float | None = None, max_sessions: int | None = None,
                  max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES):
         self.journal = JournalThread()
-        self.relay = Relay(self.journal, tools_changed=self._tools_changed)
+        self.bridge = Bridge(orphaned=self._orphaned)
+        self.relay = Relay(self.journal, tools_changed=self._tools_changed, bridge=self.bridge)
         self.upstreams = Upstreams(timeout=timeout, idle_seconds=idle_seconds, max_sessions=max_sessions,
                                    max_answer_bytes=max_answer_bytes, client_options=self.relay.client_options)
         self.features = Features(self)
@@ -147,7 +152,7 @@ class Recorder:
         self.relay.heard_from(owner, ctx.session)
         # Not on the journal thread: a read has no reason to queue behind the journal's writes.
         servers = await sync_to_async(enabled_servers)()
-        if self.relay.answers_requests(owner):
+        if self.relay.answers_requests(owner) or self.relay.heard_capabilities(owner, ctx.meta):
             # A server may offer tools only to clients that can answer its requests: this agent's list is
             # read on its own sessions, which declared what the agent declared (the kept catalogue did not).
             servers = await self.features.live_catalogues(owner, servers)
@@ -190,6 +195,9 @@ class Recorder:
             return tool_error(f"Unknown tool {name!r}: tools are named server{SEPARATOR}tool."), None
         if tool in declarations.HIDDEN_TOOLS:
             return tool_error(f"{tool} is reserved for the undo service and not available to agents."), None
+        owner = owner_of(agent, session_id)
+        if retry and (resumed := self.bridge.resume(owner, retry)) is not None:
+            return await resumed  # the agent answers what the server asked in a call still in flight
         arguments = dict(arguments or {})
         kept_meta = forwarded_meta(meta)
         started = timezone.now()
@@ -208,17 +216,26 @@ class Recorder:
             refusal = await self._hold(agent, opened, arguments, progress)
             if refusal is not None:
                 return tool_error(refusal), None
-        wants_progress = progress_token(meta) is not None
-        owner = owner_of(agent, session_id)
+        work = self._complete(opened, started, owner=owner, session=session, tool=tool, arguments=arguments,
+                              meta=kept_meta, version=version, retry=retry,
+                              progress=progress if progress_token(meta) is not None else None)
+        if version in versions.MODERN and self.relay.heard_capabilities(owner, meta) and not self.bridge.asking(owner):
+            return await self.bridge.start(owner, work)  # a server that asks gets its answer by a retry
+        return await work
+
+    async def _complete(self, opened: services.OpenedStep, started, *, owner, session, tool: str, arguments: dict,
+                        meta: dict | None, version: str, retry: dict | None, progress):
+        """Forward the journaled call and journal what came of it (see `forward`)."""
+        server_name = opened.server.name
         sent = []
         try:
             with self.relay.call(owner, session, opened):
                 result = await self.upstreams.call_tool(
-                    endpoint_of(opened.server), tool, arguments, meta=kept_meta, owner=owner,
-                    progress=_relayed(progress) if wants_progress and progress is not None else None,
+                    endpoint_of(opened.server), tool, arguments, meta=meta, owner=owner,
+                    progress=_relayed(progress) if progress is not None else None,
                     sending=lambda: sent.append(True), retry=retry)
                 if result.get("resultType") == versions.INPUT_REQUIRED and version not in versions.MODERN:
-                    result = await self._answered(result, owner, opened, tool, arguments, kept_meta)
+                    result = await self._answered(result, owner, opened, tool, arguments, meta)
         except get_cancelled_exc_class():
             # The agent cancelled (notifications/cancelled, or its 2026 request's connection closed). Leaving
             # the upstream call tells the server at once: the SDK sends notifications/cancelled on a
@@ -318,6 +335,13 @@ class Recorder:
                 continue
             await self.journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now())
             return message
+
+    async def _orphaned(self, outcome) -> None:
+        """A 2026 agent was asked something in a call and never came back: the call's answer never reached it."""
+        _, journaled = outcome
+        if journaled is not None:
+            await self.not_delivered(journaled, "The server asked the agent a question, and the agent never came "
+                                                "back with its answer; the server may have acted.")
 
     def session_ended(self, agent: Agent, session_id: str) -> None:
         """The agent ended its MCP session: so end its upstream sessions (a stdio server's process stops)."""

@@ -6,7 +6,7 @@ Each agent session has its own upstream sessions (`client.Upstreams`), so whatev
 to exactly one agent session. The Recorder declares to each upstream the capabilities the agent declared,
 so a server only asks what the agent can answer; a request arriving while the agent has a call in flight
 goes on that call's stream, and is journaled with the call's step. A stateless 2026-07-28 agent has no
-channel for either, so nothing is declared or relayed for it.
+channel back: it is asked by the answer to its call (`bridge`), and gets no notifications.
 """
 
 import contextlib
@@ -19,6 +19,7 @@ import mcp_types as types
 from django.utils import timezone
 from mcp import MCPError
 from mcp.shared.message import ServerMessageMetadata
+from mcp_types import CLIENT_CAPABILITIES_META_KEY
 
 from .. import services
 from .client import Owner
@@ -44,9 +45,15 @@ class _Call:
     step: services.OpenedStep | None
 
 
+def _answers(capabilities: types.ClientCapabilities) -> bool:
+    return any(c is not None for c in (capabilities.elicitation, capabilities.sampling, capabilities.roots))
+
+
 class Relay:
-    def __init__(self, journal, tools_changed=None):
+    def __init__(self, journal, tools_changed=None, bridge=None):
         self.journal = journal
+        self.bridge = bridge  # how a 2026-07-28 agent is asked: by the answer to its call (`bridge.Bridge`)
+        self.declared: dict[Owner, types.ClientCapabilities] = {}  # what each 2026 agent last declared
         self.tools_changed = tools_changed  # async (owner, server name): a server said its tools changed
         self.sessions: weakref.WeakValueDictionary[Owner, Any] = weakref.WeakValueDictionary()
         self.calls: dict[Owner, list[_Call]] = {}
@@ -71,13 +78,23 @@ class Relay:
             if not calls:
                 self.calls.pop(owner, None)
 
+    def heard_capabilities(self, owner: Owner, meta: Any) -> bool:
+        """A 2026-07-28 agent's request declares its capabilities in its `_meta`: keep them (its upstream
+        sessions declare the same) and say whether it can answer any of a server's questions."""
+        declared = meta.get(CLIENT_CAPABILITIES_META_KEY) if isinstance(meta, dict) else None
+        try:
+            capabilities = types.ClientCapabilities.model_validate(declared or {})
+        except ValueError:
+            return False
+        if len(self.declared) > 10_000:  # bounded: one entry per live agent is all it needs
+            self.declared.clear()
+        self.declared[owner] = capabilities
+        return _answers(capabilities)
+
     def answers_requests(self, owner: Owner) -> bool:
         """Whether the agent behind `owner` declared it can answer a server's requests."""
         session = self.sessions.get(owner)
-        if session is None:
-            return False
-        capabilities = session.client_params.capabilities
-        return any(c is not None for c in (capabilities.elicitation, capabilities.sampling, capabilities.roots))
+        return session is not None and _answers(session.client_params.capabilities)
 
     def subscribed(self, owner: Owner, server: str, uri: str, as_named: str) -> None:
         self.subscriptions[(owner, server, uri)] = as_named
@@ -94,9 +111,9 @@ class Relay:
         """The SDK client's callbacks for `owner`'s session with `server`: a notification handler, and one
         for each kind of request the agent declared it can answer (so the server sees those capabilities)."""
         session = self.sessions.get(owner)
-        if owner is None or session is None:
+        if owner is None or (session is None and owner not in self.declared):
             return {}
-        capabilities = session.client_params.capabilities
+        capabilities = session.client_params.capabilities if session is not None else self.declared[owner]
         options: dict[str, Any] = {"message_handler": self._notifications(owner, server)}
         if capabilities.elicitation is not None:
             options["elicitation_callback"] = self._asking(owner, server, types.ElicitRequest, types.ElicitResult)
@@ -132,7 +149,7 @@ class Relay:
         capability, or it refused or failed)."""
         method = asked.get("method") if isinstance(asked, dict) else None
         session = self.sessions.get(owner)
-        if method not in ASKS or session is None:
+        if method not in ASKS or session is None:  # only a handshake agent is asked this way
             return None
         request_type, result_type, capability = ASKS[method]
         if getattr(session.client_params.capabilities, capability) is None:
@@ -163,13 +180,20 @@ class Relay:
         journal both the request and the agent's answer with that call's step."""
         calls = self.calls.get(owner) or []
         call = calls[-1] if calls else None
-        session = call.session if call is not None else self.sessions.get(owner)
-        if session is None:
+        session = call.session if call is not None and call.session is not None else self.sessions.get(owner)
+        by_answer = session is None and self.bridge is not None and self.bridge.asking(owner)
+        if session is None and not by_answer:
             return types.ErrorData(code=-32603, message="The agent's session has ended.")
         metadata = ServerMessageMetadata(related_request_id="call") if call is not None else None
         answer: Any
         try:
-            result = await session.send_request(request, result_type, metadata=metadata)
+            if by_answer:  # a 2026-07-28 agent: asked by the answer to its call, answering by its retry
+                got = await self.bridge.ask(owner, request.model_dump(by_alias=True, mode="json", exclude_none=True))
+                if isinstance(got, types.ErrorData):
+                    raise MCPError(code=got.code, message=got.message, data=got.data)
+                result = result_type.model_validate(got)
+            else:
+                result = await session.send_request(request, result_type, metadata=metadata)
             answer = result.model_dump(by_alias=True, mode="json", exclude_none=True)
         except MCPError as exc:
             result = exc.error

@@ -204,3 +204,25 @@ def test_updates_of_a_subscribed_resource_reach_the_agent_under_the_uri_it_subsc
 
     first = run_agent(recorder, token, script, mode="legacy", message_handler=handler)
     assert first.startswith("everything__") and updated and set(updated) == {first}
+
+
+def test_an_agent_on_the_stateless_protocol_answers_an_older_servers_questions_by_its_retry(recorder, token):
+    """server-everything speaks only the handshake and asks in the middle of its call; a 2026 agent can be
+    asked only by its call's answer (`input_required`), and answers by calling again. Through the Recorder
+    it gets what a handshake client gets directly, and the call is one step, with the question in it."""
+    async def elicit(context, params):
+        return types.ElicitResult(action="accept", content={"name": "Ada", "check": True, "integer": 3})
+
+    async def direct_script(client):
+        return dumped(await client.call_tool("trigger-elicitation-request", {}))
+
+    async def through_script(client):
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        assert "everything__trigger-elicitation-request" in names
+        return dumped(await client.call_tool("everything__trigger-elicitation-request", {}))
+
+    direct = directly(direct_script, elicitation_callback=elicit)
+    assert run_agent(recorder, token, through_script, mode="auto", elicitation_callback=elicit) == direct
+    step = Step.objects.get()
+    assert step.status == "ok"
+    assert step.run.entries.get(event="relayed").data["answer"]["content"]["name"] == "Ada"
