@@ -37,7 +37,7 @@ from starlette.applications import Starlette
 
 from .. import declarations, keys, ports, services
 from ..models import Agent, ToolServer
-from . import versions
+from . import bridge, versions
 from .asgi import AnswerAsJson
 from .auth import BearerAgent
 from .bridge import Bridge
@@ -230,8 +230,10 @@ class Recorder:
         sent = []
         try:
             with self.relay.call(owner, session, opened):
+                # A server may wait on the agent (a person answering an elicitation): that time is not its own.
+                waits = self.upstreams.timeout + bridge.ANSWER_SECONDS if self.relay.can_ask(owner) else None
                 result = await self.upstreams.call_tool(
-                    endpoint_of(opened.server), tool, arguments, meta=meta, owner=owner,
+                    endpoint_of(opened.server), tool, arguments, meta=meta, owner=owner, timeout=waits,
                     progress=_relayed(progress) if progress is not None else None,
                     sending=lambda: sent.append(True), retry=retry)
                 if result.get("resultType") == versions.INPUT_REQUIRED and version not in versions.MODERN:

@@ -91,6 +91,10 @@ class Relay:
         self.declared[owner] = capabilities
         return _answers(capabilities)
 
+    def can_ask(self, owner: Owner) -> bool:
+        """Whether a server may ask the agent behind `owner` something, on either protocol."""
+        return self.answers_requests(owner) or (owner in self.declared and _answers(self.declared[owner]))
+
     def answers_requests(self, owner: Owner) -> bool:
         """Whether the agent behind `owner` declared it can answer a server's requests."""
         session = self.sessions.get(owner)

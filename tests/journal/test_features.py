@@ -2,12 +2,15 @@
 resources, templates and reads, prompts, completion, logging, and the server's own requests to the agent
 (elicitation, sampling, roots), each compared with what the same client gets directly."""
 
+import time
+
 import anyio
 import mcp_types as types
 import pytest
 from mcp import Client, MCPError
 
 from journal import services
+from journal.mcp import bridge
 from journal.models import Step
 from tests.services import needs_node
 
@@ -226,3 +229,24 @@ def test_an_agent_on_the_stateless_protocol_answers_an_older_servers_questions_b
     step = Step.objects.get()
     assert step.status == "ok"
     assert step.run.entries.get(event="relayed").data["answer"]["content"]["name"] == "Ada"
+
+
+def test_a_stateless_agent_that_never_answers_leaves_the_step_undelivered(recorder, token, monkeypatch):
+    monkeypatch.setattr(bridge, "ANSWER_SECONDS", 0.5)
+
+    async def script(client):
+        result = await client.session.call_tool("everything__trigger-elicitation-request", {},
+                                                allow_input_required=True)
+        return result  # the agent is asked, and walks away
+
+    async def never(context, params):
+        raise AssertionError("the client is not driving the retry here")
+
+    asked = run_agent(recorder, token, script, mode="auto", elicitation_callback=never)
+    assert asked.result_type == "input_required" and asked.request_state.startswith("recorder:")
+    for _ in range(100):
+        step = Step.objects.get()
+        if step.status == "undelivered":
+            break
+        time.sleep(0.1)
+    assert step.status == "undelivered" and "never came back" in step.error_message
