@@ -5,7 +5,8 @@
 Runs the conformance tests: tests/journal/test_conformance.py (every tool of server-everything over stdio
 and streamable HTTP, server-memory, server-filesystem, mcp-server-time, mcp-server-git and mcp-server-fetch,
 with the `mcp` SDK's client in both modes and the TypeScript SDK's client, each compared with a direct
-call), test_pairings.py (protocol pairings, verbatim errors, progress, cancellation), test_features.py
+call), test_pairings.py (protocol pairings, verbatim errors, progress, cancellation, input_required),
+test_versions_pairings.py (agents and servers on 2025-03-26, 2025-06-18 and 2025-11-25), test_features.py
 (resources, prompts, completion, logging, elicitation, sampling, roots) and test_large_results.py (5 MB
 results from every kind of server to both client modes, and answers over the limit). Prints the matrix of
 servers by clients, one line per other check, and "pairings passed / total". Needs Node and
@@ -21,7 +22,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = ["test_conformance.py", "test_pairings.py", "test_features.py", "test_large_results.py"]
+FILES = ["test_conformance.py", "test_pairings.py", "test_versions_pairings.py", "test_features.py",
+         "test_large_results.py"]
 MATRIX = re.compile(r"test_every_tool_through_the_recorder_answers_as_it_does_directly\[(?P<server>.+)-(?P<client>sdk-auto|sdk-legacy|typescript)\]")
 
 
