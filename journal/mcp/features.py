@@ -12,6 +12,7 @@ A list asks every enabled server at once; a server that does not offer the featu
 of the list (and logged), never the whole list failed for it.
 """
 
+import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -259,6 +260,30 @@ class Features:
         await self._forward(server, owner, types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri)))
         self.recorder.relay.unsubscribed(owner, server.name, uri)
         return {}
+
+    async def listen(self, ctx, params: types.SubscriptionsListenRequestParams):
+        """A 2026-07-28 agent's `subscriptions/listen`: list changes and updates of the resources it names,
+        from its own upstream sessions (each named resource is subscribed to at its server meanwhile)."""
+        _, owner, _ = self._who(ctx)
+        servers = await self._servers()
+        subscribed = []
+        for named in params.notifications.resource_subscriptions or []:
+            try:
+                server, uri = self.route(owner, named, servers)
+                await self._forward(server, owner, types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri)))
+            except MCPError as exc:
+                logger.info("not subscribed to %s for a listen stream: %s", named, exc.error.message)
+                continue
+            self.recorder.relay.subscribed(owner, server.name, uri, named)
+            subscribed.append((server, uri))
+        try:
+            return await self.recorder.relay.listener(owner)(ctx, params)
+        finally:
+            for server, uri in subscribed:
+                self.recorder.relay.unsubscribed(owner, server.name, uri)
+                with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                    await self._forward(server, owner, types.UnsubscribeRequest(
+                        params=types.UnsubscribeRequestParams(uri=uri)))
 
     async def set_logging_level(self, ctx, params: types.SetLevelRequestParams) -> dict:
         """Every server this agent session uses logs at the agent's level (one without logging ignores it)."""

@@ -132,6 +132,7 @@ class Recorder:
                 on_unsubscribe_resource=self.features.unsubscribe, on_list_prompts=self.features.list_prompts,
                 on_get_prompt=self.features.get_prompt, on_completion=self.features.complete,
                 on_set_logging_level=self.features.set_logging_level,
+                on_subscriptions_listen=self.features.listen,
             )
 
     async def _tools_changed(self, owner, server_name: str) -> None:

@@ -6,9 +6,11 @@ Each agent session has its own upstream sessions (`client.Upstreams`), so whatev
 to exactly one agent session. The Recorder declares to each upstream the capabilities the agent declared,
 so a server only asks what the agent can answer; a request arriving while the agent has a call in flight
 goes on that call's stream, and is journaled with the call's step. A stateless 2026-07-28 agent has no
-channel back: it is asked by the answer to its call (`bridge`), and gets no notifications.
+channel back but what it opens: it is asked by the answer to its call (`bridge`), and hears list changes
+and resource updates on its `subscriptions/listen` streams.
 """
 
+import asyncio
 import contextlib
 import logging
 import weakref
@@ -18,8 +20,16 @@ from typing import Any
 import mcp_types as types
 from django.utils import timezone
 from mcp import MCPError
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp.shared.message import ServerMessageMetadata
+from mcp.shared.subscriptions import (
+    PromptsListChanged,
+    ResourcesListChanged,
+    ResourceUpdated,
+    ToolsListChanged,
+)
 from mcp_types import CLIENT_CAPABILITIES_META_KEY
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from .. import services
 from .client import Owner
@@ -45,6 +55,14 @@ class _Call:
     step: services.OpenedStep | None
 
 
+# A notification as the event a 2026-07-28 agent's `subscriptions/listen` stream carries.
+_EVENTS = {
+    types.ToolListChangedNotification: ToolsListChanged, types.PromptListChangedNotification: PromptsListChanged,
+    types.ResourceListChangedNotification: ResourcesListChanged,
+}
+_LISTENERS = 1024
+
+
 def _answers(capabilities: types.ClientCapabilities) -> bool:
     return any(c is not None for c in (capabilities.elicitation, capabilities.sampling, capabilities.roots))
 
@@ -55,13 +73,26 @@ class Relay:
         self.bridge = bridge  # how a 2026-07-28 agent is asked: by the answer to its call (`bridge.Bridge`)
         self.declared: dict[Owner, types.ClientCapabilities] = {}  # what each 2026 agent last declared
         self.tools_changed = tools_changed  # async (owner, server name): a server said its tools changed
+        self._pending_reads: set[asyncio.Task] = set()
         self.sessions: weakref.WeakValueDictionary[Owner, Any] = weakref.WeakValueDictionary()
         self.calls: dict[Owner, list[_Call]] = {}
         self.subscriptions: dict[tuple[Owner, str, str], str] = {}  # (owner, server, its URI): the agent's URI
+        # A 2026-07-28 agent's `subscriptions/listen` streams, fed from its own upstream sessions only.
+        self.buses: dict[Owner, tuple[InMemorySubscriptionBus, ListenHandler]] = {}
+
+    def listener(self, owner: Owner) -> ListenHandler:
+        """The handler serving `owner`'s listen streams (each agent session has its own bus)."""
+        if owner not in self.buses:
+            if len(self.buses) >= _LISTENERS:
+                del self.buses[next(iter(self.buses))]
+            bus = InMemorySubscriptionBus()
+            self.buses[owner] = (bus, ListenHandler(bus, max_subscriptions=16))
+        return self.buses[owner][1]
 
     def heard_from(self, owner: Owner, session) -> None:
         """The agent session behind `owner` just sent a request on `session`."""
-        if session is not None and session.client_params is not None:  # the handshake: a channel back
+        if session is not None and session.client_params is not None \
+                and session.protocol_version not in MODERN_PROTOCOL_VERSIONS:  # the handshake: a channel back
             self.sessions[owner] = session
 
     @contextlib.contextmanager
@@ -110,15 +141,18 @@ class Relay:
         self.sessions.pop(owner, None)
         for key in [key for key in self.subscriptions if key[0] == owner]:
             del self.subscriptions[key]
+        self.buses.pop(owner, None)
 
     def client_options(self, owner: Owner, server: str) -> dict[str, Any]:
         """The SDK client's callbacks for `owner`'s session with `server`: a notification handler, and one
         for each kind of request the agent declared it can answer (so the server sees those capabilities)."""
         session = self.sessions.get(owner)
-        if owner is None or (session is None and owner not in self.declared):
+        if owner is None:
             return {}
-        capabilities = session.client_params.capabilities if session is not None else self.declared[owner]
         options: dict[str, Any] = {"message_handler": self._notifications(owner, server)}
+        if session is None and owner not in self.declared:
+            return options
+        capabilities = session.client_params.capabilities if session is not None else self.declared[owner]
         if capabilities.elicitation is not None:
             options["elicitation_callback"] = self._asking(owner, server, types.ElicitRequest, types.ElicitResult)
         if capabilities.sampling is not None:
@@ -139,11 +173,20 @@ class Relay:
             elif not isinstance(message, _RELAYED_NOTIFICATIONS):
                 return  # progress is relayed on its call's token; transport failures are the client's own
             if isinstance(message, types.ToolListChangedNotification) and self.tools_changed is not None:
-                await self.tools_changed(owner, server)  # so the agent's tools/list that follows is current
+                # The catalogue is read again, so the agent's tools/list that follows is current; not here,
+                # where the session's own reading waits for this handler (a request on it would never end).
+                task = asyncio.ensure_future(self.tools_changed(owner, server))
+                self._pending_reads.add(task)
+                task.add_done_callback(self._pending_reads.discard)
             session = self.sessions.get(owner)
             if session is not None:
                 with contextlib.suppress(Exception):  # an agent that went away misses it; nothing else does
                     await session.send_notification(message)
+            elif owner in self.buses:  # a 2026-07-28 agent hears on its listen streams (no log messages there)
+                event = ResourceUpdated(uri=message.params.uri) if isinstance(message, types.ResourceUpdatedNotification) \
+                    else _EVENTS.get(type(message), lambda: None)()
+                if event is not None:
+                    await self.buses[owner][0].publish(event)
 
         return relay
 

@@ -3,6 +3,7 @@ resources, templates and reads, prompts, completion, logging, and the server's o
 (elicitation, sampling, roots), each compared with what the same client gets directly."""
 
 import time
+from pathlib import Path
 
 import anyio
 import mcp_types as types
@@ -12,9 +13,12 @@ from mcp import Client, MCPError
 from journal import services
 from journal.mcp import bridge
 from journal.models import Step
+from tests.conftest import ServerThread, free_port
+from tests.fixtures import handshake_server
 from tests.services import needs_node
 
 from .helpers import run_agent
+from .test_conformance import normalised
 from .test_pairings import EVERYTHING, same, stdio
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_node]
@@ -73,7 +77,9 @@ def test_a_resource_link_a_tool_returns_is_read_through_the_recorder(recorder, t
         return link.uri, dumped(await client.read_resource(link.uri))
 
     uri, through = run_agent(recorder, token, script, mode=mode)
-    assert through == directly(lambda client: _read(client, uri))
+    # A dynamic resource says when it was made: compared without that reading of the clock.
+    assert normalised(through, Path("/nowhere")) == normalised(directly(lambda client: _read(client, uri)),
+                                                                Path("/nowhere"))
     assert [s.tool for s in Step.objects.order_by("number")] == ["get-resource-links", "resources/read"]
 
 
@@ -250,3 +256,52 @@ def test_a_stateless_agent_that_never_answers_leaves_the_step_undelivered(record
             break
         time.sleep(0.1)
     assert step.status == "undelivered" and "never came back" in step.error_message
+
+
+def test_an_agent_on_the_stateless_protocol_hears_updates_of_resources_it_listens_for(recorder, token):
+    """A 2026 agent has no channel back but the `subscriptions/listen` stream it opens: the Recorder
+    subscribes at the server for the resources it names, and the server's updates arrive on that stream."""
+    async def script(client):
+        first = (await client.list_resources()).resources[0].uri
+        heard = []
+        async with client.listen(resource_subscriptions=[first]) as subscription:
+            await client.call_tool("everything__toggle-subscriber-updates", {})
+            with anyio.move_on_after(10):
+                async for event in subscription:
+                    heard.append(event.uri)
+                    break
+            await client.call_tool("everything__toggle-subscriber-updates", {})
+        return first, heard
+
+    first, heard = run_agent(recorder, token, script, mode="auto")
+    assert first.startswith("everything__") and heard == [first]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_servers_tool_list_change_reaches_the_agent_on_either_protocol(recorder, dana, mode):
+    _, token = services.create_agent(name="bot", on_behalf_of=dana)
+    heard = []
+
+    async def handler(message):
+        if isinstance(message, types.ToolListChangedNotification):
+            heard.append("tools")
+
+    async def script(client):
+        if mode == "legacy":  # the handshake: on the session's own stream
+            await client.call_tool("memo__announce", {})
+            for _ in range(100):
+                if heard:
+                    break
+                await anyio.sleep(0.05)
+            return heard
+        async with client.listen(tools_list_changed=True) as subscription:  # 2026: on its listen stream
+            await client.call_tool("memo__announce", {})
+            with anyio.move_on_after(10):
+                async for event in subscription:
+                    return [type(event).__name__]
+        return []
+
+    with ServerThread(handshake_server.build_app(), free_port()) as upstream:
+        services.refresh_catalogue(server=services.register_tool_server(name="memo", url=f"{upstream.base}/mcp"))
+        assert run_agent(recorder, token, script, mode=mode, message_handler=handler) == (
+            ["tools"] if mode == "legacy" else ["ToolsListChanged"])
