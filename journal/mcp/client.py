@@ -30,6 +30,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter, ValidationError
 
 from .bounded import CHUNK, BoundedTransport, Oversized, read_bounded
+from .declaring import DeclaringClient
 from .failures import ToolServerError, first_leaf, http_status_class, too_large, translate
 
 __all__ = ["CLIENT_INFO", "Endpoint", "ToolServerError", "Upstreams", "endpoint_of"]
@@ -120,8 +121,8 @@ class _Connection:
                     # Answers are bounded by `bounded`; the SDK's own cap (1 MiB an event) would fail them sooner.
                     target = streamable_http_client(self.endpoint.url, http_client=self.http,
                                                     max_sse_event_size=self.max_answer_bytes + CHUNK)
-                self.client = Client(target, read_timeout_seconds=self.timeout, cache=None, client_info=CLIENT_INFO,
-                                     **self.options)
+                self.client = DeclaringClient(target, read_timeout_seconds=self.timeout, cache=None,
+                                              client_info=CLIENT_INFO, **self.options)
                 await stack.enter_async_context(self.client)
                 self.last_used = time.monotonic()
                 self.ready.set()

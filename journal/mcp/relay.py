@@ -153,6 +153,7 @@ class Relay:
         if session is None and owner not in self.declared:
             return options
         capabilities = session.client_params.capabilities if session is not None else self.declared[owner]
+        options["declared"] = capabilities
         if capabilities.elicitation is not None:
             options["elicitation_callback"] = self._asking(owner, server, types.ElicitRequest, types.ElicitResult)
         if capabilities.sampling is not None:

@@ -45,11 +45,11 @@ class RawAgent:
     """A handshake client at any protocol version, speaking JSON-RPC over streamable HTTP by hand (a
     2025-03-26 client sends no Mcp-Protocol-Version header)."""
 
-    def __init__(self, url: str, token: str, version: str):
+    def __init__(self, url: str, token: str, version: str, capabilities: dict | None = None):
         self.url, self.version, self.ids = url, version, 0
-        self.http = httpx.Client(timeout=30, headers={"Authorization": f"Bearer {token}",
-                                                      "Accept": "application/json, text/event-stream"})
-        answer = self.rpc("initialize", {"protocolVersion": version, "capabilities": {},
+        self.http = httpx.Client(timeout=30, headers={"Accept": "application/json, text/event-stream",
+                                                      **({"Authorization": f"Bearer {token}"} if token else {})})
+        answer = self.rpc("initialize", {"protocolVersion": version, "capabilities": capabilities or {},
                                          "clientInfo": {"name": "raw", "version": "1"}})
         self.negotiated = answer["result"]["protocolVersion"]
         self.http.post(self.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}).raise_for_status()
@@ -145,3 +145,19 @@ def test_a_server_on_any_handshake_version_serves_every_agent(recorder, token, v
         answers.append({"content": [{"text": run_agent(recorder, token, stateless, mode="auto")}]})
     assert [a["content"][0]["text"] for a in answers] == [*OLDER, "2026-07-28"]  # a session each, upstream too
     assert Step.objects.filter(status="ok").count() == 2 * len(OLDER) + 2
+
+
+def test_each_upstream_session_declares_exactly_what_its_agent_declared(recorder, token):
+    """An agent that takes form elicitations only, and lists roots without saying when they change: the
+    server sees those capabilities through the Recorder, as it would directly, and nothing more."""
+    declared = {"elicitation": {"form": {}}, "roots": {}}
+    with ServerThread(handshake_server.build_app(), free_port()) as upstream:
+        services.refresh_catalogue(server=services.register_tool_server(name="memo", url=f"{upstream.base}/mcp"))
+        seen = []
+        for url, name, key in ((f"{upstream.base}/mcp", "capabilities", ""), (f"{recorder.base}/mcp/", "memo__capabilities", token)):
+            agent = RawAgent(url, key, "2025-11-25", capabilities=declared)
+            try:
+                seen.append(json.loads(agent.rpc("tools/call", {"name": name, "arguments": {}})["result"]["content"][0]["text"]))
+            finally:
+                agent.close()
+    assert seen[1] == seen[0] == declared
