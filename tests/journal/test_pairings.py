@@ -23,7 +23,7 @@ from journal.mcp import versions
 from journal.models import Step
 from tests.services import NODE_MODULES, needs_node
 
-from .helpers import register_samples, run_agent
+from .helpers import register_samples, run_agent, settle
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -269,9 +269,15 @@ def test_a_call_cancelled_before_it_reached_the_server_says_nothing_was_sent(rec
         with anyio.move_on_after(0.2):  # the server's process takes about a second to start
             await client.call_tool("slow__wait", {"seconds": 0})
             raise AssertionError("the call was not cancelled")
+        await anyio.sleep(1.5)  # still connected while the Recorder answers the cancelled request
 
     run_agent(recorder, token, script, mode="legacy")
-    step = Step.objects.get()
+    for _ in range(100):
+        step = Step.objects.get()
+        if step.status != "pending":
+            break
+        time.sleep(0.05)
+        settle(recorder)
     assert step.status == "cancelled" and step.reversibility == "read_only" and not step.undo_problems
     assert step.error_message == "The agent cancelled the call before it was sent to slow; nothing was sent."
     assert step.run.unknown_count == 0
