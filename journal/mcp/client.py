@@ -341,12 +341,11 @@ class Upstreams:
             if open_one is connection:
                 self._discard(key, open_one)
 
-    @contextlib.asynccontextmanager
-    async def _using(self, endpoint: Endpoint, owner: Owner):
-        """The open session to `endpoint` for `owner`, counted as in use meanwhile, or a ToolServerError
-        saying why there is none (nothing was sent)."""
+    async def _opened(self, endpoint: Endpoint, owner: Owner) -> "_Connection":
+        """The open session to `endpoint` for `owner`, or a ToolServerError saying why there is none
+        (nothing was sent)."""
         try:
-            connection = await self._session(endpoint, owner)
+            return await self._session(endpoint, owner)
         except TimeoutError:
             raise ToolServerError(f"{endpoint.name} did not accept a connection in time", failure_class="transient",
                                   transient=True) from None
@@ -354,6 +353,11 @@ class Upstreams:
             raise
         except Exception as exc:
             raise translate(exc, server=endpoint.name, sent=False) from exc
+
+    @contextlib.asynccontextmanager
+    async def _using(self, endpoint: Endpoint, owner: Owner):
+        """The open session to `endpoint` for `owner`, counted as in use meanwhile."""
+        connection = await self._opened(endpoint, owner)
         connection.busy += 1
         try:
             yield connection
@@ -423,17 +427,21 @@ class Upstreams:
         `progress`, the server's progress notifications about the call are relayed to it (see `request`);
         the direct path, which reads one answer and nothing else, is then not taken."""
         if endpoint.transport == "http" and self.direct and progress is None:
-            async with self._using(endpoint, owner) as connection:
-                if connection.direct_calls:
-                    if sending is not None:
-                        sending()
-                    try:
-                        return await connection.call_tool_directly(name, dict(arguments or {}), meta,
-                                                                   timeout or self.timeout, retry)
-                    except ToolServerError as exc:
-                        if exc.transient:  # the connection may be what broke; open a fresh one next time
-                            self._forget(connection)
-                        raise
+            connection = await self._opened(endpoint, owner)
+            if connection.direct_calls:  # the hot path: counted in use by hand (no context manager per call)
+                if sending is not None:
+                    sending()
+                connection.busy += 1
+                try:
+                    return await connection.call_tool_directly(name, dict(arguments or {}), meta,
+                                                               timeout or self.timeout, retry)
+                except ToolServerError as exc:
+                    if exc.transient:  # the connection may be what broke; open a fresh one next time
+                        self._forget(connection)
+                    raise
+                finally:
+                    connection.busy -= 1
+                    connection.last_used = time.monotonic()
         params = types.CallToolRequestParams.model_validate({
             "name": name, "arguments": dict(arguments or {}), **({"_meta": dict(meta)} if meta else {}), **(retry or {})})
         return await self.request(endpoint, types.CallToolRequest(params=params), timeout=timeout, progress=progress,

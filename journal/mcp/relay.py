@@ -72,6 +72,7 @@ class Relay:
         self.journal = journal
         self.bridge = bridge  # how a 2026-07-28 agent is asked: by the answer to its call (`bridge.Bridge`)
         self.declared: dict[Owner, types.ClientCapabilities] = {}  # what each 2026 agent last declared
+        self._raw_declared: dict[Owner, Any] = {}
         self.tools_changed = tools_changed  # async (owner, server name): a server said its tools changed
         self._pending_reads: set[asyncio.Task] = set()
         self.sessions: weakref.WeakValueDictionary[Owner, Any] = weakref.WeakValueDictionary()
@@ -113,12 +114,20 @@ class Relay:
         """A 2026-07-28 agent's request declares its capabilities in its `_meta`: keep them (its upstream
         sessions declare the same) and say whether it can answer any of a server's questions."""
         declared = meta.get(CLIENT_CAPABILITIES_META_KEY) if isinstance(meta, dict) else None
+        if not declared:  # the common case, on every call: nothing to keep, nothing to validate
+            self.declared.pop(owner, None)
+            return False
+        known = self.declared.get(owner)
+        if known is not None and self._raw_declared.get(owner) == declared:
+            return _answers(known)
         try:
-            capabilities = types.ClientCapabilities.model_validate(declared or {})
+            capabilities = types.ClientCapabilities.model_validate(declared)
         except ValueError:
             return False
+        self._raw_declared[owner] = declared
         if len(self.declared) > 10_000:  # bounded: one entry per live agent is all it needs
             self.declared.clear()
+            self._raw_declared.clear()
         self.declared[owner] = capabilities
         return _answers(capabilities)
 
