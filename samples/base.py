@@ -105,6 +105,9 @@ class SampleServer:
                            data={"field": "arguments", "tool": params.name})
         if self.mode == "input_required":  # 2026-07-28: ask the client for more before answering
             return types.InputRequiredResult(result_type="input_required", request_state=f"ask-again:{params.name}")
+        if self.mode == "ask_name" and (ctx.session.client_capabilities is None
+                                        or ctx.session.client_capabilities.elicitation is None):
+            return tool_error("This tool asks who is calling: it needs a client that can answer (elicitation).")
         if self.mode == "ask_name":  # 2026-07-28: ask the user (an elicitation) before answering
             answer = (params.input_responses or {}).get("name")
             if isinstance(answer, types.ElicitResult) and params.request_state == "asked:name":

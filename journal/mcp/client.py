@@ -149,7 +149,8 @@ class _Connection:
         )
 
     async def call_tool_directly(self, name: str, arguments: dict[str, Any], meta: Mapping[str, Any] | None,
-                                 timeout: float, retry: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                                 timeout: float, retry: Mapping[str, Any] | None = None,
+                                 capabilities: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """One tools/call as the SDK would send it on a 2026-07-28 connection (the per-request `_meta`
         envelope and the Mcp-* headers), without its per-call machinery: this is the Recorder's hot path.
 
@@ -159,7 +160,7 @@ class _Connection:
         envelope = {
             PROTOCOL_VERSION_META_KEY: version,
             CLIENT_INFO_META_KEY: CLIENT_INFO.model_dump(mode="json", exclude_none=True),
-            CLIENT_CAPABILITIES_META_KEY: {},
+            CLIENT_CAPABILITIES_META_KEY: dict(capabilities or {}),  # the agent's: declared per request
         }
         request_id = next(self.request_ids)
         body = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
@@ -420,10 +421,11 @@ class Upstreams:
     async def call_tool(
         self, endpoint: Endpoint, name: str, arguments: Mapping[str, Any] | None,
         *, meta: Mapping[str, Any] | None = None, timeout: float | None = None, progress=None, owner: Owner = None,
-        sending=None, retry: Mapping[str, Any] | None = None,
+        sending=None, retry: Mapping[str, Any] | None = None, capabilities: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The raw `tools/call` result, `isError` results included (they are answers, not failures). `retry`
-        carries a 2026-07-28 retry's `inputResponses` and `requestState`, as the wire names them. With
+        carries a 2026-07-28 retry's `inputResponses` and `requestState`, as the wire names them, and
+        `capabilities` the client capabilities a call on a stateless connection declares (the agent's). With
         `progress`, the server's progress notifications about the call are relayed to it (see `request`);
         the direct path, which reads one answer and nothing else, is then not taken."""
         if endpoint.transport == "http" and self.direct and progress is None:
@@ -434,7 +436,7 @@ class Upstreams:
                 connection.busy += 1
                 try:
                     return await connection.call_tool_directly(name, dict(arguments or {}), meta,
-                                                               timeout or self.timeout, retry)
+                                                               timeout or self.timeout, retry, capabilities)
                 except ToolServerError as exc:
                     if exc.transient:  # the connection may be what broke; open a fresh one next time
                         self._forget(connection)

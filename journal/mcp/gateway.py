@@ -236,7 +236,7 @@ class Recorder:
                 result = await self.upstreams.call_tool(
                     endpoint_of(opened.server), tool, arguments, meta=meta, owner=owner, timeout=waits,
                     progress=_relayed(progress) if progress is not None else None,
-                    sending=lambda: sent.append(True), retry=retry)
+                    sending=lambda: sent.append(True), retry=retry, capabilities=self.relay.capabilities_of(owner))
                 if result.get("resultType") == versions.INPUT_REQUIRED and version not in versions.MODERN:
                     result = await self._answered(result, owner, opened, tool, arguments, meta)
         except get_cancelled_exc_class():
@@ -293,8 +293,8 @@ class Recorder:
                 answers[key] = answer
             retry = {"inputResponses": answers, **({"requestState": result["requestState"]}
                                                    if "requestState" in result else {})}
-            result = await self.upstreams.call_tool(endpoint_of(opened.server), tool, arguments, meta=meta,
-                                                    owner=owner, retry=retry)
+            result = await self.upstreams.call_tool(endpoint_of(opened.server), tool, arguments, meta=meta, owner=owner,
+                                                    retry=retry, capabilities=self.relay.capabilities_of(owner))
             if result.get("resultType") != versions.INPUT_REQUIRED:
                 return result
         return result

@@ -131,6 +131,15 @@ class Relay:
         self.declared[owner] = capabilities
         return _answers(capabilities)
 
+    def capabilities_of(self, owner: Owner) -> dict | None:
+        """What the agent behind `owner` can answer, as a stateless server is told it on each call."""
+        session = self.sessions.get(owner)
+        declared = session.client_params.capabilities if session is not None else self.declared.get(owner)
+        if declared is None or not _answers(declared):
+            return None
+        return declared.model_dump(by_alias=True, mode="json", exclude_none=True, include={
+            "elicitation", "sampling", "roots"})
+
     def can_ask(self, owner: Owner) -> bool:
         """Whether a server may ask the agent behind `owner` something, on either protocol."""
         return self.answers_requests(owner) or (owner in self.declared and _answers(self.declared[owner]))

@@ -346,9 +346,15 @@ def test_a_server_that_asks_for_more_input_gets_the_agents_answer_on_either_prot
         assert (relayed["method"], relayed["answer"]["content"]) == ("elicitation/create", {"name": "Ada"})
 
 
-def test_a_handshake_agent_that_cannot_answer_the_server_gets_an_undelivered_error(recorder, sample_servers, token):
+@pytest.mark.parametrize("mode", MODES)
+def test_a_stateless_server_is_told_each_call_what_the_agent_can_answer(recorder, sample_servers, token, mode):
+    """The sample server asks only a client that declared elicitation, as the protocol has it: through the
+    Recorder's one shared connection it learns, call by call, what each agent declared."""
     asking_for_a_name(sample_servers)
-    error = rpc_error_through(recorder, token, "legacy", "legacy__echo", {})
-    assert error.data == {"source": "recorder", "reason": "undelivered"}
-    step = Step.objects.get()
-    assert step.status == "undelivered" and step.reversibility == "read_only"
+
+    async def script(client):
+        return (await client.call_tool("legacy__echo", {})).content[0].text
+
+    assert run_agent(recorder, token, script, mode=mode) == \
+        "This tool asks who is calling: it needs a client that can answer (elicitation)."
+    assert Step.objects.get().status == "error"
