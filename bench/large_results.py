@@ -10,17 +10,14 @@ and how long the API's step list and the run page take afterwards.
 """
 
 import argparse
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from recorder_latency import client_for, wait  # noqa: E402 - bench/ is not a package
+from recorder_latency import client_for, sample_stack  # noqa: E402 - bench/ is not a package
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -48,34 +45,15 @@ def main() -> None:
     parser.add_argument("--under-mb", type=int, default=30)
     parser.add_argument("--over-mb", type=int, default=150)
     args = parser.parse_args()
-    scratch = Path(tempfile.mkdtemp(prefix="large-results-bench-"))
-    env = {**os.environ, "VAR_DIR": str(scratch), "RECORDER_KEY_DIR": str(scratch / "keys"),
-           "DJANGO_SETTINGS_MODULE": "approver.settings", "LOG_LEVEL": "WARNING", "DEBUG": "0"}
-    env.pop("DATABASE_URL", None)
-    os.environ.update(env)
-    import django
+    with sample_stack("large-results-bench-", samples_port=8192, web_port=8193) as (web, user, token):
+        from django.conf import settings
+        from django.contrib.auth.models import Group
+        from django.test import Client as WebClient
 
-    django.setup()
-    from django.conf import settings
-    from django.contrib.auth.models import Group, User
-    from django.core.management import call_command
-    from django.test import Client as WebClient
+        from journal import roles
+        from journal.models import Step
 
-    from journal import roles, services
-    from journal.models import Step
-
-    call_command("migrate", verbosity=0)
-    samples = subprocess.Popen([sys.executable, "-m", "samples", "--port", "8192"], cwd=ROOT, env=env)
-    web = subprocess.Popen([sys.executable, "-m", "uvicorn", "approver.asgi:application", "--port", "8193",
-                            "--log-level", "warning"], cwd=ROOT, env=env)
-    try:
-        wait("http://127.0.0.1:8192/legacy/ledger")
-        wait("http://127.0.0.1:8193/login/")
-        services.refresh_catalogue(server=services.register_tool_server(
-            name="legacy", url="http://127.0.0.1:8192/legacy/mcp"))
-        user = User.objects.create_user("bench")
         user.groups.add(Group.objects.get_or_create(name=roles.ON_CALL)[0])
-        _, token = services.create_agent(name="bench-bot", on_behalf_of=user)
         web_client = WebClient()
         web_client.force_login(user)
         limit = settings.RECORDER_MAX_RESULT_BYTES
@@ -98,10 +76,6 @@ def main() -> None:
                   f"+{max(grew, 0):.0f} MB; step {step.status}, stored {step.result_storage}, "
                   f"{(step.result_size or 0) / 2**20:.0f} MB recorded; API step list {api_ms:.0f} ms "
                   f"({len(listing.content) / 1024:.0f} KiB), run page {page_ms:.0f} ms (HTTP {page.status_code})")
-    finally:
-        for process in (samples, web):
-            process.terminate()
-            process.wait(timeout=20)
 
 
 if __name__ == "__main__":

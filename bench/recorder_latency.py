@@ -83,6 +83,43 @@ def measure_pair(direct_url: str, recorder_url: str, token: str, calls: int, war
     return anyio.run(main)
 
 
+@contextlib.contextmanager
+def sample_stack(prefix: str, *, samples_port: int, web_port: int):
+    """The sample tool servers and the web app (Recorder included) as separate uvicorn processes on a
+    scratch database, with the sample `legacy` server registered and an agent for a user `bench`: yields
+    (the web app's process, the user, the agent's token), and stops both processes after."""
+    scratch = Path(tempfile.mkdtemp(prefix=prefix))
+    # DEBUG off, as in production: with it on, Django also records every SQL statement it runs.
+    env = {**os.environ, "VAR_DIR": str(scratch), "RECORDER_KEY_DIR": str(scratch / "keys"),
+           "DJANGO_SETTINGS_MODULE": "approver.settings", "LOG_LEVEL": "WARNING", "DEBUG": "0"}
+    env.pop("DATABASE_URL", None)
+    os.environ.update(env)
+    import django
+
+    django.setup()
+    from django.contrib.auth.models import User
+    from django.core.management import call_command
+
+    from journal import services
+
+    call_command("migrate", verbosity=0)
+    samples = subprocess.Popen([sys.executable, "-m", "samples", "--port", str(samples_port)], cwd=ROOT, env=env)
+    web = subprocess.Popen([sys.executable, "-m", "uvicorn", "approver.asgi:application", "--port", str(web_port),
+                            "--log-level", "warning"], cwd=ROOT, env=env)
+    try:
+        wait(f"http://127.0.0.1:{samples_port}/legacy/ledger")
+        wait(f"http://127.0.0.1:{web_port}/login/")
+        services.refresh_catalogue(server=services.register_tool_server(
+            name="legacy", url=f"http://127.0.0.1:{samples_port}/legacy/mcp"))
+        user = User.objects.create_user("bench")
+        _, token = services.create_agent(name="bench-bot", on_behalf_of=user)
+        yield web, user, token
+    finally:
+        for process in (samples, web):
+            process.terminate()
+            process.wait(timeout=20)
+
+
 def summary(timings: list[float]) -> tuple[float, float]:
     ordered = sorted(timings)
     return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
@@ -100,31 +137,7 @@ def main() -> None:
                         help="Alternate direct and Recorder calls one by one instead of 1,000 of each in turn.")
     args = parser.parse_args()
 
-    scratch = Path(tempfile.mkdtemp(prefix="recorder-bench-"))
-    # DEBUG off, as in production: with it on, Django also records every SQL statement it runs.
-    env = {**os.environ, "VAR_DIR": str(scratch), "RECORDER_KEY_DIR": str(scratch / "keys"),
-           "DJANGO_SETTINGS_MODULE": "approver.settings", "LOG_LEVEL": "WARNING", "DEBUG": "0"}
-    env.pop("DATABASE_URL", None)
-    os.environ.update(env)
-    import django
-
-    django.setup()
-    from django.contrib.auth.models import User
-    from django.core.management import call_command
-
-    from journal import services
-
-    call_command("migrate", verbosity=0)
-    samples = subprocess.Popen([sys.executable, "-m", "samples", "--port", "8190"], cwd=ROOT, env=env)
-    web = subprocess.Popen([sys.executable, "-m", "uvicorn", "approver.asgi:application", "--port", "8191",
-                            "--log-level", "warning"], cwd=ROOT, env=env)
-    try:
-        wait("http://127.0.0.1:8190/legacy/ledger")
-        wait("http://127.0.0.1:8191/login/")
-        services.refresh_catalogue(server=services.register_tool_server(
-            name="legacy", url="http://127.0.0.1:8190/legacy/mcp"))
-        user = User.objects.create_user("bench")
-        _, token = services.create_agent(name="bench-bot", on_behalf_of=user)
+    with sample_stack("recorder-bench-", samples_port=8190, web_port=8191) as (_, user, token):
         if args.with_policy:
             from approver import policy
             from approver import services as approver_services
@@ -141,10 +154,6 @@ def main() -> None:
         else:
             direct = measure("http://127.0.0.1:8190/legacy/mcp", None, args.calls, args.warmup)
             through = measure("http://127.0.0.1:8191/mcp/", token, args.calls, args.warmup)
-    finally:
-        for process in (samples, web):
-            process.terminate()
-            process.wait(timeout=20)
     (d_median, d_p99), (r_median, r_p99) = summary(direct), summary(through)
     delay = f", tool answering in {args.server_delay_ms} ms" if args.server_delay_ms else ""
     delay += ", under an autonomy policy" if args.with_policy else ""

@@ -131,36 +131,34 @@ class Features:
     async def _servers(self) -> dict[str, ToolServer]:
         return {server.name: server for server in await sync_to_async(enabled_servers)()}
 
-    async def _gather(self, ctx, request_type, key: str) -> list[tuple[str, dict]]:
-        _, owner, _ = self._who(ctx)
-        servers = list((await self._servers()).values())
-        found: dict[str, list[dict]] = {}
+    @staticmethod
+    async def _each(servers, ask, failing: str) -> dict[str, Any]:
+        """`ask(server)` of every server at once: what each answered, by name; a server that fails is left out
+        (and logged, as `failing`), never the whole answer failed for it."""
+        answers: dict[str, Any] = {}
 
         async def one(server: ToolServer) -> None:
             try:
-                found[server.name] = await self.recorder.upstreams.list_all(
-                    endpoint_of(server), request_type, key, owner=owner)
+                answers[server.name] = await ask(server)
             except ToolServerError as exc:
-                logger.info("%s is left out of %s: %s", server.name, key, exc.message)
+                logger.info("%s %s: %s", server.name, failing, exc.message)
 
         async with anyio.create_task_group() as group:
             for server in servers:
                 group.start_soon(one, server)
+        return answers
+
+    async def _gather(self, ctx, request_type, key: str) -> list[tuple[str, dict]]:
+        _, owner, _ = self._who(ctx)
+        servers = list((await self._servers()).values())
+        found = await self._each(servers, lambda server: self.recorder.upstreams.list_all(
+            endpoint_of(server), request_type, key, owner=owner), f"is left out of {key}")
         return [(server.name, item) for server in servers for item in found.get(server.name, [])]
 
     async def live_catalogues(self, owner: Owner, servers: list[ToolServer]) -> list:
         """Each server with the tools it lists on `owner`'s session (its kept catalogue if that fails)."""
-        live: dict[str, list[dict]] = {}
-
-        async def one(server: ToolServer) -> None:
-            try:
-                live[server.name] = await self.recorder.upstreams.list_tools(endpoint_of(server), owner=owner)
-            except ToolServerError as exc:
-                logger.info("listing %s's kept tools: its live list failed: %s", server.name, exc.message)
-
-        async with anyio.create_task_group() as group:
-            for server in servers:
-                group.start_soon(one, server)
+        live = await self._each(servers, lambda server: self.recorder.upstreams.list_tools(
+            endpoint_of(server), owner=owner), "is listed with its kept tools: its live list failed")
         return [_Listed(server.name, live[server.name]) if server.name in live else server for server in servers]
 
     @staticmethod
@@ -288,16 +286,7 @@ class Features:
     async def set_logging_level(self, ctx, params: types.SetLevelRequestParams) -> dict:
         """Every server this agent session uses logs at the agent's level (one without logging ignores it)."""
         _, owner, _ = self._who(ctx)
-
-        async def one(server: ToolServer) -> None:
-            try:
-                await self.recorder.upstreams.request(
-                    endpoint_of(server), types.SetLevelRequest(params=types.SetLevelRequestParams(level=params.level)),
-                    owner=owner)
-            except ToolServerError as exc:
-                logger.info("%s did not take the log level: %s", server.name, exc.message)
-
-        async with anyio.create_task_group() as group:
-            for server in (await self._servers()).values():
-                group.start_soon(one, server)
+        level = types.SetLevelRequest(params=types.SetLevelRequestParams(level=params.level))
+        await self._each((await self._servers()).values(), lambda server: self.recorder.upstreams.request(
+            endpoint_of(server), level, owner=owner), "did not take the log level")
         return {}

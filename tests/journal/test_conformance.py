@@ -32,7 +32,7 @@ from tests.conftest import free_port
 from tests.services import NODE_MODULES, needs_node
 
 from .helpers import run_agent
-from .test_pairings import same
+from .test_pairings import same, ts_client
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_node]
 
@@ -186,16 +186,7 @@ async def _each(client, todo) -> list:
 
 
 def ts_calls(target: str, token: str, todo) -> list:
-    script = NODE_MODULES.parent / "ts_client.mjs"
-    done = subprocess.run(["node", str(script), target, token, json.dumps(todo)], capture_output=True, text=True,
-                          timeout=120, check=True)
-    results = json.loads(done.stdout)["results"]
-    for result in results:
-        meta = result.pop("_meta", None) if isinstance(result, dict) else None
-        kept = {k: v for k, v in (meta or {}).items() if not k.startswith("io.modelcontextprotocol/")}
-        if kept:
-            result["_meta"] = kept
-    return results
+    return ts_client(target, token, todo)["results"]
 
 
 def strip_error_data(results) -> list:

@@ -7,6 +7,7 @@ the hop's own envelope, and every call is journaled once with the status the age
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -210,12 +211,11 @@ def test_an_agents_cancellation_reaches_the_server_and_the_step_says_it_was_canc
 
 
 def ts_client(target: str, token: str, calls) -> dict:
-    """The official TypeScript SDK's client (tests/conformance/ts_client.mjs) making `calls`."""
-    import subprocess
-
+    """The official TypeScript SDK's client (tests/conformance/ts_client.mjs) making `calls`; each result
+    without the envelope its hop stamps."""
     script = NODE_MODULES.parent / "ts_client.mjs"
     done = subprocess.run(["node", str(script), target, token, json.dumps(calls)], capture_output=True, text=True,
-                          timeout=60, check=True)
+                          timeout=120, check=True)
     answer = json.loads(done.stdout)
     for result in answer["results"]:
         meta = versions.without_envelope(result.pop("_meta", None))
