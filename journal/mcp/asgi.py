@@ -3,6 +3,7 @@
 import json
 
 from .bounded import next_boundary
+from .delivery import Deliveries, call_id
 
 
 async def read_body(receive) -> bytes:
@@ -31,18 +32,46 @@ class AnswerAsJson:
     event goes out instead as a plain JSON body, as the SDK's own JSON mode would send it. Clients cap the
     size of one event (the Python SDK's at 1 MiB), never of a JSON body, so this is how a large result
     reaches every client. A stream that carries anything before its answer (progress, a request of the
-    server's, a keep-alive) stays a stream; a 2026-07-28 `subscriptions/listen` is never held back."""
+    server's, a keep-alive) stays a stream; a 2026-07-28 `subscriptions/listen` is never held back.
+    How each call of a handshake session's ended, its answer sent or the agent gone first, goes to
+    `deliveries`."""
 
-    def __init__(self, app):
-        self.app = app
+    def __init__(self, app, deliveries: Deliveries | None = None):
+        self.app, self.deliveries = app, deliveries
 
     async def __call__(self, scope, receive, send):
         headers = dict(scope.get("headers") or []) if scope["type"] == "http" else {}
         if scope["type"] != "http" or scope["method"] != "POST" or headers.get(b"mcp-method") == b"subscriptions/listen":
             return await self.app(scope, receive, send)
         lazy = _LazyStream(send)
-        await self.app(scope, receive, lazy.send)
-        await lazy.flush(final=True)
+        session_id = headers.get(b"mcp-session-id")
+        if session_id is None or self.deliveries is None:
+            await self.app(scope, receive, lazy.send)
+            return await lazy.flush(final=True)
+        watched = _Watched(receive, lazy)
+        try:
+            await self.app(scope, watched.receive, lazy.send)
+            await lazy.flush(final=True)
+        finally:
+            if (request_id := call_id(b"".join(watched.body))) is not None:
+                await self.deliveries.finished(session_id.decode("latin-1"), request_id, delivered=not watched.gone)
+
+
+class _Watched:
+    """A POST's receive, noting its body and whether the agent hung up before the response ended."""
+
+    def __init__(self, receive, lazy: "_LazyStream"):
+        self._receive, self.lazy = receive, lazy
+        self.body: list[bytes] = []
+        self.gone = False
+
+    async def receive(self):
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.body.append(message.get("body", b""))
+        elif message["type"] == "http.disconnect" and not self.lazy.ended:
+            self.gone = True
+        return message
 
 
 class _LazyStream:
@@ -52,17 +81,23 @@ class _LazyStream:
         self.seen = bytearray()  # every byte of the stream so far, until it is decided
         self.scanned = 0
         self.mode = ""  # "" deciding, "stream" passing through, "answered" sent as JSON
+        self.ended = False  # the response's last message went out
+
+    async def _out(self, message) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.ended = True
+        await self.downstream(message)
 
     async def send(self, message) -> None:
         if self.mode == "stream":
-            return await self.downstream(message)
+            return await self._out(message)
         if self.mode == "answered":
             return None  # the stream's own end, after its answer went out as JSON
         if message["type"] == "http.response.start":
             content_type = dict(message.get("headers") or []).get(b"content-type", b"")
             if not content_type.startswith(b"text/event-stream"):
                 self.mode = "stream"
-                return await self.downstream(message)
+                return await self._out(message)
             self.start = message
             return None
         self.seen += message.get("body", b"")
@@ -79,7 +114,7 @@ class _LazyStream:
             kept = [(name, value) for name, value in self.start["headers"] if name.lower() not in _STREAM_ONLY_HEADERS]
             await self.downstream({"type": "http.response.start", "status": self.start["status"], "headers": [
                 *kept, (b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]})
-            return await self.downstream({"type": "http.response.body", "body": answer, "more_body": False})
+            return await self._out({"type": "http.response.body", "body": answer, "more_body": False})
         if not message.get("more_body", False):
             await self.flush(final=True)
         return None
@@ -90,7 +125,7 @@ class _LazyStream:
             return
         self.mode = "stream"
         await self.downstream(self.start)
-        await self.downstream({"type": "http.response.body", "body": bytes(self.seen), "more_body": not final})
+        await self._out({"type": "http.response.body", "body": bytes(self.seen), "more_body": not final})
 
 
 def _answer(data: bytes) -> bytes | None:

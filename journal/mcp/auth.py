@@ -1,8 +1,11 @@
-"""Who is calling: the agent behind `Authorization: Bearer …`, resolved once per HTTP request."""
+"""Who is calling: the agent behind `Authorization: Bearer …`, resolved once per HTTP request, from a
+host this deployment answers for."""
 
 import time
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
+from mcp.server.transport_security import TransportSecuritySettings
 from starlette.responses import JSONResponse
 
 from .. import services
@@ -59,3 +62,14 @@ class BearerAgent:
         if scope["method"] == "DELETE" and session_id and self.on_session_end is not None:
             self.on_session_end(agent, session_id.decode("latin-1"))
 
+
+def transport_security() -> TransportSecuritySettings:
+    """DNS-rebinding protection for the hosts in ALLOWED_HOSTS (none when it allows any host)."""
+    hosts = [h for h in settings.ALLOWED_HOSTS if h and h != "*"]
+    if "*" in settings.ALLOWED_HOSTS:
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[*hosts, *(f"{h}:*" for h in hosts)],
+        allowed_origins=[f"{scheme}://{h}{port}" for h in hosts for scheme in ("http", "https") for port in ("", ":*")],
+    )

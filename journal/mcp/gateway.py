@@ -29,7 +29,6 @@ from django.conf import settings
 from django.utils import timezone
 from mcp.server.caching import CACHEABLE_METHODS, CacheHint
 from mcp.server.lowlevel import Server
-from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp_types import methods as _methods
 from pydantic import ValidationError
@@ -39,7 +38,7 @@ from .. import declarations, keys, ports, services
 from ..models import Agent, ToolServer
 from . import bridge, versions
 from .asgi import AnswerAsJson
-from .auth import BearerAgent
+from .auth import BearerAgent, transport_security
 from .bridge import Bridge
 from .client import DEFAULT_MAX_ANSWER_BYTES, ToolServerError, Upstreams, endpoint_of
 from .context import (
@@ -54,6 +53,7 @@ from .context import (
     session_of,
     upstream_error,
 )
+from .delivery import Deliveries
 from .fast_calls import FastCalls
 from .features import Features
 from .journal_thread import JournalThread, ServerDirectory
@@ -116,6 +116,7 @@ class Recorder:
                  max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES):
         self.journal = JournalThread()
         self.bridge = Bridge(orphaned=self._orphaned)
+        self.deliveries = Deliveries(lost=self.not_delivered)
         self.relay = Relay(self.journal, tools_changed=self._tools_changed, bridge=self.bridge)
         self.upstreams = Upstreams(timeout=timeout, idle_seconds=idle_seconds, max_sessions=max_sessions,
                                    max_answer_bytes=max_answer_bytes, client_options=self.relay.client_options)
@@ -171,6 +172,8 @@ class Recorder:
                                                retry=retry or None)
         if journaled is not None:
             await journaled
+            if session_id is not None:  # whether the answer reaches the agent is known once its POST ends
+                await self.deliveries.answered(session_id, ctx.request_id, journaled)
         return result
 
     async def forward(self, *, agent: Agent, name: str, arguments: Any, meta: Any, session_id: str | None,
@@ -351,6 +354,7 @@ class Recorder:
         owner = owner_of(agent, session_id)
         self.upstreams.close_owner(owner)
         self.relay.forget(owner)
+        self.deliveries.forget(session_id)
 
     def journal_outcome(self, opened: services.OpenedStep, started, outcome: services.Outcome) -> "Journaled":
         """Queue the outcome's journal write now (so it comes before anything the agent does next) and
@@ -396,38 +400,30 @@ class Recorder:
 
 
 class Journaled:
-    """The journal write of a call's outcome, already queued: await it. `opened` is the step it closes."""
+    """The journal write of a call's outcome, already queued: await it (again, once it is done).
+    `opened` is the step it closes."""
 
     def __init__(self, written, opened: services.OpenedStep):
-        self.written, self.opened = written, opened
+        self.written, self.opened, self.done = written, opened, False
 
     def __await__(self):
-        return self.written.__await__()
-
-
-def _transport_security() -> TransportSecuritySettings:
-    hosts = [h for h in settings.ALLOWED_HOSTS if h and h != "*"]
-    if "*" in settings.ALLOWED_HOSTS:
-        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
-    return TransportSecuritySettings(
-        enable_dns_rebinding_protection=True,
-        allowed_hosts=[*hosts, *(f"{h}:*" for h in hosts)],
-        allowed_origins=[f"{scheme}://{h}{port}" for h in hosts for scheme in ("http", "https") for port in ("", ":*")],
-    )
+        if not self.done:
+            yield from self.written.__await__()
+            self.done = True
 
 
 def build_app() -> Starlette:
     recorder = Recorder(timeout=settings.TOOL_SERVER_TIMEOUT, idle_seconds=settings.RECORDER_UPSTREAM_IDLE_SECONDS,
                         max_sessions=settings.RECORDER_MAX_UPSTREAM_SESSIONS,
                         max_answer_bytes=settings.RECORDER_MAX_RESULT_BYTES)
-    security = _transport_security()
+    security = transport_security()
     mcp_app = recorder.server.streamable_http_app(
         # Not JSON-only: a held call streams progress notifications (SSE) while it waits. A request that
         # finishes quickly and emits nothing is still answered with plain JSON.
         streamable_http_path="/mcp/", json_response=False, transport_security=security
     )
     # The SDK answers with an event stream; a stream that would carry only its answer goes out as JSON.
-    recorder.sdk_app = AnswerAsJson(mcp_app)
+    recorder.sdk_app = AnswerAsJson(mcp_app, recorder.deliveries)
 
     session_manager_lifespan = mcp_app.router.lifespan_context
 

@@ -358,3 +358,38 @@ def test_a_stateless_server_is_told_each_call_what_the_agent_can_answer(recorder
     assert run_agent(recorder, token, script, mode=mode) == \
         "This tool asks who is calling: it needs a client that can answer (elicitation)."
     assert Step.objects.get().status == "error"
+
+
+@pytest.mark.parametrize("delay_ms", [20, 800])
+def test_an_answer_a_handshake_agent_left_before_getting_is_journaled_as_undelivered(recorder, sample_servers, token,
+                                                                                      delay_ms):
+    """The same on the handshake: the agent's session is open, it posts a call and hangs up at once, before
+    the server answers or while the answer is on its way. Hanging up is not cancelling on the handshake
+    (that takes `notifications/cancelled`), so the server acts, and the step says its answer went nowhere."""
+    register_samples(sample_servers, names=("legacy",))
+    call_through(recorder, token, "legacy", "legacy", [("echo", {})])
+    sample_servers.set_mode("legacy", "normal", delay_ms=delay_ms)
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
+    url = f"http://127.0.0.1:{recorder.port}/mcp/"
+    with httpx2.Client(headers=headers) as http:
+        opened = http.post(url, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+        session = opened.headers["mcp-session-id"]
+        http.post(url, headers={"Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-11-25"},
+                  json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "legacy__create_ticket", "arguments": {"title": "left"}}}).encode()
+        head = (f"POST /mcp/ HTTP/1.1\r\nHost: 127.0.0.1:{recorder.port}\r\nAuthorization: Bearer {token}\r\n"
+                "Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n"
+                f"Mcp-Session-Id: {session}\r\nMcp-Protocol-Version: 2025-11-25\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        with socket.create_connection(("127.0.0.1", recorder.port)) as raw:
+            raw.sendall(head + body)
+        for _ in range(100):
+            step = Step.objects.filter(tool="create_ticket").exclude(status="pending").first()
+            if step is not None and step.status != "ok":
+                break
+            time.sleep(0.05)
+    assert step.status == "undelivered" and "went away" in step.error_message
+    assert step.result["structuredContent"]["ticket"].startswith("T-")
+    assert step.run.entries.filter(event="undelivered", data__step=step.number).count() == 1
