@@ -4,7 +4,8 @@ journal or the agent, and what it was (its size and SHA-256, as the server sent 
 An answer over the limit is read to its end, hashed and dropped as it arrives, so the process never holds
 more than the limit of it. On the SDK's HTTP path (`BoundedTransport`) the answer is then replaced by a
 JSON-RPC error naming a token only this process issued, which `Oversized.taken_from` turns back into the
-size and digest: a server cannot fake one. The direct path reads its one response with `read_bounded`.
+size and digest: a server cannot fake one. The direct path reads a JSON answer with `read_bounded` and an
+event stream with `events_bounded`.
 """
 
 import hashlib
@@ -60,6 +61,39 @@ async def read_bounded(chunks, limit: int) -> bytes | Oversized:
     async for chunk in chunks:
         measure.add(chunk)
     return measure.oversized() if measure.over else bytes(measure.kept)
+
+
+async def events_bounded(chunks, limit: int):
+    """Each server-sent event of a stream, as its bytes (blank line included), or an `Oversized` in place of
+    an event over `limit` bytes (read to its blank line, never held). A last event without its blank line
+    is passed on as it is."""
+    pending = bytearray()  # the event being read, while it is within the limit
+    measure: _Measure | None = None  # the event being read, once it is over
+    tail = b""  # the last bytes of an oversized event, to find its blank line across chunks
+    async for chunk in chunks:
+        if measure is not None:
+            window = tail + chunk
+            end = next_boundary(window)
+            if end < 0:
+                measure.add(chunk)
+                tail = window[-3:]
+                continue
+            measure.add(window[len(tail):end])
+            yield measure.oversized()
+            measure, tail, chunk = None, b"", window[end:]
+        pending += chunk
+        while (end := next_boundary(pending)) >= 0:
+            yield bytes(pending[:end])
+            del pending[:end]
+        if len(pending) > limit:
+            measure = _Measure(limit)
+            measure.add(bytes(pending))
+            tail = bytes(pending[-3:])
+            pending.clear()
+    if measure is not None:
+        yield measure.oversized()
+    elif pending:
+        yield bytes(pending)
 
 
 def _request_id(request: httpx.Request) -> Any:
@@ -144,34 +178,8 @@ class _EventsBody(httpx.AsyncByteStream):
         self.transport, self.inner, self.request_id = transport, inner, request_id
 
     async def __aiter__(self):
-        limit = self.transport.limit
-        pending = bytearray()  # the event being read, while it is within the limit
-        measure: _Measure | None = None  # the event being read, once it is over
-        tail = b""  # the last bytes of an oversized event, to find its blank line across chunks
-        async for chunk in self.inner:
-            if measure is not None:
-                window = tail + chunk
-                end = next_boundary(window)
-                if end < 0:
-                    measure.add(chunk)
-                    tail = window[-3:]
-                    continue
-                measure.add(window[len(tail):end])
-                yield self._error_event(measure.oversized())
-                measure, tail, chunk = None, b"", window[end:]
-            pending += chunk
-            while (end := next_boundary(pending)) >= 0:
-                yield bytes(pending[:end])
-                del pending[:end]
-            if len(pending) > limit:
-                measure = _Measure(limit)
-                measure.add(bytes(pending))
-                tail = bytes(pending[-3:])
-                pending.clear()
-        if measure is not None:
-            yield self._error_event(measure.oversized())
-        elif pending:
-            yield bytes(pending)
+        async for event in events_bounded(self.inner, self.transport.limit):
+            yield self._error_event(event) if isinstance(event, Oversized) else event
 
     def _error_event(self, oversized: Oversized) -> bytes:
         return b"event: message\r\ndata: " + self.transport._replacement(self.request_id, oversized) + b"\r\n\r\n"

@@ -8,214 +8,28 @@ and one error type for every failure (`journal.mcp.failures.ToolServerError`).
 
 import contextlib
 import hashlib
-import itertools
 import json
 import logging
-import shlex
 import time
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-import aiohttp  # the direct tools/call path: a fraction of httpx's cost per request under concurrency
 import anyio
-import httpx2 as httpx  # the HTTP library the mcp SDK itself uses
 import mcp_types as types
-from mcp import Client, MCPError, StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.inbound import encode_header_value
-from mcp_types import CLIENT_CAPABILITIES_META_KEY, CLIENT_INFO_META_KEY, PROTOCOL_VERSION_META_KEY
-from mcp_types import methods as _methods
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import TypeAdapter, ValidationError
+from mcp import MCPError
+from pydantic import TypeAdapter
 
-from .bounded import CHUNK, BoundedTransport, Oversized, read_bounded
-from .declaring import DeclaringClient
-from .failures import ToolServerError, first_leaf, http_status_class, too_large, translate
+from .bounded import Oversized
+from .connection import CLIENT_INFO, Connection, Endpoint, endpoint_of
+from .failures import ToolServerError, first_leaf, too_large, translate
 
 __all__ = ["CLIENT_INFO", "Endpoint", "ToolServerError", "Upstreams", "endpoint_of"]
 
 logger = logging.getLogger(__name__)
 
 _RAW = TypeAdapter(dict[str, Any])
-CLIENT_INFO = types.Implementation(name="agent-undo-recorder", version="0.1.0")
 _MAX_PAGES = 50
 DEFAULT_MAX_ANSWER_BYTES = 32 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """How to reach one tool server; plain data so tasks and the gateway can share it without the ORM."""
-
-    name: str
-    transport: str  # "http" or "stdio"
-    url: str = ""
-    command: str = ""
-
-
-def endpoint_of(server) -> Endpoint:
-    """The Endpoint of a `journal.models.ToolServer` row."""
-    return Endpoint(name=server.name, transport=server.transport, url=server.url, command=server.command)
-
-
-def _reply(raw: bytes, content_type: str, request_id: int) -> Any:
-    """The JSON-RPC message answering `request_id`, from a JSON body or an SSE stream; None if neither."""
-    try:
-        if content_type.startswith("text/event-stream"):
-            for event in raw.decode("utf-8", "replace").replace("\r\n", "\n").split("\n\n"):
-                data = "\n".join(line[5:].lstrip() for line in event.split("\n") if line.startswith("data:"))
-                if data:
-                    message = json.loads(data)
-                    if isinstance(message, dict) and message.get("id") == request_id:
-                        return message
-            return None
-        return json.loads(raw)
-    except ValueError:
-        return None
-
-
-class _Connection:
-    """One open session, owned by a keeper task so that it is entered and left in the same task.
-
-    The SDK turns an HTTP error status into a generic JSON-RPC internal error; the response hook keeps the
-    status so the failure can still be classified (a 502 is transient, a 403 is not).
-    """
-
-    def __init__(self, endpoint: Endpoint, timeout: float, max_answer_bytes: int,
-                 options: dict[str, Any] | None = None):
-        self.endpoint = endpoint
-        self.options = options or {}  # the SDK client's callbacks: what the server may send or ask the agent
-        self.timeout = timeout
-        self.max_answer_bytes = max_answer_bytes
-        self.bounded: BoundedTransport | None = None
-        self.client: Client | None = None
-        self.ready = anyio.Event()
-        self.closing = anyio.Event()
-        self.error: BaseException | None = None
-        self.last_http_error: int | None = None
-        self.http: Any = None  # the SDK's HTTP client for this server
-        self.fast: aiohttp.ClientSession | None = None  # our own, for the direct tools/call path
-        self.request_ids = itertools.count(1)
-        self.busy = 0  # calls in flight on it
-        self.last_used = time.monotonic()
-
-    async def _saw(self, response) -> None:
-        if response.status_code >= 400:
-            self.last_http_error = response.status_code
-
-    async def keep(self) -> None:
-        try:
-            async with contextlib.AsyncExitStack() as stack:
-                if self.endpoint.transport == "stdio":
-                    argv = shlex.split(self.endpoint.command)
-                    target: Any = StdioServerParameters(command=argv[0], args=argv[1:])
-                else:
-                    self.bounded = BoundedTransport(httpx.AsyncHTTPTransport(), self.max_answer_bytes)
-                    self.http = await stack.enter_async_context(httpx.AsyncClient(
-                        timeout=httpx.Timeout(self.timeout), event_hooks={"response": [self._saw]},
-                        transport=self.bounded))
-                    # Plan checks send dozens of calls at once to one server; its per-request cost stays flat
-                    # with the number of open connections (httpx's pool scans them all on every request).
-                    self.fast = await stack.enter_async_context(aiohttp.ClientSession(
-                        connector=aiohttp.TCPConnector(limit=256), timeout=aiohttp.ClientTimeout(total=None)))
-                    # Answers are bounded by `bounded`; the SDK's own cap (1 MiB an event) would fail them sooner.
-                    target = streamable_http_client(self.endpoint.url, http_client=self.http,
-                                                    max_sse_event_size=self.max_answer_bytes + CHUNK)
-                self.client = DeclaringClient(target, read_timeout_seconds=self.timeout, cache=None,
-                                              client_info=CLIENT_INFO, **self.options)
-                await stack.enter_async_context(self.client)
-                self.last_used = time.monotonic()
-                self.ready.set()
-                await self.closing.wait()
-        except BaseException as exc:  # noqa: BLE001 - reported to whoever waits on `ready`
-            self.error = exc
-            self.ready.set()
-            if not isinstance(exc, Exception):
-                raise
-
-    @property
-    def stateless(self) -> bool:
-        """A streamable HTTP server on the stateless 2026-07-28 protocol: it keeps nothing per session."""
-        return self.http is not None and self.client is not None \
-            and self.client.protocol_version in MODERN_PROTOCOL_VERSIONS
-
-    @property
-    def direct_calls(self) -> bool:
-        """Whether tools/call can skip the SDK: a streamable HTTP server that negotiated the stateless
-        2026-07-28 protocol, where each call is one self-contained POST."""
-        return (
-            self.fast is not None and self.client is not None
-            and self.client.protocol_version in MODERN_PROTOCOL_VERSIONS
-        )
-
-    async def call_tool_directly(self, name: str, arguments: dict[str, Any], meta: Mapping[str, Any] | None,
-                                 timeout: float, retry: Mapping[str, Any] | None = None,
-                                 capabilities: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """One tools/call as the SDK would send it on a 2026-07-28 connection (the per-request `_meta`
-        envelope and the Mcp-* headers), without its per-call machinery: this is the Recorder's hot path.
-
-        The answer is validated against the protocol's tools/call result, exactly as the SDK would, so a
-        server that lies still gets the same error."""
-        version = self.client.protocol_version
-        envelope = {
-            PROTOCOL_VERSION_META_KEY: version,
-            CLIENT_INFO_META_KEY: CLIENT_INFO.model_dump(mode="json", exclude_none=True),
-            CLIENT_CAPABILITIES_META_KEY: dict(capabilities or {}),  # the agent's: declared per request
-        }
-        request_id = next(self.request_ids)
-        body = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
-                "params": {"name": name, "arguments": arguments, "_meta": {**(meta or {}), **envelope},
-                           **(retry or {})}}
-        headers = {"accept": "application/json, text/event-stream", "content-type": "application/json",
-                   "mcp-protocol-version": version, "mcp-method": "tools/call", "mcp-name": encode_header_value(name)}
-        server = self.endpoint.name
-        try:
-            with anyio.fail_after(timeout):
-                async with self.fast.post(self.endpoint.url, data=json.dumps(body), headers=headers,
-                                          allow_redirects=False) as response:
-                    raw = await read_bounded(response.content.iter_chunked(CHUNK), self.max_answer_bytes)
-                    status, content_type = response.status, response.headers.get("content-type", "")
-        except aiohttp.ClientConnectorError:
-            raise ToolServerError(f"{server} refused the connection", failure_class="transient", transient=True) from None
-        except TimeoutError:
-            raise ToolServerError(f"{server} did not answer in time", failure_class="transient", transient=True,
-                                  may_have_acted=True) from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise ToolServerError(f"{server} connection failed: {type(exc).__name__}", failure_class="transient",
-                                  transient=True, may_have_acted=True) from None
-        if isinstance(raw, Oversized):
-            raise too_large(server, raw)
-        message = _reply(raw, content_type, request_id)
-        if isinstance(message, dict) and isinstance(message.get("error"), dict):
-            error = message["error"]
-            code = error.get("code") if isinstance(error.get("code"), int) else -32603
-            raise translate(MCPError(code=code, message=str(error.get("message", "")), data=error.get("data")),
-                            server=server, sent=True)
-        if status >= 400:
-            failure_class, transient = http_status_class(status)
-            raise ToolServerError(f"{server} answered HTTP {status}", failure_class=failure_class,
-                                  transient=transient, may_have_acted=status >= 500)
-        result = message.get("result") if isinstance(message, dict) else None
-        if not isinstance(result, dict):
-            raise ToolServerError(f"{server} answered with something that is not valid MCP", failure_class="unknown",
-                                  may_have_acted=True)
-        try:
-            _methods.validate_server_result("tools/call", version, result)
-        except (ValidationError, ValueError, KeyError):
-            raise ToolServerError(f"{server} answered with something that is not a valid MCP result",
-                                  failure_class="unknown", may_have_acted=True) from None
-        return result
-
-    def translate(self, exc: BaseException, *, sent: bool) -> "ToolServerError":
-        oversized = self.bounded.taken_from(exc) if self.bounded is not None and isinstance(exc, MCPError) else None
-        if oversized is not None:
-            return too_large(self.endpoint.name, oversized)
-        status, self.last_http_error = self.last_http_error, None
-        if status is not None and isinstance(exc, MCPError) and exc.error.code in (-32603, -32600, -32601):
-            failure_class, transient = http_status_class(status)
-            return ToolServerError(f"{self.endpoint.name} answered HTTP {status}", failure_class=failure_class,
-                                   transient=transient, may_have_acted=sent and status >= 500)
-        return translate(exc, server=self.endpoint.name, sent=sent)
 
 
 # Whose upstream session a call uses: an agent's session, as `(agent id, its MCP session id or "")`, or None
@@ -243,7 +57,7 @@ class Upstreams:
         self.direct = direct  # False forces every call through the SDK (tests compare the two paths)
         self.idle_seconds = idle_seconds
         self.max_sessions = max_sessions
-        self._connections: dict[tuple[Endpoint, Owner], _Connection] = {}
+        self._connections: dict[tuple[Endpoint, Owner], Connection] = {}
         self._lock = anyio.Lock()
         self._task_group: anyio.abc.TaskGroup | None = None
         self._reaper: anyio.CancelScope | None = None
@@ -307,7 +121,7 @@ class Upstreams:
             if connection is None or connection.error is not None or connection.closing.is_set():
                 self._make_room(endpoint)
                 options = self.client_options(owner, endpoint.name) if self.client_options and owner else None
-                connection = _Connection(endpoint, self.timeout, self.max_answer_bytes, options)
+                connection = Connection(endpoint, self.timeout, self.max_answer_bytes, options)
                 self._connections[key] = connection
                 assert self._task_group is not None
                 self._task_group.start_soon(connection.keep)
@@ -331,18 +145,18 @@ class Upstreams:
         _, oldest = min(idle, key=lambda pair: pair[0])
         self._discard(oldest, self._connections[oldest])
 
-    def _discard(self, key: tuple[Endpoint, Owner], connection: _Connection) -> None:
+    def _discard(self, key: tuple[Endpoint, Owner], connection: Connection) -> None:
         connection.closing.set()
         if self._connections.get(key) is connection:
             del self._connections[key]
 
-    def _forget(self, connection: _Connection) -> None:
+    def _forget(self, connection: Connection) -> None:
         """Close `connection` after a failure that may have broken it; the next call opens a fresh one."""
         for key, open_one in list(self._connections.items()):
             if open_one is connection:
                 self._discard(key, open_one)
 
-    async def _opened(self, endpoint: Endpoint, owner: Owner) -> "_Connection":
+    async def _opened(self, endpoint: Endpoint, owner: Owner) -> "Connection":
         """The open session to `endpoint` for `owner`, or a ToolServerError saying why there is none
         (nothing was sent)."""
         try:
@@ -354,6 +168,12 @@ class Upstreams:
             raise
         except Exception as exc:
             raise translate(exc, server=endpoint.name, sent=False) from exc
+
+    async def stateless_client(self, endpoint: Endpoint):
+        """The SDK client of the one connection to `endpoint` if it is a streamable HTTP server on the
+        stateless protocol (serving every owner), else None."""
+        shared = await self._opened(endpoint, None)
+        return shared.client if shared.stateless else None
 
     @contextlib.asynccontextmanager
     async def _using(self, endpoint: Endpoint, owner: Owner):
@@ -426,9 +246,8 @@ class Upstreams:
         """The raw `tools/call` result, `isError` results included (they are answers, not failures). `retry`
         carries a 2026-07-28 retry's `inputResponses` and `requestState`, as the wire names them, and
         `capabilities` the client capabilities a call on a stateless connection declares (the agent's). With
-        `progress`, the server's progress notifications about the call are relayed to it (see `request`);
-        the direct path, which reads one answer and nothing else, is then not taken."""
-        if endpoint.transport == "http" and self.direct and progress is None:
+        `progress`, the server's progress notifications about the call are relayed to it (see `request`)."""
+        if endpoint.transport == "http" and self.direct:
             connection = await self._opened(endpoint, owner)
             if connection.direct_calls:  # the hot path: counted in use by hand (no context manager per call)
                 if sending is not None:
@@ -436,7 +255,8 @@ class Upstreams:
                 connection.busy += 1
                 try:
                     return await connection.call_tool_directly(name, dict(arguments or {}), meta,
-                                                               timeout or self.timeout, retry, capabilities)
+                                                               timeout or self.timeout, retry, capabilities,
+                                                               progress)
                 except ToolServerError as exc:
                     if exc.transient:  # the connection may be what broke; open a fresh one next time
                         self._forget(connection)

@@ -151,6 +151,7 @@ class Features:
     async def _gather(self, ctx, request_type, key: str) -> list[tuple[str, dict]]:
         _, owner, _ = self._who(ctx)
         servers = list((await self._servers()).values())
+        self.recorder.listening.keep(owner, servers)
         found = await self._each(servers, lambda server: self.recorder.upstreams.list_all(
             endpoint_of(server), request_type, key, owner=owner), f"is left out of {key}")
         return [(server.name, item) for server in servers for item in found.get(server.name, [])]
@@ -246,37 +247,56 @@ class Features:
         return self._for(ctx, await self._forward(server, owner, request))
 
     async def subscribe(self, ctx, params: types.SubscribeRequestParams) -> dict:
+        """An agent on the handshake subscribes: at the server, or, for a server on the stateless protocol
+        (which has no `resources/subscribe`), on the session's listen stream to it (`listening.keep`)."""
         _, owner, _ = self._who(ctx)
         server, uri = self.route(owner, params.uri, await self._servers())
-        await self._forward(server, owner, types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri)))
+        if await self.recorder.listening.stateless(server) is None:
+            await self._forward(server, owner, types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri)))
         self.recorder.relay.subscribed(owner, server.name, uri, params.uri)
+        await self.recorder.listening.kept(owner, [server])
         return {}
 
     async def unsubscribe(self, ctx, params: types.UnsubscribeRequestParams) -> dict:
         _, owner, _ = self._who(ctx)
         server, uri = self.route(owner, params.uri, await self._servers())
-        await self._forward(server, owner, types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri)))
+        if await self.recorder.listening.stateless(server) is None:
+            await self._forward(server, owner, types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri)))
         self.recorder.relay.unsubscribed(owner, server.name, uri)
+        self.recorder.listening.keep(owner, [server])
         return {}
 
     async def listen(self, ctx, params: types.SubscriptionsListenRequestParams):
         """A 2026-07-28 agent's `subscriptions/listen`: list changes and updates of the resources it names,
-        from its own upstream sessions (each named resource is subscribed to at its server meanwhile)."""
+        from its own upstream sessions (each named resource is subscribed to at its server meanwhile) and
+        from listen streams of its own to the servers on the stateless protocol (`listening`)."""
         _, owner, _ = self._who(ctx)
         servers = await self._servers()
-        subscribed = []
-        for named in params.notifications.resource_subscriptions or []:
+        wanted = params.notifications
+        listening = self.recorder.listening
+        subscribed, streamed = [], {}
+        for named in wanted.resource_subscriptions or []:
             try:
                 server, uri = self.route(owner, named, servers)
-                await self._forward(server, owner, types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri)))
+                if await listening.stateless(server) is not None:
+                    streamed.setdefault(server.name, set()).add(uri)
+                else:
+                    await self._forward(server, owner, types.SubscribeRequest(
+                        params=types.SubscribeRequestParams(uri=uri)))
+                    subscribed.append((server, uri))
             except MCPError as exc:
                 logger.info("not subscribed to %s for a listen stream: %s", named, exc.error.message)
                 continue
             self.recorder.relay.subscribed(owner, server.name, uri, named)
-            subscribed.append((server, uri))
         try:
-            return await self.recorder.relay.listener(owner)(ctx, params)
+            async with listening.for_stream(owner, servers.values(), tools=bool(wanted.tools_list_changed),
+                                            prompts=bool(wanted.prompts_list_changed),
+                                            resources=bool(wanted.resources_list_changed), uris=streamed):
+                return await self.recorder.relay.listener(owner)(ctx, params)
         finally:
+            for name, uris in streamed.items():
+                for uri in uris:
+                    self.recorder.relay.unsubscribed(owner, name, uri)
             for server, uri in subscribed:
                 self.recorder.relay.unsubscribed(owner, server.name, uri)
                 with anyio.CancelScope(shield=True), contextlib.suppress(Exception):

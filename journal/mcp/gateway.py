@@ -57,6 +57,7 @@ from .delivery import Deliveries
 from .fast_calls import FastCalls
 from .features import Features
 from .journal_thread import JournalThread, ServerDirectory
+from .listening import Listening
 from .relay import Relay
 
 logger = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ class Recorder:
         self.upstreams = Upstreams(timeout=timeout, idle_seconds=idle_seconds, max_sessions=max_sessions,
                                    max_answer_bytes=max_answer_bytes, client_options=self.relay.client_options)
         self.features = Features(self)
+        self.listening = Listening(self.upstreams, self.relay)
         with warnings.catch_warnings():  # logging is deprecated in 2026-07-28, and still relayed to older agents
             warnings.simplefilter("ignore", MCPDeprecationWarning)
             self.server = Server(
@@ -154,6 +156,7 @@ class Recorder:
         self.relay.heard_from(owner, ctx.session)
         # Not on the journal thread: a read has no reason to queue behind the journal's writes.
         servers = await sync_to_async(enabled_servers)()
+        self.listening.keep(owner, servers)  # a handshake session hears list changes of stateless servers too
         if self.relay.answers_requests(owner) or self.relay.heard_capabilities(owner, ctx.meta):
             # A server may offer tools only to clients that can answer its requests: this agent's list is
             # read on its own sessions, which declared what the agent declared (the kept catalogue did not).
@@ -354,6 +357,7 @@ class Recorder:
         owner = owner_of(agent, session_id)
         self.upstreams.close_owner(owner)
         self.relay.forget(owner)
+        self.listening.forget(owner)
         self.deliveries.forget(session_id)
 
     def journal_outcome(self, opened: services.OpenedStep, started, outcome: services.Outcome) -> "Journaled":
@@ -432,7 +436,7 @@ def build_app() -> Starlette:
         # The signing key is created on the Recorder's first start, not at its first checkpoint.
         await recorder.journal.run(keys.signing_key)
         try:
-            async with recorder.upstreams, session_manager_lifespan(app):
+            async with recorder.upstreams, recorder.listening, session_manager_lifespan(app):
                 yield
         finally:
             recorder.journal.close()  # runs every queued journal write first

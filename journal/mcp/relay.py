@@ -155,6 +155,10 @@ class Relay:
     def unsubscribed(self, owner: Owner, server: str, uri: str) -> None:
         self.subscriptions.pop((owner, server, uri), None)
 
+    def subscribed_at(self, owner: Owner, server: str) -> list[str]:
+        """The server's URIs of the resources `owner` subscribed to there."""
+        return [uri for (whose, name, uri) in self.subscriptions if whose == owner and name == server]
+
     def forget(self, owner: Owner) -> None:
         self.sessions.pop(owner, None)
         for key in [key for key in self.subscriptions if key[0] == owner]:
@@ -167,7 +171,7 @@ class Relay:
         session = self.sessions.get(owner)
         if owner is None:
             return {}
-        options: dict[str, Any] = {"message_handler": self._notifications(owner, server)}
+        options: dict[str, Any] = {"message_handler": self.notifications(owner, server)}
         if session is None and owner not in self.declared:
             return options
         capabilities = session.client_params.capabilities if session is not None else self.declared[owner]
@@ -182,7 +186,9 @@ class Relay:
             options["list_roots_callback"] = self._roots(owner, server)
         return options
 
-    def _notifications(self, owner: Owner, server: str):
+    def notifications(self, owner: Owner, server: str):
+        """The handler for what `server` sends `owner`'s session on its own (on its upstream session, or its
+        listen stream to a stateless server)."""
         async def relay(message) -> None:
             if isinstance(message, types.ResourceUpdatedNotification):
                 named = self.subscriptions.get((owner, server, message.params.uri))

@@ -15,6 +15,7 @@ from journal.mcp import bridge
 from journal.models import Step
 from tests.conftest import ServerThread, free_port
 from tests.fixtures import handshake_server
+from tests.fixtures import modern_server as modern_server_app
 from tests.services import needs_node
 
 from .helpers import run_agent
@@ -305,3 +306,76 @@ def test_a_servers_tool_list_change_reaches_the_agent_on_either_protocol(recorde
         services.refresh_catalogue(server=services.register_tool_server(name="memo", url=f"{upstream.base}/mcp"))
         assert run_agent(recorder, token, script, mode=mode, message_handler=handler) == (
             ["tools"] if mode == "legacy" else ["ToolsListChanged"])
+
+
+@pytest.fixture
+def modern_server():
+    with ServerThread(modern_server_app.build_app(), free_port()) as upstream:
+        server = services.register_tool_server(name="modern", url=f"{upstream.base}/mcp")
+        services.refresh_catalogue(server=server)
+        yield server
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_stateless_servers_progress_reaches_the_agent(recorder, dana, modern_server, mode):
+    """A server on the stateless protocol streams progress before its answer, on the one shared connection."""
+    _, token = services.create_agent(name="bot", on_behalf_of=dana)
+    async def script(client):
+        seen = []
+
+        async def progress(done, total, message):
+            seen.append((done, total, message))
+
+        result = await client.call_tool("modern__count", {"n": 3}, progress_callback=progress)
+        return seen, result.content[0].text
+
+    seen, text = run_agent(recorder, token, script, mode=mode)
+    assert text == "counted to 3"
+    assert seen == [(1, 3, "counted 1"), (2, 3, "counted 2"), (3, 3, "counted 3")]
+    assert list(Step.objects.values_list("tool", "status")) == [("count", "ok")]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_stateless_servers_changes_reach_the_agent_on_either_protocol(recorder, dana, modern_server, mode):
+    """Such a server says what changed only on listen streams: the Recorder opens its own for the agent
+    session, a 2026 agent's for as long as its own stream lasts, a handshake session's once it lists or
+    subscribes, and the agent hears the change under the URI it knows."""
+    _, token = services.create_agent(name="bot", on_behalf_of=dana)
+    note = f"modern__{modern_server_app.NOTE}"
+    heard = []
+
+    async def handler(message):
+        if isinstance(message, types.ToolListChangedNotification):
+            heard.append("tools")
+        elif isinstance(message, types.ResourceUpdatedNotification):
+            heard.append(message.params.uri)
+
+    async def until_heard(count: int):
+        with anyio.move_on_after(10):
+            while len(heard) < count:
+                await anyio.sleep(0.05)
+
+    async def script(client):
+        assert [r.uri for r in (await client.list_resources()).resources] == [note]
+        if mode == "legacy":  # the handshake: on the session's own stream
+            await client.subscribe_resource(note)
+            await client.call_tool("modern__announce", {})
+            await until_heard(1)
+            await client.call_tool("modern__touch", {"uri": modern_server_app.NOTE})
+            await client.call_tool("modern__touch", {"uri": "note://unsubscribed"})
+            await until_heard(2)
+            return heard
+        events = []
+        async with client.listen(tools_list_changed=True, resource_subscriptions=[note]) as subscription:
+            await client.call_tool("modern__announce", {})
+            await client.call_tool("modern__touch", {"uri": "note://unsubscribed"})
+            await client.call_tool("modern__touch", {"uri": modern_server_app.NOTE})
+            with anyio.move_on_after(10):
+                async for event in subscription:
+                    events.append(getattr(event, "uri", type(event).__name__))
+                    if len(events) == 2:
+                        break
+        return events
+
+    assert run_agent(recorder, token, script, mode=mode, message_handler=handler) == (
+        ["tools", note] if mode == "legacy" else ["ToolsListChanged", note])
