@@ -2,8 +2,9 @@
 journal or the agent, and what it was (its size and SHA-256, as the server sent it) is still known.
 
 An answer over the limit is read to its end, hashed and dropped as it arrives, so the process never holds
-more than the limit of it. On the SDK's HTTP path (`BoundedTransport`) the answer is then replaced by a
-JSON-RPC error naming a token only this process issued, which `Oversized.taken_from` turns back into the
+more than the limit of it. On the SDK's HTTP path (`BoundedTransport`) and over stdio (`stdio`) the answer
+is then replaced by a
+JSON-RPC error naming a token only this process issued, which `Tokens.taken_from` turns back into the
 size and digest: a server cannot fake one. The direct path reads a JSON answer with `read_bounded` and an
 event stream with `events_bounded`.
 """
@@ -110,14 +111,37 @@ def next_boundary(buffer: bytes | bytearray) -> int:
     return min(ends) if ends else -1
 
 
+class Tokens:
+    """The oversized answers this process replaced, by the token each replacement carries."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._oversized: OrderedDict[str, Oversized] = OrderedDict()
+
+    def taken_from(self, error: MCPError) -> Oversized | None:
+        data = error.error.data
+        token = data.get(TOKEN_KEY) if isinstance(data, dict) else None
+        return self._oversized.pop(token, None) if isinstance(token, str) else None
+
+    def replacement(self, request_id: Any, oversized: Oversized) -> bytes:
+        """The JSON-RPC error that stands for an answer to `request_id` over the limit."""
+        token = secrets.token_hex(12)
+        self._oversized[token] = oversized
+        while len(self._oversized) > _KEPT_TOKENS:
+            self._oversized.popitem(last=False)
+        return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {
+            "code": -32603, "message": f"The answer was {oversized.size} bytes, over the limit of {self.limit}",
+            "data": {TOKEN_KEY: token}}}).encode()
+
+
 class BoundedTransport(httpx.AsyncBaseTransport):
     """The SDK's HTTP transport, with every POST's answer bounded: a JSON body, or one server-sent event,
     over `limit` bytes is replaced by a JSON-RPC error for the request that carries a token of this
-    transport's; `taken_from(error)` gives what the answer was."""
+    transport's; `tokens.taken_from(error)` gives what the answer was."""
 
-    def __init__(self, inner: httpx.AsyncBaseTransport, limit: int):
+    def __init__(self, inner: httpx.AsyncBaseTransport, limit: int, tokens: Tokens | None = None):
         self.inner, self.limit = inner, limit
-        self._oversized: OrderedDict[str, Oversized] = OrderedDict()
+        self.tokens = tokens or Tokens(limit)
 
     async def __aenter__(self):
         await self.inner.__aenter__()
@@ -128,20 +152,6 @@ class BoundedTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
-
-    def taken_from(self, error: MCPError) -> Oversized | None:
-        data = error.error.data
-        token = data.get(TOKEN_KEY) if isinstance(data, dict) else None
-        return self._oversized.pop(token, None) if isinstance(token, str) else None
-
-    def _replacement(self, request_id: Any, oversized: Oversized) -> bytes:
-        token = secrets.token_hex(12)
-        self._oversized[token] = oversized
-        while len(self._oversized) > _KEPT_TOKENS:
-            self._oversized.popitem(last=False)
-        return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {
-            "code": -32603, "message": f"The answer was {oversized.size} bytes, over the limit of {self.limit}",
-            "data": {TOKEN_KEY: token}}}).encode()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         response = await self.inner.handle_async_request(request)
@@ -164,7 +174,7 @@ class _JsonBody(httpx.AsyncByteStream):
 
     async def __aiter__(self):
         body = await read_bounded(self.inner, self.transport.limit)
-        yield self.transport._replacement(self.request_id, body) if isinstance(body, Oversized) else body
+        yield self.transport.tokens.replacement(self.request_id, body) if isinstance(body, Oversized) else body
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -182,7 +192,7 @@ class _EventsBody(httpx.AsyncByteStream):
             yield self._error_event(event) if isinstance(event, Oversized) else event
 
     def _error_event(self, oversized: Oversized) -> bytes:
-        return b"event: message\r\ndata: " + self.transport._replacement(self.request_id, oversized) + b"\r\n\r\n"
+        return b"event: message\r\ndata: " + self.transport.tokens.replacement(self.request_id, oversized) + b"\r\n\r\n"
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -7,8 +7,6 @@ and one error type for every failure (`journal.mcp.failures.ToolServerError`).
 """
 
 import contextlib
-import hashlib
-import json
 import logging
 import time
 from collections.abc import Hashable, Mapping
@@ -19,9 +17,8 @@ import mcp_types as types
 from mcp import MCPError
 from pydantic import TypeAdapter
 
-from .bounded import Oversized
 from .connection import CLIENT_INFO, Connection, Endpoint, endpoint_of
-from .failures import ToolServerError, first_leaf, too_large, translate
+from .failures import ToolServerError, first_leaf, translate
 
 __all__ = ["CLIENT_INFO", "Endpoint", "ToolServerError", "Upstreams", "endpoint_of"]
 
@@ -208,11 +205,6 @@ class Upstreams:
             except Exception as exc:
                 self._forget(connection)
                 raise connection.translate(exc, sent=True) from exc
-        if connection.bounded is None:  # stdio: the answer was read whole, but is still never relayed
-            body = json.dumps(result, separators=(",", ":"), ensure_ascii=False).encode()
-            if len(body) > self.max_answer_bytes:
-                raise too_large(endpoint.name, Oversized(len(body), hashlib.sha256(body).hexdigest(),
-                                                         self.max_answer_bytes))
         return result
 
     async def list_tools(self, endpoint: Endpoint, *, timeout: float | None = None,

@@ -26,9 +26,10 @@ from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from .bounded import CHUNK, BoundedTransport, Oversized, events_bounded, read_bounded
+from .bounded import CHUNK, BoundedTransport, Oversized, Tokens, events_bounded, read_bounded
 from .declaring import DeclaringClient
 from .failures import ToolServerError, http_status_class, too_large, translate
+from .stdio import bounded_stdio_client
 
 CLIENT_INFO = types.Implementation(name="agent-undo-recorder", version="0.1.0")
 
@@ -102,6 +103,7 @@ class Connection:
         self.timeout = timeout
         self.max_answer_bytes = max_answer_bytes
         self.bounded: BoundedTransport | None = None
+        self.tokens = Tokens(max_answer_bytes)  # answers over the limit, replaced on either transport
         self.client: Client | None = None
         self.ready = anyio.Event()
         self.closing = anyio.Event()
@@ -122,9 +124,10 @@ class Connection:
             async with contextlib.AsyncExitStack() as stack:
                 if self.endpoint.transport == "stdio":
                     argv = shlex.split(self.endpoint.command)
-                    target: Any = StdioServerParameters(command=argv[0], args=argv[1:])
+                    target: Any = bounded_stdio_client(StdioServerParameters(command=argv[0], args=argv[1:]),
+                                                       self.max_answer_bytes, self.tokens)
                 else:
-                    self.bounded = BoundedTransport(httpx.AsyncHTTPTransport(), self.max_answer_bytes)
+                    self.bounded = BoundedTransport(httpx.AsyncHTTPTransport(), self.max_answer_bytes, self.tokens)
                     self.http = await stack.enter_async_context(httpx.AsyncClient(
                         timeout=httpx.Timeout(self.timeout), event_hooks={"response": [self._saw]},
                         transport=self.bounded))
@@ -228,7 +231,7 @@ class Connection:
         return result
 
     def translate(self, exc: BaseException, *, sent: bool) -> "ToolServerError":
-        oversized = self.bounded.taken_from(exc) if self.bounded is not None and isinstance(exc, MCPError) else None
+        oversized = self.tokens.taken_from(exc) if isinstance(exc, MCPError) else None
         if oversized is not None:
             return too_large(self.endpoint.name, oversized)
         status, self.last_http_error = self.last_http_error, None

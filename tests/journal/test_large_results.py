@@ -7,12 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-import anyio
-import mcp_types as types
 import pytest
 from django.test import Client as WebClient
-from mcp import Client, StdioServerParameters
-from pydantic import TypeAdapter
 
 from journal import services
 from journal.models import Step
@@ -94,23 +90,24 @@ def test_an_answer_over_the_limit_is_a_tool_error_and_the_step_keeps_its_size_an
     assert step.run.failed_count == 1
 
 
-@pytest.mark.parametrize("upstream", ["stdio"], indirect=True)
-def test_the_digest_is_of_what_the_server_sent(recorder, token, upstream):
-    """Over stdio the answer is one JSON line; the digest is of the result in it, as compact JSON."""
-    recorder.app.recorder.upstreams.max_answer_bytes = 1000
+def test_over_stdio_the_digest_is_of_the_line_the_server_wrote(recorder, token, tmp_path):
+    """Over stdio the answer is one line, read in chunks and never held whole once it runs over the limit;
+    the step's size and digest are of the bytes of that line (a copy of the server's output, kept by `tee`,
+    says what they were)."""
+    copy = tmp_path / "stdout"
+    command = f"sh -c '{' '.join(SLOW)} {tmp_path / 'ledger'} | tee {copy}'"
+    services.refresh_catalogue(server=services.register_tool_server(name="big", command=command))
+    recorder.app.recorder.upstreams.max_answer_bytes = 100_000
     try:
-        blob_through(recorder, token, 2000, "auto")
+        result = blob_through(recorder, token, 2_000_000, "auto")
+        small = blob_through(recorder, token, 10, "auto")  # the session goes on after the line it dropped
     finally:
         recorder.app.recorder.upstreams.max_answer_bytes = 32 * 1024 * 1024
-
-    async def direct():
-        async with Client(StdioServerParameters(command=SLOW[0], args=[*SLOW[1:], "/dev/null"]), cache=None) as client:
-            return await client.session.send_request(types.CallToolRequest(params=types.CallToolRequestParams(
-                name="blob", arguments={"size": 2000})), TypeAdapter(dict))
-
-    sent = json.dumps(anyio.run(direct), separators=(",", ":"), ensure_ascii=False).encode()
-    step = Step.objects.get()
-    assert (step.result_size, step.result_sha256) == (len(sent), hashlib.sha256(sent).hexdigest())
+    assert result.is_error and "over the Recorder's limit of 100000 bytes" in result.content[0].text
+    assert not small.is_error and small.content[0].text == "x" * 10
+    line = max(copy.read_bytes().split(b"\n"), key=len)
+    step = Step.objects.filter(status="undelivered").get()
+    assert (step.result_size, step.result_sha256) == (len(line), hashlib.sha256(line).hexdigest())
 
 
 @pytest.mark.parametrize("upstream", ["stateless-http"], indirect=True)
