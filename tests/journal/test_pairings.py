@@ -393,3 +393,33 @@ def test_an_answer_a_handshake_agent_left_before_getting_is_journaled_as_undeliv
     assert step.status == "undelivered" and "went away" in step.error_message
     assert step.result["structuredContent"]["ticket"].startswith("T-")
     assert step.run.entries.filter(event="undelivered", data__step=step.number).count() == 1
+
+
+@needs_node
+def test_the_typescript_sdks_client_gets_progress_and_cancels_through_the_recorder(recorder, token, tmp_path):
+    """The official TypeScript SDK's client (on the handshake) asks for progress and gets the server's on
+    its own token; it cancels a call (`notifications/cancelled`), the server is told and the step says so."""
+    services.refresh_catalogue(server=services.register_tool_server(name="everything", command=" ".join(EVERYTHING)))
+    ledger = tmp_path / "ledger"
+    services.refresh_catalogue(server=services.register_tool_server(name="slow", command=" ".join([*SLOW, str(ledger)])))
+    ledger.unlink()
+    long_running = {"name": "trigger-long-running-operation", "arguments": {"duration": 1, "steps": 3}}
+    direct = ts_client("stdio:" + " ".join(EVERYTHING), "", [["#progress", long_running]])["results"][0]
+    through = ts_client(f"{recorder.base}/mcp/", token, [
+        ["#progress", {**long_running, "name": "everything__trigger-long-running-operation"}],
+        ["slow__wait", {"seconds": 0}],
+        ["#cancel", {"name": "slow__wait", "arguments": {"seconds": 30}, "afterMs": 1500}]])["results"]
+    # Directly, the last notification may come after the answer, which the TypeScript client then drops.
+    assert through[0]["progress"] == [[1, 3, None], [2, 3, None], [3, 3, None]]
+    assert direct["progress"] == through[0]["progress"][:len(direct["progress"])]
+    assert through[0]["result"] == direct["result"]
+    assert through[2]["cancelled"] and "abort" in through[2]["cancelled"].lower()
+    for _ in range(50):  # the server writes it down as its call is cancelled
+        if "cancelled" in ledger.read_text():
+            break
+        time.sleep(0.1)
+    settle(recorder)
+    assert ledger.read_text() == "started\ncancelled\n"
+    steps = list(Step.objects.order_by("number").values_list("tool", "status", "error_message"))
+    assert steps == [("trigger-long-running-operation", "ok", ""), ("wait", "ok", ""), (
+        "wait", "cancelled", "The agent cancelled the call while slow had it; the server may have acted.")]
