@@ -1,11 +1,12 @@
 """Large answers through the Recorder: what they cost it, under the limit and over it.
 
-    .venv/bin/python bench/large_results.py [--under-mb 30] [--over-mb 150]
+    .venv/bin/python bench/large_results.py [--under-mb 30] [--over-mb 150] [--stdio]
 
 Starts the sample tool servers and the web app (Recorder included) as separate uvicorn processes on a
 scratch database, then asks the sample `legacy__blob` tool for an answer under RECORDER_MAX_RESULT_BYTES
 (relayed, and stored once in the run's record) and one over it (read to its end and dropped: the agent gets
-a tool error). Prints, for each, how long the call took, how much the Recorder process's peak memory grew,
+a tool error); with --stdio, the same of a tool server over stdio (tests/fixtures/slow_stdio_server.py, whose
+output the Recorder reads in chunks). Prints, for each, how long the call took, how much the Recorder process's peak memory grew,
 and how long the API's step list and the run page take afterwards.
 """
 
@@ -28,13 +29,13 @@ def peak_rss_mb(pid: int) -> float:
     raise SystemExit("no VmHWM in /proc: this needs Linux")
 
 
-def call_blob(url: str, token: str, size: int):
+def call_blob(url: str, token: str, size: int, tool: str):
     import anyio
 
     async def main():
         async with client_for(url, token) as client:
             started = time.perf_counter()
-            result = await client.call_tool("legacy__blob", {"size": size})
+            result = await client.call_tool(tool, {"size": size})
             return time.perf_counter() - started, result
 
     return anyio.run(main)
@@ -44,14 +45,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--under-mb", type=int, default=30)
     parser.add_argument("--over-mb", type=int, default=150)
+    parser.add_argument("--stdio", action="store_true", help="ask a tool server over stdio instead")
     args = parser.parse_args()
     with sample_stack("large-results-bench-", samples_port=8192, web_port=8193) as (web, user, token):
         from django.conf import settings
         from django.contrib.auth.models import Group
         from django.test import Client as WebClient
 
-        from journal import roles
+        from journal import roles, services
         from journal.models import Step
+
+        tool = "legacy__blob"
+        if args.stdio:
+            stdio_server = ROOT / "tests" / "fixtures" / "slow_stdio_server.py"
+            services.refresh_catalogue(server=services.register_tool_server(
+                name="big", command=f"{sys.executable} {stdio_server} /dev/null"))
+            tool = "big__blob"
 
         user.groups.add(Group.objects.get_or_create(name=roles.ON_CALL)[0])
         web_client = WebClient()
@@ -61,7 +70,7 @@ def main() -> None:
               f"{peak_rss_mb(web.pid):.0f} MB")
         for label, megabytes in (("over the limit", args.over_mb), ("under the limit", args.under_mb)):
             before = peak_rss_mb(web.pid)
-            seconds, result = call_blob("http://127.0.0.1:8193/mcp/", token, megabytes * 2**20)
+            seconds, result = call_blob("http://127.0.0.1:8193/mcp/", token, megabytes * 2**20, tool)
             time.sleep(1)  # the journal's write of the outcome
             grew = peak_rss_mb(web.pid) - before
             step = Step.objects.order_by("-pk").first()
