@@ -248,17 +248,19 @@ class StepDependency(models.Model):
         return f"{self.step} depends on {self.depends_on} ({self.rule})"
 
 
-class ResultValue(models.Model):
-    """An index of the distinctive values in a run's results, so inferring links costs one query per call
-    instead of a scan of every earlier result."""
+class RunValue(models.Model):
+    """A distinctive value some result of a run contained: the most recent step whose result had it (and
+    where), and in how many results it was, so inferring a later call's links costs one indexed lookup per
+    argument value however long the run is (`journal.dependencies`)."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+")
-    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="+")
     digest = models.CharField(max_length=32)
-    pointer = models.CharField(max_length=500)
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="+")  # the most recent one
+    pointer = models.CharField(max_length=500)  # where in that step's result
+    seen = models.PositiveIntegerField(default=1)  # how many of the run's results contained it
 
     class Meta:
-        indexes = [models.Index(fields=["run", "digest"])]
+        constraints = [models.UniqueConstraint(fields=["run", "digest"], name="one_value_per_run")]
 
     def __str__(self):
         return f"{self.pointer} of step {self.step_id}"

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from .. import chain, declarations, dependencies, outcomes, ports, sql
 from ..canonical import to_ijson
-from ..models import Agent, ResultValue, Run, Step, StepDependency, ToolServer
+from ..models import Agent, Run, RunValue, Step, StepDependency, ToolServer
 from .record import append_entry, locked_run, save_moving
 
 logger = logging.getLogger(__name__)
@@ -312,16 +312,10 @@ def _link(run: Run, step: Step) -> list[dict[str, Any]]:
     links: list[dict[str, Any]] = []
     wanted = dependencies.distinctive_values(step.arguments)
     if wanted:
-        by_digest: dict[str, list[str]] = {}
-        for value_digest, pointer in wanted:
-            by_digest.setdefault(value_digest, []).append(pointer)
-        found: dict[int, list[dict[str, str]]] = {}
-        earlier = ResultValue.objects.filter(run=run, digest__in=list(by_digest)).values_list("step_id", "digest", "pointer")
-        for step_id, value_digest, pointer in earlier:
-            if step_id == step.pk:
-                continue
-            for to in by_digest[value_digest]:
-                found.setdefault(step_id, []).append({"from": pointer, "to": to})
+        known = {value_digest: (step_id, pointer, seen) for value_digest, step_id, pointer, seen in
+                 RunValue.objects.filter(run=run, digest__in={d for d, _ in wanted}).exclude(step=step)
+                 .values_list("digest", "step_id", "pointer", "seen")}
+        found = dependencies.choose_links(wanted, known)
         numbers = dict(Step.objects.filter(pk__in=list(found)).values_list("pk", "number"))
         StepDependency.objects.bulk_create([
             StepDependency(step=step, depends_on_id=step_id, rule=StepDependency.Rule.INFERRED, pointers=pointers)
@@ -341,12 +335,21 @@ def _link(run: Run, step: Step) -> list[dict[str, Any]]:
     structured = step.result.get("structuredContent") if isinstance(step.result, dict) else None
     if step.status == Step.Status.OK and structured is not None:
         # Only structured results are indexed: free text ("echo", "Files staged") would link everything.
-        ResultValue.objects.bulk_create([
-            ResultValue(run=run, step=step, digest=value_digest, pointer=pointer)
-            for value_digest, pointer in dependencies.distinctive_values(structured, "/structuredContent")
-        ])
+        _index(run, step, dependencies.first_pointers(
+            dependencies.distinctive_values(structured, "/structuredContent")))
     return links
 
+
+def _index(run: Run, step: Step, values: dict[str, str]) -> None:
+    """`step` is now the most recent step of the run whose result had each of `values` (digest: pointer)."""
+    if not values:
+        return
+    known = list(RunValue.objects.filter(run=run, digest__in=list(values)).values_list("digest", "pk", "seen"))
+    RunValue.objects.bulk_update([RunValue(pk=pk, step=step, pointer=values[value_digest], seen=seen + 1)
+                                  for value_digest, pk, seen in known], ["step", "pointer", "seen"])
+    had = {value_digest for value_digest, _, _ in known}
+    RunValue.objects.bulk_create([RunValue(run=run, step=step, digest=value_digest, pointer=pointer)
+                                  for value_digest, pointer in values.items() if value_digest not in had])
 
 
 def reconcile_stale_steps(*, older_than: datetime, now: datetime | None = None) -> int:
