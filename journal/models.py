@@ -88,6 +88,8 @@ class Run(models.Model):
     state = models.CharField(max_length=20, choices=State.choices, default=State.ACTIVE)
     started_at = models.DateTimeField(default=timezone.now)
     last_activity_at = models.DateTimeField(default=timezone.now)
+    # A run found by the idle rule that an on-call user ended: the agent's next call starts a new one.
+    ended_at = models.DateTimeField(null=True, blank=True)
     # Counters kept with each step so the run list needs no aggregate per row.
     step_count = models.PositiveIntegerField(default=0)
     reversible_count = models.PositiveIntegerField(default=0)

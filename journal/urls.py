@@ -8,6 +8,7 @@ urlpatterns = [
     path("runs/", views.run_list, name="run_list"),
     path("runs/<uuid:run_id>/", views.run_detail, name="run_detail"),
     path("runs/<uuid:run_id>/verify/", views.run_verify, name="run_verify"),
+    path("runs/<uuid:run_id>/end/", views.run_end, name="run_end"),
     path("api/runs/", api.run_list, name="api_run_list"),
     path("api/runs/<uuid:run_id>/", api.run_detail, name="api_run_detail"),
     path("api/runs/<uuid:run_id>/steps/", api.step_list, name="api_step_list"),

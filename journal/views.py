@@ -1,10 +1,12 @@
+from django.conf import settings
+from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import Prefetch
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_POST
 
-from . import services
+from . import roles, services
 from .access import READERS, require_role
 from .forms import RunFilterForm
 from .models import Run, Step, StepDependency
@@ -19,8 +21,10 @@ def run_list(request):
     form = RunFilterForm(request.GET or None)
     runs = form.filter(Run.objects.for_list()) if form.is_bound else Run.objects.for_list()
     page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
     template = "journal/run_list.html#runs" if request.htmx else "journal/run_list.html"
-    return render(request, template, {"form": form, "page": page})
+    return render(request, template, {"form": form, "page": page, "query": query.urlencode()})
 
 
 @require_GET
@@ -46,7 +50,8 @@ def run_detail(request, run_id):
         )
     )
     page = Paginator(steps, STEPS_PER_PAGE).get_page(request.GET.get("page"))
-    return render(request, "journal/run_detail.html", {"run": run, "page": page, "now": timezone.now()})
+    return render(request, "journal/run_detail.html", {
+        "run": run, "page": page, "now": timezone.now(), "idle_minutes": settings.RECORDER_RUN_IDLE_SECONDS // 60})
 
 
 @require_GET
@@ -61,3 +66,17 @@ def run_verify(request, run_id):
     page = Paginator(steps, STEPS_PER_PAGE).get_page(1)
     return render(request, "journal/run_detail.html", {"run": run, "page": page, "now": timezone.now(),
                                                         "verdict": verdict, "verdict_only": True})
+
+
+@require_POST
+def run_end(request, run_id):
+    """End a run the idle rule keeps extending: the agent's next call without a runId starts a new run."""
+    require_role(request, roles.ON_CALL, roles.ADMIN)
+    run = get_object_or_404(Run, public_id=run_id)
+    try:
+        services.end_run(run_id=run.pk, by=request.user.get_username(), now=timezone.now())
+    except services.RunRefused as refused:
+        messages.error(request, refused.message)
+    else:
+        messages.success(request, "Run ended: the agent's next call starts a new run.")
+    return redirect("journal:run_detail", run_id=run.public_id)

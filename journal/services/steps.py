@@ -50,7 +50,7 @@ class OpenedStep:
 
 def _find_run(*, agent: Agent, key: str, now: datetime) -> Run:
     """The agent's run for this key, locked. Without a key, the agent's latest keyless run unless it has
-    been idle longer than RECORDER_RUN_IDLE_SECONDS."""
+    been idle longer than RECORDER_RUN_IDLE_SECONDS or an on-call user ended it (`end_run`)."""
     if key:
         run = locked_run('agent_id = %s AND "key" = %s', [agent.pk, key])
         if run is None:
@@ -63,7 +63,8 @@ def _find_run(*, agent: Agent, key: str, now: datetime) -> Run:
         return run
     idle = sql.prep(Run, "last_activity_at", now - timedelta(seconds=settings.RECORDER_RUN_IDLE_SECONDS))
     run = locked_run(
-        'agent_id = %s AND "key" = %s AND last_activity_at >= %s ORDER BY last_activity_at DESC LIMIT 1',
+        'agent_id = %s AND "key" = %s AND last_activity_at >= %s AND ended_at IS NULL '
+        "ORDER BY last_activity_at DESC LIMIT 1",
         [agent.pk, "", idle],
     )
     if run is None:

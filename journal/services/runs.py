@@ -1,0 +1,55 @@
+"""Finding an agent's runs by agent and time, and ending a run the idle rule would keep extending.
+
+An agent on the stateless 2026-07-28 protocol has no session: its calls join the run its `runId` names
+(`_meta["hatp/journal"]["runId"]`), else its latest run without a key that was active within
+RECORDER_RUN_IDLE_SECONDS (the idle rule). When the idle rule put two tasks in one run, an on-call user ends
+it (`end_run`): the agent's next call without a runId starts a new run. What already happened stays where it
+is, since the chain is append-only; the ending is an entry on it.
+"""
+
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models import QuerySet
+
+from ..errors import Refused
+from ..models import Agent, Run
+from .record import append_entry, locked_run, save_moving
+
+
+class RunRefused(Refused):
+    pass
+
+
+def runs_matching(runs: QuerySet, *, agent: Agent | None = None, state: str = "", since: datetime | None = None,
+                  until: datetime | None = None) -> QuerySet:
+    """The runs of `agent` (any if None), in `state`, that were active at some time between `since` and
+    `until` (a run is active from its start to its last activity)."""
+    if agent is not None:
+        runs = runs.filter(agent=agent)
+    if state:
+        runs = runs.filter(state=state)
+    if since is not None:
+        runs = runs.filter(last_activity_at__gte=since)
+    if until is not None:
+        runs = runs.filter(started_at__lte=until)
+    return runs
+
+
+def end_run(*, run_id: int, by: str, now: datetime) -> None:
+    """End a run the idle rule found (one without a runId or session): the agent's next call starts anew."""
+    with transaction.atomic():
+        run = locked_run("id = %s", [run_id])
+        if run is None:
+            raise RunRefused("No such run.")
+        if run.imported_from:
+            raise RunRefused("This run was imported: nothing here changes it.")
+        if run.key:
+            raise RunRefused("This run is grouped by the agent's own runId or session: the agent decides where it "
+                             "ends, by sending another runId or opening a new session.")
+        if run.ended_at is not None:
+            raise RunRefused("This run was already ended; the agent's later calls are in a new run.")
+        append_entry(run=run, event="ended", data={"by": by, "reason": "ended by a person: the agent's next call "
+                                                                        "starts a new run"}, now=now)
+        save_moving(run, now=None)
+        Run.objects.filter(pk=run_id).update(ended_at=now)
