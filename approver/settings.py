@@ -195,6 +195,7 @@ CELERY_BEAT_SCHEDULE = {
     "requeue-stalled-checks": {"task": "approver.requeue_stalled_checks", "schedule": 60.0},
     "expire-held-calls": {"task": "approver.expire_held_calls", "schedule": 60.0},
     "reconcile-execution": {"task": "approver.reconcile_execution", "schedule": 60.0},
+    "forget-idle-sessions": {"task": "journal.forget_idle_sessions", "schedule": 300.0},
 }
 
 # The Recorder's Ed25519 signing keys live outside the repository. Public keys are also kept in the
@@ -223,6 +224,8 @@ RECORDER_INLINE_RESULT_BYTES = env_int("RECORDER_INLINE_RESULT_BYTES", 64 * 1024
 RECORDER_FAST_CALLS = env_bool("RECORDER_FAST_CALLS", True)
 # Without a runId or an MCP session id, an agent's calls join its latest run unless it has been idle this long.
 RECORDER_RUN_IDLE_SECONDS = env_int("RECORDER_RUN_IDLE_SECONDS", 1800)
+# An agent's MCP session on the handshake unused this long is gone, in every Recorder process.
+RECORDER_SESSION_IDLE_SECONDS = env_int("RECORDER_SESSION_IDLE_SECONDS", 1800)
 # The public base URL, used in links printed by commands and sent in notifications.
 PUBLIC_URL = env_str("PUBLIC_URL", "http://localhost:8000")
 # Passkeys are bound to this relying party: the host name approvers see, and the origins their browsers send.

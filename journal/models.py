@@ -70,6 +70,23 @@ class Agent(models.Model):
         return self.name
 
 
+class AgentSession(models.Model):
+    """An agent's MCP session on the initialize handshake, as every Recorder process needs it: whose it is,
+    the protocol version it negotiated and what the agent declared, so any process answers any request of
+    it (`journal.mcp.sessions`). Gone once the agent ends the session, or unused for the idle time."""
+
+    session_id = models.CharField(max_length=100, unique=True)
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="sessions")
+    protocol_version = models.CharField(max_length=20)
+    client_info = models.JSONField(default=dict)
+    capabilities = models.JSONField(default=dict)
+    opened_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(default=timezone.now)  # to within a minute (`sessions.TOUCH_SECONDS`)
+
+    def __str__(self):
+        return f"session {self.session_id[:8]} of agent {self.agent_id}"
+
+
 class RunQuerySet(models.QuerySet):
     def for_list(self):
         return self.select_related("agent", "agent__on_behalf_of")

@@ -8,7 +8,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from . import services
-from .models import Run
+from .models import AgentSession, Run
 
 QUIET_AFTER = timedelta(seconds=30)
 # How long past the longest call a step is given before it counts as left by a Recorder that died.
@@ -32,3 +32,11 @@ def reconcile_stale_steps() -> int:
     """Mark calls whose outcome was never recorded (a Recorder that died mid-call). Safe to run twice."""
     horizon = timezone.now() - timedelta(seconds=settings.TOOL_SERVER_TIMEOUT + GRACE_SECONDS)
     return services.reconcile_stale_steps(older_than=horizon)
+
+
+@shared_task(name="journal.forget_idle_sessions")
+def forget_idle_sessions() -> int:
+    """Delete the records of agent sessions unused for RECORDER_SESSION_IDLE_SECONDS (no process serves
+    them any more: `journal.mcp.sessions`)."""
+    idle = timezone.now() - timedelta(seconds=settings.RECORDER_SESSION_IDLE_SECONDS)
+    return AgentSession.objects.filter(last_used_at__lt=idle).delete()[0]

@@ -4,6 +4,7 @@ import json
 
 from .bounded import next_boundary
 from .delivery import Deliveries, call_id
+from .sessions import SessionStore, record_of
 
 
 async def read_body(receive) -> bytes:
@@ -36,8 +37,8 @@ class AnswerAsJson:
     How each call of a handshake session's ended, its answer sent or the agent gone first, goes to
     `deliveries`."""
 
-    def __init__(self, app, deliveries: Deliveries | None = None):
-        self.app, self.deliveries = app, deliveries
+    def __init__(self, app, deliveries: Deliveries | None = None, sessions: SessionStore | None = None):
+        self.app, self.deliveries, self.sessions = app, deliveries, sessions
 
     async def __call__(self, scope, receive, send):
         headers = dict(scope.get("headers") or []) if scope["type"] == "http" else {}
@@ -45,6 +46,12 @@ class AnswerAsJson:
             return await self.app(scope, receive, send)
         lazy = _LazyStream(send)
         session_id = headers.get(b"mcp-session-id")
+        if session_id is None and self.sessions is not None and headers.get(b"mcp-method", b"initialize") == b"initialize":
+            # Perhaps an initialize: the session it opens is written down before the agent hears of it.
+            watched = _Watched(receive, lazy)
+            lazy.before_answer = lambda start, answer: self._opened(scope, watched, start, answer)
+            await self.app(scope, watched.receive, lazy.send)
+            return await lazy.flush(final=True)
         if session_id is None or self.deliveries is None:
             await self.app(scope, receive, lazy.send)
             return await lazy.flush(final=True)
@@ -55,6 +62,20 @@ class AnswerAsJson:
         finally:
             if (request_id := call_id(b"".join(watched.body))) is not None:
                 await self.deliveries.finished(session_id.decode("latin-1"), request_id, delivered=not watched.gone)
+
+
+    async def _opened(self, scope, watched: "_Watched", start: dict, answer: bytes) -> None:
+        session_id = dict(start.get("headers") or []).get(b"mcp-session-id")
+        agent = (scope.get("state") or {}).get("agent")
+        if session_id is None or agent is None:
+            return
+        try:
+            request, answered = json.loads(b"".join(watched.body)), json.loads(answer)
+        except ValueError:
+            return
+        if isinstance(request, dict) and request.get("method") == "initialize" \
+                and (record := record_of(agent.pk, request, answered)) is not None:
+            await self.sessions.opened(session_id.decode("latin-1"), record)
 
 
 class _Watched:
@@ -82,6 +103,7 @@ class _LazyStream:
         self.scanned = 0
         self.mode = ""  # "" deciding, "stream" passing through, "answered" sent as JSON
         self.ended = False  # the response's last message went out
+        self.before_answer = None  # awaited with (the response's start, the answer) before the answer goes out
 
     async def _out(self, message) -> None:
         if message["type"] == "http.response.body" and not message.get("more_body", False):
@@ -111,6 +133,8 @@ class _LazyStream:
             if answer is None:
                 return await self.flush(final=not message.get("more_body", False))
             self.mode = "answered"
+            if self.before_answer is not None:
+                await self.before_answer(self.start, answer)
             kept = [(name, value) for name, value in self.start["headers"] if name.lower() not in _STREAM_ONLY_HEADERS]
             await self.downstream({"type": "http.response.start", "status": self.start["status"], "headers": [
                 *kept, (b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]})

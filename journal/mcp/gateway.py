@@ -56,9 +56,11 @@ from .context import (
 from .delivery import Deliveries
 from .fast_calls import FastCalls
 from .features import Features
-from .journal_thread import JournalThread, ServerDirectory
+from .journal_thread import Journaled, JournalThread, ServerDirectory
 from .listening import Listening
 from .relay import Relay
+from .sessions import SessionStore, streamable_app
+from .sessions import forget as forget_session
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +120,7 @@ class Recorder:
         self.journal = JournalThread()
         self.bridge = Bridge(orphaned=self._orphaned)
         self.deliveries = Deliveries(lost=self.not_delivered)
+        self.sessions = SessionStore(idle_seconds=settings.RECORDER_SESSION_IDLE_SECONDS)
         self.relay = Relay(self.journal, tools_changed=self._tools_changed, bridge=self.bridge)
         self.upstreams = Upstreams(timeout=timeout, idle_seconds=idle_seconds, max_sessions=max_sessions,
                                    max_answer_bytes=max_answer_bytes, client_options=self.relay.client_options)
@@ -353,12 +356,15 @@ class Recorder:
                                                 "back with its answer; the server may have acted.")
 
     def session_ended(self, agent: Agent, session_id: str) -> None:
-        """The agent ended its MCP session: so end its upstream sessions (a stdio server's process stops)."""
+        """The agent ended its MCP session: so end its upstream sessions (a stdio server's process stops), and
+        its record, which other processes serve it by."""
         owner = owner_of(agent, session_id)
         self.upstreams.close_owner(owner)
         self.relay.forget(owner)
         self.listening.forget(owner)
         self.deliveries.forget(session_id)
+        self.sessions.ended(session_id)
+        self.journal.submit(forget_session, session_id=session_id)  # in every process: "Session not found" from now
 
     def journal_outcome(self, opened: services.OpenedStep, started, outcome: services.Outcome) -> "Journaled":
         """Queue the outcome's journal write now (so it comes before anything the agent does next) and
@@ -403,31 +409,17 @@ class Recorder:
 
 
 
-class Journaled:
-    """The journal write of a call's outcome, already queued: await it (again, once it is done).
-    `opened` is the step it closes."""
-
-    def __init__(self, written, opened: services.OpenedStep):
-        self.written, self.opened, self.done = written, opened, False
-
-    def __await__(self):
-        if not self.done:
-            yield from self.written.__await__()
-            self.done = True
-
-
 def build_app() -> Starlette:
     recorder = Recorder(timeout=settings.TOOL_SERVER_TIMEOUT, idle_seconds=settings.RECORDER_UPSTREAM_IDLE_SECONDS,
                         max_sessions=settings.RECORDER_MAX_UPSTREAM_SESSIONS,
                         max_answer_bytes=settings.RECORDER_MAX_RESULT_BYTES)
     security = transport_security()
-    mcp_app = recorder.server.streamable_http_app(
-        # Not JSON-only: a held call streams progress notifications (SSE) while it waits. A request that
-        # finishes quickly and emits nothing is still answered with plain JSON.
-        streamable_http_path="/mcp/", json_response=False, transport_security=security
-    )
+    # Not JSON-only: a held call streams progress notifications (SSE) while it waits. A request that finishes
+    # quickly and emits nothing is still answered with plain JSON. Any process serves any session.
+    mcp_app = streamable_app(recorder.server, path="/mcp/", security=security, store=recorder.sessions,
+                             idle_seconds=settings.RECORDER_SESSION_IDLE_SECONDS)
     # The SDK answers with an event stream; a stream that would carry only its answer goes out as JSON.
-    recorder.sdk_app = AnswerAsJson(mcp_app, recorder.deliveries)
+    recorder.sdk_app = AnswerAsJson(mcp_app, recorder.deliveries, recorder.sessions)
 
     session_manager_lifespan = mcp_app.router.lifespan_context
 

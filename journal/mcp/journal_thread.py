@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db import connection
 
-from .. import sql
+from .. import services, sql
 from ..models import ToolServer
 
 
@@ -75,3 +75,15 @@ class ServerDirectory:
             self._known[name] = (stamp, server)
         return server
 
+
+class Journaled:
+    """The journal write of a call's outcome, already queued: await it (again, once it is done).
+    `opened` is the step it closes."""
+
+    def __init__(self, written, opened: services.OpenedStep):
+        self.written, self.opened, self.done = written, opened, False
+
+    def __await__(self):
+        if not self.done:
+            yield from self.written.__await__()
+            self.done = True

@@ -1,0 +1,109 @@
+"""Several Recorders behind a load balancer with no sticky sessions serve one agent: whatever a session
+needs between requests is in the database, so any of them answers any request of any session."""
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from journal import services
+from journal.models import AgentSession, Run, Step
+from tests.conftest import ServerThread, free_port
+from tests.fixtures import round_robin
+
+from .helpers import register_samples
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def recorders(transactional_db):
+    from approver.asgi import build_application
+
+    with ServerThread(build_application(), free_port()) as first, ServerThread(build_application(), free_port()) as second:
+        balancer = round_robin.build_app([first.base, second.base])
+        with ServerThread(balancer, free_port()) as front:
+            yield front, (first, second), balancer.served
+
+
+def settle_all(backends) -> None:
+    for backend in backends:
+        backend.app.recorder.journal.settle()
+
+
+def test_a_handshake_session_is_served_by_whichever_recorder_gets_each_request(recorders, sample_servers, dana):
+    front, backends, served = recorders
+    register_samples(sample_servers, names=("legacy",))
+    _, token = services.create_agent(name="bot", on_behalf_of=dana)
+
+    async def main():
+        headers = {"Authorization": f"Bearer {token}"}
+        async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+            async with Client(streamable_http_client(f"{front.base}/mcp/", http_client=http), mode="legacy",
+                              cache=None) as client:
+                tools = [tool.name for tool in (await client.list_tools()).tools]
+                answers = [(await client.call_tool("legacy__echo", {"n": n})).structured_content for n in range(12)]
+                return tools, answers
+
+    tools, answers = anyio.run(main)
+    settle_all(backends)
+    assert "legacy__echo" in tools and answers == [{"n": n} for n in range(12)]
+    assert {url for url in served} == {backend.base for backend in backends}  # both answered this session
+    run = Run.objects.get()
+    assert list(Step.objects.filter(run=run).order_by("number").values_list("number", "status")) == [
+        (n, "ok") for n in range(1, 13)]
+    assert list(run.entries.order_by("seq").values_list("seq", flat=True)) == list(range(1, run.head_seq + 1))
+    assert services.verify_run(run=run).ok
+    assert not AgentSession.objects.exists()  # the agent ended its session (DELETE), in whichever process
+
+
+def test_a_session_is_only_ever_its_agents_and_ends_everywhere(recorders, dana):
+    front, (first, second), _ = recorders
+    _, token = services.create_agent(name="bot", on_behalf_of=dana)
+    _, other = services.create_agent(name="other", on_behalf_of=dana)
+
+    def post(base, bearer, body, session=None):
+        headers = {"Authorization": f"Bearer {bearer}", "Accept": "application/json, text/event-stream",
+                   **({"Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-11-25"} if session else {})}
+        return httpx2.post(f"{base}/mcp/", json=body, headers=headers, timeout=30)
+
+    opened = post(first.base, token, {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+    session = opened.headers["mcp-session-id"]
+    assert post(second.base, token, {"jsonrpc": "2.0", "method": "notifications/initialized"}, session).status_code == 202
+    listed = post(second.base, token, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, session)
+    assert listed.status_code == 200 and "tools" in listed.json()["result"]
+    # Another agent presenting the session id gets what it would get for any unknown session.
+    assert post(second.base, other, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, session).status_code == 404
+    assert post(first.base, other, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, session).status_code == 404
+    # The agent ends it at one Recorder: it is gone at the other too.
+    ended = httpx2.delete(f"{second.base}/mcp/", headers={"Authorization": f"Bearer {token}", "Mcp-Session-Id": session,
+                                                          "Mcp-Protocol-Version": "2025-11-25"})
+    assert ended.status_code == 200
+    first.app.recorder.journal.settle()
+    second.app.recorder.journal.settle()
+    anyio.run(anyio.sleep, 1.1)  # what a process last read of a session, it trusts for a second
+    assert post(first.base, token, {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, session).status_code == 404
+
+
+def test_a_session_unused_for_the_idle_time_is_gone_and_its_record_forgotten(recorders, dana, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from journal import tasks
+
+    front, (first, second), _ = recorders
+    _, token = services.create_agent(name="bot", on_behalf_of=dana)
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
+    opened = httpx2.post(f"{first.base}/mcp/", headers=headers, json={
+        "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+    session = opened.headers["mcp-session-id"]
+    AgentSession.objects.filter(session_id=session).update(
+        last_used_at=timezone.now() - timedelta(seconds=settings.RECORDER_SESSION_IDLE_SECONDS + 1))
+    listed = httpx2.post(f"{second.base}/mcp/", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                         headers={**headers, "Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-11-25"})
+    assert listed.status_code == 404
+    assert tasks.forget_idle_sessions() == 1 and not AgentSession.objects.exists()
