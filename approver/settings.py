@@ -224,6 +224,9 @@ RECORDER_INLINE_RESULT_BYTES = env_int("RECORDER_INLINE_RESULT_BYTES", 64 * 1024
 RECORDER_FAST_CALLS = env_bool("RECORDER_FAST_CALLS", True)
 # Without a runId or an MCP session id, an agent's calls join its latest run unless it has been idle this long.
 RECORDER_RUN_IDLE_SECONDS = env_int("RECORDER_RUN_IDLE_SECONDS", 1800)
+# How Recorder processes reach each other (an agent's cancellation heard by one, for a call another makes):
+# Redis pub/sub. Without it, each process hears only itself, which is all a single process needs.
+RECORDER_BUS_URL = env_str("RECORDER_BUS_URL", REDIS_URL)
 # An agent's MCP session on the handshake unused this long is gone, in every Recorder process.
 RECORDER_SESSION_IDLE_SECONDS = env_int("RECORDER_SESSION_IDLE_SECONDS", 1800)
 # The public base URL, used in links printed by commands and sent in notifications.

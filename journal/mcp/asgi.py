@@ -3,7 +3,8 @@
 import json
 
 from .bounded import next_boundary
-from .delivery import Deliveries, call_id
+from .bus import Cancels
+from .delivery import Deliveries, call_id, cancelled_id
 from .sessions import SessionStore, record_of
 
 
@@ -37,8 +38,9 @@ class AnswerAsJson:
     How each call of a handshake session's ended, its answer sent or the agent gone first, goes to
     `deliveries`."""
 
-    def __init__(self, app, deliveries: Deliveries | None = None, sessions: SessionStore | None = None):
-        self.app, self.deliveries, self.sessions = app, deliveries, sessions
+    def __init__(self, app, deliveries: Deliveries | None = None, sessions: SessionStore | None = None,
+                 cancels: Cancels | None = None):
+        self.app, self.deliveries, self.sessions, self.cancels = app, deliveries, sessions, cancels
 
     async def __call__(self, scope, receive, send):
         headers = dict(scope.get("headers") or []) if scope["type"] == "http" else {}
@@ -60,8 +62,11 @@ class AnswerAsJson:
             await self.app(scope, watched.receive, lazy.send)
             await lazy.flush(final=True)
         finally:
-            if (request_id := call_id(b"".join(watched.body))) is not None:
+            body = b"".join(watched.body)
+            if (request_id := call_id(body)) is not None:
                 await self.deliveries.finished(session_id.decode("latin-1"), request_id, delivered=not watched.gone)
+            elif self.cancels is not None and (cancelled := cancelled_id(body)) is not None:
+                await self.cancels.cancelled(session_id.decode("latin-1"), cancelled)
 
 
     async def _opened(self, scope, watched: "_Watched", start: dict, answer: bytes) -> None:

@@ -32,6 +32,22 @@ def call_id(body: bytes) -> str | None:
     return str(message["id"])
 
 
+def cancelled_id(body: bytes) -> str | None:
+    """The id of the request a `notifications/cancelled` body cancels (a string), or None for anything else."""
+    if b"notifications/cancelled" not in body:
+        return None
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or message.get("method") != "notifications/cancelled":
+        return None
+    params = message.get("params")
+    if not isinstance(params, dict) or params.get("requestId") is None:
+        return None
+    return str(params["requestId"])
+
+
 class Deliveries:
     def __init__(self, lost: Callable[[Any, str], Awaitable[None]]):
         self._lost = lost  # (the outcome's journal write, why): journals that its answer was not delivered

@@ -40,6 +40,7 @@ from . import bridge, versions
 from .asgi import AnswerAsJson
 from .auth import BearerAgent, transport_security
 from .bridge import Bridge
+from .bus import Bus, Cancels
 from .client import DEFAULT_MAX_ANSWER_BYTES, ToolServerError, Upstreams, endpoint_of
 from .context import (
     SEPARATOR,
@@ -116,8 +117,10 @@ def _relayed(progress):
 
 class Recorder:
     def __init__(self, *, timeout: float, idle_seconds: float | None = None, max_sessions: int | None = None,
-                 max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES):
+                 max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES, bus_url: str = ""):
         self.journal = JournalThread()
+        self.bus = Bus(bus_url)
+        self.cancels = Cancels(self.bus)
         self.bridge = Bridge(orphaned=self._orphaned)
         self.deliveries = Deliveries(lost=self.not_delivered)
         self.sessions = SessionStore(idle_seconds=settings.RECORDER_SESSION_IDLE_SECONDS)
@@ -171,11 +174,14 @@ class Recorder:
         self.relay.heard_from(owner_of(agent, session_id), ctx.session)
         sent = params.model_dump(by_alias=True, mode="json", exclude_none=True)
         retry = {key: sent[key] for key in ("inputResponses", "requestState") if key in sent}
-        result, journaled = await self.forward(agent=agent, name=params.name, arguments=params.arguments,
-                                               meta=ctx.meta, session_id=session_id,
-                                               version=ctx.session.protocol_version,
-                                               progress=ctx.session.report_progress, session=ctx.session,
-                                               retry=retry or None)
+        with self.cancels.watch(session_id, ctx.request_id) as watched:  # cancelled in any process's hearing
+            result, journaled = await self.forward(agent=agent, name=params.name, arguments=params.arguments,
+                                                   meta=ctx.meta, session_id=session_id,
+                                                   version=ctx.session.protocol_version,
+                                                   progress=ctx.session.report_progress, session=ctx.session,
+                                                   retry=retry or None)
+        if watched.cancelled_caught:
+            raise recorder_error(-32800, "The agent cancelled the call.", reason="cancelled")
         if journaled is not None:
             await journaled
             if session_id is not None:  # whether the answer reaches the agent is known once its POST ends
@@ -412,14 +418,14 @@ class Recorder:
 def build_app() -> Starlette:
     recorder = Recorder(timeout=settings.TOOL_SERVER_TIMEOUT, idle_seconds=settings.RECORDER_UPSTREAM_IDLE_SECONDS,
                         max_sessions=settings.RECORDER_MAX_UPSTREAM_SESSIONS,
-                        max_answer_bytes=settings.RECORDER_MAX_RESULT_BYTES)
+                        max_answer_bytes=settings.RECORDER_MAX_RESULT_BYTES, bus_url=settings.RECORDER_BUS_URL)
     security = transport_security()
     # Not JSON-only: a held call streams progress notifications (SSE) while it waits. A request that finishes
     # quickly and emits nothing is still answered with plain JSON. Any process serves any session.
     mcp_app = streamable_app(recorder.server, path="/mcp/", security=security, store=recorder.sessions,
                              idle_seconds=settings.RECORDER_SESSION_IDLE_SECONDS)
     # The SDK answers with an event stream; a stream that would carry only its answer goes out as JSON.
-    recorder.sdk_app = AnswerAsJson(mcp_app, recorder.deliveries, recorder.sessions)
+    recorder.sdk_app = AnswerAsJson(mcp_app, recorder.deliveries, recorder.sessions, recorder.cancels)
 
     session_manager_lifespan = mcp_app.router.lifespan_context
 
@@ -428,7 +434,7 @@ def build_app() -> Starlette:
         # The signing key is created on the Recorder's first start, not at its first checkpoint.
         await recorder.journal.run(keys.signing_key)
         try:
-            async with recorder.upstreams, recorder.listening, session_manager_lifespan(app):
+            async with recorder.upstreams, recorder.listening, recorder.bus, session_manager_lifespan(app):
                 yield
         finally:
             recorder.journal.close()  # runs every queued journal write first

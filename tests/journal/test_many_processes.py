@@ -1,6 +1,10 @@
 """Several Recorders behind a load balancer with no sticky sessions serve one agent: whatever a session
 needs between requests is in the database, so any of them answers any request of any session."""
 
+import contextlib
+import sys
+from pathlib import Path
+
 import anyio
 import httpx2
 import pytest
@@ -11,20 +15,34 @@ from journal import services
 from journal.models import AgentSession, Run, Step
 from tests.conftest import ServerThread, free_port
 from tests.fixtures import round_robin
+from tests.services import REDIS_URL, needs_redis
 
 from .helpers import register_samples
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def recorders(transactional_db):
+@contextlib.contextmanager
+def behind_a_balancer():
     from approver.asgi import build_application
 
     with ServerThread(build_application(), free_port()) as first, ServerThread(build_application(), free_port()) as second:
         balancer = round_robin.build_app([first.base, second.base])
         with ServerThread(balancer, free_port()) as front:
             yield front, (first, second), balancer.served
+
+
+@pytest.fixture
+def recorders(transactional_db):
+    with behind_a_balancer() as stack:
+        yield stack
+
+
+@pytest.fixture
+def recorders_on_a_bus(transactional_db, settings):
+    settings.RECORDER_BUS_URL = REDIS_URL
+    with behind_a_balancer() as stack:
+        yield stack
 
 
 def settle_all(backends) -> None:
@@ -49,7 +67,7 @@ def test_a_handshake_session_is_served_by_whichever_recorder_gets_each_request(r
     tools, answers = anyio.run(main)
     settle_all(backends)
     assert "legacy__echo" in tools and answers == [{"n": n} for n in range(12)]
-    assert {url for url in served} == {backend.base for backend in backends}  # both answered this session
+    assert {url for url, _, _ in served} == {backend.base for backend in backends}  # both answered this session
     run = Run.objects.get()
     assert list(Step.objects.filter(run=run).order_by("number").values_list("number", "status")) == [
         (n, "ok") for n in range(1, 13)]
@@ -107,3 +125,47 @@ def test_a_session_unused_for_the_idle_time_is_gone_and_its_record_forgotten(rec
                          headers={**headers, "Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-11-25"})
     assert listed.status_code == 404
     assert tasks.forget_idle_sessions() == 1 and not AgentSession.objects.exists()
+
+
+SLOW = [sys.executable, str(Path(__file__).resolve().parent.parent / "fixtures" / "slow_stdio_server.py")]
+
+
+@needs_redis
+@pytest.mark.parametrize("bus", [True, False])
+def test_a_cancellation_one_recorder_hears_stops_the_call_another_is_making(transactional_db, settings, dana,
+                                                                              tmp_path, bus):
+    """The agent posts its call to one Recorder and its `notifications/cancelled` to another, keeping the
+    call's connection open: the bus carries the cancellation to the Recorder making the call, which leaves
+    the upstream call (the server is told) and journals it. Without a bus, the call runs to its end."""
+    settings.RECORDER_BUS_URL = REDIS_URL if bus else ""
+    ledger = tmp_path / "ledger"
+    services.refresh_catalogue(server=services.register_tool_server(name="slow", command=" ".join([*SLOW, str(ledger)])))
+    ledger.unlink()
+    _, token = services.create_agent(name="bot", on_behalf_of=dana)
+    with behind_a_balancer() as (_, (first, second), _):
+        async def main():
+            base = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
+            async with httpx2.AsyncClient(headers=base, timeout=30) as http:
+                opened = await http.post(f"{first.base}/mcp/", json={"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                                         "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                                                    "clientInfo": {"name": "raw", "version": "1"}}})
+                headers = {"Mcp-Session-Id": opened.headers["mcp-session-id"], "Mcp-Protocol-Version": "2025-11-25"}
+                await http.post(f"{second.base}/mcp/", headers=headers,
+                                json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+                call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                        "params": {"name": "slow__wait", "arguments": {"seconds": 4}}}
+                async with anyio.create_task_group() as group:
+                    group.start_soon(lambda: http.post(f"{first.base}/mcp/", headers=headers, json=call))
+                    await anyio.sleep(1.5)  # the server's process has started and has the call
+                    await http.post(f"{second.base}/mcp/", headers=headers, json={
+                        "jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}})
+                await http.delete(f"{first.base}/mcp/", headers=headers)
+
+        anyio.run(main)
+        settle_all((first, second))
+    step = Step.objects.get()
+    if bus:
+        assert "cancelled" in ledger.read_text() and step.status == "cancelled"
+        assert step.error_message == "The agent cancelled the call while slow had it; the server may have acted."
+    else:
+        assert "cancelled" not in ledger.read_text() and step.status == "ok"
