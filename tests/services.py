@@ -60,10 +60,13 @@ def running_worker(env: dict, name: str):
 
 def worker_env_for_test_database() -> dict:
     """This process's environment, pointed at the database and the Recorder keys the running test uses
-    (SQLite's file), so a worker process sees what the test wrote and signs with the same keys."""
+    (SQLite's file, or PostgreSQL's test database), so a worker process sees what the test wrote and signs
+    with the same keys."""
     from django.conf import settings
     from django.db import connection
 
-    return {**os.environ, "DJANGO_SETTINGS_MODULE": "approver.settings",
-            "DATABASE_URL": f"sqlite:///{connection.settings_dict['NAME']}",
+    db = connection.settings_dict
+    url = f"sqlite:///{db['NAME']}" if connection.vendor == "sqlite" else (
+        f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}")
+    return {**os.environ, "DJANGO_SETTINGS_MODULE": "approver.settings", "DATABASE_URL": url,
             "RECORDER_KEY_DIR": str(settings.RECORDER_KEY_DIR)}  # the test's own keys, never the user's
