@@ -41,9 +41,11 @@ def fresh_database(url: str) -> None:
         admin.execute(f'CREATE DATABASE "{name}"')
 
 
-def children(pid: int) -> list[int]:
+def workers_of(pid: int) -> list[int]:
+    """uvicorn's worker processes under its master `pid` (not multiprocessing's resource tracker)."""
     found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    return [int(child) for child in found]
+    return [int(child) for child in found
+            if "spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace")]
 
 
 def main() -> None:
@@ -115,17 +117,24 @@ def run_agents(args) -> None:
     done = [0]
 
     async def agent(name: str, token: str, mode: str) -> None:
-        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120,
-                                      limits=httpx2.Limits(max_keepalive_connections=0)) as http:
-            async with Client(streamable_http_client(url, http_client=http), mode=mode, cache=None) as client:
-                for n in range(args.calls):
-                    try:
-                        result = await client.call_tool("legacy__create_ticket", {"title": f"{name}-{n}"})
-                        if result.is_error:
-                            errors.setdefault(name, []).append(result.content[0].text[:100])
-                    except Exception as exc:  # noqa: BLE001 - counted: what an agent saw
-                        errors.setdefault(name, []).append(f"{type(exc).__name__}: {str(exc)[:100]}")
-                    done[0] += 1
+        """Its calls, one after another; a session whose connection broke is opened again, as an agent would."""
+        n = 0
+        while n < args.calls:
+            try:
+                async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120,
+                                              limits=httpx2.Limits(max_keepalive_connections=0)) as http:
+                    async with Client(streamable_http_client(url, http_client=http), mode=mode, cache=None) as client:
+                        while n < args.calls:
+                            n += 1
+                            done[0] += 1
+                            try:
+                                result = await client.call_tool("legacy__create_ticket", {"title": f"{name}-{n}"})
+                                if result.is_error:
+                                    errors.setdefault(name, []).append(result.content[0].text[:100])
+                            except Exception as exc:  # noqa: BLE001 - counted: what an agent saw
+                                errors.setdefault(name, []).append(f"{type(exc).__name__}: {str(exc)[:100]}")
+            except Exception as exc:  # noqa: BLE001 - the session broke under it: counted, and opened again
+                errors.setdefault(name, []).append(f"session broke: {type(exc).__name__}")
 
     mailed = {}
 
@@ -151,7 +160,7 @@ def run_agents(args) -> None:
     def kill_one_worker(master: int) -> None:
         while done[0] < args.agents * args.calls // 3:
             time.sleep(0.05)
-        victim = random.choice(children(master))
+        victim = random.choice(workers_of(master))
         os.kill(victim, signal.SIGKILL)
         killed.append(victim)
 

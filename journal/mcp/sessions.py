@@ -119,6 +119,7 @@ class SharedSessions(StreamableHTTPSessionManager):
     def __init__(self, *args, store: SessionStore, **kwargs):
         super().__init__(*args, **kwargs)
         self.store = store
+        self._adopting = anyio.Lock()  # two requests of one session arriving at once adopt it once
 
     async def _handle_stateful_request(self, scope, receive, send) -> None:
         session_id = dict(scope.get("headers") or []).get(MCP_SESSION_ID_HEADER.encode())
@@ -133,7 +134,9 @@ class SharedSessions(StreamableHTTPSessionManager):
                 await _error_response("Session not found", 404)(scope, receive, send)
                 return
             if session_id not in self._server_instances:
-                await self._adopt(session_id, record)
+                async with self._adopting:
+                    if session_id not in self._server_instances:
+                        await self._adopt(session_id, record)
         await super()._handle_stateful_request(scope, receive, send)
 
     async def _adopt(self, session_id: str, record: SessionRecord) -> None:
@@ -142,7 +145,6 @@ class SharedSessions(StreamableHTTPSessionManager):
             mcp_session_id=session_id, is_json_response_enabled=self.json_response, event_store=self.event_store,
             security_settings=self.security_settings, retry_interval=self.retry_interval,
             idle_timeout=self.session_idle_timeout)
-        self._server_instances[session_id] = transport
         try:
             client_params = InitializeRequestParams(
                 protocol_version=record.protocol_version, capabilities=ClientCapabilities.model_validate(
@@ -170,6 +172,7 @@ class SharedSessions(StreamableHTTPSessionManager):
 
         assert self._task_group is not None
         await self._task_group.start(run_server)
+        self._server_instances[session_id] = transport  # only once it can take requests
         logger.info("serving session %s, opened by another process", session_id[:8])
 
 

@@ -169,3 +169,33 @@ def test_a_cancellation_one_recorder_hears_stops_the_call_another_is_making(tran
         assert step.error_message == "The agent cancelled the call while slow had it; the server may have acted."
     else:
         assert "cancelled" not in ledger.read_text() and step.status == "ok"
+
+
+def test_requests_of_a_session_arriving_at_once_where_it_is_new_are_all_answered(recorders, dana):
+    """The first requests of a session another Recorder opened, all at once: it is adopted once, and every
+    one of them is answered (none finds the session half set up)."""
+    _, (first, second), _ = recorders
+    _, token = services.create_agent(name="bot", on_behalf_of=dana)
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
+    opened = httpx2.post(f"{first.base}/mcp/", headers=headers, json={
+        "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+    headers |= {"Mcp-Session-Id": opened.headers["mcp-session-id"], "Mcp-Protocol-Version": "2025-11-25"}
+    # The second Recorder has read the session's record (as it would for another request a moment ago),
+    # so nothing slows the requests down before they reach the session.
+    anyio.run(second.app.recorder.sessions.find, opened.headers["mcp-session-id"])
+
+    async def at_once():
+        async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+            statuses = []
+
+            async def one(n):
+                answer = await http.post(f"{second.base}/mcp/", json={"jsonrpc": "2.0", "id": n, "method": "tools/list"})
+                statuses.append(answer.status_code)
+
+            async with anyio.create_task_group() as group:
+                for n in range(1, 9):
+                    group.start_soon(one, n)
+            return statuses
+
+    assert anyio.run(at_once) == [200] * 8
