@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/processes.py [--workers 3] [--agents 20] [--calls 200] [--kill]
         [--database-url postgres://undo_ci:undo_ci@localhost:5432/undo_bench] [--redis-url redis://localhost:6379/13]
+        [--direct]
 
 Creates the database afresh, starts the sample tool servers and `uvicorn approver.asgi:application --workers N`,
 then runs the agents at once (half on the initialize handshake, half on the stateless 2026-07-28 protocol),
@@ -10,6 +11,7 @@ gets any request of any session), while one more call, which the autonomy policy
 passkey as its request waits. With --kill, one worker is killed (SIGKILL) a third of the way through and
 uvicorn starts another. Prints the errors the agents saw, how many calls were journaled (once each?), whether
 every run's chain verifies with a gapless seq, whether the held call went through once, and throughput.
+With --direct, the same agents call the sample server itself, for the throughput to compare with.
 """
 
 import argparse
@@ -54,6 +56,7 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=20)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--kill", action="store_true")
+    parser.add_argument("--direct", action="store_true", help="the agents call the tool server itself (no Recorder)")
     parser.add_argument("--database-url", default="postgres://undo_ci:undo_ci@localhost:5432/undo_bench")
     parser.add_argument("--redis-url", default="redis://localhost:6379/13")
     args = parser.parse_args()
@@ -112,7 +115,8 @@ def run_agents(args) -> None:
     agents = [(f"bot-{n}", services.create_agent(name=f"bot-{n}", on_behalf_of=owner)[1],
                "legacy" if n % 2 else "auto") for n in range(args.agents)]
     _, mailer = services.create_agent(name="mailer", on_behalf_of=owner)
-    url = "http://127.0.0.1:8199/mcp/"
+    url = "http://127.0.0.1:8198/legacy/mcp" if args.direct else "http://127.0.0.1:8199/mcp/"
+    tool = "create_ticket" if args.direct else "legacy__create_ticket"
     errors: dict[str, list[str]] = {}
     done = [0]
 
@@ -128,7 +132,7 @@ def run_agents(args) -> None:
                             n += 1
                             done[0] += 1
                             try:
-                                result = await client.call_tool("legacy__create_ticket", {"title": f"{name}-{n}"})
+                                result = await client.call_tool(tool, {"title": f"{name}-{n}"})
                                 if result.is_error:
                                     errors.setdefault(name, []).append(result.content[0].text[:100])
                             except Exception as exc:  # noqa: BLE001 - counted: what an agent saw
@@ -164,8 +168,9 @@ def run_agents(args) -> None:
         os.kill(victim, signal.SIGKILL)
         killed.append(victim)
 
-    approver_thread = threading.Thread(target=approve_when_held)
-    approver_thread.start()
+    approver_thread = threading.Thread(target=approve_when_held, daemon=True)
+    if not args.direct:
+        approver_thread.start()
     if args.kill:
         master = int(subprocess.run(["pgrep", "-f", "uvicorn approver.asgi:application --port 8199"],
                                     capture_output=True, text=True).stdout.split()[0])
@@ -173,13 +178,18 @@ def run_agents(args) -> None:
 
     async def everyone() -> None:
         async with anyio.create_task_group() as group:
-            group.start_soon(mail)
+            if not args.direct:
+                group.start_soon(mail)
             for name, token, mode in agents:
                 group.start_soon(agent, name, token, mode)
 
     started = time.perf_counter()
     anyio.run(everyone)
     seconds = time.perf_counter() - started
+    if args.direct:
+        print(f"directly: {args.agents} agents x {args.calls} calls, {sum(map(len, errors.values()))} errors; "
+              f"throughput: {args.agents * args.calls / seconds:.0f} calls/s ({seconds:.1f} s)")
+        return
     approver_thread.join(timeout=60)
     time.sleep(2)  # the journal's last writes
     import httpx
