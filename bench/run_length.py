@@ -24,15 +24,24 @@ from recorder_latency import client_for, sample_stack  # noqa: E402 - bench/ is 
 WINDOW = 200
 
 
+def resident_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=10_000)
     args = parser.parse_args()
-    with sample_stack("run-length-bench-", samples_port=8194, web_port=8195) as (_, _, token):
+    with sample_stack("run-length-bench-", samples_port=8194, web_port=8195) as (web, _, token):
         import anyio
         from django.db.models import Count
 
         from journal.models import Run, Step, StepDependency
+
+        rss = {}
 
         async def main_loop() -> list[float]:
             timings = []
@@ -44,6 +53,8 @@ def main() -> None:
                         "ref": f"ticket-{index:06d}", "zone": "Asia/Tokyo", "at": "12:00"}, meta=meta)
                     timings.append((time.perf_counter() - started) * 1000)
                     assert not result.is_error, result
+                    if index in (10, args.calls - 1):
+                        rss[index] = resident_mb(web.pid)
             return timings
 
         timings = anyio.run(main_loop)
@@ -56,6 +67,8 @@ def main() -> None:
         print(f"{args.calls} calls in one run ({Step.objects.filter(run=run).count()} steps journaled)")
         print(f"  median latency, steps 10-{10 + WINDOW}: {early:.2f} ms; last {WINDOW} steps: {late:.2f} ms; "
               f"ratio {late / early:.2f}x (target: within 10%)")
+        print(f"  Recorder's resident memory at step 10: {rss[10]:.0f} MB; at the last step: "
+              f"{rss[args.calls - 1]:.0f} MB")
         print(f"  inferred links: {StepDependency.objects.filter(step__run=run).count()} in all, at most {most} "
               "for one step")
 
