@@ -1,12 +1,14 @@
 """How much the Recorder adds to a tool call.
 
-    .venv/bin/python bench/recorder_latency.py [--calls 1000]
+    .venv/bin/python bench/recorder_latency.py [--calls 1000] [--interleave] [--pass-through]
 
 Starts the sample tool servers and the web app (Recorder included) as separate uvicorn processes on a
 scratch database, then makes N calls from one MCP client to the same sample tool (`legacy__echo`): first
 directly, then through the Recorder, which journals each one (the intent committed before forwarding,
 the outcome committed as the answer goes back; chain entries, dependency inference). Prints median and p99 latency of each and their ratio; the target is a median
-ratio of at most 2.0 (one extra hop is the floor).
+ratio of at most 2.0 (one extra hop is the floor). With --pass-through, a third kind of call, interleaved
+with the other two: an MCP SDK server that relays to the same tool with the SDK's client and journals nothing
+(bench/relay_floors.py's), and the Recorder's median as a multiple of its median (target: at most 1.15).
 """
 
 import argparse
@@ -83,6 +85,20 @@ def measure_pair(direct_url: str, recorder_url: str, token: str, calls: int, war
     return anyio.run(main)
 
 
+def measure_three(direct_url: str, pass_url: str, recorder_url: str, token: str, calls: int, warmup: int):
+    """Direct, SDK pass-through and Recorder calls interleaved one by one (see `measure_pair`)."""
+    import anyio
+
+    async def main():
+        async with client_for(direct_url, None) as direct, client_for(pass_url, "agt_floor") as passing, \
+                client_for(recorder_url, token) as through:
+            rows = [(await timed_call(direct, "echo", i), await timed_call(passing, "legacy__echo", i),
+                     await timed_call(through, "legacy__echo", i)) for i in range(warmup + calls)]
+        return [list(column) for column in zip(*rows[warmup:], strict=True)]
+
+    return anyio.run(main)
+
+
 @contextlib.contextmanager
 def sample_stack(prefix: str, *, samples_port: int, web_port: int):
     """The sample tool servers and the web app (Recorder included) as separate uvicorn processes on a
@@ -135,6 +151,9 @@ def main() -> None:
                         help="decide every call under an autonomy policy for every call (set to allow all)")
     parser.add_argument("--interleave", action="store_true",
                         help="Alternate direct and Recorder calls one by one instead of 1,000 of each in turn.")
+    parser.add_argument("--pass-through", action="store_true",
+                        help="Also (interleaved) an MCP SDK server relaying to the tool with the SDK's client, no "
+                             "journal (bench/relay_floors.py's): the Recorder's target is at most 1.15x its median.")
     args = parser.parse_args()
 
     with sample_stack("recorder-bench-", samples_port=8190, web_port=8191) as (_, user, token):
@@ -148,7 +167,18 @@ def main() -> None:
         import httpx
 
         httpx.post("http://127.0.0.1:8190/legacy/control", json={"delay_ms": args.server_delay_ms}).raise_for_status()
-        if args.interleave:
+        passing = None
+        if args.pass_through:
+            relay = subprocess.Popen([sys.executable, str(ROOT / "bench" / "relay_floors.py"), "--serve", "sdk",
+                                      "--port", "8192"], cwd=ROOT, env=dict(os.environ))
+            try:
+                wait("http://127.0.0.1:8192/")
+                direct, passing, through = measure_three("http://127.0.0.1:8190/legacy/mcp", "http://127.0.0.1:8192/mcp/",
+                                                         "http://127.0.0.1:8191/mcp/", token, args.calls, args.warmup)
+            finally:
+                relay.terminate()
+                relay.wait(timeout=20)
+        elif args.interleave:
             direct, through = measure_pair("http://127.0.0.1:8190/legacy/mcp", "http://127.0.0.1:8191/mcp/", token,
                                            args.calls, args.warmup)
         else:
@@ -157,7 +187,7 @@ def main() -> None:
     (d_median, d_p99), (r_median, r_p99) = summary(direct), summary(through)
     delay = f", tool answering in {args.server_delay_ms} ms" if args.server_delay_ms else ""
     delay += ", under an autonomy policy" if args.with_policy else ""
-    order = "interleaved" if args.interleave else "one block after the other"
+    order = "interleaved" if args.interleave or args.pass_through else "one block after the other"
     print(f"{args.calls} calls to legacy echo, directly and through the Recorder, {order}"
           f" (after {args.warmup} warm-up calls{delay})")
     print(f"  direct:           median {d_median:7.2f} ms   p99 {d_p99:7.2f} ms")
@@ -166,6 +196,10 @@ def main() -> None:
     drift = [round(statistics.median(through[i:i + tenth]), 1) for i in range(0, len(through), tenth)]
     print(f"  through Recorder, median of each tenth of the run: {drift} ms")
     print(f"  ratio:            median {r_median / d_median:5.2f}x     p99 {r_p99 / d_p99:5.2f}x   (target: median <= 2.0)")
+    if passing is not None:
+        p_median, p_p99 = summary(passing)
+        print(f"  SDK pass-through (no journal): median {p_median:7.2f} ms   p99 {p_p99:7.2f} ms; the Recorder is "
+              f"{r_median / p_median:4.2f}x its median (target: <= 1.15x)")
 
 
 if __name__ == "__main__":
