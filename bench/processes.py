@@ -4,7 +4,7 @@
         [--database-url postgres://undo_ci:undo_ci@localhost:5432/undo_bench] [--redis-url redis://localhost:6379/13]
         [--direct]
 
-Creates the database afresh, starts the sample tool servers and `uvicorn approver.asgi:application --workers N`,
+Creates the database afresh (and drops it at the end), starts the sample tool servers and `uvicorn approver.asgi:application --workers N`,
 then runs the agents at once (half on the initialize handshake, half on the stateless 2026-07-28 protocol),
 each making its calls to the sample `legacy__create_ticket` on a new connection every request (so any worker
 gets any request of any session), while one more call, which the autonomy policy holds, is approved with a
@@ -34,13 +34,15 @@ from recorder_latency import wait  # noqa: E402 - bench/ is not a package
 EMAIL = {"to": "buyer@globex.example", "subject": "Welcome aboard", "body": "Hello"}
 
 
-def fresh_database(url: str) -> None:
+def database(url: str, *, create: bool) -> None:
+    """Create the bench's database afresh, or drop it."""
     import psycopg
 
     base, _, name = url.rpartition("/")
     with psycopg.connect(f"{base}/postgres", autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
+        if create:
+            admin.execute(f'CREATE DATABASE "{name}"')
 
 
 def workers_of(pid: int) -> list[int]:
@@ -60,7 +62,7 @@ def main() -> None:
     parser.add_argument("--database-url", default="postgres://undo_ci:undo_ci@localhost:5432/undo_bench")
     parser.add_argument("--redis-url", default="redis://localhost:6379/13")
     args = parser.parse_args()
-    fresh_database(args.database_url)
+    database(args.database_url, create=True)
     scratch = Path(tempfile.mkdtemp(prefix="processes-bench-"))
     env = {**os.environ, "VAR_DIR": str(scratch), "RECORDER_KEY_DIR": str(scratch / "keys"), "DEBUG": "0",
            "DJANGO_SETTINGS_MODULE": "approver.settings", "LOG_LEVEL": "WARNING", "DATABASE_URL": args.database_url,
@@ -84,6 +86,10 @@ def main() -> None:
         for process in (samples, web):
             process.terminate()
             process.wait(timeout=30)
+        from django.db import connections
+
+        connections.close_all()
+        database(args.database_url, create=False)
 
 
 def run_agents(args) -> None:
