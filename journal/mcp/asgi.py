@@ -1,11 +1,14 @@
 """Small ASGI helpers shared by the Recorder's own request handling."""
 
 import json
+import logging
 
 from .bounded import next_boundary
 from .bus import Cancels
 from .delivery import Deliveries, call_id, cancelled_id
 from .sessions import SessionStore, record_of
+
+logger = logging.getLogger(__name__)
 
 
 async def read_body(receive) -> bytes:
@@ -69,7 +72,8 @@ class AnswerAsJson:
                 await self.cancels.cancelled(session_id.decode("latin-1"), cancelled)
 
 
-    async def _opened(self, scope, watched: "_Watched", start: dict, answer: bytes) -> None:
+    async def _opened(self, scope, watched: "_Watched", start: dict, answer: bytes) -> tuple[int, bytes] | None:
+        """Write down the session an `initialize` answer opens; if that fails, what to answer instead."""
         session_id = dict(start.get("headers") or []).get(b"mcp-session-id")
         agent = (scope.get("state") or {}).get("agent")
         if session_id is None or agent is None:
@@ -78,9 +82,18 @@ class AnswerAsJson:
             request, answered = json.loads(b"".join(watched.body)), json.loads(answer)
         except ValueError:
             return
-        if isinstance(request, dict) and request.get("method") == "initialize" \
-                and (record := record_of(agent.pk, request, answered)) is not None:
+        if not isinstance(request, dict) or request.get("method") != "initialize" \
+                or (record := record_of(agent.pk, request, answered)) is None:
+            return None
+        try:
             await self.sessions.opened(session_id.decode("latin-1"), record)
+        except Exception:  # the session would not be found again: so it is not opened
+            logger.exception("could not write down a new agent session")
+            return 503, json.dumps({"jsonrpc": "2.0", "id": request.get("id"), "error": {
+                "code": -32603, "message": "The Recorder could not record the new session (its database did not "
+                "answer); nothing was opened. Try again.", "data": {"source": "recorder", "reason": "unavailable"}}
+            }).encode()
+        return None
 
 
 class _Watched:
@@ -108,7 +121,9 @@ class _LazyStream:
         self.scanned = 0
         self.mode = ""  # "" deciding, "stream" passing through, "answered" sent as JSON
         self.ended = False  # the response's last message went out
-        self.before_answer = None  # awaited with (the response's start, the answer) before the answer goes out
+        # Awaited with (the response's start, the answer) before the answer goes out; it may give
+        # (status, body) to answer instead.
+        self.before_answer = None
 
     async def _out(self, message) -> None:
         if message["type"] == "http.response.body" and not message.get("more_body", False):
@@ -138,10 +153,11 @@ class _LazyStream:
             if answer is None:
                 return await self.flush(final=not message.get("more_body", False))
             self.mode = "answered"
-            if self.before_answer is not None:
-                await self.before_answer(self.start, answer)
-            kept = [(name, value) for name, value in self.start["headers"] if name.lower() not in _STREAM_ONLY_HEADERS]
-            await self.downstream({"type": "http.response.start", "status": self.start["status"], "headers": [
+            status, dropped = self.start["status"], _STREAM_ONLY_HEADERS
+            if self.before_answer is not None and (instead := await self.before_answer(self.start, answer)) is not None:
+                (status, answer), dropped = instead, _STREAM_ONLY_HEADERS | {b"mcp-session-id"}
+            kept = [(name, value) for name, value in self.start["headers"] if name.lower() not in dropped]
+            await self.downstream({"type": "http.response.start", "status": status, "headers": [
                 *kept, (b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]})
             return await self._out({"type": "http.response.body", "body": answer, "more_body": False})
         if not message.get("more_body", False):

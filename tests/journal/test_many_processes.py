@@ -199,3 +199,24 @@ def test_requests_of_a_session_arriving_at_once_where_it_is_new_are_all_answered
             return statuses
 
     assert anyio.run(at_once) == [200] * 8
+
+
+def test_a_session_the_database_cannot_record_is_not_opened(recorders, dana, monkeypatch):
+    """If the new session cannot be written down, no Recorder could find it again: the agent is told, with
+    a clear error of the Recorder's own, and given no session id."""
+    from journal.mcp import sessions
+
+    def down(*args):
+        raise RuntimeError("database down")
+
+    monkeypatch.setattr(sessions, "_write", down)
+    _, (first, _), _ = recorders
+    _, token = services.create_agent(name="bot", on_behalf_of=dana)
+    opened = httpx2.post(f"{first.base}/mcp/", headers={
+        "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}, json={
+        "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+    assert opened.status_code == 503 and "mcp-session-id" not in opened.headers
+    error = opened.json()["error"]
+    assert error["data"] == {"source": "recorder", "reason": "unavailable"} and "nothing was opened" in error["message"]
+    assert not AgentSession.objects.exists()
