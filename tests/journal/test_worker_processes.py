@@ -5,10 +5,13 @@ approved while its request waits. Every call is journaled once, every run's chai
 and the server acted once per call. (`bench/processes.py` runs it at full size.)"""
 
 import contextlib
+import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import anyio
 import httpx2
@@ -45,7 +48,7 @@ def recorder_processes(workers: int, log):
             time.sleep(0.2)
         else:
             raise RuntimeError("the Recorder's processes did not start")
-        yield f"http://127.0.0.1:{port}/mcp/"
+        yield f"http://127.0.0.1:{port}/mcp/", web.pid
     finally:
         web.terminate()
         web.wait(timeout=30)
@@ -72,7 +75,7 @@ def test_workers_serve_any_request_of_any_session_and_journal_every_call_once(
               for n in range(AGENTS)]
     _, mailer = services.create_agent(name="mailer", on_behalf_of=dana)
     log_path = tmp_path / "workers.log"
-    with open(log_path, "w") as log, recorder_processes(3, log) as url:
+    with open(log_path, "w") as log, recorder_processes(3, log) as (url, _):
         mailed = {}
 
         async def send_mail():
@@ -111,3 +114,75 @@ def test_workers_serve_any_request_of_any_session_and_journal_every_call_once(
         assert services.verify_run(run=run).ok, run
     # A handshake session was served by more than the worker that opened it.
     assert "opened by another process" in log_path.read_text()
+
+
+def workers_of(master: int) -> list[int]:
+    """uvicorn's worker processes (not multiprocessing's resource tracker)."""
+    found = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout.split()
+    return [int(pid) for pid in found if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")]
+
+
+@needs_redis
+def test_a_killed_worker_costs_only_the_requests_it_held_and_nothing_is_journaled_twice(
+        sample_servers, dana, tmp_path):
+    """One worker is killed (SIGKILL) a third of the way through and uvicorn starts another: the agents
+    whose requests it held see an error for those only (and open their session again), every other call
+    goes through, and every call the server acted on is journaled exactly once (a call the dead worker had
+    in hand stays `pending` for the reconciler, never lost, never doubled)."""
+    register_samples(sample_servers, names=("legacy",))
+    agents = [(f"bot-{n}", services.create_agent(name=f"bot-{n}", on_behalf_of=dana)[1], "legacy" if n % 2 else "auto")
+              for n in range(AGENTS)]
+    errors, answered, done = [], [], [0]
+
+    async def agent(name, token, mode):
+        n = 0
+        while n < CALLS * 2:
+            try:
+                async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60,
+                                              limits=httpx2.Limits(max_keepalive_connections=0)) as http:
+                    async with Client(streamable_http_client(url, http_client=http), mode=mode, cache=None) as client:
+                        while n < CALLS * 2:
+                            n += 1
+                            done[0] += 1
+                            try:
+                                result = await client.call_tool("legacy__create_ticket", {"title": f"{name}-{n}"})
+                                answered.append(result.structured_content["ticket"])
+                            except Exception as exc:  # noqa: BLE001 - what the agent saw, asserted on below
+                                errors.append(f"{name}: {type(exc).__name__}")
+            except Exception as exc:  # noqa: BLE001 - its session broke under it: opened again
+                errors.append(f"{name}: session broke: {type(exc).__name__}")
+
+    killed = []
+
+    def kill_one(master):
+        while done[0] < AGENTS * CALLS * 2 // 3:
+            time.sleep(0.02)
+        victim = workers_of(master)[0]
+        os.kill(victim, signal.SIGKILL)
+        killed.append(victim)
+
+    with open(tmp_path / "workers.log", "w") as log, recorder_processes(3, log) as (url, master):
+        killer = threading.Thread(target=kill_one, args=(master,))
+        killer.start()
+
+        async def everyone():
+            async with anyio.create_task_group() as group:
+                for name, token, mode in agents:
+                    group.start_soon(agent, name, token, mode)
+
+        anyio.run(everyone)
+        killer.join(timeout=60)
+        time.sleep(1)  # the surviving workers' last journal writes
+    assert killed
+    assert len(errors) <= AGENTS, errors  # at most the one request each agent had in flight
+    tickets = {e["ticket"] for e in sample_servers.ledger("legacy") if e["op"] == "create_ticket"}
+    steps = Step.objects.filter(tool="create_ticket")
+    ok = set(steps.filter(status="ok").values_list("result__structuredContent__ticket", flat=True))
+    assert set(answered) == ok  # every answer the agents got is journaled as it was
+    assert len(answered) >= AGENTS * CALLS * 2 - AGENTS
+    pending = steps.filter(status="pending").count()
+    assert steps.count() == len(ok) + pending and pending <= AGENTS
+    assert ok <= tickets and len(tickets) <= len(ok) + pending  # acted once per journaled call, never twice
+    for run in Run.objects.all():
+        assert list(run.entries.order_by("seq").values_list("seq", flat=True)) == list(range(1, run.head_seq + 1))
+        assert services.verify_run(run=run).ok, run
