@@ -23,6 +23,7 @@ ACCESS = {
     "journal:run_list": ("get", READERS),
     "journal:run_detail": ("get", READERS),
     "journal:run_verify": ("get", READERS),
+    "journal:run_end": ("post", {roles.ON_CALL, roles.ADMIN}),
     "journal:api_run_list": ("get", READERS),
     "journal:api_run_detail": ("get", READERS),
     "journal:api_step_list": ("get", READERS),

@@ -38,13 +38,6 @@ def recorders(transactional_db):
         yield stack
 
 
-@pytest.fixture
-def recorders_on_a_bus(transactional_db, settings):
-    settings.RECORDER_BUS_URL = REDIS_URL
-    with behind_a_balancer() as stack:
-        yield stack
-
-
 def settle_all(backends) -> None:
     for backend in backends:
         backend.app.recorder.journal.settle()
@@ -152,18 +145,22 @@ def test_a_cancellation_one_recorder_hears_stops_the_call_another_is_making(tran
                 headers = {"Mcp-Session-Id": opened.headers["mcp-session-id"], "Mcp-Protocol-Version": "2025-11-25"}
                 await http.post(f"{second.base}/mcp/", headers=headers,
                                 json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+                started = await http.post(f"{first.base}/mcp/", headers=headers, json={  # the server's process is up
+                    "jsonrpc": "2.0", "id": 6, "method": "tools/call",
+                    "params": {"name": "slow__wait", "arguments": {"seconds": 0}}})
+                assert "waited 0" in started.text
                 call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
                         "params": {"name": "slow__wait", "arguments": {"seconds": 4}}}
                 async with anyio.create_task_group() as group:
                     group.start_soon(lambda: http.post(f"{first.base}/mcp/", headers=headers, json=call))
-                    await anyio.sleep(1.5)  # the server's process has started and has the call
+                    await anyio.sleep(1.0)  # the server has the call
                     await http.post(f"{second.base}/mcp/", headers=headers, json={
                         "jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}})
                 await http.delete(f"{first.base}/mcp/", headers=headers)
 
         anyio.run(main)
         settle_all((first, second))
-    step = Step.objects.get()
+    step = Step.objects.get(number=2)
     if bus:
         assert "cancelled" in ledger.read_text() and step.status == "cancelled"
         assert step.error_message == "The agent cancelled the call while slow had it; the server may have acted."

@@ -9,7 +9,15 @@ from django.utils import timezone
 @pytest.mark.django_db(transaction=True)
 def test_the_value_index_keeps_each_runs_most_recent_step_and_how_often_it_was_seen():
     executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes()
     before, after = [("journal", "0006_step_result_storage")], [("journal", "0007_run_value")]
+    try:
+        carried_over(executor, before, after)
+    finally:  # every later test runs on the whole schema
+        MigrationExecutor(connection).migrate(latest)
+
+
+def carried_over(executor, before, after):
     executor.migrate(before)
     old = executor.loader.project_state(before).apps
     user = old.get_model("auth", "User").objects.create(username="dana")
