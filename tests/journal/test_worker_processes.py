@@ -128,7 +128,7 @@ def test_a_killed_worker_costs_only_the_requests_it_held_and_nothing_is_journale
     """One worker is killed (SIGKILL) a third of the way through and uvicorn starts another: the agents
     whose requests it held see an error for those only (and open their session again), every other call
     goes through, and every call the server acted on is journaled exactly once (a call the dead worker had
-    in hand stays `pending` for the reconciler, never lost, never doubled)."""
+    in hand, or had answered but not yet committed, stays `pending` for the reconciler, never doubled)."""
     register_samples(sample_servers, names=("legacy",))
     agents = [(f"bot-{n}", services.create_agent(name=f"bot-{n}", on_behalf_of=dana)[1], "legacy" if n % 2 else "auto")
               for n in range(AGENTS)]
@@ -178,9 +178,11 @@ def test_a_killed_worker_costs_only_the_requests_it_held_and_nothing_is_journale
     tickets = {e["ticket"] for e in sample_servers.ledger("legacy") if e["op"] == "create_ticket"}
     steps = Step.objects.filter(tool="create_ticket")
     ok = set(steps.filter(status="ok").values_list("result__structuredContent__ticket", flat=True))
-    assert set(answered) == ok  # every answer the agents got is journaled as it was
-    assert len(answered) >= AGENTS * CALLS * 2 - AGENTS
     pending = steps.filter(status="pending").count()
+    # An answer goes back before its outcome's commit (it does not wait for it): a worker killed in between
+    # leaves that call's step pending (its intent is journaled; the reconciler marks it "may have acted").
+    assert ok <= set(answered) and len(set(answered) - ok) <= pending
+    assert len(answered) >= AGENTS * CALLS * 2 - AGENTS
     assert steps.count() == len(ok) + pending and pending <= AGENTS
     assert ok <= tickets and len(tickets) <= len(ok) + pending  # acted once per journaled call, never twice
     for run in Run.objects.all():
