@@ -83,6 +83,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "template_partials",
+    "oauth2_provider",
     "journal",
     "approver",
 ]
@@ -196,6 +197,7 @@ CELERY_BEAT_SCHEDULE = {
     "expire-held-calls": {"task": "approver.expire_held_calls", "schedule": 60.0},
     "reconcile-execution": {"task": "approver.reconcile_execution", "schedule": 60.0},
     "forget-idle-sessions": {"task": "journal.forget_idle_sessions", "schedule": 300.0},
+    "forget-unused-oauth-clients": {"task": "journal.forget_unused_oauth_clients", "schedule": 3600.0},
 }
 
 # The Recorder's Ed25519 signing keys live outside the repository. Public keys are also kept in the
@@ -231,6 +233,44 @@ RECORDER_BUS_URL = env_str("RECORDER_BUS_URL", REDIS_URL)
 RECORDER_SESSION_IDLE_SECONDS = env_int("RECORDER_SESSION_IDLE_SECONDS", 1800)
 # The public base URL, used in links printed by commands and sent in notifications.
 PUBLIC_URL = env_str("PUBLIC_URL", "http://localhost:8000")
+# The Recorder's public URL: the audience of the OAuth tokens it accepts and the `resource` of its RFC 9728
+# metadata. Empty: the URL each request came to, which is right on one host; behind a load balancer (or in
+# production, where it defaults to PUBLIC_URL + "/mcp") every process must agree on one.
+RECORDER_URL = env_str("RECORDER_URL", f"{PUBLIC_URL.rstrip('/')}/mcp" if PRODUCTION else "")
+# MCP authorization for clients that take only a URL (journal.oauth): this app is their OAuth 2.1
+# authorization server, with dynamic client registration and PKCE; the person who signs in picks the agent.
+OAUTH2_PROVIDER = {
+    "SCOPES": {"mcp": "Call tools through the Recorder as an agent acting for you"},
+    "DEFAULT_SCOPES": ["mcp"],
+    "ACCESS_TOKEN_EXPIRE_SECONDS": env_int("OAUTH_ACCESS_TOKEN_SECONDS", 3600),
+    "REFRESH_TOKEN_EXPIRE_SECONDS": env_int("OAUTH_REFRESH_TOKEN_SECONDS", 30 * 24 * 3600),
+    "AUTHORIZATION_CODE_EXPIRE_SECONDS": 120,
+    "ROTATE_REFRESH_TOKEN": True,
+    "REFRESH_TOKEN_REUSE_PROTECTION": True,
+    "PKCE_REQUIRED": True,
+    "DCR_ENABLED": True,
+    # MCP clients register themselves before anyone signs in (RFC 7591 open registration); a registration
+    # nobody authorises is removed after a day (journal.forget_unused_oauth_clients).
+    "DCR_REGISTRATION_PERMISSION_CLASSES": ("oauth2_provider.dcr.AllowAllDCRPermission",),
+    "OAUTH2_RESPONSE_TYPES_SUPPORTED": ["code"],
+    "OAUTH2_GRANT_TYPES_SUPPORTED": ["authorization_code", "refresh_token"],
+    "OAUTH2_TOKEN_ENDPOINT_AUTH_METHODS_SUPPORTED": ["none", "client_secret_post", "client_secret_basic"],
+    "OAUTH2_PROTECTED_RESOURCE_NAME": "Agent undo Recorder",
+    "OAUTH2_PROTECTED_RESOURCE_BEARER_METHODS_SUPPORTED": ["header"],
+    # https, and http only to the client's own machine (RFC 8252 loopback: desktop and command-line MCP
+    # clients listen on 127.0.0.1 for the redirect); registration refuses any other http URI (journal.oauth).
+    "ALLOWED_REDIRECT_URI_SCHEMES": ["http", "https"],
+    # RFC 9700, the OAuth security best current practice: every gate but the http scheme one, above.
+    **{f"COMPLIANT_BCP_RFC9700_{gate}": True for gate in (
+        "IMPLICIT_GRANT", "PASSWORD_GRANT", "PKCE_METHOD", "ACCESS_TOKEN_TRANSPORT", "AUTHZ_RESPONSE_ISS",
+        "TOKEN_STORAGE", "REFRESH_TOKEN", "REDIRECT_URI_MATCHING", "PKCE_REQUIRED")},
+}
+# That gate's warning: http redirect URIs are allowed, for loopback only (see ALLOWED_REDIRECT_URI_SCHEMES).
+SILENCED_SYSTEM_CHECKS = ["oauth2_provider.W008"]
+# The toolkit's own models (named, because migrations that refer to them ask for the setting).
+OAUTH2_PROVIDER_APPLICATION_MODEL = "oauth2_provider.Application"
+if PRODUCTION:
+    OAUTH2_PROVIDER["OIDC_ISS_ENDPOINT"] = PUBLIC_URL.rstrip("/")
 # Passkeys are bound to this relying party: the host name approvers see, and the origins their browsers send.
 WEBAUTHN_RP_ID = env_str("WEBAUTHN_RP_ID", urlsplit(PUBLIC_URL).hostname or "localhost")
 WEBAUTHN_RP_NAME = env_str("WEBAUTHN_RP_NAME", "Agent undo")

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
+from oauth2_provider.settings import oauth2_settings
 
 
 class ToolServer(models.Model):
@@ -85,6 +86,25 @@ class AgentSession(models.Model):
 
     def __str__(self):
         return f"session {self.session_id[:8]} of agent {self.agent_id}"
+
+
+class ClientAuthorization(models.Model):
+    """A person let an OAuth client (an MCP client that takes only a URL) act as one of their agents
+    (`journal.oauth`): every token that client holds for that person is this agent's, and is journaled under
+    it. One agent per client and person; revoking the authorization ends each of those tokens at once."""
+
+    application = models.ForeignKey(oauth2_settings.APPLICATION_MODEL, on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="client_authorizations")
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="client_authorizations")
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)  # to within a minute
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [models.UniqueConstraint(fields=["application", "user"], name="one_agent_per_client_and_person")]
+
+    def __str__(self):
+        return f"{self.application_id} as {self.agent_id} for {self.user_id}"
 
 
 class RunQuerySet(models.QuerySet):

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from . import services
 from .models import AgentSession, Run
+from .services import clients
 
 QUIET_AFTER = timedelta(seconds=30)
 # How long past the longest call a step is given before it counts as left by a Recorder that died.
@@ -40,3 +41,9 @@ def forget_idle_sessions() -> int:
     them any more: `journal.mcp.sessions`)."""
     idle = timezone.now() - timedelta(seconds=settings.RECORDER_SESSION_IDLE_SECONDS)
     return AgentSession.objects.filter(last_used_at__lt=idle).delete()[0]
+
+
+@shared_task(name="journal.forget_unused_oauth_clients")
+def forget_unused_oauth_clients() -> int:
+    """Remove OAuth clients that registered themselves a day ago or more and were never authorised."""
+    return clients.forget_unused_clients(older_than=timezone.now() - timedelta(days=1))

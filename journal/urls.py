@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import api, views
+from . import api, oauth, views
 
 app_name = "journal"
 
@@ -9,6 +9,9 @@ urlpatterns = [
     path("runs/<uuid:run_id>/", views.run_detail, name="run_detail"),
     path("runs/<uuid:run_id>/verify/", views.run_verify, name="run_verify"),
     path("runs/<uuid:run_id>/end/", views.run_end, name="run_end"),
+    path("agents/", views.agent_list, name="agent_list"),
+    path("agents/<slug:name>/", views.agent_detail, name="agent_detail"),
+    path("agents/<slug:name>/clients/<int:authorization_id>/revoke/", oauth.revoke_client, name="agent_client_revoke"),
     path("api/runs/", api.run_list, name="api_run_list"),
     path("api/runs/<uuid:run_id>/", api.run_detail, name="api_run_detail"),
     path("api/runs/<uuid:run_id>/steps/", api.step_list, name="api_step_list"),

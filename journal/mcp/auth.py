@@ -1,5 +1,6 @@
 """Who is calling: the agent behind `Authorization: Bearer …`, resolved once per HTTP request, from a
-host this deployment answers for."""
+host this deployment answers for. The token is an agent's own `agt_…` token (headless agents), or an OAuth
+access token a person authorised a client to use as one of their agents (`journal.services.clients`)."""
 
 import time
 
@@ -10,6 +11,7 @@ from starlette.responses import JSONResponse
 
 from .. import services
 from ..models import Agent
+from ..services import clients
 
 
 class BearerAgent:
@@ -28,7 +30,14 @@ class BearerAgent:
         self.on_session_end = on_session_end  # (agent, session id), once an agent has ended its MCP session
         self._known: dict[str, tuple[Agent, float]] = {}
 
-    async def _agent_for(self, token: str) -> Agent | None:
+    async def _agent_for(self, token: str, scope) -> tuple[Agent | None, str]:
+        if not token.startswith(services.TOKEN_PREFIX):
+            # OAuth tokens are checked on every request, never remembered: revoking one takes effect at once.
+            verdict = await sync_to_async(clients.agent_for_token)(token, audience=_recorder_url(scope))
+            return verdict.agent, verdict.problem
+        return await self._bearer_agent(token), "The token is not an active agent's."
+
+    async def _bearer_agent(self, token: str) -> Agent | None:
         key = services.hash_token(token)
         known = self._known.get(key)
         if known is not None and known[1] > time.monotonic():
@@ -47,13 +56,10 @@ class BearerAgent:
             return await self.app(scope, receive, send)
         header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
         scheme, _, token = header.partition(" ")
-        agent = await self._agent_for(token.strip()) if scheme.lower() == "bearer" else None
+        token = token.strip() if scheme.lower() == "bearer" else ""
+        agent, problem = await self._agent_for(token, scope) if token else (None, "")
         if agent is None:
-            response = JSONResponse(
-                {"error": "invalid_token", "error_description": "Send the agent's token as 'Authorization: Bearer agt_…'."},
-                status_code=401, headers={"WWW-Authenticate": 'Bearer realm="recorder"'},
-            )
-            return await response(scope, receive, send)
+            return await _challenge(scope, problem)(scope, receive, send)
         scope.setdefault("state", {})["agent"] = agent
         if self.fast_calls is not None and await self.fast_calls.handle(agent, scope, receive, send):
             return
@@ -61,6 +67,26 @@ class BearerAgent:
         session_id = dict(scope.get("headers") or []).get(b"mcp-session-id")
         if scope["method"] == "DELETE" and session_id and self.on_session_end is not None:
             self.on_session_end(agent, session_id.decode("latin-1"))
+
+
+def _recorder_url(scope) -> str:
+    host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+    return clients.recorder_url(scope.get("scheme", "http"), host)
+
+
+def _challenge(scope, problem: str) -> JSONResponse:
+    """401 with an RFC 9728 challenge: a client that takes only a URL finds the authorization server from
+    `resource_metadata`; one that sent a token learns why it was refused."""
+    metadata = clients.resource_metadata_url(_recorder_url(scope))
+    header = f'Bearer realm="recorder", resource_metadata="{metadata}", scope="{clients.SCOPE}"'
+    if problem:
+        header += ', error="invalid_token"'
+    description = problem or (
+        "Authenticate: send the agent's token as 'Authorization: Bearer agt_…', or sign in through the "
+        f"authorization server named in {metadata}."
+    )
+    return JSONResponse({"error": "invalid_token", "error_description": description}, status_code=401,
+                        headers={"WWW-Authenticate": header})
 
 
 def transport_security() -> TransportSecuritySettings:

@@ -6,11 +6,13 @@ page can be added without deciding who may use it.
 
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
+from oauth2_provider.models import Application
 
 from approver import policy, services
 from approver.models import AutonomyPolicy
 from journal import roles
 from journal import services as journal_services
+from journal.models import ClientAuthorization
 from tests.journal.factories import crm_server, make_run
 
 from .softkey import SoftKey
@@ -18,12 +20,17 @@ from .softkey import SoftKey
 pytestmark = pytest.mark.django_db(transaction=True)
 
 READERS = {roles.ON_CALL, roles.APPROVER, roles.ADMIN}
+SIGNED_IN = "anyone signed in"  # whoever is signed in, with or without a role
+OWNER = "the agent's person"  # dana, whom the fixture's agent acts for
 # name -> (method, roles allowed)
 ACCESS = {
     "journal:run_list": ("get", READERS),
     "journal:run_detail": ("get", READERS),
     "journal:run_verify": ("get", READERS),
     "journal:run_end": ("post", {roles.ON_CALL, roles.ADMIN}),
+    "journal:agent_list": ("get", READERS | {SIGNED_IN}),
+    "journal:agent_detail": ("get", READERS | {OWNER}),
+    "journal:agent_client_revoke": ("post", {roles.ADMIN, OWNER}),
     "journal:api_run_list": ("get", READERS),
     "journal:api_run_detail": ("get", READERS),
     "journal:api_step_list": ("get", READERS),
@@ -77,7 +84,10 @@ def objects(dana, on_call, approver_user):
         decision={"decision": "ask", "class": "none"}, run_id=run.pk, step_id=first.pk)
     rule = services.save_policy(row=AutonomyPolicy(name="All", scope="everything", decisions=dict(
         policy.DEFAULT_DECISIONS)), by=approver_user)
-    return {"run_id": run.public_id, "plan_id": plan.public_id, "passkey_id": passkey.pk, "position": 1, "number": 1,
+    client = Application.objects.create(name="Desktop", client_type="public", authorization_grant_type="authorization-code",
+                                        redirect_uris="http://localhost:3030/callback")
+    authorization = ClientAuthorization.objects.create(application=client, user=dana, agent=agent)
+    return {"name": agent.name, "authorization_id": authorization.pk, "run_id": run.public_id, "plan_id": plan.public_id, "passkey_id": passkey.pk, "position": 1, "number": 1,
             "action_id": action.public_id, "policy_id": rule.pk}
 
 
@@ -109,7 +119,7 @@ def test_every_url_refuses_whoever_its_rule_does_not_allow(persona, objects, req
             else client.get(url)
         if persona == "anonymous":
             assert response.status_code == 302 and response.url.startswith(reverse("login")), (name, response.status_code)
-        elif role in allowed:
+        elif role in allowed or SIGNED_IN in allowed or (persona == "dana" and OWNER in allowed):
             assert response.status_code not in (401, 403), (name, persona, response.status_code)
         else:
             assert response.status_code == 403, (name, persona, response.status_code)

@@ -1,0 +1,337 @@
+"""MCP authorization for clients that take only a URL: metadata, registration, consent with an agent picker,
+PKCE, audience, refresh, and revocation, through the real endpoints and the real Recorder.
+
+The browser journey (the `mcp` SDK's OAuth client and Chromium, from a bare URL) is in
+tests/browser/test_oauth_journey.py.
+"""
+
+import base64
+import hashlib
+import json
+import secrets
+from datetime import timedelta
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import httpx
+import pytest
+from django.test import Client
+from django.utils import timezone
+from oauth2_provider.models import AccessToken, Application, RefreshToken
+
+from journal import services
+from journal.models import Agent, ClientAuthorization, Step
+from journal.services import clients
+from journal.tasks import forget_unused_oauth_clients
+from tests.journal.helpers import register_samples, run_agent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+REDIRECT = "http://127.0.0.1:53682/callback"
+
+
+def pkce() -> tuple[str, str]:
+    verifier = secrets.token_urlsafe(48)
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    return verifier, challenge
+
+
+class Flow:
+    """One client's authorization code flow against this app, as a browser and an MCP client would run it,
+    on the host the client was given (the Recorder's URL is the token's audience)."""
+
+    def __init__(self, host: str = "testserver", auth_method: str = "none"):
+        self.host = host
+        self.http = Client(HTTP_HOST=host)
+        registered = self.http.post("/oauth/register/", content_type="application/json", data={
+            "redirect_uris": [REDIRECT], "client_name": "Desk Assistant", "grant_types": ["authorization_code",
+            "refresh_token"], "response_types": ["code"], "token_endpoint_auth_method": auth_method})
+        assert registered.status_code == 201, registered.content
+        self.client_info = registered.json()
+        self.client_id = self.client_info["client_id"]
+        self.verifier, self.challenge = pkce()
+        self.recorder = f"http://{host}/mcp"
+
+    def authorize_url(self, **overrides) -> str:
+        params = {"response_type": "code", "client_id": self.client_id, "redirect_uri": REDIRECT, "state": "s-1",
+                  "code_challenge": self.challenge, "code_challenge_method": "S256", "scope": "mcp",
+                  "resource": self.recorder, **overrides}
+        return "/oauth/authorize/?" + urlencode({k: v for k, v in params.items() if v is not None})
+
+    def consent(self, person, *, agent: str | None = None, new_agent: str = "", allow: bool = True, **overrides):
+        """Sign in as `person`, open the consent page and answer it; the response the client's browser gets."""
+        self.http.force_login(person)
+        page = self.http.get(self.authorize_url(**overrides))
+        if page.status_code != 200:
+            return page
+        form = page.context["form"]
+        data = {name: form[name].value() or "" for name in form.fields if form.fields[name].widget.is_hidden}
+        data.update(agent=agent or "__new__", new_agent_name=new_agent)
+        if allow:
+            data["allow"] = "on"
+        return self.http.post(self.authorize_url(**overrides), data)
+
+    @staticmethod
+    def code_from(response) -> str:
+        assert response.status_code == 302, response.content[:500]
+        query = parse_qs(urlsplit(response.url).query)
+        assert query.get("state") == ["s-1"], query
+        return query["code"][0]
+
+    def token(self, **data) -> httpx.Response:
+        response = self.http.post("/oauth/token/", {"client_id": self.client_id, **data})
+        return response
+
+    def exchange(self, code: str, **overrides):
+        return self.token(**{"grant_type": "authorization_code", "code": code, "redirect_uri": REDIRECT,
+                             "code_verifier": self.verifier, "resource": self.recorder, **overrides})
+
+    def tokens_for(self, person, **consent) -> dict:
+        response = self.exchange(self.code_from(self.consent(person, **consent)))
+        assert response.status_code == 200, response.content
+        return response.json()
+
+
+def test_the_recorder_and_this_app_publish_their_metadata(client):
+    resource = client.get("/.well-known/oauth-protected-resource/mcp").json()
+    assert resource["resource"] == "http://testserver/mcp"
+    assert resource["authorization_servers"] == ["http://testserver"]
+    assert resource["scopes_supported"] == ["mcp"] and resource["bearer_methods_supported"] == ["header"]
+    assert client.get("/.well-known/oauth-protected-resource").json()["resource"] == "http://testserver/mcp"
+
+    server = client.get("/.well-known/oauth-authorization-server").json()
+    assert server["issuer"] == "http://testserver"
+    assert server["authorization_endpoint"] == "http://testserver/oauth/authorize/"
+    assert server["token_endpoint"] == "http://testserver/oauth/token/"
+    assert server["registration_endpoint"] == "http://testserver/oauth/register/"
+    assert server["code_challenge_methods_supported"] == ["S256"]
+    assert server["grant_types_supported"] == ["authorization_code", "refresh_token"]
+    assert server["response_types_supported"] == ["code"]
+
+
+def test_the_recorder_names_its_metadata_in_its_401(recorder):
+    bare = httpx.post(f"{recorder.base}/mcp/", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert bare.status_code == 401
+    challenge = bare.headers["www-authenticate"]
+    metadata = f"{recorder.base}/.well-known/oauth-protected-resource/mcp"
+    assert challenge.startswith("Bearer ") and f'resource_metadata="{metadata}"' in challenge
+    assert 'error="invalid_token"' not in challenge  # no token was sent, so no error code (RFC 6750 §3.1)
+    assert httpx.get(metadata).json()["resource"] == f"{recorder.base}/mcp"
+
+    wrong = httpx.post(f"{recorder.base}/mcp/", json={}, headers={"Authorization": "Bearer not-a-token"})
+    assert wrong.status_code == 401 and 'error="invalid_token"' in wrong.headers["www-authenticate"]
+    assert wrong.json()["error_description"].startswith("The token is not known here")
+
+
+def test_registration_refuses_malformed_metadata_clearly():
+    http = Client()
+    for body, problem in [
+        ("not json", "must be valid JSON"),
+        ({"redirect_uris": "http://x/cb"}, "redirect_uris must be an array"),
+        ({"redirect_uris": ["http://attacker.example/cb"]}, "loopback"),
+        ({"redirect_uris": ["https://x/cb"], "grant_types": ["password"]}, "grant_type"),
+        ({"redirect_uris": ["https://x/cb"], "response_types": ["token"]}, "only 'code'"),
+        ({"redirect_uris": [f"https://x/{i}" for i in range(11)]}, "at most 10"),
+        ({"redirect_uris": ["https://x/cb"], "client_name": "Evil\r\nBcc: x"}, "control characters"),
+        ({"redirect_uris": ["https://x/cb"], "token_endpoint_auth_method": "private_key_jwt"}, "Unsupported"),
+    ]:
+        response = http.post("/oauth/register/", body if isinstance(body, str) else json.dumps(body),
+                             content_type="application/json")
+        assert response.status_code == 400, body
+        assert response.json()["error"] == "invalid_client_metadata" and problem in response.json()["error_description"]
+    assert not Application.objects.exists()
+
+
+def test_consent_picks_or_creates_the_agent_and_the_token_acts_as_it(dana):
+    services.create_agent(name="dana-desk", on_behalf_of=dana)
+    flow = Flow()
+    flow.http.force_login(dana)
+    page = flow.http.get(flow.authorize_url())
+    body = page.content.decode()
+    assert page.status_code == 200 and "Desk Assistant" in body and "http://testserver/mcp" in body
+    assert "dana-desk" in body and "A new agent" in body
+
+    tokens = flow.tokens_for(dana, new_agent="dana-assistant")
+    agent = Agent.objects.get(name="dana-assistant")
+    assert agent.on_behalf_of == dana and agent.is_active
+    assert tokens["token_type"] == "Bearer" and tokens["scope"] == "mcp" and tokens["refresh_token"]
+    verdict = clients.agent_for_token(tokens["access_token"], audience="http://testserver/mcp")
+    assert verdict.agent == agent
+    access = AccessToken.objects.get(scope="mcp")
+    assert access.resource == ["http://testserver/mcp"] and access.token == ""  # hashed at rest (RFC 9700)
+
+    # Picking the existing agent instead ends the tokens the client held as the other one.
+    second = flow.tokens_for(dana, agent="dana-desk")
+    assert clients.agent_for_token(second["access_token"], audience="http://testserver/mcp").agent.name == "dana-desk"
+    refused = clients.agent_for_token(tokens["access_token"], audience="http://testserver/mcp")
+    assert refused.agent is None and "not known" in refused.problem
+    assert ClientAuthorization.objects.get().agent.name == "dana-desk"
+
+
+def test_consent_offers_only_the_persons_own_agents(dana, on_call):
+    services.create_agent(name="dana-desk", on_behalf_of=dana)
+    flow = Flow()
+    flow.http.force_login(on_call)
+    assert "dana-desk" not in flow.http.get(flow.authorize_url()).content.decode()
+    refused = flow.consent(on_call, agent="dana-desk")
+    assert refused.status_code == 200 and "Select a valid choice" in refused.content.decode()
+    taken = flow.consent(on_call, new_agent="dana-desk")
+    assert taken.status_code == 200 and "exists already" in taken.content.decode()
+    unnamed = flow.consent(on_call, new_agent="")
+    assert unnamed.status_code == 200 and "Name the new agent" in unnamed.content.decode()
+    assert not ClientAuthorization.objects.exists() and not AccessToken.objects.filter(scope="mcp").exists()
+
+
+def test_denying_tells_the_client_and_authorises_nothing(dana):
+    flow = Flow()
+    response = flow.consent(dana, new_agent="never", allow=False)
+    assert response.status_code == 302 and parse_qs(urlsplit(response.url).query)["error"] == ["access_denied"]
+    assert not Agent.objects.filter(name="never").exists() and not ClientAuthorization.objects.exists()
+
+
+def test_pkce_is_required_and_only_s256_is_accepted(dana):
+    flow = Flow()
+    flow.http.force_login(dana)
+    missing = flow.http.get(flow.authorize_url(code_challenge=None, code_challenge_method=None))
+    assert missing.status_code == 302 and "code+challenge+required" in missing.url.replace("%20", "+").lower()
+
+    plain = flow.consent(dana, new_agent="a1", code_challenge="x" * 43, code_challenge_method="plain")
+    assert plain.status_code == 302 and "error=invalid_request" in plain.url and "S256" in plain.url
+
+    code = flow.code_from(flow.consent(dana, new_agent="a2"))
+    wrong = flow.exchange(code, code_verifier=secrets.token_urlsafe(48))
+    assert wrong.status_code == 400 and wrong.json()["error"] == "invalid_grant"
+    assert not AccessToken.objects.filter(scope="mcp").exists()
+
+
+def test_tokens_are_only_for_this_recorder(dana):
+    flow = Flow()
+    other = flow.consent(dana, new_agent="a1", resource="https://elsewhere.example/mcp")
+    assert other.status_code == 302
+    assert parse_qs(urlsplit(other.url).query)["error"] == ["invalid_target"]
+    assert not ClientAuthorization.objects.exists()
+
+    # Asking for no resource still binds the token to this Recorder.
+    code = flow.code_from(flow.consent(dana, new_agent="a2", resource=None))
+    escalated = flow.exchange(code, resource="https://elsewhere.example/mcp")
+    # (the toolkit answers this one as text/html, with a JSON body)
+    assert escalated.status_code == 400 and json.loads(escalated.content)["error"] == "invalid_target"
+    tokens = flow.tokens_for(dana, agent="a2", resource=None)
+    assert AccessToken.objects.get(scope="mcp").resource == ["http://testserver/mcp"]
+    elsewhere = clients.agent_for_token(tokens["access_token"], audience="http://localhost:8000/mcp")
+    assert elsewhere.agent is None and "issued for another resource" in elsewhere.problem
+    # The same Recorder with a trailing slash is the same audience.
+    assert clients.agent_for_token(tokens["access_token"], audience="HTTP://TESTSERVER/mcp/").agent.name == "a2"
+
+
+def test_refresh_rotates_and_a_replayed_refresh_token_ends_the_family(dana):
+    flow = Flow()
+    first = flow.tokens_for(dana, new_agent="a1")
+    renewed = flow.token(grant_type="refresh_token", refresh_token=first["refresh_token"])
+    assert renewed.status_code == 200, renewed.content
+    second = renewed.json()
+    assert second["access_token"] != first["access_token"] and second["refresh_token"] != first["refresh_token"]
+    audience = "http://testserver/mcp"
+    assert clients.agent_for_token(second["access_token"], audience=audience).agent.name == "a1"
+    assert clients.agent_for_token(first["access_token"], audience=audience).agent is None
+
+    replay = flow.token(grant_type="refresh_token", refresh_token=first["refresh_token"])
+    assert replay.status_code == 400 and replay.json()["error"] == "invalid_grant"
+    # Reuse of a rotated refresh token means it leaked: its whole family ends (RFC 9700 §4.14.2).
+    assert flow.token(grant_type="refresh_token", refresh_token=second["refresh_token"]).status_code == 400
+
+
+def test_a_confidential_client_authenticates_at_the_token_endpoint(dana):
+    flow = Flow(auth_method="client_secret_post")
+    secret = flow.client_info["client_secret"]
+    code = flow.code_from(flow.consent(dana, new_agent="a1"))
+    assert flow.exchange(code, client_secret="wrong").status_code == 401
+    code = flow.code_from(flow.consent(dana, agent="a1"))
+    assert flow.exchange(code, client_secret=secret).status_code == 200
+
+
+def test_the_recorder_journals_an_oauth_clients_calls_under_its_agent_and_revoking_stops_it_at_once(
+        recorder, sample_servers, dana, admin_user, outsider):
+    register_samples(sample_servers, names=("crm",))
+    flow = Flow(host=f"127.0.0.1:{recorder.port}")
+    tokens = flow.tokens_for(dana, new_agent="dana-assistant")
+
+    async def read_deal(client):
+        return await client.call_tool("crm__get_deal", {"deal_id": "D-881"})
+
+    result = run_agent(recorder, tokens["access_token"], read_deal)
+    assert not result.is_error
+    step = Step.objects.select_related("run__agent").get()
+    assert step.run.agent.name == "dana-assistant" and step.tool == "get_deal"
+
+    # Another host's name for the same machine is another audience: refused.
+    misaddressed = httpx.post(f"http://localhost:{recorder.port}/mcp/", json={},
+                              headers={"Authorization": f"Bearer {tokens['access_token']}"})
+    assert misaddressed.status_code == 401 and "another resource" in misaddressed.json()["error_description"]
+
+    # The agent's page lists the client; someone else may not revoke it, the person may.
+    authorization = ClientAuthorization.objects.get()
+    page = Client()
+    page.force_login(dana)
+    detail = page.get("/agents/dana-assistant/").content.decode()
+    assert "Desk Assistant" in detail and "Revoke" in detail
+    page.force_login(outsider)
+    revoke_url = f"/agents/dana-assistant/clients/{authorization.pk}/revoke/"
+    assert page.post(revoke_url).status_code == 403
+    page.force_login(dana)
+    assert page.post(revoke_url).status_code == 302
+
+    refused = httpx.post(f"{recorder.base}/mcp/", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                         headers={"Authorization": f"Bearer {tokens['access_token']}"})
+    assert refused.status_code == 401
+    assert not AccessToken.objects.filter(scope="mcp").exists()
+    assert not RefreshToken.objects.filter(revoked__isnull=True).exists()
+    assert flow.token(grant_type="refresh_token", refresh_token=tokens["refresh_token"]).status_code == 400
+
+
+def test_a_deactivated_agent_or_person_ends_the_clients_tokens(dana):
+    flow = Flow()
+    tokens = flow.tokens_for(dana, new_agent="a1")
+    audience = "http://testserver/mcp"
+    Agent.objects.filter(name="a1").update(is_active=False)
+    assert "deactivated" in clients.agent_for_token(tokens["access_token"], audience=audience).problem
+    Agent.objects.filter(name="a1").update(is_active=True)
+    dana.is_active = False
+    dana.save()
+    assert "no longer active" in clients.agent_for_token(tokens["access_token"], audience=audience).problem
+
+
+def test_an_expired_token_is_refused_with_a_hint_to_refresh(dana):
+    flow = Flow()
+    tokens = flow.tokens_for(dana, new_agent="a1")
+    AccessToken.objects.filter(scope="mcp").update(expires=timezone.now() - timedelta(seconds=1))
+    verdict = clients.agent_for_token(tokens["access_token"], audience="http://testserver/mcp")
+    assert verdict.agent is None and "expired" in verdict.problem
+
+
+def test_registrations_nobody_authorised_are_forgotten_after_a_day(dana):
+    used, unused = Flow(), Flow()
+    used.tokens_for(dana, new_agent="a1")
+    later = timezone.now() + timedelta(days=1, minutes=1)
+    assert clients.forget_unused_clients(older_than=timezone.now() - timedelta(days=1)) == 0
+    assert clients.forget_unused_clients(older_than=later) == 1
+    assert Application.objects.filter(client_id=used.client_id).exists()
+    assert not Application.objects.filter(client_id=unused.client_id).exists()
+
+
+def test_agent_pages_show_each_person_their_own_agents(dana, outsider, on_call):
+    services.create_agent(name="dana-desk", on_behalf_of=dana)
+    page = Client()
+    page.force_login(outsider)
+    assert "dana-desk" not in page.get("/agents/").content.decode()
+    assert page.get("/agents/dana-desk/").status_code == 403
+    page.force_login(dana)
+    assert "dana-desk" in page.get("/agents/").content.decode()
+    page.force_login(on_call)
+    assert page.get("/agents/dana-desk/").status_code == 200
+
+
+def test_the_beat_task_forgets_unused_registrations(dana):
+    unused, fresh = Flow(), Flow()
+    Application.objects.filter(client_id=unused.client_id).update(created=timezone.now() - timedelta(days=2))
+    assert forget_unused_oauth_clients() == 1
+    assert list(Application.objects.values_list("client_id", flat=True)) == [fresh.client_id]
