@@ -41,7 +41,7 @@ class Flow:
 
     def __init__(self, host: str = "testserver", auth_method: str = "none"):
         self.host = host
-        self.http = Client(HTTP_HOST=host)
+        self.http = Client(HTTP_HOST=host, enforce_csrf_checks=True)  # as browsers and clients meet it
         registered = self.http.post("/oauth/register/", content_type="application/json", data={
             "redirect_uris": [REDIRECT], "client_name": "Desk Assistant", "grant_types": ["authorization_code",
             "refresh_token"], "response_types": ["code"], "token_endpoint_auth_method": auth_method})
@@ -65,7 +65,7 @@ class Flow:
             return page
         form = page.context["form"]
         data = {name: form[name].value() or "" for name in form.fields if form.fields[name].widget.is_hidden}
-        data.update(agent=agent or "__new__", new_agent_name=new_agent)
+        data.update(agent=agent or "__new__", new_agent_name=new_agent, csrfmiddlewaretoken=str(page.context["csrf_token"]))
         if allow:
             data["allow"] = "on"
         return self.http.post(self.authorize_url(**overrides), data)
@@ -274,8 +274,11 @@ def test_the_recorder_journals_an_oauth_clients_calls_under_its_agent_and_revoki
     page.force_login(dana)
     detail = page.get("/agents/dana-assistant/").content.decode()
     assert "Desk Assistant" in detail and "Revoke" in detail
-    page.force_login(outsider)
     revoke_url = f"/agents/dana-assistant/clients/{authorization.pk}/revoke/"
+    forged = Client(enforce_csrf_checks=True)
+    forged.force_login(dana)
+    assert forged.post(revoke_url).status_code == 403  # no CSRF token: a forged form cannot revoke
+    page.force_login(outsider)
     assert page.post(revoke_url).status_code == 403
     page.force_login(dana)
     assert page.post(revoke_url).status_code == 302
