@@ -225,7 +225,8 @@ def main() -> None:
     say("Log in as:")
     for username, role, what in USERS:
         say(f"  {username:<7} {passwords[username]:<16} {role or 'no role':<9} {what}")
-    say(f"Agents connect to http://localhost:{WEB_PORT}/mcp/ with the token in {VAR / 'demo-agent-token'}.")
+    say(f"Agents connect to http://localhost:{WEB_PORT}/mcp/ with the token in {VAR / 'demo-agent-token'};")
+    say(f"  a client that takes only a URL is given http://localhost:{WEB_PORT}/mcp and signs in as dana.")
     say(f"A colleague's edit: curl -X POST localhost:{SAMPLES_PORT}/crm/colleague/update_deal "
         "-d '{\"deal_id\": \"D-881\", \"changes\": {\"stage\": \"Negotiation\"}, \"by\": \"priya\"}'")
     say("Ctrl-C stops everything.")
