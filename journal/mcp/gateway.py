@@ -124,7 +124,7 @@ class Recorder:
         self.bridge = Bridge(orphaned=self._orphaned)
         self.deliveries = Deliveries(lost=self.not_delivered)
         self.sessions = SessionStore(idle_seconds=settings.RECORDER_SESSION_IDLE_SECONDS)
-        self.relay = Relay(self.journal, tools_changed=self._tools_changed, bridge=self.bridge)
+        self.relay = Relay(self.journal, tools_changed=self._tools_changed, bridge=self.bridge, bus=self.bus)
         self.upstreams = Upstreams(timeout=timeout, idle_seconds=idle_seconds, max_sessions=max_sessions,
                                    max_answer_bytes=max_answer_bytes, client_options=self.relay.client_options)
         self.features = Features(self)
@@ -424,6 +424,7 @@ def build_app() -> Starlette:
     # quickly and emits nothing is still answered with plain JSON. Any process serves any session.
     mcp_app = streamable_app(recorder.server, path="/mcp/", security=security, store=recorder.sessions,
                              idle_seconds=settings.RECORDER_SESSION_IDLE_SECONDS)
+    recorder.relay.streams = mcp_app.state.sessions  # where each handshake session's GET stream is
     # The SDK answers with an event stream; a stream that would carry only its answer goes out as JSON.
     recorder.sdk_app = AnswerAsJson(mcp_app, recorder.deliveries, recorder.sessions, recorder.cancels)
 

@@ -68,8 +68,14 @@ def _answers(capabilities: types.ClientCapabilities) -> bool:
 
 
 class Relay:
-    def __init__(self, journal, tools_changed=None, bridge=None):
+    def __init__(self, journal, tools_changed=None, bridge=None, bus=None):
         self.journal = journal
+        # Handshake sessions' GET streams, which may be in another process (`sessions.SharedSessions`), and the
+        # bus that reaches it; without them, a notification goes on this process's session only.
+        self.streams = None
+        self.bus = bus
+        if bus is not None:
+            bus.on("notify", self._heard)
         self.bridge = bridge  # how a 2026-07-28 agent is asked: by the answer to its call (`bridge.Bridge`)
         self.declared: dict[Owner, types.ClientCapabilities] = {}  # what each 2026 agent last declared
         self._raw_declared: dict[Owner, Any] = {}
@@ -205,8 +211,7 @@ class Relay:
                 task.add_done_callback(self._pending_reads.discard)
             session = self.sessions.get(owner)
             if session is not None:
-                with contextlib.suppress(Exception):  # an agent that went away misses it; nothing else does
-                    await session.send_notification(message)
+                await self._tell(owner, session, message)
             elif owner in self.buses:  # a 2026-07-28 agent hears on its listen streams (no log messages there)
                 event = ResourceUpdated(uri=message.params.uri) if isinstance(message, types.ResourceUpdatedNotification) \
                     else _EVENTS.get(type(message), lambda: None)()
@@ -214,6 +219,22 @@ class Relay:
                     await self.buses[owner][0].publish(event)
 
         return relay
+
+    async def _tell(self, owner: Owner, session, message) -> None:
+        """A notification for a handshake agent: on its GET stream, here or in the process that holds it."""
+        session_id = owner[1] if isinstance(owner, tuple) else None
+        if self.streams is not None and self.bus is not None and self.bus.url and session_id \
+                and not self.streams.holds_stream(session_id):
+            await self.bus.publish("notify", {
+                "session": session_id, "notification": message.model_dump(by_alias=True, mode="json", exclude_none=True)})
+            return
+        with contextlib.suppress(Exception):  # an agent that went away misses it; nothing else does
+            await session.send_notification(message)
+
+    async def _heard(self, data: dict[str, Any]) -> None:
+        """A notification another process heard for a session whose GET stream may be here."""
+        if self.streams is not None and isinstance(data.get("notification"), dict):
+            await self.streams.to_stream(str(data.get("session")), data["notification"])
 
     async def answer(self, owner: Owner, server: str, asked: Any) -> dict | None:
         """The agent's answer to one request a 2026-07-28 server embedded in an `input_required` result, put

@@ -7,6 +7,10 @@ the answer leaves), and a process that gets a request of a session it does not h
 session's server side from the record, born initialized, and answers (`SharedSessions`). Every request of a
 session is checked against the record, so a session is only ever used by the agent that opened it, and one
 the agent ended (its DELETE, in any process) is "Session not found" everywhere within CHECK_SECONDS.
+
+A session's GET stream, where what a server says outside any call reaches the agent, is held by whichever
+process got the agent's GET: a notification heard in another process goes to it over the bus
+(`relay.Relay`, `SharedSessions.to_stream`).
 """
 
 import logging
@@ -20,14 +24,15 @@ from asgiref.sync import sync_to_async
 from django.utils import timezone
 from mcp.server.connection import Connection
 from mcp.server.runner import serve_connection
-from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
+from mcp.server.streamable_http import GET_STREAM_KEY, MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import (
     StreamableHTTPASGIApp,
     StreamableHTTPSessionManager,
     _error_response,
 )
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
-from mcp_types import ClientCapabilities, Implementation, InitializeRequestParams
+from mcp.shared.message import SessionMessage
+from mcp_types import ClientCapabilities, Implementation, InitializeRequestParams, JSONRPCNotification
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.routing import Route
@@ -139,6 +144,28 @@ class SharedSessions(StreamableHTTPSessionManager):
                         await self._adopt(session_id, record)
         await super()._handle_stateful_request(scope, receive, send)
 
+    def holds_stream(self, session_id: str) -> bool:
+        """Whether the agent's GET stream of this session is open in this process."""
+        transport = self._server_instances.get(session_id)
+        return transport is not None and GET_STREAM_KEY in transport._request_streams
+
+    async def to_stream(self, session_id: str, notification: dict[str, Any]) -> bool:
+        """Send a notification on the session's GET stream if this process holds it (through the transport's
+        own router, as the session's server side would: its event store sees it too)."""
+        transport = self._server_instances.get(session_id)
+        if transport is None or GET_STREAM_KEY not in transport._request_streams or transport._write_stream is None:
+            return False
+        try:
+            message = JSONRPCNotification.model_validate({**notification, "jsonrpc": "2.0"})
+        except ValidationError:
+            logger.warning("dropped a malformed notification for session %s", session_id[:8])
+            return False
+        try:
+            await transport._write_stream.send(SessionMessage(message))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return False
+        return True
+
     async def _adopt(self, session_id: str, record: SessionRecord) -> None:
         """Serve a session another process opened, as if this one had answered its `initialize`."""
         transport = StreamableHTTPServerTransport(
@@ -181,4 +208,6 @@ def streamable_app(server, *, path: str, security, store: SessionStore, idle_sec
     does not use here) on `SharedSessions`."""
     manager = SharedSessions(app=server, json_response=False, security_settings=security, store=store,
                              session_idle_timeout=idle_seconds)
-    return Starlette(routes=[Route(path, endpoint=StreamableHTTPASGIApp(manager))], lifespan=lambda app: manager.run())
+    app = Starlette(routes=[Route(path, endpoint=StreamableHTTPASGIApp(manager))], lifespan=lambda app: manager.run())
+    app.state.sessions = manager
+    return app

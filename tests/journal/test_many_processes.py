@@ -2,6 +2,7 @@
 needs between requests is in the database, so any of them answers any request of any session."""
 
 import contextlib
+import json
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from mcp.client.streamable_http import streamable_http_client
 from journal import services
 from journal.models import AgentSession, Run, Step
 from tests.conftest import ServerThread, free_port
-from tests.fixtures import round_robin
+from tests.fixtures import handshake_server, round_robin
 from tests.services import REDIS_URL, needs_redis
 
 from .helpers import register_samples
@@ -166,6 +167,59 @@ def test_a_cancellation_one_recorder_hears_stops_the_call_another_is_making(tran
         assert step.error_message == "The agent cancelled the call while slow had it; the server may have acted."
     else:
         assert "cancelled" not in ledger.read_text() and step.status == "ok"
+
+
+@needs_redis
+@pytest.mark.parametrize("bus", [True, False])
+def test_what_a_server_says_outside_a_call_reaches_the_agent_on_the_stream_another_recorder_holds(
+        transactional_db, settings, dana, bus):
+    """The agent's GET stream is open at one Recorder and its calls go to another, whose upstream session
+    hears the server's list change: the bus carries it to the stream. Without a bus, the agent hears only
+    what the process holding its stream hears (the README's single-process default)."""
+    settings.RECORDER_BUS_URL = REDIS_URL if bus else ""
+    _, token = services.create_agent(name="bot", on_behalf_of=dana)
+    with ServerThread(handshake_server.build_app(), free_port()) as upstream, behind_a_balancer() as (_, (first, second), _):
+        services.refresh_catalogue(server=services.register_tool_server(name="memo", url=f"{upstream.base}/mcp"))
+
+        async def main():
+            base = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
+            heard = []
+            async with httpx2.AsyncClient(headers=base, timeout=30) as http:
+                opened = await http.post(f"{first.base}/mcp/", json={"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                                         "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                                                    "clientInfo": {"name": "raw", "version": "1"}}})
+                headers = {"Mcp-Session-Id": opened.headers["mcp-session-id"], "Mcp-Protocol-Version": "2025-11-25"}
+                await http.post(f"{first.base}/mcp/", headers=headers,
+                                json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+                async def listen(task_status=anyio.TASK_STATUS_IGNORED):
+                    async with http.stream("GET", f"{second.base}/mcp/", headers=headers) as stream:
+                        task_status.started()
+                        async for line in stream.aiter_lines():
+                            if line.startswith("data:") and "list_changed" in line:
+                                heard.append(json.loads(line[5:])["method"])
+
+                async with anyio.create_task_group() as group:
+                    await group.start(listen)
+                    for _ in range(50):  # the stream is registered at the second Recorder
+                        if second.app.recorder.relay.streams.holds_stream(headers["Mcp-Session-Id"]):
+                            break
+                        await anyio.sleep(0.05)
+                    for n in range(2):
+                        answer = await http.post(f"{first.base}/mcp/", headers=headers, json={
+                            "jsonrpc": "2.0", "id": 10 + n, "method": "tools/call",
+                            "params": {"name": "memo__announce", "arguments": {}}})
+                        assert "announced" in answer.text
+                    with anyio.move_on_after(3 if bus else 1.5):
+                        while len(heard) < 2:
+                            await anyio.sleep(0.05)
+                    group.cancel_scope.cancel()
+                await http.delete(f"{first.base}/mcp/", headers=headers)
+            return heard
+
+        heard = anyio.run(main)
+        settle_all((first, second))
+    assert heard == (["notifications/tools/list_changed"] * 2 if bus else [])
 
 
 def test_requests_of_a_session_arriving_at_once_where_it_is_new_are_all_answered(recorders, dana):
