@@ -3,6 +3,8 @@ from the Recorder's 401, registers itself, opens the sign-in page in Chromium, w
 the agent it acts as; the client exchanges the code (PKCE), calls a tool, and the call is journaled under
 that agent. Then Dana revokes the client from the agent's page and its token stops working at once."""
 
+import json
+import subprocess
 from urllib.parse import parse_qs, urlsplit
 
 import anyio
@@ -20,7 +22,7 @@ from journal import services
 from journal.models import ClientAuthorization, Step
 from tests.browser.conftest import CHROMIUM_ARGS
 from tests.journal.helpers import register_samples, settle
-from tests.services import CHROMIUM, needs_chromium
+from tests.services import CHROMIUM, NODE_MODULES, needs_chromium, needs_node
 
 pytestmark = [pytest.mark.browser, needs_chromium, pytest.mark.django_db(transaction=True)]
 
@@ -146,3 +148,44 @@ def test_a_url_only_client_signs_in_in_the_browser_acts_as_the_picked_agent_and_
     refused = call_with_token()
     assert refused.status_code == 401
     assert refused.json()["error_description"].startswith("The token is not known here (revoked")
+
+
+@needs_node
+def test_the_typescript_sdks_oauth_client_signs_in_from_a_bare_url_too(recorder, sample_servers, dana):
+    """The official TypeScript SDK's client and its `OAuthClientProvider`: discovery from the 401,
+    registration, the browser sign-in where Dana creates the agent it acts as, the code exchange (PKCE), a
+    tool call journaled under that agent."""
+    register_samples(sample_servers, names=("crm",))
+    script = NODE_MODULES.parent / "ts_oauth_client.mjs"
+    server_url = f"{recorder.base}/mcp"
+    node = subprocess.Popen(["node", str(script), server_url, REDIRECT, "crm__get_deal", json.dumps({"deal_id": "D-881"})],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        asked = json.loads(node.stdout.readline())
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            page = browser.new_page()
+            page.route(f"{REDIRECT}*", lambda route: route.fulfill(body="Signed in.", content_type="text/plain"))
+            page.goto(asked["authorize"])
+            page.fill("input[name=username]", "dana")
+            page.fill("input[name=password]", "dana-password-1")
+            page.click("button[type=submit]")
+            page.wait_for_selector("#authorizationForm")
+            assert "TS Assistant" in page.inner_text("main")
+            page.check("input[name=agent][value=__new__]")
+            page.fill("input[name=new_agent_name]", "dana-ts")
+            page.click("button[name=allow]")
+            page.wait_for_url(f"{REDIRECT}*")  # the client's loopback callback, answered by the route above
+            redirected = page.url
+            browser.close()
+        node.stdin.write(redirected + "\n")
+        node.stdin.flush()
+        answer = json.loads(node.stdout.readline())
+        assert node.wait(timeout=60) == 0
+    finally:
+        node.kill()
+    settle(recorder)
+    assert parse_qs(urlsplit(asked["authorize"]).query)["resource"] == [server_url]
+    assert not answer["result"].get("isError") and answer["accessToken"]
+    step = Step.objects.select_related("run__agent__on_behalf_of").get(tool="get_deal")
+    assert step.run.agent.name == "dana-ts" and step.run.agent.on_behalf_of == dana
