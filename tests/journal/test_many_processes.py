@@ -22,6 +22,15 @@ from .helpers import register_samples
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+# An agent's handshake, raw, as the tests that send each request to a Recorder of their choosing make it.
+INITIALIZE = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+    "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}
+
+
+def session_headers(opened) -> dict:
+    """The headers every later request of the session answered by `opened` carries."""
+    return {"Mcp-Session-Id": opened.headers["mcp-session-id"], "Mcp-Protocol-Version": "2025-11-25"}
+
 
 @contextlib.contextmanager
 def behind_a_balancer():
@@ -80,8 +89,7 @@ def test_a_session_is_only_ever_its_agents_and_ends_everywhere(recorders, dana):
                    **({"Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-11-25"} if session else {})}
         return httpx2.post(f"{base}/mcp/", json=body, headers=headers, timeout=30)
 
-    opened = post(first.base, token, {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+    opened = post(first.base, token, INITIALIZE)
     session = opened.headers["mcp-session-id"]
     assert post(second.base, token, {"jsonrpc": "2.0", "method": "notifications/initialized"}, session).status_code == 202
     listed = post(second.base, token, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, session)
@@ -109,9 +117,7 @@ def test_a_session_unused_for_the_idle_time_is_gone_and_its_record_forgotten(rec
     front, (first, second), _ = recorders
     _, token = services.create_agent(name="bot", on_behalf_of=dana)
     headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
-    opened = httpx2.post(f"{first.base}/mcp/", headers=headers, json={
-        "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+    opened = httpx2.post(f"{first.base}/mcp/", headers=headers, json=INITIALIZE)
     session = opened.headers["mcp-session-id"]
     AgentSession.objects.filter(session_id=session).update(
         last_used_at=timezone.now() - timedelta(seconds=settings.RECORDER_SESSION_IDLE_SECONDS + 1))
@@ -140,10 +146,8 @@ def test_a_cancellation_one_recorder_hears_stops_the_call_another_is_making(tran
         async def main():
             base = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
             async with httpx2.AsyncClient(headers=base, timeout=30) as http:
-                opened = await http.post(f"{first.base}/mcp/", json={"jsonrpc": "2.0", "id": 0, "method": "initialize",
-                                         "params": {"protocolVersion": "2025-11-25", "capabilities": {},
-                                                    "clientInfo": {"name": "raw", "version": "1"}}})
-                headers = {"Mcp-Session-Id": opened.headers["mcp-session-id"], "Mcp-Protocol-Version": "2025-11-25"}
+                opened = await http.post(f"{first.base}/mcp/", json=INITIALIZE)
+                headers = session_headers(opened)
                 await http.post(f"{second.base}/mcp/", headers=headers,
                                 json={"jsonrpc": "2.0", "method": "notifications/initialized"})
                 started = await http.post(f"{first.base}/mcp/", headers=headers, json={  # the server's process is up
@@ -185,10 +189,8 @@ def test_what_a_server_says_outside_a_call_reaches_the_agent_on_the_stream_anoth
             base = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
             heard = []
             async with httpx2.AsyncClient(headers=base, timeout=30) as http:
-                opened = await http.post(f"{first.base}/mcp/", json={"jsonrpc": "2.0", "id": 0, "method": "initialize",
-                                         "params": {"protocolVersion": "2025-11-25", "capabilities": {},
-                                                    "clientInfo": {"name": "raw", "version": "1"}}})
-                headers = {"Mcp-Session-Id": opened.headers["mcp-session-id"], "Mcp-Protocol-Version": "2025-11-25"}
+                opened = await http.post(f"{first.base}/mcp/", json=INITIALIZE)
+                headers = session_headers(opened)
                 await http.post(f"{first.base}/mcp/", headers=headers,
                                 json={"jsonrpc": "2.0", "method": "notifications/initialized"})
 
@@ -228,10 +230,8 @@ def test_requests_of_a_session_arriving_at_once_where_it_is_new_are_all_answered
     _, (first, second), _ = recorders
     _, token = services.create_agent(name="bot", on_behalf_of=dana)
     headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
-    opened = httpx2.post(f"{first.base}/mcp/", headers=headers, json={
-        "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
-    headers |= {"Mcp-Session-Id": opened.headers["mcp-session-id"], "Mcp-Protocol-Version": "2025-11-25"}
+    opened = httpx2.post(f"{first.base}/mcp/", headers=headers, json=INITIALIZE)
+    headers |= session_headers(opened)
     # The second Recorder has read the session's record (as it would for another request a moment ago),
     # so nothing slows the requests down before they reach the session.
     anyio.run(second.app.recorder.sessions.find, opened.headers["mcp-session-id"])
@@ -264,9 +264,7 @@ def test_a_session_the_database_cannot_record_is_not_opened(recorders, dana, mon
     _, (first, _), _ = recorders
     _, token = services.create_agent(name="bot", on_behalf_of=dana)
     opened = httpx2.post(f"{first.base}/mcp/", headers={
-        "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}, json={
-        "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+        "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}, json=INITIALIZE)
     assert opened.status_code == 503 and "mcp-session-id" not in opened.headers
     error = opened.json()["error"]
     assert error["data"] == {"source": "recorder", "reason": "unavailable"} and "nothing was opened" in error["message"]
