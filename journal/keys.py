@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from . import sql
 from .chain import b64url, public_key_from_text
 from .models import RecorderKey
 
@@ -62,17 +63,20 @@ def create_key() -> RecorderKey:
 
 
 def signing_key() -> tuple[str, Ed25519PrivateKey]:
-    """The key that signs now, created on first use."""
-    current = RecorderKey.objects.filter(origin="", valid_until__isnull=True).order_by("-valid_from").first()
-    private = _load_private(current.key_id) if current else None
+    """The key that signs now, created on first use. Asked of the database at every checkpoint (another
+    process may have rotated it), in one plain query: it is inside the journaling transaction."""
+    row = sql.first_row(RecorderKey, ("key_id",), "origin = %s AND valid_until IS NULL ORDER BY valid_from DESC LIMIT 1",
+                        [""])
+    key_id = row[0] if row else None
+    private = _load_private(key_id) if key_id else None
     if private is None:
-        if current is not None:
-            logger.warning("Recorder key %s has no private file in %s; adding a new key", current.key_id,
+        if key_id is not None:
+            logger.warning("Recorder key %s has no private file in %s; adding a new key", key_id,
                            settings.RECORDER_KEY_DIR)
-        current = create_key()
-        private = _load_private(current.key_id)
-    assert private is not None
-    return current.key_id, private
+        key_id = create_key().key_id
+        private = _load_private(key_id)
+    assert private is not None and key_id is not None
+    return key_id, private
 
 
 def public_keys(origin: str = "") -> dict[str, Ed25519PublicKey]:

@@ -57,10 +57,10 @@ def sign_checkpoint(*, run: Run, now: datetime) -> Checkpoint:
     """Sign the run's head as it is now (the caller holds the run's row lock and saves `checkpointed_seq`)."""
     key_id, private = keys.signing_key()
     payload = chain.checkpoint_payload(run=str(run.public_id), seq=run.head_seq, head_hash=run.head_hash)
-    checkpoint = Checkpoint.objects.create(
-        run=run, seq=run.head_seq, head_hash=run.head_hash, key_id=key_id,
-        signature=chain.sign(private, payload), created_at=now,
-    )
+    values = {"run_id": run.pk, "seq": run.head_seq, "head_hash": run.head_hash, "key_id": key_id,
+              "signature": chain.sign(private, payload), "created_at": now}
+    checkpoint = Checkpoint(**values)
+    checkpoint.pk = sql.insert(Checkpoint, values)
     run.checkpointed_seq = run.head_seq
     return checkpoint
 
