@@ -26,8 +26,23 @@ $(NODE_STAMP): tests/conformance/package-lock.json
 
 # Tests keep their database, broker folder and keys apart from the demo's, so a running demo never
 # picks up a test's tasks.
+#
+# The suite runs as two halves at once, each with its own database, broker folder and keys: the tests spend
+# much of their time waiting on servers and browsers, so two cores take about half the time. The second
+# half's output follows the first's. With PYTEST_ARGS (one file, say), it is one run, as before.
+SECOND_HALF := tests/journal/test_conformance.py tests/journal/test_pairings.py tests/journal/test_features.py \
+	tests/journal/test_versions_pairings.py tests/journal/test_large_results.py tests/journal/test_upstream_sessions.py \
+	tests/journal/test_recorder.py tests/browser
 test: $(STAMP) $(NODE_STAMP)
+ifeq ($(strip $(PYTEST_ARGS)),)
+	@mkdir -p var; status=0; \
+	VAR_DIR=$(CURDIR)/var/test-2 $(PY) -m pytest $(SECOND_HALF) > var/test-second-half.log 2>&1 & second=$$!; \
+	VAR_DIR=$(CURDIR)/var/test $(PY) -m pytest $(addprefix --ignore=,$(SECOND_HALF)) || status=$$?; \
+	wait $$second || status=$$?; \
+	echo "--- the second half: $(SECOND_HALF)"; cat var/test-second-half.log; exit $$status
+else
 	VAR_DIR=$(CURDIR)/var/test $(PY) -m pytest $(PYTEST_ARGS)
+endif
 	VAR_DIR=$(CURDIR)/var/test-pg $(PY) tests/on_postgres.py $(PYTEST_ARGS)
 
 lint: $(STAMP)
