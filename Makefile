@@ -32,7 +32,7 @@ $(NODE_STAMP): tests/conformance/package-lock.json
 # half's output follows the first's. With PYTEST_ARGS (one file, say), it is one run, as before.
 SECOND_HALF := tests/journal/test_conformance.py tests/journal/test_pairings.py tests/journal/test_features.py \
 	tests/journal/test_versions_pairings.py tests/journal/test_large_results.py tests/journal/test_upstream_sessions.py \
-	tests/journal/test_recorder.py tests/browser
+	tests/journal/test_recorder.py tests/journal/test_oauth.py tests/journal/test_hostile.py tests/browser
 test: $(STAMP) $(NODE_STAMP)
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@mkdir -p var; status=0; \
