@@ -84,7 +84,7 @@ class OnlyAuthorizationCode:
                 isinstance(uri, str) and len(uri) > self.MAX_URI_LENGTH for uri in uris)):
             return f"redirect_uris: at most {self.MAX_REDIRECT_URIS}, each under {self.MAX_URI_LENGTH} characters."
         if isinstance(uris, list) and any(isinstance(uri, str) and not self.safe_redirect(uri) for uri in uris):
-            return "redirect_uris: use https, or http only to this machine's loopback (localhost, 127.0.0.1, [::1])."
+            return "redirect_uris: use https, or http only to the client's own machine (loopback: localhost, 127.0.0.1, [::1])."
         name = data.get("client_name", "")
         if not isinstance(name, str) or len(name) > self.MAX_NAME_LENGTH or any(ord(c) < 32 for c in name):
             return f"client_name must be text of at most {self.MAX_NAME_LENGTH} characters, without control characters."
