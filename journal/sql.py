@@ -9,7 +9,7 @@ same `get_db_prep_save` the ORM uses. Everything that is not on the hot path use
 The caller holds the transaction (and, for a run, its row lock); these helpers only run statements.
 """
 
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from django.db import connection
@@ -104,3 +104,45 @@ def _in_model_order(model: type[Model], names: tuple[str, ...]) -> tuple[str, ..
 def prep(model: type[Model], name: str, value: Any) -> Any:
     """A value as the database takes it for `model.name` (for the parameters of a `where`)."""
     return _fields(model)[name].get_db_prep_save(value, connection)
+
+
+def all_rows(model: type[Model], names: tuple[str, ...], where: str, params: list[Any]) -> list[tuple]:
+    """The raw database values of `names` in every row matching `where` (see `first_row`)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_select_sql(model, connection.vendor, names, where, False), params)
+        return cursor.fetchall()
+
+
+def marks(count: int) -> str:
+    """Placeholders for an `IN (...)` of `count` values."""
+    return ", ".join(["%s"] * count)
+
+
+@lru_cache(maxsize=256)  # one statement per model and number of rows
+def _upsert_sql(model: type[Model], vendor: str, names: tuple[str, ...], unique: tuple[str, ...],
+                replace: tuple[str, ...], increment: str, rows: int) -> str:
+    quote = connection.ops.quote_name
+    fields = _fields(model)
+    table = quote(model._meta.db_table)
+    row = f"({marks(len(names))})"
+    sets = [f"{quote(fields[name].column)} = excluded.{quote(fields[name].column)}" for name in replace]
+    if increment:
+        column = quote(fields[increment].column)
+        sets.append(f"{column} = {table}.{column} + 1")
+    return (f"INSERT INTO {table} ({', '.join(quote(fields[name].column) for name in names)}) "
+            f"VALUES {', '.join([row] * rows)} "
+            f"ON CONFLICT ({', '.join(quote(fields[name].column) for name in unique)}) DO UPDATE SET {', '.join(sets)}")
+
+
+def upsert(model: type[Model], rows: list[dict[str, Any]], *, unique: tuple[str, ...], replace: tuple[str, ...],
+           increment: str = "") -> None:
+    """Insert `rows` (dicts with the same keys) in one statement; where a row with the same `unique` fields
+    exists already, set its `replace` fields from the new row and add 1 to its `increment` field instead
+    (`ON CONFLICT … DO UPDATE`, on SQLite and PostgreSQL alike)."""
+    if not rows:
+        return
+    names = tuple(rows[0])
+    fields = _fields(model)
+    params = [fields[name].get_db_prep_save(row[name], connection) for row in rows for name in names]
+    with connection.cursor() as cursor:
+        cursor.execute(_upsert_sql(model, connection.vendor, names, unique, replace, increment, len(rows)), params)

@@ -313,16 +313,18 @@ def _link(run: Run, step: Step) -> list[dict[str, Any]]:
     links: list[dict[str, Any]] = []
     wanted = dependencies.distinctive_values(step.arguments)
     if wanted:
-        known = {value_digest: (step_id, pointer, seen) for value_digest, step_id, pointer, seen in
-                 RunValue.objects.filter(run=run, digest__in={d for d, _ in wanted}).exclude(step=step)
-                 .values_list("digest", "step_id", "pointer", "seen")}
+        digests = sorted({d for d, _ in wanted})
+        known = {value_digest: (step_id, pointer, seen) for value_digest, step_id, pointer, seen in sql.all_rows(
+            RunValue, ("digest", "step_id", "pointer", "seen"),
+            f"run_id = %s AND step_id <> %s AND digest IN ({sql.marks(len(digests))})", [run.pk, step.pk, *digests])}
         found = dependencies.choose_links(wanted, known)
-        numbers = dict(Step.objects.filter(pk__in=list(found)).values_list("pk", "number"))
-        StepDependency.objects.bulk_create([
-            StepDependency(step=step, depends_on_id=step_id, rule=StepDependency.Rule.INFERRED, pointers=pointers)
-            for step_id, pointers in found.items()
-        ])
-        links += [{"step": numbers[s], "rule": "inferred", "pointers": p} for s, p in sorted(found.items())]
+        if found:
+            numbers = dict(sql.all_rows(Step, ("id", "number"), f"id IN ({sql.marks(len(found))})", list(found)))
+            StepDependency.objects.bulk_create([
+                StepDependency(step=step, depends_on_id=step_id, rule=StepDependency.Rule.INFERRED, pointers=pointers)
+                for step_id, pointers in found.items()
+            ])
+            links += [{"step": numbers[s], "rule": "inferred", "pointers": p} for s, p in sorted(found.items())]
 
     declared = ((step.request_meta or {}).get(declarations.HATP_KEY) or {}).get("dependsOn")
     if isinstance(declared, list):
@@ -345,12 +347,10 @@ def _index(run: Run, step: Step, values: dict[str, str]) -> None:
     """`step` is now the most recent step of the run whose result had each of `values` (digest: pointer)."""
     if not values:
         return
-    known = list(RunValue.objects.filter(run=run, digest__in=list(values)).values_list("digest", "pk", "seen"))
-    RunValue.objects.bulk_update([RunValue(pk=pk, step=step, pointer=values[value_digest], seen=seen + 1)
-                                  for value_digest, pk, seen in known], ["step", "pointer", "seen"])
-    had = {value_digest for value_digest, _, _ in known}
-    RunValue.objects.bulk_create([RunValue(run=run, step=step, digest=value_digest, pointer=pointer)
-                                  for value_digest, pointer in values.items() if value_digest not in had])
+    # One statement however many values: a new value is inserted, a known one moves to this step, seen once more.
+    sql.upsert(RunValue, [{"run_id": run.pk, "digest": value_digest, "step_id": step.pk, "pointer": pointer, "seen": 1}
+                          for value_digest, pointer in sorted(values.items())],
+               unique=("run_id", "digest"), replace=("step_id", "pointer"), increment="seen")
 
 
 def reconcile_stale_steps(*, older_than: datetime, now: datetime | None = None) -> int:
