@@ -1,10 +1,14 @@
 """Telling people about plans: the approvers when one is ready, the requester when it is decided.
 
-Called from Celery tasks, never inside a transaction. A mail server or webhook that fails is logged and
-does not stop the other channel; the plan itself never depends on a notification arriving.
+Called from Celery tasks, never inside a transaction. Each channel (email, the webhook) is tried on its own:
+one that fails is logged, never stops the other, and is tried again later by the worker
+(`approver.retry_notice`, with a growing wait, RETRIES times). The plan itself never depends on a notification
+arriving. Header values are made safe first: a tool name is the agent's to choose, and a CR/LF in a subject
+would otherwise make the mail library refuse the whole message.
 """
 
 import logging
+import re
 
 import httpx
 from django.conf import settings
@@ -14,11 +18,23 @@ from django.core.mail import send_mail
 from . import authority, execution
 from .content import plan_url
 from .models import ActionRequest, Approval, ApprovalRules, Plan
+from .services import bell
 from .services.held_calls import action_url
 
 logger = logging.getLogger(__name__)
 
 WEBHOOK_TIMEOUT = 5.0
+RETRIES = 5  # after the first attempt; waits of 1, 2, 4, 8 and 16 minutes
+FIRST_WAIT = 60.0
+SUBJECT_LENGTH = 200
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+
+
+def header_safe(value: str, limit: int = SUBJECT_LENGTH) -> str:
+    """A header value with no line breaks or other control characters (each run becomes one space), cut to
+    `limit` characters."""
+    cleaned = " ".join(_CONTROL.sub(" ", value).split())
+    return cleaned if len(cleaned) <= limit else cleaned[: limit - 1] + "…"
 
 
 def _link(plan: Plan) -> str:
@@ -57,19 +73,49 @@ def action_requested(action: ActionRequest) -> int:
 
 
 def _tell_approvers(recipients: list[str], subject: str, text: str, about) -> int:
-    sent = 0
-    if recipients:
-        try:
-            sent = send_mail(subject, text, settings.DEFAULT_FROM_EMAIL, recipients)
-        except OSError:
-            logger.exception("could not email the approvers of %s", about)
+    sent = email(subject, text, recipients, about=str(about)) if recipients else 0
     if settings.APPROVAL_WEBHOOK_URL:
-        try:
-            httpx.post(settings.APPROVAL_WEBHOOK_URL, json={"text": f"{subject}. {text}"},
-                       timeout=WEBHOOK_TIMEOUT).raise_for_status()
-        except httpx.HTTPError:
-            logger.exception("the approval webhook refused or did not answer for %s", about)
+        webhook(f"{header_safe(subject)}. {text}", about=str(about))
     return sent
+
+
+def email(subject: str, text: str, recipients: list[str], *, about: str, attempt: int = 0) -> int:
+    """Send one email (its subject made safe); if it fails, log it and have the worker try again later."""
+    try:
+        return send_mail(header_safe(subject), text, settings.DEFAULT_FROM_EMAIL, recipients)
+    except Exception as exc:  # noqa: BLE001 - a channel that fails must not stop another, nor the task
+        _failed("email", {"subject": subject, "text": text, "recipients": recipients}, about, attempt, exc)
+        return 0
+
+
+def webhook(text: str, *, about: str, attempt: int = 0) -> bool:
+    """Post one message to the approval webhook; if it fails, log it and have the worker try again later."""
+    try:
+        httpx.post(settings.APPROVAL_WEBHOOK_URL, json={"text": text}, timeout=WEBHOOK_TIMEOUT,
+                   follow_redirects=False).raise_for_status()
+        return True
+    except Exception as exc:  # noqa: BLE001 - as above
+        _failed("webhook", {"text": text}, about, attempt, exc)
+        return False
+
+
+def _failed(channel: str, message: dict, about: str, attempt: int, exc: Exception) -> None:
+    if attempt >= RETRIES:
+        logger.error("gave up on the %s about %s after %d attempts: %s", channel, about, attempt + 1, exc)
+        return
+    wait = FIRST_WAIT * 2 ** attempt
+    logger.warning("the %s about %s failed (%s: %s); trying again in %d s", channel, about, type(exc).__name__,
+                   exc, wait)
+    bell.ring(bell.RETRY_NOTICE, channel, message, about, attempt + 1, countdown=wait)
+
+
+def retry(channel: str, message: dict, about: str, attempt: int) -> bool:
+    """One more attempt at a notification that failed (the worker's `approver.retry_notice`)."""
+    if channel == "email":
+        return email(message["subject"], message["text"], message["recipients"], about=about, attempt=attempt) > 0
+    if channel == "webhook" and settings.APPROVAL_WEBHOOK_URL:
+        return webhook(message["text"], about=about, attempt=attempt)
+    return False
 
 
 def plan_decided(plan: Plan) -> int:
@@ -85,13 +131,8 @@ def plan_decided(plan: Plan) -> int:
             decision=Approval.Decision.APPROVE, digest=plan.digest).select_related("approver")})
         decision = "approved"
         words = f"approved by {' and '.join(names)}; it may now run" if names else "approved; it may now run"
-    try:
-        return send_mail(f"Your undo plan was {decision}",
-                         f"{summary(plan)}\nThe plan was {words}.\n{_link(plan)}",
-                         settings.DEFAULT_FROM_EMAIL, [plan.requested_by.email])
-    except OSError:
-        logger.exception("could not email the requester of %s", plan)
-        return 0
+    return email(f"Your undo plan was {decision}", f"{summary(plan)}\nThe plan was {words}.\n{_link(plan)}",
+                 [plan.requested_by.email], about=str(plan))
 
 
 def plan_executed(plan: Plan) -> int:
@@ -109,9 +150,5 @@ def plan_executed(plan: Plan) -> int:
         "approver__email", flat=True)} - {""}
     if not recipients:
         return 0
-    try:
-        return send_mail(f"Undo plan {plan.get_state_display().lower()}: {plan.execution_summary}", "\n".join(lines),
-                         settings.DEFAULT_FROM_EMAIL, sorted(recipients))
-    except OSError:
-        logger.exception("could not email the result of %s", plan)
-        return 0
+    return email(f"Undo plan {plan.get_state_display().lower()}: {plan.execution_summary}", "\n".join(lines),
+                 sorted(recipients), about=str(plan))

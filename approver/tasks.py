@@ -106,3 +106,9 @@ def expire_held_calls() -> int:
     for action_id in untold.values_list("pk", flat=True):
         notify_action_requested.delay(action_id)
     return services.expire_held_calls()
+
+
+@shared_task(name="approver.retry_notice")
+def retry_notice(channel: str, message: dict, about: str, attempt: int) -> bool:
+    """Try once more a notification whose channel failed (`notifications.email`, `notifications.webhook`)."""
+    return notifications.retry(channel, message, about, attempt)

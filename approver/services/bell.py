@@ -24,6 +24,7 @@ NOTIFY_PLAN_READY = "approver.notify_plan_ready"
 NOTIFY_PLAN_DECIDED = "approver.notify_plan_decided"
 NOTIFY_PLAN_EXECUTED = "approver.notify_plan_executed"
 NOTIFY_ACTION_REQUESTED = "approver.notify_action_requested"
+RETRY_NOTICE = "approver.retry_notice"
 
 
 def ring(task: str, *args, countdown: float | None = None) -> None:

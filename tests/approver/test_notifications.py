@@ -1,5 +1,7 @@
 """Approvers hear when a plan is ready (email and a Slack-compatible webhook); requesters hear the outcome."""
 
+import smtplib
+
 import pytest
 from django.core import mail
 from starlette.applications import Starlette
@@ -7,8 +9,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from approver import services, tasks
+from approver import notifications, services, tasks
+from approver.services import bell
+from journal import services as journal_services
 from tests.conftest import ServerThread, free_port
+from tests.journal.factories import crm_server, make_run
 
 from .services.test_approvals import approve, enrolled, relying_party, sign  # noqa: F401 - fixtures and helpers
 
@@ -97,3 +102,70 @@ def test_the_requester_hears_of_the_approval_even_when_the_worker_started_first(
     [message] = mail.outbox
     assert message.subject == "Your undo plan was approved"
     assert "approved by ana and bo; it may now run" in message.body
+
+
+def held_call(dana, tool: str):
+    agent, _ = journal_services.create_agent(name="bot", on_behalf_of=dana)
+    run = make_run(agent, steps=1)
+    step = run.steps.first()
+    return services.request_for_held_call(agent=agent, server=crm_server(), tool=tool, arguments={"to": "x"},
+                                          decision={"decision": "ask", "class": "none"}, run_id=run.pk,
+                                          step_id=step.pk)
+
+
+def test_a_tool_name_with_line_breaks_cannot_stop_approvers_hearing_of_its_held_call(
+        dana, emails, webhook, settings, monkeypatch):
+    """The agent names its tools: "send\\r\\nBcc: …" once made the mail library refuse the whole message
+    (BadHeaderError), and the webhook was skipped with it."""
+    url, received, _ = webhook
+    settings.APPROVAL_WEBHOOK_URL = url
+    monkeypatch.setattr(tasks.notify_action_requested, "delay", lambda *args: None)
+    action = held_call(dana, "send\r\nBcc: mallory@evil.example\r\n\r\nyour account is locked")
+    assert tasks.notify_action_requested(action.pk) == 1
+    [message] = mail.outbox
+    assert "\r" not in message.subject and "\n" not in message.subject
+    assert message.subject == "Held for approval: bot wants send Bcc: mallory@evil.example your account is locked"
+    assert message.to == ["ana@acme.example", "bo@acme.example"] and not message.bcc
+    assert len(received) == 1 and "\n" not in received[0]["text"].split(".")[0]
+
+
+def test_a_failing_mail_server_does_not_stop_the_webhook_and_is_tried_again(
+        dana, emails, webhook, settings, monkeypatch):
+    url, received, _ = webhook
+    settings.APPROVAL_WEBHOOK_URL = url
+    monkeypatch.setattr(tasks.notify_action_requested, "delay", lambda *args: None)
+    action = held_call(dana, "send_email")
+    rung = []
+    monkeypatch.setattr(bell, "ring", lambda task, *args, countdown=None: rung.append((task, args, countdown)))
+
+    def down(*args, **kwargs):
+        raise smtplib.SMTPServerDisconnected("the mail server went away")
+
+    monkeypatch.setattr(notifications, "send_mail", down)
+    assert tasks.notify_action_requested(action.pk) == 0  # no email went out
+    assert len(received) == 1 and "bot wants send_email" in received[0]["text"]  # the webhook still did
+    [(task, (channel, message, about, attempt), wait)] = rung
+    assert (task, channel, attempt, wait) == (bell.RETRY_NOTICE, "email", 1, notifications.FIRST_WAIT)
+
+    # The worker tries again later; with the mail server back, the approvers get it.
+    monkeypatch.undo()
+    monkeypatch.setattr(bell, "ring", lambda task, *args, countdown=None: rung.append((task, args, countdown)))
+    assert tasks.retry_notice(channel, message, about, attempt) is True
+    [sent] = mail.outbox
+    assert sent.to == ["ana@acme.example", "bo@acme.example"] and "send_email" in sent.subject
+    assert len(rung) == 1  # nothing more to retry
+
+
+def test_a_notification_that_keeps_failing_is_retried_with_growing_waits_then_given_up(
+        dana, settings, monkeypatch, caplog):
+    settings.APPROVAL_WEBHOOK_URL = f"http://127.0.0.1:{free_port()}/hook"  # nothing listens there
+    rung = []
+    monkeypatch.setattr(bell, "ring", lambda task, *args, countdown=None: rung.append((args, countdown)))
+    attempt = 0
+    assert notifications.webhook("hello", about="a test") is False
+    while rung:
+        (channel, message, about, attempt), wait = rung.pop()
+        assert channel == "webhook" and wait == notifications.FIRST_WAIT * 2 ** (attempt - 1)
+        assert tasks.retry_notice(channel, message, about, attempt) is False
+    assert attempt == notifications.RETRIES
+    assert "gave up on the webhook about a test after 6 attempts" in caplog.text
