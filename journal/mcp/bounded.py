@@ -111,27 +111,41 @@ def next_boundary(buffer: bytes | bytearray) -> int:
     return min(ends) if ends else -1
 
 
+@dataclass(frozen=True)
+class Redirected:
+    """A tool server answered with a redirect, which the Recorder never follows (it could point anywhere,
+    the Recorder's own network included)."""
+
+    status: int
+    location: str
+
+    def message(self, server: str) -> str:
+        return (f"{server} answered HTTP {self.status}, a redirect to {self.location or '(no location)'}; the "
+                "Recorder does not follow redirects from tool servers (register the server at its final URL)")
+
+
 class Tokens:
-    """The oversized answers this process replaced, by the token each replacement carries."""
+    """The answers this process replaced (oversized, or redirects), by the token each replacement carries."""
 
     def __init__(self, limit: int):
         self.limit = limit
-        self._oversized: OrderedDict[str, Oversized] = OrderedDict()
+        self._replaced: OrderedDict[str, Oversized | Redirected] = OrderedDict()
 
-    def taken_from(self, error: MCPError) -> Oversized | None:
+    def taken_from(self, error: MCPError) -> "Oversized | Redirected | None":
         data = error.error.data
         token = data.get(TOKEN_KEY) if isinstance(data, dict) else None
-        return self._oversized.pop(token, None) if isinstance(token, str) else None
+        return self._replaced.pop(token, None) if isinstance(token, str) else None
 
-    def replacement(self, request_id: Any, oversized: Oversized) -> bytes:
-        """The JSON-RPC error that stands for an answer to `request_id` over the limit."""
+    def replacement(self, request_id: Any, replaced: "Oversized | Redirected") -> bytes:
+        """The JSON-RPC error that stands for an answer to `request_id` over the limit, or a redirect."""
         token = secrets.token_hex(12)
-        self._oversized[token] = oversized
-        while len(self._oversized) > _KEPT_TOKENS:
-            self._oversized.popitem(last=False)
+        self._replaced[token] = replaced
+        while len(self._replaced) > _KEPT_TOKENS:
+            self._replaced.popitem(last=False)
+        message = replaced.message("The server") if isinstance(replaced, Redirected) else \
+            f"The answer was {replaced.size} bytes, over the limit of {self.limit}"
         return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {
-            "code": -32603, "message": f"The answer was {oversized.size} bytes, over the limit of {self.limit}",
-            "data": {TOKEN_KEY: token}}}).encode()
+            "code": -32603, "message": message, "data": {TOKEN_KEY: token}}}).encode()
 
 
 class BoundedTransport(httpx.AsyncBaseTransport):
@@ -155,6 +169,14 @@ class BoundedTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         response = await self.inner.handle_async_request(request)
+        if 300 <= response.status_code < 400:  # never followed, whatever the SDK above would do with it
+            await response.aclose()
+            redirected = Redirected(response.status_code, response.headers.get("location", ""))
+            request_id = _request_id(request) if request.method == "POST" else None
+            if request_id is None:
+                return httpx.Response(502, text=redirected.message("The server"), request=request)
+            return httpx.Response(200, headers={"content-type": "application/json"}, request=request,
+                                  content=self.tokens.replacement(request_id, redirected))
         content_type = response.headers.get("content-type", "")
         if request.method != "POST":
             return response

@@ -26,7 +26,7 @@ from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from .bounded import CHUNK, BoundedTransport, Oversized, Tokens, events_bounded, read_bounded
+from .bounded import CHUNK, BoundedTransport, Oversized, Redirected, Tokens, events_bounded, read_bounded
 from .declaring import DeclaringClient
 from .failures import ToolServerError, http_status_class, too_large, translate
 from .stdio import bounded_stdio_client
@@ -192,6 +192,9 @@ class Connection:
                 async with self.fast.post(self.endpoint.url, data=json.dumps(body), headers=headers,
                                           allow_redirects=False) as response:
                     status, content_type = response.status, response.headers.get("content-type", "")
+                    if 300 <= status < 400:
+                        raise ToolServerError(Redirected(status, response.headers.get("location", "")).message(server),
+                                              failure_class="unknown")
                     chunks = response.content.iter_chunked(CHUNK)
                     if content_type.startswith("text/event-stream"):  # progress, then the answer, as they come
                         message = await _answer_in(events_bounded(chunks, self.max_answer_bytes), request_id,
@@ -231,9 +234,11 @@ class Connection:
         return result
 
     def translate(self, exc: BaseException, *, sent: bool) -> "ToolServerError":
-        oversized = self.tokens.taken_from(exc) if isinstance(exc, MCPError) else None
-        if oversized is not None:
-            return too_large(self.endpoint.name, oversized)
+        replaced = self.tokens.taken_from(exc) if isinstance(exc, MCPError) else None
+        if isinstance(replaced, Redirected):
+            return ToolServerError(replaced.message(self.endpoint.name), failure_class="unknown")
+        if replaced is not None:
+            return too_large(self.endpoint.name, replaced)
         status, self.last_http_error = self.last_http_error, None
         if status is not None and isinstance(exc, MCPError) and exc.error.code in (-32603, -32600, -32601):
             failure_class, transient = http_status_class(status)
