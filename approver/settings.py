@@ -222,6 +222,9 @@ RECORDER_MAX_UPSTREAM_SESSIONS = env_int("RECORDER_MAX_UPSTREAM_SESSIONS", 256)
 # the step keeps the answer's size and SHA-256. A result over the inline size is kept in the run's record only.
 RECORDER_MAX_RESULT_BYTES = env_int("RECORDER_MAX_RESULT_BYTES", 32 * 1024 * 1024)
 RECORDER_INLINE_RESULT_BYTES = env_int("RECORDER_INLINE_RESULT_BYTES", 64 * 1024)
+# The stdio tool server commands an admin may pick in the web admin (a command runs as the Recorder's user, so
+# none is ever typed there); `manage.py add_tool_server --command` is the other way in, from a shell.
+RECORDER_STDIO_COMMANDS = env_list("RECORDER_STDIO_COMMANDS", [])
 # Plain 2026-07-28 tools/call requests skip the SDK's per-request machinery (journal.mcp.gateway.FastCalls).
 RECORDER_FAST_CALLS = env_bool("RECORDER_FAST_CALLS", True)
 # Without a runId or an MCP session id, an agent's calls join its latest run unless it has been idle this long.

@@ -1,3 +1,5 @@
+from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.db import models, transaction
 
@@ -5,8 +7,35 @@ from . import services
 from .models import Agent, RecorderKey, Run, ToolServer
 
 
+class ToolServerForm(forms.ModelForm):
+    """A stdio server's command is picked from RECORDER_STDIO_COMMANDS, never typed: whatever it says runs as
+    the Recorder's user, at every catalogue read. A command set from a shell (`add_tool_server --command`)
+    can be kept or cleared here, not changed."""
+
+    class Meta:
+        model = ToolServer
+        fields = ["name", "transport", "url", "command", "enabled"]  # the admin adds the rest it shows
+
+        @staticmethod
+        def formfield_callback(field, **kwargs):  # as the admin's formfield_overrides below: https assumed
+            return field.formfield(assume_scheme="https", **kwargs) if isinstance(field, models.URLField) \
+                else field.formfield(**kwargs)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        allowed = list(settings.RECORDER_STDIO_COMMANDS)
+        current = self.instance.command if self.instance.pk else ""
+        if current and current not in allowed:
+            allowed.append(current)
+        self.fields["command"] = forms.ChoiceField(
+            required=False, choices=[("", "None: reached over streamable HTTP at its URL"), *((c, c) for c in allowed)],
+            help_text="Only the commands in the RECORDER_STDIO_COMMANDS setting; any other is added from a shell "
+                      "with manage.py add_tool_server --command.")
+
+
 @admin.register(ToolServer)
 class ToolServerAdmin(admin.ModelAdmin):
+    form = ToolServerForm
     list_display = ["name", "transport", "url", "command", "enabled", "catalogue_fetched_at", "catalogue_error"]
     readonly_fields = ["catalogue", "catalogue_fetched_at", "catalogue_error", "receipt_keys", "created_at"]
     actions = ["refresh_catalogues"]
