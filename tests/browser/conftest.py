@@ -28,3 +28,10 @@ def chromium():
                 browser.close()
 
     return open_browser
+
+
+def sign_in(page, username: str) -> None:
+    """Answer the login page the browser is on as one of the suite's personas (password `<name>-password-1`)."""
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", f"{username}-password-1")
+    page.click("button[type=submit]")

@@ -20,7 +20,7 @@ from playwright.sync_api import sync_playwright
 
 from journal import services
 from journal.models import ClientAuthorization, Step
-from tests.browser.conftest import CHROMIUM_ARGS
+from tests.browser.conftest import CHROMIUM_ARGS, sign_in
 from tests.journal.helpers import register_samples, settle
 from tests.services import CHROMIUM, NODE_MODULES, needs_chromium, needs_node
 
@@ -133,9 +133,7 @@ def test_a_url_only_client_signs_in_in_the_browser_acts_as_the_picked_agent_and_
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         page = browser.new_page()
         page.goto(f"{recorder.base}/agents/dana-desk/")
-        page.fill("input[name=username]", "dana")
-        page.fill("input[name=password]", "dana-password-1")
-        page.click("button[type=submit]")
+        sign_in(page, "dana")
         page.wait_for_url(f"{recorder.base}/agents/dana-desk/")
         row = page.locator("table.clients tbody tr")
         assert "Desk Assistant" in row.inner_text() and "dana" in row.inner_text()
@@ -167,9 +165,7 @@ def test_the_typescript_sdks_oauth_client_signs_in_from_a_bare_url_too(recorder,
             page = browser.new_page()
             page.route(f"{REDIRECT}*", lambda route: route.fulfill(body="Signed in.", content_type="text/plain"))
             page.goto(asked["authorize"])
-            page.fill("input[name=username]", "dana")
-            page.fill("input[name=password]", "dana-password-1")
-            page.click("button[type=submit]")
+            sign_in(page, "dana")
             page.wait_for_selector("#authorizationForm")
             assert "TS Assistant" in page.inner_text("main")
             page.check("input[name=agent][value=__new__]")
