@@ -87,6 +87,23 @@ def approvals_for_bundle(run: Run) -> list[dict[str, Any]]:  # the journal's `si
     return bundle
 
 
+def counting_action_approvals(*, action: ActionRequest, rules: ApprovalRules | None = None) -> list[ActionApproval]:
+    """The approvals of a held call that count now, one per approver: of its exact content, with a passkey
+    that is not revoked, by someone still active, in the deciding group, and not the agent's own person."""
+    rules = rules or ApprovalRules.current()
+    counted: dict[int, ActionApproval] = {}
+    for approval in (action.approvals.filter(decision=ActionApproval.Decision.APPROVE, digest=action.digest,
+                                             passkey__revoked_at__isnull=True)
+                     .select_related("approver", "passkey").order_by("created_at")):
+        approver = approval.approver
+        if approval.approver_id in counted or not approver.is_active or not roles.has_role(approver, action.approver_group):
+            continue
+        if rules.separation_of_duties and action.agent.on_behalf_of_id == approver.pk:
+            continue
+        counted[approval.approver_id] = approval
+    return list(counted.values())
+
+
 def action_refusal(*, action: ActionRequest, user) -> str:
     """Why `user` may not decide on this held call now, or "" if they may."""
     if action.state != ActionRequest.State.PENDING:

@@ -394,7 +394,9 @@ class ActionRequest(models.Model):
     server = models.ForeignKey("journal.ToolServer", on_delete=models.PROTECT, related_name="+")
     tool = models.CharField(max_length=200)
     arguments = models.JSONField()
-    digest = models.CharField(max_length=64, help_text="SHA-256 of the JCS of {agent, server, tool, arguments}.")
+    # The `_meta` the call goes out with, as approved (the Recorder's own idempotency key is added to it).
+    meta = models.JSONField(null=True, blank=True)
+    digest = models.CharField(max_length=64, help_text="SHA-256 of the JCS of {agent, server, tool, arguments, meta}.")
     call_class = models.CharField(max_length=30)
     reason = models.TextField(help_text="The policy's decision, in words.")
     why = models.JSONField(default=dict, blank=True, help_text="The server's own reason and remedy.")

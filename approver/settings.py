@@ -222,6 +222,8 @@ RECORDER_MAX_UPSTREAM_SESSIONS = env_int("RECORDER_MAX_UPSTREAM_SESSIONS", 256)
 # the step keeps the answer's size and SHA-256. A result over the inline size is kept in the run's record only.
 RECORDER_MAX_RESULT_BYTES = env_int("RECORDER_MAX_RESULT_BYTES", 32 * 1024 * 1024)
 RECORDER_INLINE_RESULT_BYTES = env_int("RECORDER_INLINE_RESULT_BYTES", 64 * 1024)
+# A run bundle or audit log over this many bytes is refused before it is parsed (`import_run`).
+RECORDER_IMPORT_MAX_BYTES = env_int("RECORDER_IMPORT_MAX_BYTES", 256 * 1024 * 1024)
 # The stdio tool server commands an admin may pick in the web admin (a command runs as the Recorder's user, so
 # none is ever typed there); `manage.py add_tool_server --command` is the other way in, from a shell.
 RECORDER_STDIO_COMMANDS = env_list("RECORDER_STDIO_COMMANDS", [])

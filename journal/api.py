@@ -22,6 +22,8 @@ def run_json(run: Run) -> dict:
         "agent": run.agent_name,
         "onBehalfOf": run.agent.on_behalf_of.get_username() if run.agent_id else None,
         "state": run.state,
+        # Where an imported run was recorded (null for this Recorder's own runs and ChronoMCP imports).
+        "importedFrom": run.imported_from or None,
         "startedAt": run.started_at.isoformat(),
         "lastActivityAt": run.last_activity_at.isoformat(),
         "steps": run.step_count,
@@ -120,7 +122,7 @@ def _schema() -> dict:
         "required": ["id", "agent", "state", "startedAt", "steps", "chain"],
         "properties": {
             "id": {"type": "string", "format": "uuid"}, "agent": string, "onBehalfOf": nullable_string,
-            "state": {"enum": ["active", "failed", "imported"]}, "startedAt": {"type": "string", "format": "date-time"},
+            "state": {"enum": ["active", "failed", "imported"]}, "importedFrom": nullable_string, "startedAt": {"type": "string", "format": "date-time"},
             "lastActivityAt": {"type": "string", "format": "date-time"}, "steps": integer, "reversible": integer,
             "irreversible": integer, "unknown": integer, "failed": integer,
             "chain": {"type": "object", "properties": {"headSeq": integer, "headHash": string, "checkpointedSeq": integer}},

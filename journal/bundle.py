@@ -9,14 +9,15 @@
 """
 
 import hashlib
-import json
+import re
 from datetime import datetime
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import rfc8785
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from . import chain
+from . import chain, strict_json
 from .errors import Refused
 
 BUNDLE_FORMAT = "agent-undo/run-bundle@1"
@@ -26,6 +27,23 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+# The one timestamp form of the chain (chain.format_ts).
+_CHAIN_TS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
+
+
+def aware_moment(text: str | None) -> datetime | None:
+    """An ISO 8601 moment with its offset, or ValueError naming what is wrong."""
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text[:60]!r} is not an ISO 8601 date and time") from None
+    if moment.tzinfo is None:
+        raise ValueError(f"{text[:60]!r} has no UTC offset")
+    return moment
+
+
 class WireEntry(_Wire):
     seq: int = Field(ge=1)
     ts: str = Field(max_length=40)
@@ -33,6 +51,18 @@ class WireEntry(_Wire):
     data: Any
     prevHash: str = Field(max_length=64)
     hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("ts")
+    @classmethod
+    def _ts(cls, value: str) -> str:
+        if not _CHAIN_TS.match(value):
+            raise ValueError(f"{value[:40]!r} is not a chain timestamp (YYYY-MM-DDTHH:MM:SS.ffffffZ)")
+        aware_moment(value.replace("Z", "+00:00"))
+        return value
+
+    @property
+    def moment(self) -> datetime:
+        return datetime.fromisoformat(self.ts.replace("Z", "+00:00"))
 
 
 class WireCheckpoint(_Wire):
@@ -47,16 +77,40 @@ class WireKey(_Wire):
     keyId: str = Field(max_length=40)
     alg: Literal["Ed25519"]
     publicKey: str = Field(max_length=100)
-    validFrom: str
-    validUntil: str | None = None
+    validFrom: str = Field(max_length=40)
+    validUntil: str | None = Field(None, max_length=40)
+
+    @field_validator("validFrom", "validUntil")
+    @classmethod
+    def _moment(cls, value: str | None) -> str | None:
+        aware_moment(value)
+        return value
+
+    @property
+    def window(self) -> tuple[datetime, datetime | None]:
+        return aware_moment(self.validFrom), aware_moment(self.validUntil)
 
 
 class WireRun(_Wire):
     id: str = Field(max_length=64)
     agent: str = Field(max_length=200)
     onBehalfOf: str | None = Field(None, max_length=200)
-    startedAt: str
-    recorder: str = Field(max_length=500)
+    startedAt: str = Field(max_length=40)
+    recorder: str = Field(max_length=200)
+
+    @field_validator("startedAt")
+    @classmethod
+    def _started(cls, value: str) -> str:
+        aware_moment(value)
+        return value
+
+    @field_validator("recorder")
+    @classmethod
+    def _recorder(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc or any(ord(c) < 33 for c in value):
+            raise ValueError(f"{value[:80]!r} is not the URL of a Recorder (http or https)")
+        return value
 
 
 class Bundle(_Wire):
@@ -80,11 +134,16 @@ def describe_validation(error: ValidationError, *, line: int | None = None) -> s
     return f"{where}{location}: {first['msg']}{more}"
 
 
-def parse_bundle(text: str) -> Bundle:
+# A bundle wraps each tool call's arguments and result a few levels down (entries, entry, data, result).
+BUNDLE_MAX_DEPTH = strict_json.MAX_DEPTH + 8
+
+
+def parse_bundle(text: str, *, max_bytes: int) -> Bundle:
+    """A bundle's wire form, read strictly: bounded in size and depth before parsing, no key named twice."""
     try:
-        raw = json.loads(text)
-    except ValueError as exc:
-        raise ImportRefused(f"not JSON: {exc}") from None
+        raw = strict_json.loads(text, max_bytes=max_bytes, max_depth=BUNDLE_MAX_DEPTH, what="the bundle")
+    except strict_json.JsonRefused as exc:
+        raise ImportRefused(str(exc)) from None
     try:
         return Bundle.model_validate(raw)
     except ValidationError as exc:
@@ -141,9 +200,9 @@ def parse_chronomcp_log(text: str) -> list[tuple[dict[str, Any], ChronoEntry]]:
         raise ImportRefused("the audit log is empty")
     for number, line in enumerate(lines, start=1):
         try:
-            raw = json.loads(line)
-        except ValueError as exc:
-            raise ImportRefused(f"line {number}: not JSON ({exc})") from None
+            raw = strict_json.loads(line, max_bytes=len(line) * 4, max_depth=BUNDLE_MAX_DEPTH, what="the line")
+        except strict_json.JsonRefused as exc:
+            raise ImportRefused(f"line {number}: {exc}") from None
         if not isinstance(raw, dict):
             raise ImportRefused(f"line {number}: not a JSON object")
         try:
@@ -189,11 +248,14 @@ def step_fields(entries: list[dict[str, Any]], *, started_at: datetime) -> list[
         at = parse_ts(entry["ts"], started_at)
         if entry["event"] == "call" and number not in steps:
             arguments = data.get("arguments")
+            policy = data.get("policy") if isinstance(data.get("policy"), dict) else {}
             steps[number] = {
                 "number": number, "server_name": str(data.get("server", ""))[:60],
                 "tool": str(data.get("tool", ""))[:200], "arguments": arguments if isinstance(arguments, dict) else {},
-                "started_at": at,
+                "started_at": at, "status": "held" if policy.get("decision") == "ask" else "pending",
             }
+        elif entry["event"] == "released" and number in steps and steps[number]["status"] == "held":
+            steps[number]["status"] = "pending"
         elif entry["event"] == "result" and number in steps:
             undo = data.get("undo") if isinstance(data.get("undo"), dict) else {}
             effect = data.get("effect") if isinstance(data.get("effect"), dict) else {}

@@ -48,3 +48,41 @@ def canonical_bytes(value: Any) -> bytes:
 
 def sha256_hex(value: Any) -> str:
     return hashlib.sha256(canonical_bytes(value)).hexdigest()
+
+
+def ijson_problem(value: Any) -> str | None:
+    """Where and why `value` is not I-JSON (RFC 7493), so that canonicalising it would change it, or None.
+
+    A call whose arguments the Recorder would journal (and an approver would sign) in another form than the
+    server receives must not be sent: a big integer becomes a string in the record but stays a number on the
+    wire, a lone surrogate becomes U+FFFD. Walks with its own stack, so any depth is safe."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, bool) or item is None:
+            continue
+        if isinstance(item, int):
+            if not -_MAX_SAFE_INT <= item <= _MAX_SAFE_INT:
+                return (f"at {where or '/'}: {str(item)[:40]} is an integer beyond ±(2**53 - 1), which JSON numbers "
+                        "do not carry exactly (send it as a string)")
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return f"at {where or '/'}: {item} is not a JSON number (NaN and infinities are not JSON)"
+        elif isinstance(item, str):
+            if _has_surrogate(item):
+                return f"at {where or '/'}: the text has a lone UTF-16 surrogate, which is not Unicode text"
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str) or _has_surrogate(key):
+                    return f"at {where or '/'}: a key has a lone UTF-16 surrogate, which is not Unicode text"
+                stack.append((f"{where}/{_pointer_token(key)}", child))
+        elif isinstance(item, list | tuple):
+            stack.extend((f"{where}/{index}", child) for index, child in enumerate(item))
+        else:
+            return f"at {where or '/'}: a {type(item).__name__} is not JSON"
+    return None
+
+
+def _pointer_token(key: str) -> str:
+    """A key as a JSON Pointer (RFC 6901) reference token, shortened for a message."""
+    return key.replace("~", "~0").replace("/", "~1")[:60]

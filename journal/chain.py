@@ -19,6 +19,13 @@ from .canonical import canonical_bytes, sha256_hex, to_ijson
 
 GENESIS = "GENESIS"
 FIRST_SEQ = 1
+# The first entry of every run: who ran it, for whom, when, and which Recorder kept it, so a signature over
+# the chain covers them too (a bundle's run header must equal it).
+HEADER_EVENT = "run"
+
+
+def header(*, run: str, agent: str, on_behalf_of: str | None, started_at: str, recorder: str) -> dict[str, Any]:
+    return {"id": run, "agent": agent, "onBehalfOf": on_behalf_of, "startedAt": started_at, "recorder": recorder}
 
 
 def format_ts(moment: datetime) -> str:

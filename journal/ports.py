@@ -53,15 +53,17 @@ class PolicyGate(Protocol):
         """The decision as the run record keeps it (`{"decision": "allow"|"ask"|"deny", ...}`; an `ask`
         carries `hold`: who approves, how many, `askTimeout`), or None when nothing governs calls."""
 
-    def hold(self, *, agent: Any, server: Any, tool: str, arguments: dict[str, Any], decision: dict[str, Any],
-             run_id: int, step_id: int, now: datetime) -> HeldCall:
-        """The request this held call waits on (an identical call already waiting shares it)."""
+    def hold(self, *, agent: Any, server: Any, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None,
+             decision: dict[str, Any], run_id: int, step_id: int, now: datetime) -> HeldCall:
+        """The request this held call waits on (an identical call, same arguments and `_meta`, already waiting
+        shares it)."""
 
     def state(self, held_id: int) -> HeldCallState | None:
         """Where the request stands now: one cheap read, polled while the agent waits."""
 
     def claim(self, *, held_id: int, step_id: int) -> bool:
-        """Use an approval for this one call; False if it is not (or no longer) approved."""
+        """Use an approval for this one call; False if it is not (or no longer) approved: each approval is
+        checked again first (passkey not revoked, approver still active and in the role)."""
 
 
 class AllowEverything:

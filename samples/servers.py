@@ -187,12 +187,16 @@ class Mail(HatpServer):
         return {"send_email": self.send_email}
 
     async def send_email(self, arguments):
+        key = (arguments.get("__meta") or {}).get("idempotencyKey")  # a call sent again with it sends nothing
+        return self.once(key, lambda: self._send(arguments, key))
+
+    def _send(self, arguments, key: str | None):
         message_id = "M-" + secrets.token_hex(4)
         summary = f"Emailed '{arguments['subject']}' to {arguments['to']}"
         journal = self.sign({"undo": dict(self.undo),
                              "effect": {"summary": summary, "resource": f"mail://acme/message/{message_id}"}})
         self.store.record({"op": "send_email", "message": message_id, "to": arguments["to"],
-                           "subject": arguments["subject"]})
+                           "subject": arguments["subject"], "idempotencyKey": key})
         self.store.save()
         return text_result(summary, structured={"messageId": message_id}, meta={"hatp/journal": journal})
 

@@ -19,7 +19,6 @@ from journal import declarations
 from journal import services as journal_services
 from journal.errors import Refused
 from journal.mcp.client import ToolServerError, Upstreams, endpoint_of
-from journal.models import Run
 
 from .. import answers, execution, passkeys, planning, signing
 from ..authority import counting_approvals
@@ -177,9 +176,8 @@ def _compensation_run(plan: Plan) -> int:
         locked = Plan.objects.select_for_update().get(pk=plan.pk)
         if locked.compensation_run_id is None:
             now = timezone.now()
-            locked.compensation_run = Run.objects.create(
-                agent=None, started_at=now, last_activity_at=now,
-                agent_label=f"Undo of {plan.run.agent_name} (plan {str(plan.public_id)[:8]})")
+            locked.compensation_run = journal_services.open_run(
+                agent=None, key="", now=now, label=f"Undo of {plan.run.agent_name} (plan {str(plan.public_id)[:8]})")
             locked.save(update_fields=["compensation_run"])
     plan.compensation_run_id = locked.compensation_run_id
     return plan.compensation_run_id

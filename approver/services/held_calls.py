@@ -16,15 +16,19 @@ from journal import ports, roles
 from journal import services as journal_services
 from journal.canonical import canonical_bytes
 
+from .. import authority
 from ..models import ActionRequest, ApprovalRules
 from ..policy_book import PolicyBook, decide_call
 from . import bell
 
 
-def action_digest(*, agent: str, server: str, tool: str, arguments: Any) -> str:
-    """What an approval of a held call binds: the agent, the server, the tool and the exact arguments."""
-    return hashlib.sha256(canonical_bytes({"agent": agent, "server": server, "tool": tool,
-                                           "arguments": arguments})).hexdigest()
+def action_digest(*, agent: str, server: str, tool: str, arguments: Any, meta: Any = None) -> str:
+    """What an approval of a held call binds: the agent, the server, the tool, and the exact arguments and
+    `_meta` that are sent (a call with no `_meta` is digested without the key)."""
+    content = {"agent": agent, "server": server, "tool": tool, "arguments": arguments}
+    if meta is not None:
+        content["meta"] = meta
+    return hashlib.sha256(canonical_bytes(content)).hexdigest()
 
 
 def action_url(action: ActionRequest) -> str:
@@ -32,11 +36,12 @@ def action_url(action: ActionRequest) -> str:
 
 
 def request_for_held_call(*, agent, server, tool: str, arguments: dict[str, Any], decision: dict[str, Any],
-                          run_id: int, step_id: int, now: datetime | None = None) -> ActionRequest:
+                          run_id: int, step_id: int, now: datetime | None = None,
+                          meta: dict[str, Any] | None = None) -> ActionRequest:
     """The action request a held call waits on: the open one for the same exact call (so an agent that asks
     again does not pile up requests), or a new one, which approvers are told of."""
     now = now or timezone.now()
-    digest = action_digest(agent=agent.name, server=server.name, tool=tool, arguments=arguments)
+    digest = action_digest(agent=agent.name, server=server.name, tool=tool, arguments=arguments, meta=meta)
     with transaction.atomic():
         existing = (ActionRequest.objects.select_for_update()
                     .filter(digest=digest, state__in=[ActionRequest.State.PENDING, ActionRequest.State.APPROVED],
@@ -46,7 +51,7 @@ def request_for_held_call(*, agent, server, tool: str, arguments: dict[str, Any]
         hold = decision.get("hold") or {}
         chosen = decision.get("policy") or {}
         action = ActionRequest.objects.create(
-            agent=agent, run_id=run_id, step_id=step_id, server=server, tool=tool, arguments=arguments,
+            agent=agent, run_id=run_id, step_id=step_id, server=server, tool=tool, arguments=arguments, meta=meta,
             digest=digest, call_class=decision.get("class", "unknown"), reason=decision.get("reason", ""),
             why=hold.get("why") or {}, policy_id=chosen.get("id") or None, policy_name=chosen.get("name") or "",
             approver_group=hold.get("approverGroup") or roles.APPROVER, quorum=hold.get("quorum") or 1,
@@ -66,10 +71,29 @@ def held_call_state(action_id: int) -> tuple[str, str, str, datetime] | None:
 
 
 def claim_approved_action(*, action_id: int, step_id: int, now: datetime | None = None) -> bool:
-    """Let one call through on an approval: approved becomes used, once (a conditional update)."""
+    """Let one call through on an approval: approved becomes used, once (a conditional update). Its
+    approvals are checked again first, as a plan's are before it runs: one whose passkey was revoked, or whose
+    approver left the role or was deactivated, no longer counts, and a request short of its quorum is pending
+    again (the call keeps waiting, and the approvers are asked anew)."""
     now = now or timezone.now()
-    return bool(ActionRequest.objects.filter(pk=action_id, state=ActionRequest.State.APPROVED, expires_at__gt=now)
-                .update(state=ActionRequest.State.USED, used_at=now, used_step_id=step_id))
+    with transaction.atomic():
+        action = (ActionRequest.objects.select_for_update().select_related("agent")
+                  .filter(pk=action_id, state=ActionRequest.State.APPROVED, expires_at__gt=now).first())
+        if action is None:
+            return False
+        counted = authority.counting_action_approvals(action=action)
+        if len(counted) < action.quorum:
+            ActionRequest.objects.filter(pk=action.pk).update(
+                state=ActionRequest.State.PENDING, decided_at=None, decided_by="", notified=False)
+            if action.run_id:
+                journal_services.record_event(run_id=action.run_id, event="action_lapsed", now=now, data={
+                    "action": str(action.public_id), "counting": sorted(a.approver.get_username() for a in counted),
+                    "quorum": action.quorum, "why": "an approval no longer counts (passkey revoked, or the approver "
+                                                    "lost the role or was deactivated)"})
+            bell.ring(bell.NOTIFY_ACTION_REQUESTED, action.pk)
+            return False
+        return bool(ActionRequest.objects.filter(pk=action_id, state=ActionRequest.State.APPROVED)
+                    .update(state=ActionRequest.State.USED, used_at=now, used_step_id=step_id))
 
 
 def expire_held_calls(*, now: datetime | None = None) -> int:
@@ -101,9 +125,9 @@ class HeldCallGate:
         return decide_call(agent_name=agent_name, server_name=server_name, tool=tool, declaration=declaration,
                            book=self.book)
 
-    def hold(self, *, agent, server, tool: str, arguments: dict[str, Any], decision: dict[str, Any], run_id: int,
-             step_id: int, now: datetime) -> ports.HeldCall:
-        action = request_for_held_call(agent=agent, server=server, tool=tool, arguments=arguments,
+    def hold(self, *, agent, server, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None,
+             decision: dict[str, Any], run_id: int, step_id: int, now: datetime) -> ports.HeldCall:
+        action = request_for_held_call(agent=agent, server=server, tool=tool, arguments=arguments, meta=meta,
                                        decision=decision, run_id=run_id, step_id=step_id, now=now)
         return ports.HeldCall(id=action.pk, public_id=str(action.public_id), url=action_url(action))
 

@@ -79,6 +79,9 @@ def request_plan(*, run: Run, requested_by, reason: str = "", from_step: int | N
     checks. Refused (PlanRefused) when the selection is empty or unknown, or when a step in it is already
     in an open plan."""
     now = now or timezone.now()
+    if run.state == Run.State.IMPORTED:
+        raise PlanRefused(f"This run was imported{' from ' + run.imported_from if run.imported_from else ''}: its "
+                          "record is kept here as it came, and its actions are undone where they ran.")
     if (from_step is None) == (not steps):
         raise PlanRefused("Say where to undo from (a step number), or which steps to undo.")
     facts = step_facts(run)

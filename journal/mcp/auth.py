@@ -2,14 +2,16 @@
 host this deployment answers for. The token is an agent's own `agt_…` token (headless agents), or an OAuth
 access token a person authorised a client to use as one of their agents (`journal.services.clients`)."""
 
+import json
+import re
 import time
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from mcp.server.transport_security import TransportSecuritySettings
+from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
 from starlette.responses import JSONResponse
 
-from .. import services
+from .. import services, strict_json
 from ..models import Agent
 from ..services import clients
 
@@ -61,12 +63,52 @@ class BearerAgent:
         if agent is None:
             return await _challenge(scope, problem)(scope, receive, send)
         scope.setdefault("state", {})["agent"] = agent
+        if scope["method"] == "POST":
+            receive, refusal = await _within_depth(receive)
+            if refusal is not None:
+                return await refusal(scope, receive, send)
         if self.fast_calls is not None and await self.fast_calls.handle(agent, scope, receive, send):
             return
         await self.app(scope, receive, send)
         session_id = dict(scope.get("headers") or []).get(b"mcp-session-id")
         if scope["method"] == "DELETE" and session_id and self.on_session_end is not None:
             self.on_session_end(agent, session_id.decode("latin-1"))
+
+
+_LEADING_ID = re.compile(rb'^\s*\{\s*"jsonrpc"\s*:\s*"2\.0"\s*,\s*"id"\s*:\s*(-?\d{1,15}|"[^"\\]{0,200}")')
+
+
+async def _within_depth(receive):
+    """Read the request's body (up to the SDK's own limit, which then refuses a longer one) and refuse JSON
+    nested deeper than the Recorder keeps (`strict_json.MESSAGE_MAX_DEPTH`) before anything parses it: a
+    parser recurses once per level. Returns the receive that replays the body, and a refusal or None."""
+    chunks, size, more = [], 0, True
+    while more and size <= DEFAULT_MAX_REQUEST_BODY_SIZE:
+        message = await receive()
+        if message["type"] != "http.request":
+            chunks.append(message)
+            break
+        chunks.append(message)
+        size += len(message.get("body", b""))
+        more = message.get("more_body", False)
+    replay = iter(chunks)
+
+    async def replayed():
+        return next(replay, None) or await receive()
+
+    if size > DEFAULT_MAX_REQUEST_BODY_SIZE:
+        return replayed, None
+    body = b"".join(m.get("body", b"") for m in chunks if m["type"] == "http.request")
+    depth = strict_json.deeper_than(body, strict_json.MESSAGE_MAX_DEPTH)
+    if depth is None:
+        return replayed, None
+    found = _LEADING_ID.match(body[:300])
+    request_id = json.loads(found.group(1)) if found else None
+    error = {"code": -32600, "message": (
+        f"The request nests {depth} levels deep; the Recorder reads at most {strict_json.MESSAGE_MAX_DEPTH} "
+        f"(arguments and _meta at most {strict_json.MAX_DEPTH}). Nothing was journaled or sent.")}
+    return replayed, JSONResponse({"jsonrpc": "2.0", "id": request_id, "error": error},
+                                  status_code=200 if request_id is not None else 400)
 
 
 def _recorder_url(scope) -> str:

@@ -19,6 +19,8 @@ from typing import Any
 import httpx2 as httpx
 from mcp import MCPError
 
+from .. import strict_json
+
 CHUNK = 1 << 16
 TOKEN_KEY = "oversizedAnswer"
 _BOUNDARIES = (b"\r\n\r\n", b"\n\n", b"\r\r")  # the blank line that ends a server-sent event
@@ -27,11 +29,25 @@ _KEPT_TOKENS = 256
 
 @dataclass(frozen=True)
 class Oversized:
-    """An answer over `limit` bytes: `size` and `sha256` of the bytes the server sent."""
+    """An answer over `limit` bytes, or (`depth`) nested deeper than MESSAGE_MAX_DEPTH: `size` and `sha256`
+    of the bytes the server sent."""
 
     size: int
     sha256: str
     limit: int
+    depth: int = 0
+
+    def __str__(self) -> str:
+        if self.depth:
+            return f"JSON nested {self.depth} levels deep, over the limit of {strict_json.MESSAGE_MAX_DEPTH}"
+        return f"{self.size} bytes, over the limit of {self.limit}"
+
+
+def too_deep(data: bytes | bytearray, limit: int) -> "Oversized | None":
+    """What an answer within the size limit was, when it nests deeper than any value the Recorder keeps
+    (parsing it would exhaust Python's stack in the SDK, the journal or the agent's client)."""
+    depth = strict_json.deeper_than(data, strict_json.MESSAGE_MAX_DEPTH)
+    return None if depth is None else Oversized(len(data), hashlib.sha256(data).hexdigest(), limit, depth)
 
 
 class _Measure:
@@ -61,7 +77,7 @@ async def read_bounded(chunks, limit: int) -> bytes | Oversized:
     measure = _Measure(limit)
     async for chunk in chunks:
         measure.add(chunk)
-    return measure.oversized() if measure.over else bytes(measure.kept)
+    return measure.oversized() if measure.over else (too_deep(measure.kept, limit) or bytes(measure.kept))
 
 
 async def events_bounded(chunks, limit: int):
@@ -84,7 +100,7 @@ async def events_bounded(chunks, limit: int):
             measure, tail, chunk = None, b"", window[end:]
         pending += chunk
         while (end := next_boundary(pending)) >= 0:
-            yield bytes(pending[:end])
+            yield too_deep(pending[:end], limit) or bytes(pending[:end])
             del pending[:end]
         if len(pending) > limit:
             measure = _Measure(limit)
@@ -94,7 +110,7 @@ async def events_bounded(chunks, limit: int):
     if measure is not None:
         yield measure.oversized()
     elif pending:
-        yield bytes(pending)
+        yield too_deep(pending, limit) or bytes(pending)
 
 
 def _request_id(request: httpx.Request) -> Any:
@@ -143,7 +159,7 @@ class Tokens:
         while len(self._replaced) > _KEPT_TOKENS:
             self._replaced.popitem(last=False)
         message = replaced.message("The server") if isinstance(replaced, Redirected) else \
-            f"The answer was {replaced.size} bytes, over the limit of {self.limit}"
+            f"The answer was {replaced}"
         return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {
             "code": -32603, "message": message, "data": {TOKEN_KEY: token}}}).encode()
 

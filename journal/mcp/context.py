@@ -55,6 +55,34 @@ def forwarded_meta(meta: Any) -> dict[str, Any] | None:
     return {k: v for k, v in kept.items() if k not in _PROGRESS_TOKEN_KEYS} or None
 
 
+# The keys of `_meta["hatp/journal"]` that are the Recorder's own on a held call: which run it joins is
+# decided before it is held, and its idempotency key is the approval's (`held_call_meta`).
+IDEMPOTENCY_KEY = "idempotencyKey"
+_RECORDER_KEYS = (RUN_ID_KEY, IDEMPOTENCY_KEY)
+
+
+def held_call_meta(meta: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What of an agent's `_meta` goes out with a held call, and is covered by its approval: all of it but
+    the Recorder's own `hatp/journal` keys."""
+    if not meta:
+        return None
+    journal = meta.get(declarations.HATP_KEY)
+    if not isinstance(journal, dict):
+        return meta
+    kept = {k: v for k, v in journal.items() if k not in _RECORDER_KEYS}
+    rest = {k: v for k, v in meta.items() if k != declarations.HATP_KEY}
+    return ({**rest, declarations.HATP_KEY: kept} if kept else rest) or None
+
+
+def approved_meta(meta: dict[str, Any] | None, approval: str) -> dict[str, Any]:
+    """A held call's `_meta` as it is sent once approved: as approved, with the approval's own idempotency
+    key, so a server that honours one never acts twice on one approval."""
+    meta = dict(meta or {})
+    journal = meta.get(declarations.HATP_KEY)
+    meta[declarations.HATP_KEY] = {**(journal if isinstance(journal, dict) else {}), IDEMPOTENCY_KEY: approval}
+    return meta
+
+
 def recorder_error(code: int, message: str, *, reason: str) -> MCPError:
     """A JSON-RPC error of the Recorder's own: its `data` says so, which an upstream's error (relayed exactly
     as the server sent it) never does."""

@@ -9,6 +9,8 @@ import httpx2 as httpx  # the HTTP library the mcp SDK itself uses
 from mcp import MCPError
 from pydantic import ValidationError
 
+from .. import strict_json
+
 
 class ToolServerError(Exception):
     """A call that did not produce a tool result.
@@ -34,10 +36,14 @@ class ToolServerError(Exception):
 def too_large(server: str, oversized) -> ToolServerError:
     """The server answered, with more than the Recorder relays: it acted, and what it sent is known only by
     its size and digest."""
-    return ToolServerError(
-        f"{server} answered with {oversized.size} bytes, over the Recorder's limit of {oversized.limit} bytes "
-        f"(RECORDER_MAX_RESULT_BYTES), so its answer was not relayed (SHA-256 {oversized.sha256})",
-        failure_class="unknown", may_have_acted=True, oversized=oversized)
+    if oversized.depth:
+        what = (f"{oversized.size} bytes of JSON nested {oversized.depth} levels deep, deeper than the Recorder's "
+                f"limit of {strict_json.MESSAGE_MAX_DEPTH}")
+    else:
+        what = (f"{oversized.size} bytes, over the Recorder's limit of {oversized.limit} bytes "
+                "(RECORDER_MAX_RESULT_BYTES)")
+    return ToolServerError(f"{server} answered with {what}, so its answer was not relayed (SHA-256 {oversized.sha256})",
+                           failure_class="unknown", may_have_acted=True, oversized=oversized)
 
 
 # JSON-RPC codes from the MCP spec and JSON-RPC 2.0.

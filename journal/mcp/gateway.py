@@ -35,6 +35,7 @@ from pydantic import ValidationError
 from starlette.applications import Starlette
 
 from .. import declarations, keys, ports, services
+from ..canonical import ijson_problem
 from ..models import Agent, ToolServer
 from . import bridge, versions
 from .asgi import AnswerAsJson
@@ -45,8 +46,10 @@ from .client import DEFAULT_MAX_ANSWER_BYTES, ToolServerError, Upstreams, endpoi
 from .context import (
     SEPARATOR,
     agent_of,
+    approved_meta,
     enabled_servers,
     forwarded_meta,
+    held_call_meta,
     owner_of,
     progress_token,
     recorder_error,
@@ -216,6 +219,12 @@ class Recorder:
             return await resumed  # the agent answers what the server asked in a call still in flight
         arguments = dict(arguments or {})
         kept_meta = forwarded_meta(meta)
+        # What is journaled, signed and approved is canonical JSON: a call that would not survive it unchanged
+        # is not sent, so the server always receives exactly what the record says.
+        for part, value in (("arguments", arguments), ("_meta", kept_meta)):
+            if (problem := ijson_problem(value)) is not None:
+                return tool_error(f"Not sent: the call's {part} are not I-JSON (RFC 7493) {problem}. Nothing was "
+                                  f"journaled or sent to {server_name}."), None
         started = timezone.now()
         opened = await self.journal.run(
             _begin, servers=self.journal.servers, agent=agent, server_name=server_name, tool=tool,
@@ -229,7 +238,7 @@ class Recorder:
             await self.journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now())
             return tool_error(message), None
         if decision == "ask":
-            refusal = await self._hold(agent, opened, arguments, progress)
+            refusal, kept_meta = await self._hold(agent, opened, progress)
             if refusal is not None:
                 return tool_error(refusal), None
         work = self._complete(opened, started, owner=owner, session=session, tool=tool, arguments=arguments,
@@ -314,14 +323,16 @@ class Recorder:
                 return result
         return result
 
-    async def _hold(self, agent: Agent, opened: services.OpenedStep, arguments: dict, progress) -> str | None:
-        """Wait for approvers to decide on a held call, up to the policy's time. Returns None once the call
-        is approved and released (an approval lets exactly one call through), else what to tell the agent.
-        Waiting reads the request's state (not on the journal thread: reads never queue behind writes)."""
+    async def _hold(self, agent: Agent, opened: services.OpenedStep, progress) -> tuple[str | None, dict | None]:
+        """Wait for approvers to decide on a held call, up to the policy's time. Returns (None, the `_meta`
+        to send) once the call is approved and released (an approval lets exactly one call through, with the
+        arguments and `_meta` it covers), else (what to tell the agent, None). Waiting reads the request's
+        state (not on the journal thread: reads never queue behind writes)."""
         gate = ports.gate()
         hold = opened.policy.get("hold") or {}
+        meta = held_call_meta(opened.request_meta)
         held = await self.journal.run(
-            gate.hold, agent=agent, server=opened.server, tool=opened.tool, arguments=opened.arguments,
+            gate.hold, agent=agent, server=opened.server, tool=opened.tool, arguments=opened.arguments, meta=meta,
             decision=opened.policy, run_id=opened.run_id, step_id=opened.step_id, now=timezone.now())
         url = held.url
         read = sync_to_async(lambda: gate.state(held.id))
@@ -333,9 +344,10 @@ class Recorder:
             waited = timeout - max(deadline - loop.time(), 0.0)
             if standing.state == ports.HeldState.APPROVED and await self.journal.run(
                     gate.claim, held_id=held.id, step_id=opened.step_id):
-                await self.journal.run(services.release_held_step, opened=opened, now=timezone.now(),
-                                       approval={"action": held.public_id, "approvedBy": standing.decided_by})
-                return None
+                sent = approved_meta(meta, f"held-call:{held.public_id}")
+                await self.journal.run(services.release_held_step, opened=opened, now=timezone.now(), approval={
+                    "action": held.public_id, "approvedBy": standing.decided_by, "meta": sent})
+                return None, sent
             if standing.state == ports.HeldState.DENIED:
                 message = f"Not done: {standing.decided_by} denied this call: “{standing.decision_reason}”. Nothing was sent."
             elif standing.state == ports.HeldState.USED:
@@ -352,7 +364,7 @@ class Recorder:
                 await asyncio.sleep(HOLD_POLL_SECONDS)
                 continue
             await self.journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now())
-            return message
+            return message, None
 
     async def _orphaned(self, outcome) -> None:
         """A 2026 agent was asked something in a call and never came back: the call's answer never reached it."""

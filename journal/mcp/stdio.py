@@ -21,7 +21,7 @@ import anyio.lowlevel
 from mcp.client import stdio as sdk_stdio
 from mcp.client.stdio import StdioServerParameters, get_default_environment
 
-from .bounded import CHUNK, Tokens, _Measure
+from .bounded import CHUNK, Tokens, _Measure, too_deep
 
 logger = logging.getLogger(__name__)
 
@@ -76,12 +76,15 @@ class _Lines:
         if self.measure is None:
             line = bytes(self.pending)
             self.pending.clear()
-            return line
-        oversized, self.measure = self.measure.oversized(), None
+            oversized = too_deep(line, self.limit)
+            if oversized is None:
+                return line
+            self.head, self.tail = line[:_EDGE], line[-_EDGE:]
+        else:
+            oversized, self.measure = self.measure.oversized(), None
         request_id = answered_id(self.head, self.tail)
         if request_id is None:
-            logger.warning("a stdio server wrote a line of %d bytes, over the limit of %d, answering no request "
-                           "it names; dropped", oversized.size, self.limit)
+            logger.warning("a stdio server wrote a line of %s, answering no request it names; dropped", oversized)
             return b""
         return self.tokens.replacement(request_id, oversized)
 

@@ -2,6 +2,7 @@
 or a ChronoMCP audit log (all or nothing, after verifying it)."""
 
 import uuid
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -9,10 +10,18 @@ from django.db import transaction
 from django.utils import timezone
 
 from .. import chain, keys, ports
-from ..bundle import ImportRefused, parse_bundle, parse_chronomcp_log, parse_ts, step_fields, verify_bundle
+from ..bundle import (
+    ImportRefused,
+    aware_moment,
+    parse_bundle,
+    parse_chronomcp_log,
+    parse_ts,
+    step_fields,
+    verify_bundle,
+)
 from ..canonical import to_ijson
 from ..models import ChainEntry, Checkpoint, RecorderKey, Run, Step
-from .record import append_entry, checkpoint_run, sign_checkpoint
+from .record import append_entry, checkpoint_run, open_run, sign_checkpoint
 from .steps import count
 
 
@@ -28,19 +37,23 @@ def verify_run(*, run: Run) -> chain.Verdict:
 
 
 def export_bundle(*, run: Run) -> dict[str, Any]:
-    """The run's record as a self-contained bundle; signs the head first so the whole chain is covered."""
+    """The run's record as a self-contained bundle; signs the head first so the whole chain is covered. The
+    run header is the chain's first entry (runs recorded before headers were signed have none: theirs is
+    rebuilt from the run, and another Recorder will refuse it)."""
     checkpoint_run(run=run)
     run.refresh_from_db()
     origin = run.imported_from if run.state == Run.State.IMPORTED else ""
+    first = run.entries.order_by("seq").first()
+    if first is not None and first.event == chain.HEADER_EVENT:
+        header = first.data
+    else:
+        header = chain.header(
+            run=str(run.public_id), agent=run.agent_name,
+            on_behalf_of=run.agent.on_behalf_of.get_username() if run.agent_id else None,
+            started_at=run.started_at.isoformat(), recorder=origin or settings.PUBLIC_URL)
     return {
         "format": "agent-undo/run-bundle@1",
-        "run": {
-            "id": str(run.public_id),
-            "agent": run.agent_name,
-            "onBehalfOf": run.agent.on_behalf_of.get_username() if run.agent_id else None,
-            "startedAt": run.started_at.isoformat(),
-            "recorder": origin or settings.PUBLIC_URL,
-        },
+        "run": header,
         "entries": [entry.as_wire() for entry in run.entries.order_by("seq")],
         "checkpoints": [checkpoint.as_wire() for checkpoint in run.checkpoints.order_by("seq").select_related("run")],
         "publicKeys": [key.as_wire() for key in RecorderKey.objects.filter(origin=origin)],
@@ -48,13 +61,29 @@ def export_bundle(*, run: Run) -> dict[str, Any]:
     }
 
 
+# How far a foreign Recorder's clock may run ahead of ours.
+CLOCK_SKEW = timedelta(minutes=5)
+
+
 def import_bundle(*, text: str) -> Run:
-    """Import another Recorder's bundle after verifying it; all or nothing."""
-    bundle = parse_bundle(text)
+    """Import another Recorder's bundle after verifying it; all or nothing.
+
+    The bundle is foreign: its keys are stored as its Recorder's (never this one's), and the first bundle
+    from a Recorder pins its keys, so a later bundle that brings another key for it is refused. The run
+    header must be the chain's first entry, which the signatures cover."""
+    bundle = parse_bundle(text, max_bytes=settings.RECORDER_IMPORT_MAX_BYTES)
     try:
         public_id = uuid.UUID(bundle.run.id)
     except ValueError:
         raise ImportRefused(f"run.id: {bundle.run.id!r} is not a UUID") from None
+    if Run.objects.filter(public_id=public_id).exists():
+        raise ImportRefused(f"run {public_id} is already here")
+    origin = bundle.run.recorder
+    if origin.rstrip("/") == settings.PUBLIC_URL.rstrip("/"):
+        raise ImportRefused(f"run.recorder: the bundle says it comes from this Recorder ({origin}); a run recorded "
+                            "here is here already, and this Recorder's keys are never taken from a file")
+    now = timezone.now()
+    _check_keys(bundle, now=now)
     verdict = verify_bundle(bundle)
     if not verdict.ok:
         raise ImportRefused(f"the record does not verify: {verdict}")
@@ -62,15 +91,28 @@ def import_bundle(*, text: str) -> Run:
         raise ImportRefused("the bundle has no signed checkpoint, so nothing vouches for its entries")
     if bundle.checkpoints[-1].seq != bundle.entries[-1].seq:
         raise ImportRefused(f"entries after seq {bundle.checkpoints[-1].seq} are not covered by a signed checkpoint")
-    if Run.objects.filter(public_id=public_id).exists():
-        raise ImportRefused(f"run {public_id} is already here")
-    origin = bundle.run.recorder
-    started = parse_ts(bundle.run.startedAt, timezone.now())
+    first = bundle.entries[0]
+    if first.event != chain.HEADER_EVENT:
+        raise ImportRefused(f"entry 1 is a {first.event!r} event, not the run header, so nothing signs who ran it "
+                            "and where (a run recorded before headers were signed cannot be imported)")
+    if first.data != bundle.run.model_dump():
+        different = sorted(k for k, v in bundle.run.model_dump().items()
+                           if not isinstance(first.data, dict) or first.data.get(k) != v)
+        raise ImportRefused(f"run: {', '.join(different) or 'the header'} differs from the signed header (entry 1)")
+    _check_dates(bundle, now=now)
+    pinned = {key.key_id: key for key in RecorderKey.objects.filter(origin=origin)}
+    if pinned:
+        for key in bundle.publicKeys:
+            if key.keyId not in pinned or pinned[key.keyId].public_key != key.publicKey:
+                raise ImportRefused(
+                    f"publicKeys: {key.keyId} is not a key of {origin}: that Recorder's keys were pinned when its "
+                    f"first run was imported ({', '.join(sorted(pinned))}), and a bundle cannot add or change them")
+    started = aware_moment(bundle.run.startedAt)
     entries = [entry.model_dump() for entry in bundle.entries]
     with transaction.atomic():
         run = Run.objects.create(
             public_id=public_id, state=Run.State.IMPORTED, imported_from=origin, agent_label=bundle.run.agent,
-            started_at=started, last_activity_at=started,
+            started_at=started, last_activity_at=bundle.entries[-1].moment,
             head_seq=entries[-1]["seq"], head_hash=entries[-1]["hash"], checkpointed_seq=bundle.checkpoints[-1].seq,
         )
         ChainEntry.objects.bulk_create([
@@ -81,21 +123,45 @@ def import_bundle(*, text: str) -> Run:
             Checkpoint(run=run, seq=c.seq, head_hash=c.headHash, key_id=c.keyId, signature=c.signature)
             for c in bundle.checkpoints
         ])
-        for key in bundle.publicKeys:
-            existing = RecorderKey.objects.filter(origin=origin, key_id=key.keyId).first()
-            if existing and existing.public_key != key.publicKey:
-                raise ImportRefused(f"publicKeys: {key.keyId} of {origin} differs from the key imported before")
-            if not existing:
-                RecorderKey.objects.create(
-                    origin=origin, key_id=key.keyId, public_key=key.publicKey,
-                    valid_from=parse_ts(key.validFrom, started),
-                    valid_until=parse_ts(key.validUntil, None) if key.validUntil else None,
-                )
+        if not pinned:
+            assert origin, "an imported key always names its Recorder"
+            RecorderKey.objects.bulk_create([
+                RecorderKey(origin=origin, key_id=key.keyId, public_key=key.publicKey, valid_from=key.window[0],
+                            valid_until=key.window[1]) for key in bundle.publicKeys])
         steps = [Step(run=run, **fields) for fields in step_fields(entries, started_at=run.started_at)]
         Step.objects.bulk_create(steps)
         _recount(run, steps)
         run.save()
     return run
+
+
+def _check_keys(bundle, *, now) -> None:
+    seen = set()
+    for key in bundle.publicKeys:
+        if key.keyId in seen:
+            raise ImportRefused(f"publicKeys: {key.keyId} is listed twice")
+        seen.add(key.keyId)
+        valid_from, valid_until = key.window
+        if valid_from > now + CLOCK_SKEW:
+            raise ImportRefused(f"publicKeys: {key.keyId} is valid only from {key.validFrom}, which has not come yet")
+        if valid_until is not None and valid_until < valid_from:
+            raise ImportRefused(f"publicKeys: {key.keyId} stops being valid ({key.validUntil}) before it starts "
+                                f"({key.validFrom})")
+
+
+def _check_dates(bundle, *, now) -> None:
+    """No entry from the future, and no checkpoint signed by a key retired before its entries were written."""
+    for entry in bundle.entries:
+        if entry.moment > now + CLOCK_SKEW:
+            raise ImportRefused(f"entry {entry.seq} is dated {entry.ts}, which has not come yet")
+    windows = {key.keyId: key.window for key in bundle.publicKeys}
+    by_seq = {entry.seq: entry for entry in bundle.entries}
+    for checkpoint in bundle.checkpoints:
+        valid_until = windows[checkpoint.keyId][1]
+        head = by_seq[checkpoint.seq]
+        if valid_until is not None and head.moment > valid_until + CLOCK_SKEW:
+            raise ImportRefused(f"checkpoint {checkpoint.seq} is signed by {checkpoint.keyId}, which was retired "
+                                f"({valid_until.isoformat()}) before entry {checkpoint.seq} was written ({head.ts})")
 
 
 def _recount(run: Run, steps: list[Step]) -> None:
@@ -108,6 +174,9 @@ def _recount(run: Run, steps: list[Step]) -> None:
 def import_chronomcp_log(*, text: str, source: str) -> Run:
     """Import a ChronoMCP audit log after verifying its own chain. Its entries are kept verbatim inside a
     new chain of ours (their hashes use JSON.stringify, ours JCS), which this Recorder then signs."""
+    if len(text) > settings.RECORDER_IMPORT_MAX_BYTES:
+        raise ImportRefused(f"the audit log is over {settings.RECORDER_IMPORT_MAX_BYTES} bytes "
+                            "(RECORDER_IMPORT_MAX_BYTES)")
     parsed = parse_chronomcp_log(text)
     key = f"chronomcp:{parsed[-1][1].hash}"
     if Run.objects.filter(key=key).exists():
@@ -115,9 +184,8 @@ def import_chronomcp_log(*, text: str, source: str) -> Run:
     now = timezone.now()
     first_ts = parse_ts(parsed[0][1].ts, now)
     with transaction.atomic():
-        run = Run.objects.create(state=Run.State.IMPORTED, imported_from="", agent_label="chronomcp",
-                                 key=key, started_at=first_ts,
-                                 last_activity_at=parse_ts(parsed[-1][1].ts, now))
+        # A chain of ours (this Recorder signs it) around theirs: open until the last entry is in.
+        run = open_run(agent=None, key=key, now=now, started_at=first_ts, label="chronomcp")
         append_entry(run=run, event="imported", now=now, data={
             "format": "chronomcp-audit-log", "source": source, "entries": len(parsed), "headHash": parsed[-1][1].hash})
         steps = []
@@ -133,8 +201,9 @@ def import_chronomcp_log(*, text: str, source: str) -> Run:
                     effect_summary=f"ChronoMCP {entry.kind}"[:500],
                 ))
         Step.objects.bulk_create(steps)
-        _recount(run, steps)
         sign_checkpoint(run=run, now=now)
+        _recount(run, steps)
+        run.last_activity_at = parse_ts(parsed[-1][1].ts, now)
         run.save()
     return run
 

@@ -11,7 +11,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from .. import chain, keys, sql
-from ..models import ChainEntry, Checkpoint, Run
+from ..errors import Refused
+from ..models import Agent, ChainEntry, Checkpoint, Run
+
+
+class ForeignRun(Refused):
+    """A write to an imported run's chain: it is another Recorder's signed record, kept as it came."""
 
 # The run columns a call reads and moves. They are integers and text, so the hot path reads them raw
 # (`sql.locked_row`) and writes back only these (`save_moving`), which keeps each transaction small.
@@ -33,13 +38,34 @@ def save_moving(run: Run, *, now: datetime | None) -> None:
     sql.update(Run, run.pk, values if now is None else {**values, "last_activity_at": now})
 
 
+def open_run(*, agent: Agent | None, key: str, now: datetime, label: str = "", started_at: datetime | None = None) -> Run:
+    """Create a run with its header as its first entry (inside the caller's transaction, so a run never
+    exists without it): the agent (or `label` for a run that is not an agent's), its person, the start and
+    this Recorder, all covered by the chain's signatures."""
+    started_at = started_at or now
+    run = Run.objects.create(agent=agent, key=key, started_at=started_at, last_activity_at=now, agent_label=label)
+    append_entry(run=run, event=chain.HEADER_EVENT, now=now, data=chain.header(
+        run=str(run.public_id), agent=agent.name if agent else label,
+        on_behalf_of=agent.on_behalf_of.get_username() if agent else None, started_at=chain.format_ts(started_at),
+        recorder=settings.PUBLIC_URL))
+    run.save(update_fields=["head_seq", "head_hash", "checkpointed_seq"])
+    return run
+
+
+def _refuse_if_foreign(run: Run) -> None:
+    if run.state == Run.State.IMPORTED:
+        raise ForeignRun(f"Run {run.pk} was imported: its record is kept as it came, and nothing here adds to it.")
+
+
 def append_entry(*, run: Run, event: str, data: Any, now: datetime) -> ChainEntry:
     """Append one event to a run's chain.
 
     The caller holds a transaction and the run's row lock (`locked_run`, or `select_for_update`): the lock
     serialises writers on one run across processes, and the unique (run, seq) constraint is the backstop if
-    anyone ever forgets it. The caller saves the run's head afterwards (`save_moving`).
+    anyone ever forgets it. The caller saves the run's head afterwards (`save_moving`). An imported run is
+    never written to (`ForeignRun`).
     """
+    _refuse_if_foreign(run)
     entry = chain.make_entry(
         seq=run.head_seq + 1, ts=chain.format_ts(now), event=event, data=data, prev_hash=run.head_hash
     )
@@ -55,6 +81,7 @@ def append_entry(*, run: Run, event: str, data: Any, now: datetime) -> ChainEntr
 
 def sign_checkpoint(*, run: Run, now: datetime) -> Checkpoint:
     """Sign the run's head as it is now (the caller holds the run's row lock and saves `checkpointed_seq`)."""
+    _refuse_if_foreign(run)
     key_id, private = keys.signing_key()
     payload = chain.checkpoint_payload(run=str(run.public_id), seq=run.head_seq, head_hash=run.head_hash)
     values = {"run_id": run.pk, "seq": run.head_seq, "head_hash": run.head_hash, "key_id": key_id,
@@ -69,7 +96,7 @@ def checkpoint_run(*, run: Run, now: datetime | None = None) -> Checkpoint | Non
     """Sign the run's current head, if anything was appended since the last checkpoint."""
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run.pk)
-        if run.head_seq == run.checkpointed_seq:
+        if run.head_seq == run.checkpointed_seq or run.state == Run.State.IMPORTED:
             return None
         checkpoint = sign_checkpoint(run=run, now=now or timezone.now())
         run.save(update_fields=["checkpointed_seq"])

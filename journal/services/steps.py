@@ -19,7 +19,7 @@ from django.utils import timezone
 from .. import chain, declarations, dependencies, outcomes, ports, sql
 from ..canonical import to_ijson
 from ..models import Agent, Run, RunValue, Step, StepDependency, ToolServer
-from .record import append_entry, locked_run, save_moving
+from .record import append_entry, locked_run, open_run, save_moving
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def _find_run(*, agent: Agent, key: str, now: datetime) -> Run:
         if run is None:
             try:
                 with transaction.atomic():
-                    created = Run.objects.create(agent=agent, key=key, started_at=now, last_activity_at=now)
+                    created = open_run(agent=agent, key=key, now=now)
             except IntegrityError:  # another Recorder process created it a moment ago
                 created = Run.objects.get(agent=agent, key=key)
             run = locked_run("id = %s", [created.pk])
@@ -68,7 +68,7 @@ def _find_run(*, agent: Agent, key: str, now: datetime) -> Run:
         [agent.pk, "", idle],
     )
     if run is None:
-        created = Run.objects.create(agent=agent, key="", started_at=now, last_activity_at=now)
+        created = open_run(agent=agent, key="", now=now)
         run = locked_run("id = %s", [created.pk])
     return run
 
@@ -361,11 +361,12 @@ def reconcile_stale_steps(*, older_than: datetime, now: datetime | None = None) 
     now = now or timezone.now()
     closed = 0
     held_before = older_than - timedelta(seconds=ports.MAX_HOLD_SECONDS)
-    for step in Step.objects.filter(status=Step.Status.HELD, started_at__lt=held_before).iterator():
+    local = Step.objects.exclude(run__state=Run.State.IMPORTED)  # an imported run's record is not ours to close
+    for step in local.filter(status=Step.Status.HELD, started_at__lt=held_before).iterator():
         opened = OpenedStep(step_id=step.pk, run_id=step.run_id, number=step.number)
         closed += refuse_step(opened=opened, now=now, message=(
             "The Recorder stopped while this call waited for approval; it was never forwarded."))
-    stale = Step.objects.filter(status=Step.Status.PENDING, started_at__lt=older_than).select_related("server")
+    stale = local.filter(status=Step.Status.PENDING, started_at__lt=older_than).select_related("server")
     for step in stale.iterator():
         opened = OpenedStep(
             step_id=step.pk, run_id=step.run_id, number=step.number, server=step.server, tool=step.tool,

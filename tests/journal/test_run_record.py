@@ -4,14 +4,18 @@ import json
 import re
 import subprocess
 import sys
+import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from journal import keys, services
 from journal.models import ChainEntry, Checkpoint, RecorderKey, Run, Step
 
+from .bundles import OTHER, foreign_bundle, new_key, resign
 from .factories import make_run
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -27,8 +31,8 @@ def agent(dana):
 @pytest.fixture
 def run(agent, settings):
     settings.RECORDER_CHECKPOINT_EVERY = 4
-    run = make_run(agent, steps=5)  # 10 entries, checkpoints at 4 and 8
-    services.checkpoint_run(run=run)  # and at 10
+    run = make_run(agent, steps=5)  # the header and 10 entries, checkpoints at 4 and 8
+    services.checkpoint_run(run=run)  # and at 11
     return run
 
 
@@ -47,23 +51,22 @@ def verify(run):
 def test_an_intact_run_verifies(run):
     code, output = verify(run)
     assert code == 0, output
-    assert "10 entries, 3 signed checkpoints" in output
+    assert "11 entries, 3 signed checkpoints" in output
 
 
-@pytest.mark.parametrize("seq", range(1, 11))
+@pytest.mark.parametrize("seq", range(1, 12))
 def test_changing_any_entry_is_found(run, seq):
     ChainEntry.objects.filter(run=run, seq=seq).update(data={"forged": True})
     code, output = verify(run)
     assert code == 1 and f"entry {seq}" in output
 
 
-@pytest.mark.parametrize("seq", range(1, 11))
+@pytest.mark.parametrize("seq", range(1, 12))
 def test_removing_any_entry_is_found(run, seq):
     ChainEntry.objects.filter(run=run, seq=seq).delete()
     code, output = verify(run)
     assert code == 1
-    expected = seq if seq < 10 else 10
-    assert f"entry {expected}" in output
+    assert f"entry {seq}" in output
 
 
 def test_inserting_an_entry_is_found(run):
@@ -145,7 +148,7 @@ def test_the_readme_verifier_accepts_an_exported_bundle(run, tmp_path):
     result = subprocess.run([sys.executable, readme_verifier(tmp_path), export(run, tmp_path)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert "OK: 10 entries" in result.stdout
+    assert "OK: 11 entries" in result.stdout
 
 
 @pytest.mark.parametrize("tamper", ["change", "remove", "cut", "checkpoint"])
@@ -168,18 +171,29 @@ def test_the_readme_verifier_refuses_a_tampered_bundle(run, tmp_path, tamper):
 # -- import ------------------------------------------------------------------------------------------------
 
 
-def test_a_bundle_from_another_recorder_imports_and_verifies(run, tmp_path):
-    path = export(run, tmp_path)
-    bundle = json.loads(path.read_text())
-    bundle["run"]["recorder"] = "https://undo.other.example"
-    Run.objects.all().delete()
-    RecorderKey.objects.all().delete()
+@pytest.fixture
+def foreign(agent, settings, tmp_path):
+    """A bundle of five calls recorded by another Recorder (https://undo.other.example)."""
+    settings.RECORDER_CHECKPOINT_EVERY = 4
+    return foreign_bundle(settings, tmp_path, lambda: make_run(agent, steps=5, run_key="run:elsewhere"))
+
+
+def write(tmp_path, bundle, name="bundle.json") -> Path:
+    path = tmp_path / name
     path.write_text(json.dumps(bundle))
-    call_command("import_run", str(path), stdout=open("/dev/null", "w"))
+    return path
+
+
+def test_a_bundle_from_another_recorder_imports_and_verifies(foreign, tmp_path):
+    call_command("import_run", str(write(tmp_path, foreign)), stdout=open("/dev/null", "w"))
     imported = Run.objects.get()
-    assert imported.state == "imported" and imported.imported_from == "https://undo.other.example"
+    assert imported.state == "imported" and imported.imported_from == OTHER
     assert imported.step_count == 5 and Step.objects.filter(run=imported).count() == 5
+    assert set(RecorderKey.objects.values_list("origin", flat=True)) == {OTHER}
     assert verify(imported)[0] == 0
+    again = services.export_bundle(run=imported)
+    assert again["run"] == foreign["run"] and again["run"]["recorder"] == OTHER
+    assert again["entries"] == foreign["entries"] and again["publicKeys"] == foreign["publicKeys"]
 
 
 def refuses(path, pattern):
@@ -202,16 +216,125 @@ def refuses(path, pattern):
         (lambda b: b["entries"].pop(), "not covered by a signed checkpoint|entries after"),
         (lambda b: b.update(checkpoints=[]), "no signed checkpoint"),
         (lambda b: b["run"].update(id="not-a-uuid"), "not a UUID|names another run"),
+        # The header is signed (finding 10): relabelling it, or giving it a date nobody can read, is refused.
+        (lambda b: b["run"].update(agent="mallory"), "agent differs from the signed header"),
+        (lambda b: b["run"].update(onBehalfOf="mallory"), "onBehalfOf differs from the signed header"),
+        (lambda b: b["run"].update(recorder="https://undo.third.example"), "recorder differs from the signed header"),
+        (lambda b: b["run"].update(startedAt="yesterday"), r"run\.startedAt.*not an ISO 8601"),
+        (lambda b: b["publicKeys"][0].update(validFrom="garbage"), r"publicKeys\.0\.validFrom.*not an ISO 8601"),
+        (lambda b: b["publicKeys"][0].update(validFrom="2026-11-01T00:00:00"), "has no UTC offset"),
+        (lambda b: b["entries"][3].update(ts="Tuesday"), r"entries\.3\.ts.*not a chain timestamp"),
+        (lambda b: b["run"].update(recorder=""), r"run\.recorder.*not the URL of a Recorder"),
     ],
 )
-def test_malformed_or_tampered_bundles_are_refused_whole(run, tmp_path, mutate, pattern):
-    path = export(run, tmp_path)
-    bundle = json.loads(path.read_text())
-    bundle["run"]["recorder"] = "https://undo.other.example"
-    Run.objects.all().delete()
-    mutate(bundle)
-    path.write_text(json.dumps(bundle))
-    refuses(path, pattern)
+def test_malformed_or_tampered_bundles_are_refused_whole(foreign, tmp_path, mutate, pattern):
+    mutate(foreign)
+    refuses(write(tmp_path, foreign), pattern)
+
+
+def test_a_duplicate_key_in_the_header_is_refused(foreign, tmp_path):
+    """Finding 10: `"agent": "mallory"` after the real one relabelled an imported run."""
+    text = json.dumps(foreign).replace('"agent": "sales-bot",', '"agent": "sales-bot", "agent": "mallory",', 1)
+    assert text.count('"mallory"') == 1
+    path = tmp_path / "bundle.json"
+    path.write_text(text)
+    refuses(path, "'agent' appears twice")
+
+
+def test_a_forged_bundle_cannot_plant_a_key_in_this_recorders_own_key_set(run, agent, tmp_path):
+    """Finding 1: a bundle re-signed with a fresh key (validFrom 2099, recorder "") imported, and its key
+    became one of this Recorder's: exports of local runs listed it and key rotation retired the real one."""
+    ours = set(RecorderKey.objects.values_list("key_id", "public_key"))
+    signing = keys.signing_key()[0]
+    genuine = services.export_bundle(run=run)
+    private, key = new_key(valid_from="2099-12-31T00:00:00+00:00")
+    as_local = resign(genuine, private, key, run_id=str(uuid.uuid4()), recorder="")
+    refuses(write(tmp_path, as_local), r"run\.recorder.*not the URL of a Recorder")
+    as_here = resign(genuine, private, key, run_id=str(uuid.uuid4()), recorder="http://localhost:8000")
+    refuses(write(tmp_path, as_here), "says it comes from this Recorder")
+    from_the_future = resign(genuine, private, key, run_id=str(uuid.uuid4()), recorder="https://evil.example")
+    refuses(write(tmp_path, from_the_future), "valid only from 2099-12-31.*has not come yet")
+
+    private, key = new_key()
+    foreign = resign(genuine, private, key, run_id=str(uuid.uuid4()), recorder="https://evil.example")
+    call_command("import_run", str(write(tmp_path, foreign)), stdout=open("/dev/null", "w"))
+    imported = Run.objects.get(public_id=foreign["run"]["id"])
+    assert imported.imported_from == "https://evil.example" and verify(imported)[0] == 0
+    assert set(RecorderKey.objects.filter(origin="").values_list("key_id", "public_key")) == ours
+    assert RecorderKey.objects.get(key_id=key["keyId"]).origin == "https://evil.example"
+    assert keys.signing_key()[0] == signing
+    assert [k["keyId"] for k in services.export_bundle(run=run)["publicKeys"]] == [signing]
+    assert services.export_bundle(run=imported)["run"]["recorder"] == "https://evil.example"
+    call_command("rotate_recorder_key", stdout=open("/dev/null", "w"))
+    assert RecorderKey.objects.get(key_id=key["keyId"]).valid_until is None  # not retired as if it were ours
+    assert RecorderKey.objects.get(key_id=signing).valid_until is not None
+    assert verify(run)[0] == 0
+
+
+def test_an_origin_is_pinned_to_the_keys_of_its_first_import(foreign, agent, settings, tmp_path):
+    call_command("import_run", str(write(tmp_path, foreign)), stdout=open("/dev/null", "w"))
+    private, key = new_key("rk-20261201-other000")
+    impostor = resign(foreign, private, key, run_id=str(uuid.uuid4()))
+    refuses(write(tmp_path, impostor), f"rk-20261201-other000 is not a key of {OTHER}.*pinned")
+    # The same Recorder's next run, signed by the pinned key, imports.
+    second = foreign_bundle(settings, tmp_path, lambda: make_run(agent, steps=1, run_key="run:second"))
+    assert second["publicKeys"] != foreign["publicKeys"]  # made from scratch: a new key for the same origin
+    refuses(write(tmp_path, second), "pinned")
+
+
+def test_a_checkpoint_signed_by_a_key_retired_before_its_entries_is_refused(foreign, tmp_path):
+    private, key = new_key("rk-20260101-retired0", valid_from="2026-01-01T00:00:00+00:00")
+    key["validUntil"] = "2026-06-01T00:00:00+00:00"  # the run's entries are from 2026-11-29
+    refuses(write(tmp_path, resign(foreign, private, key)), "retired .* before entry 4 was written")
+    key["validUntil"] = "2025-01-01T00:00:00+00:00"
+    refuses(write(tmp_path, resign(foreign, private, key)), "stops being valid .* before it starts")
+
+
+def test_an_entry_dated_in_the_future_is_refused(foreign, tmp_path):
+    private, key = new_key()
+    foreign["entries"][5]["ts"] = "2999-01-01T00:00:00.000000Z"
+    refuses(write(tmp_path, resign(foreign, private, key)), "entry 6 is dated 2999.*has not come yet")
+
+
+def test_nothing_local_writes_to_an_imported_run(agent, settings, tmp_path):
+    """Finding 2: an export taken while a call was held has a `call` with no `result`; the stale-step job
+    appended "Recorder stopped" to the imported copy, signed it here, and broke its verification."""
+
+    def held_at_export():
+        make_run(agent, steps=2, run_key="run:held")
+        services.open_step(agent=agent, run_key="run:held", server=None, server_name="crm", tool="update_deal",
+                           arguments={"deal_id": "D-9"}, request_meta=None, now=timezone.now(),
+                           decide=lambda declaration: {"decision": "ask", "reason": "irreversible"})
+        return agent.runs.get(key="run:held")
+
+    bundle = foreign_bundle(settings, tmp_path, held_at_export)
+    call_command("import_run", str(write(tmp_path, bundle)), stdout=open("/dev/null", "w"))
+    imported = Run.objects.get()
+    before = (imported.head_seq, imported.head_hash, imported.state, list(imported.steps.values_list("status")))
+    assert imported.steps.get(number=3).status == Step.Status.HELD
+    far_future = timezone.now() + timedelta(days=30)
+    assert services.reconcile_stale_steps(older_than=far_future, now=far_future) == 0
+    with pytest.raises(services.ForeignRun):
+        services.record_event(run_id=imported.pk, event="plan", data={}, now=timezone.now())
+    assert services.checkpoint_run(run=imported) is None
+    from approver.services import PlanRefused, request_plan
+    from tests.conftest import _persona
+
+    with pytest.raises(PlanRefused, match="imported from https://undo.other.example"):
+        request_plan(run=imported, requested_by=_persona("olga", "on-call"), reason="x", from_step=1)
+    imported.refresh_from_db()
+    assert (imported.head_seq, imported.head_hash, imported.state, list(imported.steps.values_list("status"))) == before
+    assert verify(imported)[0] == 0
+
+
+def test_a_bundle_nested_too_deep_or_too_large_is_refused_before_it_is_parsed(db, tmp_path, settings):
+    """Finding 9: a bundle nested 100,000 deep made `import_run` print a traceback."""
+    path = tmp_path / "deep.json"
+    path.write_text('{"format": "agent-undo/run-bundle@1", "run": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    refuses(path, "nests 100001 levels deep; the limit is 72")
+    settings.RECORDER_IMPORT_MAX_BYTES = 1000
+    path.write_text(json.dumps({"format": "agent-undo/run-bundle@1", "pad": "x" * 2000}))
+    refuses(path, "2048 bytes; the limit is 1000")
 
 
 def test_a_bundle_that_is_not_json_is_refused(db, tmp_path):
@@ -220,7 +343,12 @@ def test_a_bundle_that_is_not_json_is_refused(db, tmp_path):
     refuses(path, "not JSON|line 1")
 
 
-def test_the_same_bundle_twice_is_refused(run, tmp_path):
+def test_the_same_bundle_twice_is_refused(foreign, tmp_path):
+    call_command("import_run", str(write(tmp_path, foreign)), stdout=open("/dev/null", "w"))
+    refuses(write(tmp_path, foreign), "already here")
+
+
+def test_this_recorders_own_run_is_already_here(run, tmp_path):
     refuses(export(run, tmp_path), "already here")
 
 
@@ -232,7 +360,8 @@ def test_a_chronomcp_audit_log_imports_after_its_own_chain_verifies(db):
         "create_record", "create_record", "send_email", "delete_record"]
     assert run.unknown_count == 4
     assert verify(run)[0] == 0
-    assert run.entries.get(seq=3).data["entry"]["data"]["args"]["name"] == "Globex — kickoff ✓"
+    assert run.entries.get(seq=1).data["agent"] == "chronomcp" and run.entries.get(seq=2).event == "imported"
+    assert run.entries.get(seq=4).data["entry"]["data"]["args"]["name"] == "Globex — kickoff ✓"
 
 
 @pytest.mark.parametrize(

@@ -155,7 +155,7 @@ def test_verifying_a_run_from_its_page_with_and_without_htmx(client, agent, on_c
     client.force_login(on_call)
     url = reverse("journal:run_verify", args=[run.public_id])
     fragment = client.get(url, HTTP_HX_REQUEST="true").content.decode()
-    assert fragment.lstrip().startswith('<div id="verdict">') and "Record intact: 4 entries" in fragment
+    assert fragment.lstrip().startswith('<div id="verdict">') and "Record intact: 5 entries" in fragment
     ChainEntry.objects.filter(run=run, seq=2).update(data={"forged": True})
     page = client.get(url).content.decode()
     assert "<html" in page and "Record broken at entry 2" in page

@@ -1,9 +1,8 @@
-import json
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from journal import services
+from journal import services, strict_json
 from journal.bundle import ImportRefused
 
 
@@ -32,9 +31,11 @@ class Command(BaseCommand):
 
 
 def _looks_like_bundle(text: str) -> bool:
-    """A bundle is one JSON object with a "format"; a ChronoMCP log is one object per line."""
+    """A ChronoMCP log is one object per line, each with a "kind"; anything else is taken as a bundle, whose
+    reader says clearly what is wrong with it. Only the first line is read here, and strictly."""
+    first = next((line for line in text.split("\n") if line.strip()), "")
     try:
-        document = json.loads(text)
-    except ValueError:
-        return False
-    return isinstance(document, dict) and "format" in document
+        document = strict_json.loads(first, max_bytes=len(first) * 4 + 1)
+    except strict_json.JsonRefused:
+        return True
+    return not (isinstance(document, dict) and "kind" in document and "format" not in document)

@@ -215,7 +215,9 @@ def test_compensation_calls_are_journaled_as_a_run_linked_to_the_plan(approved, 
     undo_run = plan.compensation_run
     calls = list(undo_run.steps.order_by("number").values_list("server_name", "tool", "status"))
     assert calls == [("calendar", "hatp_compensate", "ok"), ("crm", "hatp_compensate", "ok")]
-    first_call = undo_run.entries.get(seq=1)
+    header = undo_run.entries.get(seq=1)
+    assert header.event == "run" and header.data["agent"].startswith("Undo of ") and header.data["onBehalfOf"] is None
+    first_call = undo_run.entries.get(seq=2)
     assert first_call.event == "call" and first_call.data["plan"] == str(plan.public_id)
     assert first_call.data["undoes"] == {"run": str(plan.run.public_id), "step": 3}
     assert first_call.data["arguments"]["idempotencyKey"] == plan.items.get(step__tool="create_event").idempotency_key

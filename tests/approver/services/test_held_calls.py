@@ -399,3 +399,122 @@ def test_a_broker_that_is_down_does_not_fail_a_held_call_and_the_approvers_are_t
     ActionRequest.objects.filter(pk=action.pk).update(created_at=timezone.now() - timezone.timedelta(minutes=2))
     tasks.expire_held_calls()
     assert rung == [(action.pk,)]
+
+
+# -- an approval covers exactly what goes out (issue 14, findings 3 to 5) -------------------------------------
+
+
+def raw_call(recorder, token, name: str, arguments_json: str, meta_json: str = "") -> dict:
+    """A tools/call on the stateless protocol, its arguments written as JSON text (what an SDK would not
+    write: a big integer, a lone surrogate, 1e999, NaN); the tool result as a dict."""
+    import httpx2
+
+    meta = '{"io.modelcontextprotocol/protocolVersion": "2026-07-28"%s}' % (", " + meta_json if meta_json else "")
+    body = f'{{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {{"name": "{name}", "arguments": {arguments_json}, "_meta": {meta}}}}}'
+    response = httpx2.post(f"{recorder.base}/mcp/", content=body.encode(), timeout=30, headers={
+        "authorization": f"Bearer {token}", "content-type": "application/json", "accept": "application/json",
+        "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": name})
+    assert response.status_code == 200, response.text
+    return response.json()["result"]
+
+
+def approved_then_timed_out(recorder, token, approver_user, arguments, **call_meta):
+    """The agent's call is held and times out; an approver then approves it, so the agent's next identical
+    call would go through."""
+    first = call(recorder, token, "mail__send_email", arguments)
+    assert first.is_error and "awaits approval" in first.content[0].text
+    action = ActionRequest.objects.get(state="pending")
+    decide(action, approver_user, "approve")
+    action.refresh_from_db()
+    assert action.state == "approved"
+    return action
+
+
+@pytest.mark.parametrize(("shown", "sent"), [
+    ('"9007199254740993"', "9007199254740993"),
+    ('"\\ufffd"', '"\\ud800"'),
+    ('"inf"', "1e999"),
+    ('"nan"', "NaN"),
+])
+def test_an_approval_of_the_normalised_value_does_not_let_the_raw_one_through(
+        recorder, sales_bot, sample_servers, admin_user, approver_user, shown, sent):
+    """Finding 3: approving {"account": "9007199254740993"} (the string shown) let {"account": 9007199254740993}
+    through, and the journal recorded the string the server never received."""
+    import json
+
+    _, token = sales_bot
+    set_policy(admin_user, ask_timeout=1)
+    arguments = {**EMAIL, "account": json.loads(shown)}
+    action = approved_then_timed_out(recorder, token, approver_user, arguments)
+    steps = Step.objects.count()
+    raw = json.dumps(EMAIL)[:-1] + ', "account": ' + sent + "}"
+    result = raw_call(recorder, token, "mail__send_email", raw)
+    assert result["isError"] and "not I-JSON (RFC 7493) at /account" in result["content"][0]["text"]
+    assert "Nothing was journaled or sent to mail" in result["content"][0]["text"]
+    assert Step.objects.count() == steps and sent_emails(sample_servers) == []
+    action.refresh_from_db()
+    assert action.state == "approved"  # still there for the call it covers
+    assert not call(recorder, token, "mail__send_email", arguments).is_error
+    assert len(sent_emails(sample_servers)) == 1
+
+
+def test_an_approval_covers_the_calls_meta_and_the_recorder_sets_its_idempotency_key(
+        recorder, sales_bot, sample_servers, admin_user, approver_user):
+    """Finding 4: an approved call repeated with extra `_meta` (another vendor's flags, an idempotencyKey the
+    agent chose) went through, and servers act on `_meta`."""
+    _, token = sales_bot
+    set_policy(admin_user, ask_timeout=1)
+    action = approved_then_timed_out(recorder, token, approver_user, EMAIL)
+    extra = raw_call(recorder, token, "mail__send_email", json_text(EMAIL), '"vendor.example/flags": {"bcc": "all"}')
+    assert extra["isError"] and "awaits approval" in extra["content"][0]["text"]
+    assert sent_emails(sample_servers) == []
+    other = ActionRequest.objects.get(state="pending")
+    assert other.meta == {"vendor.example/flags": {"bcc": "all"}} and other.digest != action.digest
+
+    # The agent's own runId and idempotencyKey are the Recorder's on a held call: the approval is matched
+    # without them, and the server gets the approval's own key.
+    chosen = raw_call(recorder, token, "mail__send_email", json_text(EMAIL),
+                      '"hatp/journal": {"idempotencyKey": "key-of-an-earlier-email", "runId": "batch-7"}')
+    assert not chosen["isError"], chosen
+    [email] = sent_emails(sample_servers)
+    assert email["idempotencyKey"] == f"held-call:{action.public_id}"
+    action.refresh_from_db()
+    released = action.used_step.run.entries.get(event="released", data__step=action.used_step.number)
+    assert released.data["meta"] == {"hatp/journal": {"idempotencyKey": f"held-call:{action.public_id}"}}
+
+
+def json_text(value) -> str:
+    import json
+
+    return json.dumps(value)
+
+
+def test_a_held_call_approval_does_not_outlive_the_approvers_passkey(
+        recorder, sales_bot, sample_servers, admin_user, approver_user):
+    """Finding 5: after the approver revoked their passkeys, the identical call still went through (plans
+    re-check their approvals before they run; held calls did not)."""
+    from approver.models import Passkey
+
+    _, token = sales_bot
+    set_policy(admin_user, ask_timeout=1)
+    action = approved_then_timed_out(recorder, token, approver_user, EMAIL)
+    for passkey in Passkey.objects.filter(user=approver_user):
+        services.revoke_passkey(passkey=passkey)
+    again = call(recorder, token, "mail__send_email", EMAIL)
+    assert again.is_error and "awaits approval" in again.content[0].text
+    assert sent_emails(sample_servers) == []
+    action.refresh_from_db()
+    assert action.state == "pending" and action.decided_by == ""
+    lapsed = action.run.entries.get(event="action_lapsed")
+    assert lapsed.data["action"] == str(action.public_id) and lapsed.data["counting"] == []
+
+
+def test_a_held_call_approval_lapses_when_the_approver_leaves_the_group(
+        recorder, sales_bot, sample_servers, admin_user, approver_user):
+    _, token = sales_bot
+    set_policy(admin_user, ask_timeout=1)
+    action = approved_then_timed_out(recorder, token, approver_user, EMAIL)
+    approver_user.groups.clear()
+    assert call(recorder, token, "mail__send_email", EMAIL).is_error
+    action.refresh_from_db()
+    assert action.state == "pending" and sent_emails(sample_servers) == []
