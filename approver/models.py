@@ -375,9 +375,8 @@ class PolicyChange(models.Model):
 
 
 class ActionRequest(models.Model):
-    """A call the Recorder holds because its policy says `ask`: the exact call (server, tool, arguments) that
-    approvers sign with a passkey, and whether it has been used. An approval binds the arguments (`digest`),
-    and an approved request lets exactly one call through (claimed with a conditional update)."""
+    """A call the Recorder holds because its policy says `ask`: the exact call (server, tool, arguments, _meta)
+    approvers sign with a passkey (`digest`), and whether its one call through has been used."""
 
     class State(models.TextChoices):
         PENDING = HeldState.PENDING, "Waiting for approval"
@@ -394,8 +393,7 @@ class ActionRequest(models.Model):
     server = models.ForeignKey("journal.ToolServer", on_delete=models.PROTECT, related_name="+")
     tool = models.CharField(max_length=200)
     arguments = models.JSONField()
-    # The `_meta` the call goes out with, as approved (the Recorder's own idempotency key is added to it).
-    meta = models.JSONField(null=True, blank=True)
+    meta = models.JSONField(null=True, blank=True, help_text="The _meta sent, as approved (plus the Recorder's key).")
     digest = models.CharField(max_length=64, help_text="SHA-256 of the JCS of {agent, server, tool, arguments, meta}.")
     call_class = models.CharField(max_length=30)
     reason = models.TextField(help_text="The policy's decision, in words.")

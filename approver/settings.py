@@ -8,6 +8,7 @@ setting that `manage.py check --deploy` asks for.
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -84,6 +85,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "oauth2_provider",
+    "axes",
     "journal",
     "approver",
 ]
@@ -99,6 +101,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "journal.access.LoginRequiredMiddleware",
+    # Last, as django-axes asks: it answers a locked-out login with the lock-out page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "approver.urls"
@@ -151,6 +155,22 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "journal:run_list"
 LOGOUT_REDIRECT_URL = "login"
+
+# Failed logins are throttled by django-axes, per account and per address (either one locks): after
+# LOGIN_FAILURE_LIMIT failures the login page refuses (HTTP 429) for LOGIN_LOCKOUT_MINUTES, after which the
+# lock clears by itself. Admins see every lock-out under "Axes" in the Django admin, and clear one there or with
+# `manage.py axes_reset_username NAME`. A successful login clears the account's failures. Behind a proxy, run
+# uvicorn with --forwarded-allow-ips so the address is the client's.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_LOCKOUT_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "approver.views.locked_out"
+AXES_VERBOSE = False
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

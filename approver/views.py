@@ -2,6 +2,7 @@ import json
 import secrets
 import time
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.http import HttpResponse, JsonResponse
@@ -20,6 +21,14 @@ from . import authority, execution, passkeys, policy, services, signing
 from . import health as health_report
 from .forms import PolicyForm, UndoRequestForm
 from .models import ActionRequest, ApprovalRules, AutonomyPolicy, Passkey, Plan, PlanItem, PolicyChange
+
+
+def locked_out(request, response, credentials):
+    """django-axes' answer to a login while the account or the address is locked out (AXES_LOCKOUT_CALLABLE)."""
+    username = (credentials or {}).get("username") or request.POST.get("username", "")
+    return render(request, "registration/locked_out.html", {
+        "failure_limit": settings.AXES_FAILURE_LIMIT, "username": username[:150],
+        "minutes": int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)}, status=429)
 
 
 @require_GET

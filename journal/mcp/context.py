@@ -5,6 +5,7 @@ from typing import Any
 from mcp import MCPError
 
 from .. import declarations
+from ..canonical import ijson_problem
 from ..models import Agent, ToolServer
 from . import versions
 from .client import ToolServerError
@@ -81,6 +82,17 @@ def approved_meta(meta: dict[str, Any] | None, approval: str) -> dict[str, Any]:
     journal = meta.get(declarations.HATP_KEY)
     meta[declarations.HATP_KEY] = {**(journal if isinstance(journal, dict) else {}), IDEMPOTENCY_KEY: approval}
     return meta
+
+
+def unsendable(arguments: dict[str, Any], meta: dict[str, Any] | None, server: str) -> str | None:
+    """Why a call is not sent, if its arguments or `_meta` are not I-JSON. What is journaled, signed and
+    approved is canonical JSON: a call that would not survive it unchanged is refused, so a server always
+    receives exactly what the record says (and an approver signed)."""
+    for part, value in (("arguments", arguments), ("_meta", meta)):
+        if (problem := ijson_problem(value)) is not None:
+            return (f"Not sent: the call's {part} are not I-JSON (RFC 7493) {problem}. Nothing was journaled or "
+                    f"sent to {server}.")
+    return None
 
 
 def recorder_error(code: int, message: str, *, reason: str) -> MCPError:

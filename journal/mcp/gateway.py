@@ -35,9 +35,8 @@ from pydantic import ValidationError
 from starlette.applications import Starlette
 
 from .. import declarations, keys, ports, services
-from ..canonical import ijson_problem
 from ..models import Agent, ToolServer
-from . import bridge, versions
+from . import bridge, holding, versions
 from .asgi import AnswerAsJson
 from .auth import BearerAgent, transport_security
 from .bridge import Bridge
@@ -46,15 +45,14 @@ from .client import DEFAULT_MAX_ANSWER_BYTES, ToolServerError, Upstreams, endpoi
 from .context import (
     SEPARATOR,
     agent_of,
-    approved_meta,
     enabled_servers,
     forwarded_meta,
-    held_call_meta,
     owner_of,
     progress_token,
     recorder_error,
     run_key,
     session_of,
+    unsendable,
     upstream_error,
 )
 from .delivery import Deliveries
@@ -68,7 +66,6 @@ from .sessions import forget as forget_session
 
 logger = logging.getLogger(__name__)
 
-HOLD_POLL_SECONDS = 0.5  # how often a held call looks for the approvers' decision
 INPUT_ROUNDS = 8  # how many times a server may ask for more input on one call of a handshake agent
 
 
@@ -199,7 +196,7 @@ class Recorder:
         as the same JSON-RPC error. An answer that cannot reach the agent is journaled as undelivered (the
         server acted) and the agent gets a JSON-RPC error of the Recorder's own.
         The autonomy policy decides first: a denied call is answered with a tool error and never forwarded;
-        a call the policy asks about waits for approvers (`_hold`), reporting progress when the agent asked
+        a call the policy asks about waits for approvers (`holding.hold`), reporting progress when the agent asked
         for it (`progress(done, total, message)`). When the agent's request carries a progress token, the
         server's own progress notifications about the call reach the agent the same way, on its token.
 
@@ -219,12 +216,8 @@ class Recorder:
             return await resumed  # the agent answers what the server asked in a call still in flight
         arguments = dict(arguments or {})
         kept_meta = forwarded_meta(meta)
-        # What is journaled, signed and approved is canonical JSON: a call that would not survive it unchanged
-        # is not sent, so the server always receives exactly what the record says.
-        for part, value in (("arguments", arguments), ("_meta", kept_meta)):
-            if (problem := ijson_problem(value)) is not None:
-                return tool_error(f"Not sent: the call's {part} are not I-JSON (RFC 7493) {problem}. Nothing was "
-                                  f"journaled or sent to {server_name}."), None
+        if (refusal := unsendable(arguments, kept_meta, server_name)) is not None:
+            return tool_error(refusal), None
         started = timezone.now()
         opened = await self.journal.run(
             _begin, servers=self.journal.servers, agent=agent, server_name=server_name, tool=tool,
@@ -238,7 +231,7 @@ class Recorder:
             await self.journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now())
             return tool_error(message), None
         if decision == "ask":
-            refusal, kept_meta = await self._hold(agent, opened, progress)
+            refusal, kept_meta = await holding.hold(self.journal, agent, opened, progress)
             if refusal is not None:
                 return tool_error(refusal), None
         work = self._complete(opened, started, owner=owner, session=session, tool=tool, arguments=arguments,
@@ -322,49 +315,6 @@ class Recorder:
             if result.get("resultType") != versions.INPUT_REQUIRED:
                 return result
         return result
-
-    async def _hold(self, agent: Agent, opened: services.OpenedStep, progress) -> tuple[str | None, dict | None]:
-        """Wait for approvers to decide on a held call, up to the policy's time. Returns (None, the `_meta`
-        to send) once the call is approved and released (an approval lets exactly one call through, with the
-        arguments and `_meta` it covers), else (what to tell the agent, None). Waiting reads the request's
-        state (not on the journal thread: reads never queue behind writes)."""
-        gate = ports.gate()
-        hold = opened.policy.get("hold") or {}
-        meta = held_call_meta(opened.request_meta)
-        held = await self.journal.run(
-            gate.hold, agent=agent, server=opened.server, tool=opened.tool, arguments=opened.arguments, meta=meta,
-            decision=opened.policy, run_id=opened.run_id, step_id=opened.step_id, now=timezone.now())
-        url = held.url
-        read = sync_to_async(lambda: gate.state(held.id))
-        timeout = float(hold.get("askTimeout") or ports.DEFAULT_HOLD_SECONDS)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            standing = await read()
-            waited = timeout - max(deadline - loop.time(), 0.0)
-            if standing.state == ports.HeldState.APPROVED and await self.journal.run(
-                    gate.claim, held_id=held.id, step_id=opened.step_id):
-                sent = approved_meta(meta, f"held-call:{held.public_id}")
-                await self.journal.run(services.release_held_step, opened=opened, now=timezone.now(), approval={
-                    "action": held.public_id, "approvedBy": standing.decided_by, "meta": sent})
-                return None, sent
-            if standing.state == ports.HeldState.DENIED:
-                message = f"Not done: {standing.decided_by} denied this call: “{standing.decision_reason}”. Nothing was sent."
-            elif standing.state == ports.HeldState.USED:
-                message = f"Not done: the approval at {url} already let an identical call through; ask again."
-            elif standing.state == ports.HeldState.EXPIRED or standing.expires_at <= timezone.now():
-                message = f"Not done: the approval request at {url} expired. Make the call again to ask anew."
-            elif loop.time() >= deadline:
-                message = (f"Not done yet: this call awaits approval at {url} ({opened.policy.get('reason')}) "
-                           "Make the same call again, with the same arguments, once it is approved.")
-            else:
-                if progress is not None:
-                    with contextlib.suppress(Exception):  # a client that went away must not end the hold
-                        await progress(waited, timeout, f"Waiting for approval: {url}")
-                await asyncio.sleep(HOLD_POLL_SECONDS)
-                continue
-            await self.journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now())
-            return message, None
 
     async def _orphaned(self, outcome) -> None:
         """A 2026 agent was asked something in a call and never came back: the call's answer never reached it."""

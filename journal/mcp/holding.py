@@ -1,0 +1,60 @@
+"""A call an autonomy policy holds for approvers: the Recorder waits for their decision, up to the policy's
+time, and lets the call through once with exactly the arguments and `_meta` the approval covers."""
+
+import asyncio
+import contextlib
+
+from asgiref.sync import sync_to_async
+from django.utils import timezone
+
+from .. import ports, services
+from ..models import Agent
+from .context import approved_meta, held_call_meta
+from .journal_thread import JournalThread
+
+HOLD_POLL_SECONDS = 0.5  # how often a held call looks for the approvers' decision
+
+
+async def hold(journal: JournalThread, agent: Agent, opened: services.OpenedStep,
+               progress) -> tuple[str | None, dict | None]:
+    """Wait for approvers to decide on a held call, up to the policy's time. Returns (None, the `_meta`
+    to send) once the call is approved and released (an approval lets exactly one call through, with the
+    arguments and `_meta` it covers), else (what to tell the agent, None). Waiting reads the request's
+    state (not on the journal thread: reads never queue behind writes)."""
+    gate = ports.gate()
+    asked = opened.policy.get("hold") or {}
+    meta = held_call_meta(opened.request_meta)
+    held = await journal.run(
+        gate.hold, agent=agent, server=opened.server, tool=opened.tool, arguments=opened.arguments, meta=meta,
+        decision=opened.policy, run_id=opened.run_id, step_id=opened.step_id, now=timezone.now())
+    url = held.url
+    read = sync_to_async(lambda: gate.state(held.id))
+    timeout = float(asked.get("askTimeout") or ports.DEFAULT_HOLD_SECONDS)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        standing = await read()
+        waited = timeout - max(deadline - loop.time(), 0.0)
+        if standing.state == ports.HeldState.APPROVED and await journal.run(
+                gate.claim, held_id=held.id, step_id=opened.step_id):
+            sent = approved_meta(meta, f"held-call:{held.public_id}")
+            await journal.run(services.release_held_step, opened=opened, now=timezone.now(), approval={
+                "action": held.public_id, "approvedBy": standing.decided_by, "meta": sent})
+            return None, sent
+        if standing.state == ports.HeldState.DENIED:
+            message = f"Not done: {standing.decided_by} denied this call: “{standing.decision_reason}”. Nothing was sent."
+        elif standing.state == ports.HeldState.USED:
+            message = f"Not done: the approval at {url} already let an identical call through; ask again."
+        elif standing.state == ports.HeldState.EXPIRED or standing.expires_at <= timezone.now():
+            message = f"Not done: the approval request at {url} expired. Make the call again to ask anew."
+        elif loop.time() >= deadline:
+            message = (f"Not done yet: this call awaits approval at {url} ({opened.policy.get('reason')}) "
+                       "Make the same call again, with the same arguments, once it is approved.")
+        else:
+            if progress is not None:
+                with contextlib.suppress(Exception):  # a client that went away must not end the hold
+                    await progress(waited, timeout, f"Waiting for approval: {url}")
+            await asyncio.sleep(HOLD_POLL_SECONDS)
+            continue
+        await journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now())
+        return message, None
