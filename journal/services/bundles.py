@@ -69,7 +69,7 @@ def import_bundle(*, text: str) -> Run:
     """Import another Recorder's bundle after verifying it; all or nothing.
 
     The bundle is foreign: its keys are stored as its Recorder's (never this one's), and the first bundle
-    from a Recorder pins its keys, so a later bundle that brings another key for it is refused. The run
+    from a Recorder pins the keys that signed it, so a later bundle signed by another key for it is refused. The run
     header must be the chain's first entry, which the signatures cover."""
     bundle = parse_bundle(text, max_bytes=settings.RECORDER_IMPORT_MAX_BYTES)
     try:
@@ -89,6 +89,9 @@ def import_bundle(*, text: str) -> Run:
         raise ImportRefused(f"the record does not verify: {verdict}")
     if not bundle.checkpoints:
         raise ImportRefused("the bundle has no signed checkpoint, so nothing vouches for its entries")
+    seqs = [checkpoint.seq for checkpoint in bundle.checkpoints]
+    if seqs != sorted(set(seqs)):
+        raise ImportRefused("checkpoints: each covers a later entry than the one before; these repeat or go back")
     if bundle.checkpoints[-1].seq != bundle.entries[-1].seq:
         raise ImportRefused(f"entries after seq {bundle.checkpoints[-1].seq} are not covered by a signed checkpoint")
     first = bundle.entries[0]
@@ -101,12 +104,15 @@ def import_bundle(*, text: str) -> Run:
         raise ImportRefused(f"run: {', '.join(different) or 'the header'} differs from the signed header (entry 1)")
     _check_dates(bundle, now=now)
     pinned = {key.key_id: key for key in RecorderKey.objects.filter(origin=origin)}
-    if pinned:
-        for key in bundle.publicKeys:
-            if key.keyId not in pinned or pinned[key.keyId].public_key != key.publicKey:
-                raise ImportRefused(
-                    f"publicKeys: {key.keyId} is not a key of {origin}: that Recorder's keys were pinned when its "
-                    f"first run was imported ({', '.join(sorted(pinned))}), and a bundle cannot add or change them")
+    signing = {checkpoint.keyId for checkpoint in bundle.checkpoints}
+    for key in bundle.publicKeys:
+        if key.keyId in pinned and pinned[key.keyId].public_key != key.publicKey:
+            raise ImportRefused(f"publicKeys: {key.keyId} of {origin} differs from the key pinned when its first run "
+                                "was imported")
+    if pinned and not signing <= set(pinned):
+        raise ImportRefused(
+            f"publicKeys: {', '.join(sorted(signing - set(pinned)))} is not a key of {origin}: that Recorder's keys "
+            f"were pinned when its first run was imported ({', '.join(sorted(pinned))}), and a bundle cannot add one")
     started = aware_moment(bundle.run.startedAt)
     entries = [entry.model_dump() for entry in bundle.entries]
     with transaction.atomic():
@@ -123,11 +129,11 @@ def import_bundle(*, text: str) -> Run:
             Checkpoint(run=run, seq=c.seq, head_hash=c.headHash, key_id=c.keyId, signature=c.signature)
             for c in bundle.checkpoints
         ])
-        if not pinned:
+        if not pinned:  # trust on first use: the keys that signed this run, never others the file lists
             assert origin, "an imported key always names its Recorder"
             RecorderKey.objects.bulk_create([
                 RecorderKey(origin=origin, key_id=key.keyId, public_key=key.publicKey, valid_from=key.window[0],
-                            valid_until=key.window[1]) for key in bundle.publicKeys])
+                            valid_until=key.window[1]) for key in bundle.publicKeys if key.keyId in signing])
         steps = [Step(run=run, **fields) for fields in step_fields(entries, started_at=run.started_at)]
         Step.objects.bulk_create(steps)
         _recount(run, steps)

@@ -121,6 +121,8 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
         ))
         run.step_count = number
         entry = {"step": number, "server": server_name, "tool": tool, "arguments": arguments, **who}
+        if request_meta:
+            entry["meta"] = request_meta  # what goes out with the arguments, so the record covers it too
         if decision is not None:
             entry["policy"] = decision
         append_entry(run=run, event="call", now=now, data=entry)
