@@ -42,7 +42,7 @@ def end_run(*, run_id: int, by: str, now: datetime) -> None:
         run = locked_run("id = %s", [run_id])
         if run is None:
             raise RunRefused("No such run.")
-        if run.imported_from:
+        if run.state == Run.State.IMPORTED:  # another Recorder's bundle or a ChronoMCP log: never written to
             raise RunRefused("This run was imported: nothing here changes it.")
         if run.key:
             raise RunRefused("This run is grouped by the agent's own runId or session: the agent decides where it "

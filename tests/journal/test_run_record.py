@@ -327,6 +327,19 @@ def test_nothing_local_writes_to_an_imported_run(agent, settings, tmp_path):
     assert verify(imported)[0] == 0
 
 
+@pytest.mark.parametrize("kind", ["bundle", "chronomcp"])
+def test_ending_an_imported_run_from_its_page_is_refused_and_writes_nothing(foreign, tmp_path, client, on_call, kind):
+    source = write(tmp_path, foreign) if kind == "bundle" else FIXTURES / "chronomcp-audit.jsonl"
+    call_command("import_run", str(source), stdout=open("/dev/null", "w"))
+    imported = Run.objects.get()
+    head = (imported.head_seq, imported.head_hash)
+    client.force_login(on_call)
+    answer = client.post(f"/runs/{imported.public_id}/end/", follow=True)
+    assert answer.status_code == 200 and b"This run was imported: nothing here changes it." in answer.content
+    imported.refresh_from_db()
+    assert (imported.head_seq, imported.head_hash) == head and imported.ended_at is None
+
+
 def test_a_bundle_nested_too_deep_or_too_large_is_refused_before_it_is_parsed(db, tmp_path, settings):
     """Finding 9: a bundle nested 100,000 deep made `import_run` print a traceback."""
     path = tmp_path / "deep.json"
