@@ -18,6 +18,13 @@ SKIPPED = "skipped"
 IRREVERSIBLE = "irreversible"
 NO_COMPENSATION = "no_compensation"
 OUTCOME_UNKNOWN = "outcome_unknown"
+ALREADY_UNDONE = "already_undone"  # an earlier plan undid the step: nothing left to do, and nothing skipped
+# How the plan page and the report name each outcome.
+OUTCOME_WORDS = {COMPENSATED: "Undone", COMPENSATION_FAILED: "Undo failed", CONFLICT: "Left alone: changed since",
+                 SKIPPED: "Skipped", IRREVERSIBLE: "Cannot be undone", NO_COMPENSATION: "Nothing to undo",
+                 OUTCOME_UNKNOWN: "Outcome unknown", ALREADY_UNDONE: "Already undone"}
+# Outcomes that leave nothing to undo: the plan is judged by the rest.
+NOTHING_LEFT = frozenset({NO_COMPENSATION, IRREVERSIBLE, ALREADY_UNDONE})
 
 # Outcomes after which the items this one depends on must not be undone (DESIGN.md: "if an item fails,
 # nothing that it still depends on is undone"). A conflict leaves a newer change in place, so whatever it
@@ -38,7 +45,7 @@ class Verdict:
 
 def without_compensation(action: str, reason: str) -> Verdict:
     """The outcome of an item that has no compensation to run."""
-    outcome = {"cannot_undo": IRREVERSIBLE, "already_undone": SKIPPED}.get(action, NO_COMPENSATION)
+    outcome = {"cannot_undo": IRREVERSIBLE, "already_undone": ALREADY_UNDONE}.get(action, NO_COMPENSATION)
     return Verdict(outcome, {"message": reason})
 
 
@@ -98,8 +105,9 @@ def stopped_by(step: int, failed: dict[int, set[int]]) -> int | None:
 
 
 def summary_line(outcomes: list[str]) -> str:
-    """"Reversed 2 of 3 actions; 1 cannot be undone", counting only items that changed something."""
-    actions = [o for o in outcomes if o != NO_COMPENSATION]
+    """"Reversed 2 of 3 actions; 1 cannot be undone", counting only items that changed something and that no
+    earlier plan undid already (those are named at the end)."""
+    actions = [o for o in outcomes if o not in (NO_COMPENSATION, ALREADY_UNDONE)]
     reversed_ = sum(o == COMPENSATED for o in actions)
     parts = [f"Reversed {reversed_} of {len(actions)} action{'s' if len(actions) != 1 else ''}"]
     for outcome, words in ((IRREVERSIBLE, "cannot be undone"), (CONFLICT, "left alone: changed since"),
@@ -108,4 +116,17 @@ def summary_line(outcomes: list[str]) -> str:
         count = sum(o == outcome for o in actions)
         if count:
             parts.append(f"{count} {words}")
+    already = sum(o == ALREADY_UNDONE for o in outcomes)
+    if already:
+        parts.append(f"{already} already undone by an earlier plan")
     return "; ".join(parts)
+
+
+def finished_state(outcomes: list[str], *, stopped: bool) -> str:
+    """A finished plan's state: `completed` when everything it could still undo was undone (items that
+    cannot be undone, need nothing, or an earlier plan undid, do not count against it), `partially_completed`
+    when some of it was, else `failed`."""
+    undoable = [o for o in outcomes if o not in NOTHING_LEFT]
+    if not stopped and all(o == COMPENSATED for o in undoable):
+        return "completed"
+    return "partially_completed" if COMPENSATED in undoable else "failed"

@@ -6,13 +6,43 @@ from . import policy
 from .models import AutonomyPolicy
 
 
+class StepNumbers(forms.Field):
+    """Step numbers sent as repeated values (ticked checkboxes): positive integers, at most `limit` of them.
+    Whether the run has them is the service's question."""
+
+    widget = forms.MultipleHiddenInput
+
+    def __init__(self, *, limit: int, **kwargs):
+        self.limit = limit
+        super().__init__(**kwargs)
+
+    def to_python(self, value) -> list[int]:
+        values = list(value or [])
+        if len(values) > self.limit:
+            raise forms.ValidationError(f"Choose at most {self.limit} steps at once, or undo from a step onwards.")
+        if not all(isinstance(v, str) and v.isdigit() and 0 < len(v) < 10 and int(v) > 0 for v in values):
+            raise forms.ValidationError("Steps are chosen by their numbers.")
+        return sorted({int(v) for v in values})
+
+
 class UndoRequestForm(forms.Form):
-    from_step = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+    """Undo a run from step N onwards (`from_step`), or the steps ticked on the run page (`steps`)."""
+
+    from_step = forms.IntegerField(min_value=1, required=False, widget=forms.HiddenInput)
+    steps = StepNumbers(limit=500, required=False)  # a run page shows 200; Django refuses over 1,000 fields
     reason = forms.CharField(
         max_length=2000, strip=True,
         widget=forms.TextInput(attrs={"placeholder": "Why undo? (shown to the approver)", "autocomplete": "off"}),
         error_messages={"required": "Say why this should be undone: the approver reads it."},
     )
+
+    def clean(self):
+        cleaned = super().clean()
+        if "steps" in self.errors or "from_step" in self.errors:
+            return cleaned
+        if (cleaned.get("from_step") is None) == (not cleaned.get("steps")):
+            raise forms.ValidationError("Tick the steps to undo, or undo from one step onwards.")
+        return cleaned
 
 
 class PolicyForm(forms.ModelForm):
@@ -26,7 +56,7 @@ class PolicyForm(forms.ModelForm):
     class Meta:
         model = AutonomyPolicy
         fields = ["name", "scope", "agent", "server", "tool", "approver_group", "quorum", "ask_timeout",
-                  "auto_run_plans"]
+                  "auto_run_plans", "allow_unknown_retries"]
         widgets = {"tool": forms.TextInput(attrs={"placeholder": "e.g. send_email", "autocomplete": "off"})}
 
     def __init__(self, *args, **kwargs):

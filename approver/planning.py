@@ -114,6 +114,20 @@ def _pull(step: StepFacts, pulled: dict[int, Pull], first_in_plan: int) -> Pull 
     return Pull("all-earlier", first_in_plan) if first_in_plan < step.number else None
 
 
+def inclusion_words(rule: str, by: int | None, pointers: Any) -> str:
+    """Why a step is in a plan, in words: chosen, or which step's dependency brought it in, and how."""
+    if rule == "chosen" or by is None:
+        return "chosen"
+    if rule == "inferred":
+        links = "; ".join(f"its {p.get('to')} is step {by}'s {p.get('from')}" for p in pointers or []
+                          if isinstance(p, dict))
+        return f"added: it used a value from step {by}'s result" + (f" ({links})" if links else "")
+    if rule == "declared":
+        return f"added: the agent declared that it depends on step {by}"
+    return (f"added: it came after step {by}, and a step that declares nothing is taken to depend on every "
+            "earlier one (the safe rule)")
+
+
 def reverse_completion_order(steps: list[StepFacts]) -> list[StepFacts]:
     """Last finished is undone first. A step still in flight sorts as if it finished last (it is the most
     recent thing the agent did); ties go by step number, later first."""

@@ -61,6 +61,7 @@ class Policy:
     server: str = ""
     tool: str = ""
     auto_run_plans: bool = False
+    allow_unknown_retries: bool = False
 
     def matches(self, *, agent: str, server: str, tool: str) -> bool:
         if self.scope == "everything":
@@ -114,14 +115,31 @@ def governing(policies: Iterable[Policy], *, agent: str, server: str, tool: str)
 
 def decide(policies: Iterable[Policy], *, agent: str, server: str, tool: str, kind: str, via: str | None = None,
            dialect: str | None = None, reason: str | None = None, remedy: str | None = None,
-           source: str = "none") -> Decision:
-    """What the governing policy decides for this call. Without any policy, the defaults apply."""
+           source: str = "none", retry_of: Mapping[str, object] | None = None) -> Decision:
+    """What the governing policy decides for this call. Without any policy, the defaults apply.
+
+    `retry_of` is the earlier attempt of the very same call whose outcome is unknown (the server had it and
+    never answered, or the agent never saw the answer), found by the Recorder only for tools that are neither
+    read-only nor idempotent: a repeat may act twice, so it is held for a human ("ask") unless the governing
+    policy lets such repeats through or denies the call anyway (MCP-Rescue's retry guard)."""
     klass = call_class(kind=kind, via=via, dialect=dialect)
     name = f"{server}__{tool}"
     why = {k: v for k, v in (("reason", reason), ("remedy", remedy), ("source", source)) if v}
     if klass == READ:
         return Decision("allow", klass, None, f"{name} only reads: nothing to undo.", why)
     chosen = governing(policies, agent=agent, server=server, tool=tool)
+    decided = _by_class(chosen, klass, name, reason, why)
+    if retry_of is None or decided.decision == "deny" or (chosen is not None and chosen.allow_unknown_retries):
+        return decided
+    first = f"step {retry_of.get('step')}"
+    return Decision("ask", klass, chosen, (
+        f"{name} is repeated with the same arguments, and its first attempt ({first}: {retry_of.get('what')}) may "
+        f"already have acted: a human must approve this repeat first"
+        + (f" (policy “{chosen.name}” does not let such repeats through)." if chosen else ".")),
+        {**why, "retryOf": dict(retry_of)})
+
+
+def _by_class(chosen: Policy | None, klass: str, name: str, reason: str | None, why: dict[str, str]) -> Decision:
     if chosen is None:  # no policy at all: the Recorder journals, and the agent acts as it did before
         return Decision("allow", klass, None, f"{name} {CLASS_WORDS[klass]}: allowed, as no autonomy policy "
                                               "covers it.", why)

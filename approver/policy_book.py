@@ -23,6 +23,7 @@ def policy_record(policy_row: AutonomyPolicy) -> dict[str, Any]:
         "server": policy_row.server.name if policy_row.server_id else None, "tool": policy_row.tool or None,
         "decisions": dict(policy_row.decisions), "approverGroup": policy_row.approver_group,
         "quorum": policy_row.quorum, "askTimeout": policy_row.ask_timeout, "autoRunPlans": policy_row.auto_run_plans,
+        "allowUnknownRetries": policy_row.allow_unknown_retries,
     }
 
 
@@ -31,7 +32,8 @@ def as_policy(policy_row: AutonomyPolicy) -> policy.Policy:
                          decisions=dict(policy_row.decisions or {}),
                          agent=policy_row.agent.name if policy_row.agent_id else "",
                          server=policy_row.server.name if policy_row.server_id else "", tool=policy_row.tool,
-                         auto_run_plans=policy_row.auto_run_plans)
+                         auto_run_plans=policy_row.auto_run_plans,
+                         allow_unknown_retries=policy_row.allow_unknown_retries)
 
 
 def plan_needs_a_human(plan: Plan) -> str:
@@ -88,19 +90,24 @@ class PolicyBook:
 BOOK = PolicyBook()
 
 
-def decide_call(*, agent_name: str, server_name: str, tool: str, declaration, book: PolicyBook | None = None
-                ) -> dict[str, Any]:
+def decide_call(*, agent_name: str, server_name: str, tool: str, declaration, book: PolicyBook | None = None,
+                retry_of: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the autonomy policies decide for an agent's call, as the run record keeps it. A change to the
     policies applies to the very next call (see `PolicyBook`). `declaration` is the tool's own
     (journal.declarations.UndoDeclaration). An `ask` also carries how the call is held: who approves, how
-    many, and how long the agent waits."""
+    many, and how long the agent waits. `retry_of` is an earlier attempt of the same call whose outcome is
+    unknown (see `policy.decide`)."""
     policies, holds = (book or BOOK).now()
     compensation = declaration.compensation
     decided = policy.decide(
         policies, agent=agent_name, server=server_name, tool=tool,
         kind=declaration.kind, via=declaration.via, dialect=compensation.dialect if compensation else None,
-        reason=declaration.reason, remedy=declaration.remedy, source=declaration.source)
+        reason=declaration.reason, remedy=declaration.remedy, source=declaration.source, retry_of=retry_of)
     record = decided.as_record()
+    if decided.policy is not None and decided.policy.allow_unknown_retries:
+        record["allowUnknownRetries"] = True  # the agent's advice after a failure says a repeat goes through
+    if retry_of is not None:
+        record["retryOf"] = retry_of
     if decided.decision == "ask":
         default = {"approverGroup": roles.APPROVER, "quorum": 1, "askTimeout": DEFAULT_HOLD_SECONDS}
         record["hold"] = {**holds.get(decided.policy.id if decided.policy else 0, default), "why": decided.why}

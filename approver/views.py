@@ -46,7 +46,8 @@ PLANS_PER_PAGE = 25
 
 @require_POST
 def request_undo(request, run_id):
-    """On-call asks to undo a run from step N; the plan is built at once and its checks are queued."""
+    """On-call asks to undo a run from step N, or the steps they ticked; the plan is built at once and its
+    checks are queued."""
     require_role(request, roles.ON_CALL)
     run = get_object_or_404(Run, public_id=run_id)
     form = UndoRequestForm(request.POST)
@@ -57,7 +58,8 @@ def request_undo(request, run_id):
         return redirect(reverse("journal:run_detail", args=[run.public_id]))
     try:
         plan = services.request_plan(run=run, requested_by=request.user, reason=form.cleaned_data["reason"],
-                                     from_step=form.cleaned_data["from_step"])
+                                     from_step=form.cleaned_data["from_step"],
+                                     steps=form.cleaned_data["steps"] or None)
     except services.PlanRefused as refused:
         messages.error(request, refused.message)
         target = services.plan_url(refused.open_plan) if refused.open_plan else reverse(

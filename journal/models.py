@@ -11,6 +11,8 @@ from django.db import models
 from django.utils import timezone
 from oauth2_provider.settings import oauth2_settings
 
+from . import recovery
+
 
 class ToolServer(models.Model):
     class Transport(models.TextChoices):
@@ -212,6 +214,13 @@ class Step(models.Model):
     is_error = models.BooleanField(default=False)
     error_message = models.TextField(blank=True)
     failure_class = models.CharField(max_length=20, choices=FailureClass.choices, blank=True)
+    # The server had the call and its outcome is not known (no answer, cancelled while it had it), or it
+    # answered and the agent never saw the answer: a repeat of the same call may act twice (the retry guard).
+    may_have_acted = models.BooleanField(default=False)
+    # What the agent was advised to do about a failure (journal.recovery.Advice.as_wire).
+    recovery = models.JSONField(null=True, blank=True)
+    # SHA-256 of the agent, server, tool and arguments, to find an earlier attempt of the same call.
+    call_digest = models.CharField(max_length=64, blank=True, db_index=True)
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.FloatField(null=True, blank=True)
@@ -242,6 +251,12 @@ class Step(models.Model):
     @property
     def namespaced_tool(self) -> str:
         return f"{self.server_name}__{self.tool}"
+
+    @property
+    def advised(self) -> str:
+        """What the agent was advised to do about this failed call, in words."""
+        action = (self.recovery or {}).get("action") if isinstance(self.recovery, dict) else None
+        return recovery.ACTION_WORDS.get(action, action or "")
 
     @property
     def automatically_undoable(self) -> bool:

@@ -49,9 +49,12 @@ class HeldCallState:
 
 
 class PolicyGate(Protocol):
-    def decide(self, *, agent_name: str, server_name: str, tool: str, declaration: Any) -> dict[str, Any] | None:
+    def decide(self, *, agent_name: str, server_name: str, tool: str, declaration: Any,
+               retry_of: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """The decision as the run record keeps it (`{"decision": "allow"|"ask"|"deny", ...}`; an `ask`
-        carries `hold`: who approves, how many, `askTimeout`), or None when nothing governs calls."""
+        carries `hold`: who approves, how many, `askTimeout`), or None when nothing governs calls.
+        `retry_of` is an earlier attempt of the very same call whose outcome is unknown (the retry guard:
+        such a repeat is held unless a policy lets it through)."""
 
     def hold(self, *, agent: Any, server: Any, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None,
              decision: dict[str, Any], run_id: int, step_id: int, now: datetime) -> HeldCall:
@@ -69,7 +72,8 @@ class PolicyGate(Protocol):
 class AllowEverything:
     """The gate when no approval side is plugged in: every call is forwarded and nothing is ever held."""
 
-    def decide(self, *, agent_name: str, server_name: str, tool: str, declaration: Any) -> None:
+    def decide(self, *, agent_name: str, server_name: str, tool: str, declaration: Any,
+               retry_of: dict[str, Any] | None = None) -> None:
         return None
 
     def hold(self, **kwargs) -> HeldCall:

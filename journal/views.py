@@ -48,6 +48,7 @@ def run_detail(request, run_id):
             "duration_ms", "declaration", "declaration_source", "reversibility", "undo_problems", "effect_summary",
             "effect_resource", "effect_version", "undo_by", "receipt_verified", "receipt_problem", "run_id",
             "arguments", "compensation_arguments", "policy_decision", "result_storage", "result_size", "result_sha256",
+            "recovery",
         )
     )
     page = Paginator(steps, STEPS_PER_PAGE).get_page(request.GET.get("page"))

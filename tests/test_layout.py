@@ -10,7 +10,7 @@ APPS = ("journal", "approver")
 PURE = (
     "approver.planning", "approver.policy", "approver.signing", "approver.execution", "approver.answers",
     "journal.canonical", "journal.chain", "journal.declarations", "journal.bindings", "journal.dependencies",
-    "journal.outcomes", "journal.ports", "journal.errors", "journal.bundle",
+    "journal.outcomes", "journal.ports", "journal.errors", "journal.bundle", "journal.recovery",
 )
 # Imports inside functions that are there for another reason than a loop: Django's app loading (models
 # are ready only in `ready`), and the demo, which configures Django before it may import any model.

@@ -268,12 +268,7 @@ def _stop(plan: Plan, reason: str, now: datetime) -> None:
 def _outcome_state(plan: Plan, stop_reason: str) -> tuple[str, str]:
     """The finished plan's state and summary line, from its items' outcomes."""
     outcomes = list(plan.items.order_by("position").values_list("outcome", flat=True))
-    undoable = [o for o in outcomes if o not in (execution.NO_COMPENSATION, execution.IRREVERSIBLE)]
-    if not stop_reason and all(o == execution.COMPENSATED for o in undoable):
-        state = Plan.State.COMPLETED
-    else:
-        state = Plan.State.PARTIALLY_COMPLETED if execution.COMPENSATED in undoable else Plan.State.FAILED
-    return state, execution.summary_line(outcomes)
+    return execution.finished_state(outcomes, stopped=bool(stop_reason)), execution.summary_line(outcomes)
 
 
 def recount(*, plan: Plan, now: datetime, **fields) -> None:

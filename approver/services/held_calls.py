@@ -121,9 +121,10 @@ class HeldCallGate:
     def __init__(self):
         self.book = PolicyBook()
 
-    def decide(self, *, agent_name: str, server_name: str, tool: str, declaration) -> dict[str, Any]:
+    def decide(self, *, agent_name: str, server_name: str, tool: str, declaration,
+               retry_of: dict[str, Any] | None = None) -> dict[str, Any]:
         return decide_call(agent_name=agent_name, server_name=server_name, tool=tool, declaration=declaration,
-                           book=self.book)
+                           book=self.book, retry_of=retry_of)
 
     def hold(self, *, agent, server, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None,
              decision: dict[str, Any], run_id: int, step_id: int, now: datetime) -> ports.HeldCall:

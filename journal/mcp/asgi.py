@@ -5,6 +5,7 @@ import logging
 
 from .bounded import next_boundary
 from .bus import Cancels
+from .context import recorder_data
 from .delivery import Deliveries, call_id, cancelled_id
 from .sessions import SessionStore, record_of
 
@@ -91,7 +92,7 @@ class AnswerAsJson:
             logger.exception("could not write down a new agent session")
             return 503, json.dumps({"jsonrpc": "2.0", "id": request.get("id"), "error": {
                 "code": -32603, "message": "The Recorder could not record the new session (its database did not "
-                "answer); nothing was opened. Try again.", "data": {"source": "recorder", "reason": "unavailable"}}
+                "answer); nothing was opened. Try again.", "data": recorder_data("unavailable")}
             }).encode()
         return None
 

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse
 from .. import services, strict_json
 from ..models import Agent
 from ..services import clients
+from .context import recorder_data
 
 
 class BearerAgent:
@@ -106,7 +107,8 @@ async def _within_depth(receive):
     request_id = json.loads(found.group(1)) if found else None
     error = {"code": -32600, "message": (
         f"The request nests {depth} levels deep; the Recorder reads at most {strict_json.MESSAGE_MAX_DEPTH} "
-        f"(arguments and _meta at most {strict_json.MAX_DEPTH}). Nothing was journaled or sent.")}
+        f"(arguments and _meta at most {strict_json.MAX_DEPTH}). Nothing was journaled or sent."),
+        "data": recorder_data("too_deep")}
     return replayed, JSONResponse({"jsonrpc": "2.0", "id": request_id, "error": error},
                                   status_code=200 if request_id is not None else 400)
 

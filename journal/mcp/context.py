@@ -4,7 +4,7 @@ from typing import Any
 
 from mcp import MCPError
 
-from .. import declarations
+from .. import declarations, recovery
 from ..canonical import ijson_problem
 from ..models import Agent, ToolServer
 from . import versions
@@ -95,10 +95,32 @@ def unsendable(arguments: dict[str, Any], meta: dict[str, Any] | None, server: s
     return None
 
 
-def recorder_error(code: int, message: str, *, reason: str) -> MCPError:
-    """A JSON-RPC error of the Recorder's own: its `data` says so, which an upstream's error (relayed exactly
-    as the server sent it) never does."""
-    return MCPError(code=code, message=message, data={"source": "recorder", "reason": reason})
+# The failure behind each of the Recorder's own JSON-RPC errors, for the advice they carry.
+_FAILURE_OF_REASON = {
+    "internal": recovery.Failure("unknown"),
+    "unavailable": recovery.Failure("transient"),
+    "busy": recovery.Failure("transient"),
+    "upstream_failed": recovery.Failure("transient"),
+    "too_large": recovery.Failure("unknown", answered=True),
+    "undelivered": recovery.Failure("unknown", may_have_acted=True, answered=True),
+    "cancelled": recovery.Failure("unknown", may_have_acted=True),
+    "too_deep": recovery.Failure("invalid_arguments"),
+    "unknown_resource": recovery.Failure("not_found"),
+    "unknown_prompt": recovery.Failure("not_found"),
+}
+
+
+def recorder_data(reason: str, advice: recovery.Advice | None = None, **more: Any) -> dict[str, Any]:
+    """The `data` of a JSON-RPC error of the Recorder's own: it says so (an upstream's error, relayed exactly
+    as the server sent it, never does), why, and what the agent should do (`_meta["hatp/journal"]["recovery"]`)."""
+    advice = advice or recovery.advise(_FAILURE_OF_REASON.get(reason, recovery.Failure("unknown")))
+    return {"source": "recorder", "reason": reason, **more,
+            "_meta": {declarations.HATP_KEY: {"recovery": advice.as_wire()}}}
+
+
+def recorder_error(code: int, message: str, *, reason: str, advice: recovery.Advice | None = None) -> MCPError:
+    """A JSON-RPC error of the Recorder's own (see `recorder_data`)."""
+    return MCPError(code=code, message=message, data=recorder_data(reason, advice))
 
 
 def upstream_error(exc: ToolServerError) -> MCPError:

@@ -2,6 +2,8 @@
 MCP-Rescue failure class, whether repeating could help, whether the server may have acted), and the mapping
 from whatever the SDK or the transport raised to it."""
 
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import anyio
@@ -22,7 +24,8 @@ class ToolServerError(Exception):
     """
 
     def __init__(self, message: str, *, failure_class: str, transient: bool = False, may_have_acted: bool = False,
-                 code: int | None = None, rpc: dict[str, Any] | None = None, oversized: Any = None):
+                 code: int | None = None, rpc: dict[str, Any] | None = None, oversized: Any = None,
+                 retry_after: float | None = None):
         super().__init__(message)
         self.message = message
         self.failure_class = failure_class
@@ -31,6 +34,7 @@ class ToolServerError(Exception):
         self.code = code
         self.rpc = rpc
         self.oversized = oversized  # a `bounded.Oversized`: the server answered, over the Recorder's limit
+        self.retry_after = retry_after  # seconds, when the server said when to come back (HTTP Retry-After)
 
 
 def too_large(server: str, oversized) -> ToolServerError:
@@ -74,6 +78,25 @@ def http_status_class(status: int) -> tuple[str, bool]:
     return "invalid_arguments", False
 
 
+MAX_RETRY_AFTER = 3600.0  # a server's Retry-After is advice passed on to the agent: capped, never trusted blindly
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """An HTTP Retry-After header (RFC 9110: seconds, or an HTTP date) as seconds from now, or None."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return min(float(value), MAX_RETRY_AFTER)
+    try:
+        moment = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if moment.tzinfo is None:
+        return None
+    return min(max((moment - datetime.now(UTC)).total_seconds(), 0.0), MAX_RETRY_AFTER)
+
+
 def _leaf_exceptions(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         leaves = []
@@ -101,6 +124,7 @@ def translate(exc: BaseException, *, server: str, sent: bool) -> ToolServerError
                     f"{server} answered HTTP {cause.response.status_code}",
                     failure_class=failure_class, transient=transient,
                     may_have_acted=sent and cause.response.status_code >= 500,
+                    retry_after=retry_after_seconds(cause.response.headers.get("retry-after")),
                 )
             if isinstance(cause, httpx.ConnectError | ConnectionRefusedError):
                 return ToolServerError(f"{server} refused the connection", failure_class="transient", transient=True)

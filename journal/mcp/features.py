@@ -36,6 +36,7 @@ from .context import (
     enabled_servers,
     forwarded_meta,
     owner_of,
+    recorder_data,
     recorder_error,
     run_key,
     session_of,
@@ -119,7 +120,7 @@ class Features:
             return servers[giver], uri
         raise MCPError(code=RESOURCE_NOT_FOUND, message=(
             f"Resource not found: {uri!r} is not a URI any tool server gave this session. Listed resources are "
-            f"named server{SEPARATOR}uri."), data={"source": "recorder", "reason": "unknown_resource", "uri": uri})
+            f"named server{SEPARATOR}uri."), data=recorder_data("unknown_resource", uri=uri))
 
     def _who(self, ctx) -> tuple[Any, Owner, str | None]:
         agent = agent_of(ctx)
@@ -221,7 +222,7 @@ class Features:
         name, separator, prompt = params.name.partition(SEPARATOR)
         if not separator or name not in servers or not prompt:
             raise MCPError(code=-32602, message=f"Unknown prompt {params.name!r}: prompts are named "
-                           f"server{SEPARATOR}prompt.", data={"source": "recorder", "reason": "unknown_prompt"})
+                           f"server{SEPARATOR}prompt.", data=recorder_data("unknown_prompt"))
         result = await self._forward(servers[name], owner, types.GetPromptRequest(params=types.GetPromptRequestParams(
             name=prompt, arguments=params.arguments, _meta=forwarded_meta(ctx.meta))))
         self.remember(owner, name, result)
@@ -236,7 +237,7 @@ class Features:
             name, separator, prompt = str(ref.get("name", "")).partition(SEPARATOR)
             if not separator or name not in servers:
                 raise MCPError(code=-32602, message=f"Unknown prompt {ref.get('name')!r}",
-                               data={"source": "recorder", "reason": "unknown_prompt"})
+                               data=recorder_data("unknown_prompt"))
             server, ref["name"] = servers[name], prompt
         else:
             server, ref["uri"] = self.route(owner, str(ref.get("uri", "")), servers)

@@ -34,7 +34,7 @@ from mcp_types import methods as _methods
 from pydantic import ValidationError
 from starlette.applications import Starlette
 
-from .. import declarations, keys, ports, services
+from .. import declarations, keys, outcomes, ports, recovery, services
 from ..models import Agent, ToolServer
 from . import bridge, holding, versions
 from .asgi import AnswerAsJson
@@ -94,15 +94,31 @@ def _begin(*, servers: ServerDirectory, agent: Agent, server_name: str, tool: st
         return None
     gate = ports.gate()
 
-    def decide(declaration):
-        return gate.decide(agent_name=agent.name, server_name=server_name, tool=tool, declaration=declaration)
+    def decide(declaration, retry_of=None):
+        return gate.decide(agent_name=agent.name, server_name=server_name, tool=tool, declaration=declaration,
+                           retry_of=retry_of)
 
     return services.open_step(agent=agent, run_key=key, server=server, server_name=server_name, tool=tool,
                               arguments=arguments, request_meta=request_meta, now=now, decide=decide)
 
 
-def tool_error(text: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+def tool_error(text: str, advice: recovery.Advice) -> types.CallToolResult:
+    """A failed call as the Recorder answers it: the words, and what the agent should do about it."""
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True,
+                                _meta=advice_meta(advice))
+
+
+def advice_meta(advice: recovery.Advice, meta: Any = None) -> dict[str, Any]:
+    """`meta` with the advice in `hatp/journal.recovery` (a key the Recorder writes, never the server or the
+    agent: a server's own `recovery` there is replaced, the rest of its `hatp/journal` is kept)."""
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    journal = meta.get(declarations.HATP_KEY)
+    meta[declarations.HATP_KEY] = {**(journal if isinstance(journal, dict) else {}), "recovery": advice.as_wire()}
+    return meta
+
+
+def failed(category: str, **facts) -> recovery.Advice:
+    return recovery.advise(recovery.Failure(category=category, **facts))
 
 
 def _relayed(progress):
@@ -181,7 +197,8 @@ class Recorder:
                                                    progress=ctx.session.report_progress, session=ctx.session,
                                                    retry=retry or None)
         if watched.cancelled_caught:
-            raise recorder_error(-32800, "The agent cancelled the call.", reason="cancelled")
+            raise recorder_error(-32800, "The agent cancelled the call.", reason="cancelled",
+                                 advice=failed("unknown", may_have_acted=True))
         if journaled is not None:
             await journaled
             if session_id is not None:  # whether the answer reaches the agent is known once its POST ends
@@ -208,32 +225,35 @@ class Recorder:
         agent on the handshake is asked the server's embedded requests itself (`_answered`)."""
         server_name, separator, tool = name.partition(SEPARATOR)
         if not separator or not tool:
-            return tool_error(f"Unknown tool {name!r}: tools are named server{SEPARATOR}tool."), None
+            return tool_error(f"Unknown tool {name!r}: tools are named server{SEPARATOR}tool.", failed("not_found")), None
         if tool in declarations.HIDDEN_TOOLS:
-            return tool_error(f"{tool} is reserved for the undo service and not available to agents."), None
+            return tool_error(f"{tool} is reserved for the undo service and not available to agents.",
+                              failed("permission")), None
         owner = owner_of(agent, session_id)
         if retry and (resumed := self.bridge.resume(owner, retry)) is not None:
             return await resumed  # the agent answers what the server asked in a call still in flight
         arguments = dict(arguments or {})
         kept_meta = forwarded_meta(meta)
         if (refusal := unsendable(arguments, kept_meta, server_name)) is not None:
-            return tool_error(refusal), None
+            return tool_error(refusal, failed("invalid_arguments")), None
         started = timezone.now()
         opened = await self.journal.run(
             _begin, servers=self.journal.servers, agent=agent, server_name=server_name, tool=tool,
             arguments=arguments, key=run_key(meta, session_id), request_meta=kept_meta, now=started,
         )
         if opened is None:
-            return tool_error(f"Unknown tool server {server_name!r}."), None
+            return tool_error(f"Unknown tool server {server_name!r}.", failed("not_found")), None
         decision = (opened.policy or {}).get("decision", "allow")
         if decision == "deny":
             message = f"Not done: {opened.policy.get('reason')} Nothing was sent to {server_name}."
-            await self.journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now())
-            return tool_error(message), None
+            advice = failed("policy", held="denied")
+            await self.journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now(),
+                                   advice=advice.as_wire())
+            return tool_error(message, advice), None
         if decision == "ask":
             refusal, kept_meta = await holding.hold(self.journal, agent, opened, progress)
             if refusal is not None:
-                return tool_error(refusal), None
+                return tool_error(*refusal), None
         work = self._complete(opened, started, owner=owner, session=session, tool=tool, arguments=arguments,
                               meta=kept_meta, version=version, retry=retry,
                               progress=progress if progress_token(meta) is not None else None)
@@ -268,16 +288,20 @@ class Recorder:
         except ToolServerError as exc:
             if exc.oversized is not None:  # the server answered: it acted, but nothing of its answer is relayed
                 message = f"{exc.message}. The server may have acted; do not repeat the call blindly."
-                return tool_error(message), self.journal_outcome(opened, started, services.Outcome(
-                    undelivered=message, oversized=exc.oversized))
+                advice = recovery.advise(recovery.Failure("unknown", may_have_acted=True, answered=True), opened.traits)
+                return tool_error(message, advice), self.journal_outcome(opened, started, services.Outcome(
+                    undelivered=message, oversized=exc.oversized, recovery=advice.as_wire()))
+            advice = recovery.advise(recovery.Failure(exc.failure_class, may_have_acted=exc.may_have_acted,
+                                                      retry_after=exc.retry_after), opened.traits)
             journaled = self.journal_outcome(opened, started, services.Outcome(
-                error_message=exc.message, failure_class=exc.failure_class, may_have_acted=exc.may_have_acted))
+                error_message=exc.message, failure_class=exc.failure_class, may_have_acted=exc.may_have_acted,
+                recovery=advice.as_wire()))
             if exc.code is not None and exc.failure_class != "transient":
-                # A JSON-RPC error from the server goes back as the same JSON-RPC error.
+                # A JSON-RPC error from the server goes back as the same JSON-RPC error; the advice is journaled.
                 await journaled
                 raise upstream_error(exc) from None
             note = " It may have acted before failing; do not repeat the call blindly." if exc.may_have_acted else ""
-            return tool_error(f"{exc.message} ({exc.failure_class}).{note}"), journaled
+            return tool_error(f"{exc.message} ({exc.failure_class}).{note}", advice), journaled
         relayed = versions.from_server(result)
         self.features.remember(owner, server_name, relayed)
         try:  # shaped for the agent's version, then through the SDK's own sieve for it, as a reply would be
@@ -288,8 +312,15 @@ class Recorder:
                 f"it is not a tools/call result of protocol {version}")
             message = (f"{server_name} answered, but its answer cannot be delivered: {why}. The server may have "
                        "acted; do not repeat the call blindly.")
-            await self.journal_outcome(opened, started, services.Outcome(result=relayed, undelivered=message))
-            raise recorder_error(-32603, message, reason="undelivered") from None
+            advice = recovery.advise(recovery.Failure("unknown", may_have_acted=True, answered=True), opened.traits)
+            await self.journal_outcome(opened, started, services.Outcome(result=relayed, undelivered=message,
+                                                                         recovery=advice.as_wire()))
+            raise recorder_error(-32603, message, reason="undelivered", advice=advice) from None
+        if relayed.get("isError") is True:  # the server's own tool error: advice added, nothing else changed
+            advice = recovery.advise(recovery.Failure(outcomes.classify_tool_error(relayed)), opened.traits)
+            delivered["_meta"] = advice_meta(advice, delivered.get("_meta"))
+            return delivered, self.journal_outcome(opened, started, services.Outcome(result=relayed,
+                                                                                     recovery=advice.as_wire()))
         return delivered, self.journal_outcome(opened, started, services.Outcome(result=relayed))
 
     async def _answered(self, result: dict, owner, opened: services.OpenedStep, tool: str, arguments: dict,

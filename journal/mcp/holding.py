@@ -7,7 +7,7 @@ import contextlib
 from asgiref.sync import sync_to_async
 from django.utils import timezone
 
-from .. import ports, services
+from .. import ports, recovery, services
 from ..models import Agent
 from .context import approved_meta, held_call_meta
 from .journal_thread import JournalThread
@@ -16,10 +16,10 @@ HOLD_POLL_SECONDS = 0.5  # how often a held call looks for the approvers' decisi
 
 
 async def hold(journal: JournalThread, agent: Agent, opened: services.OpenedStep,
-               progress) -> tuple[str | None, dict | None]:
+               progress) -> tuple[tuple[str, recovery.Advice] | None, dict | None]:
     """Wait for approvers to decide on a held call, up to the policy's time. Returns (None, the `_meta`
     to send) once the call is approved and released (an approval lets exactly one call through, with the
-    arguments and `_meta` it covers), else (what to tell the agent, None). Waiting reads the request's
+    arguments and `_meta` it covers), else ((what to tell the agent, what to advise it), None). Waiting reads the request's
     state (not on the journal thread: reads never queue behind writes)."""
     gate = ports.gate()
     asked = opened.policy.get("hold") or {}
@@ -43,18 +43,24 @@ async def hold(journal: JournalThread, agent: Agent, opened: services.OpenedStep
             return None, sent
         if standing.state == ports.HeldState.DENIED:
             message = f"Not done: {standing.decided_by} denied this call: “{standing.decision_reason}”. Nothing was sent."
+            held = "denied"
         elif standing.state == ports.HeldState.USED:
             message = f"Not done: the approval at {url} already let an identical call through; ask again."
+            held = "lapsed"
         elif standing.state == ports.HeldState.EXPIRED or standing.expires_at <= timezone.now():
             message = f"Not done: the approval request at {url} expired. Make the call again to ask anew."
+            held = "lapsed"
         elif loop.time() >= deadline:
             message = (f"Not done yet: this call awaits approval at {url} ({opened.policy.get('reason')}) "
                        "Make the same call again, with the same arguments, once it is approved.")
+            held = "waiting"
         else:
             if progress is not None:
                 with contextlib.suppress(Exception):  # a client that went away must not end the hold
                     await progress(waited, timeout, f"Waiting for approval: {url}")
             await asyncio.sleep(HOLD_POLL_SECONDS)
             continue
-        await journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now())
-        return message, None
+        advice = recovery.advise(recovery.Failure("policy", held=held), opened.traits)
+        await journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now(),
+                          advice=advice.as_wire())
+        return (message, advice), None

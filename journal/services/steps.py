@@ -16,8 +16,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .. import chain, declarations, dependencies, outcomes, ports, sql
-from ..canonical import to_ijson
+from .. import chain, declarations, dependencies, outcomes, ports, recovery, sql
+from ..canonical import sha256_hex, to_ijson
 from ..models import Agent, Run, RunValue, Step, StepDependency, ToolServer
 from .record import append_entry, locked_run, open_run, save_moving
 
@@ -43,6 +43,7 @@ class OpenedStep:
     source: str = "none"
     policy: dict[str, Any] | None = None  # what the autonomy policy decided (see `open_step`'s `decide`)
     declared: dict[str, Any] | None = None  # the definition the call was read by, when not a tool's (a read)
+    traits: recovery.Tool = recovery.Tool()  # what the advice after a failure needs to know of the tool
 
 
 # The run columns a call reads and moves. They are integers and text, so the hot path reads them raw
@@ -80,8 +81,10 @@ def open_step(
 ) -> OpenedStep:
     """Journal the intent of an agent's call, before it is forwarded.
 
-    `decide(declaration)`, when given, is the autonomy policy: it returns the decision as a dict
-    (`{"decision": "allow"|"ask"|"deny", ...}`), which is kept with the step and in its `call` entry. An
+    `decide(declaration, retry_of)`, when given, is the autonomy policy: it returns the decision as a dict
+    (`{"decision": "allow"|"ask"|"deny", ...}`), which is kept with the step and in its `call` entry.
+    `retry_of` is the latest earlier attempt of the same call by the same agent when its outcome is unknown
+    and the tool is neither read-only nor idempotent (`unknown_attempt`), else None. An
     `ask` opens the step as `held`; the caller then releases it (`release_held_step`) or refuses it
     (`refuse_step`), as it does a `deny`. `declared` stands for the tool's definition when the call is not a
     tool's (a resource read: `READ`)."""
@@ -108,7 +111,14 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
     request_meta = to_ijson(request_meta) if request_meta else None
     tool_def = declared or (server.tool(tool) if server else None)
     declaration = declarations.normalise(tool_def or {}, catalogue=server.tool_names if server else set())
-    decision = to_ijson(decide(declaration)) if decide is not None else None
+    traits = recovery.tool_of(tool_def, kind=declaration.kind)
+    digest = sha256_hex({"agent": who.get("agent"), "server": server_name, "tool": tool, "arguments": arguments})
+    decision = None
+    if decide is not None:
+        guarded = recovery.needs_retry_guard(kind=declaration.kind, idempotent=traits.idempotent)
+        decision = to_ijson(decide(declaration, retry_of=unknown_attempt(digest) if guarded else None))
+        if decision and decision.get("allowUnknownRetries"):
+            traits = recovery.tool_of(tool_def, kind=declaration.kind, retries_allowed=True)
     status = Step.Status.HELD if decision and decision.get("decision") == "ask" else Step.Status.PENDING
     with transaction.atomic():
         run = find_run()
@@ -117,7 +127,7 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
             run_id=run.pk, number=number, server_id=server.pk if server else None, server_name=server_name,
             tool=tool, arguments=arguments, request_meta=request_meta, started_at=now,
             declaration=declaration.model_dump(mode="json"), declaration_source=declaration.source,
-            reversibility=declaration.kind, status=status, policy_decision=decision,
+            reversibility=declaration.kind, status=status, policy_decision=decision, call_digest=digest,
         ))
         run.step_count = number
         entry = {"step": number, "server": server_name, "tool": tool, "arguments": arguments, **who}
@@ -129,7 +139,32 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
         save_moving(run, now=now)
     return OpenedStep(step_id=step_id, run_id=run.pk, number=number, server=server, tool=tool, arguments=arguments,
                       request_meta=request_meta, kind=declaration.kind, source=declaration.source, policy=decision,
-                      declared=declared)
+                      declared=declared, traits=traits)
+
+
+# What became of an earlier attempt, in the words of a held repeat's reason.
+_UNKNOWN_WORDS = {Step.Status.ERROR: "no answer came back", Step.Status.CANCELLED: "cancelled while the server had it",
+                  Step.Status.UNDELIVERED: "the server answered, but the agent never got the answer"}
+
+
+def unknown_attempt(digest: str) -> dict[str, Any] | None:
+    """The latest earlier attempt of the same call (agent, server, tool, arguments) that reached the server,
+    if its outcome is unknown to the agent: what the retry guard holds a repeat for. An attempt that never
+    went out (stopped by a policy, or cancelled before it was sent) does not count, so a denied or expired
+    repeat does not hide the attempt that may have acted. One indexed read."""
+    row = sql.first_row(
+        Step, ("number", "run_id", "status", "may_have_acted"),
+        "call_digest = %s AND status IN (%s, %s, %s, %s) AND failure_class <> %s "
+        "AND NOT (status = %s AND may_have_acted = %s) ORDER BY id DESC LIMIT 1",
+        [digest, Step.Status.OK, Step.Status.ERROR, Step.Status.UNDELIVERED, Step.Status.CANCELLED,
+         Step.FailureClass.POLICY, Step.Status.CANCELLED, sql.prep(Step, "may_have_acted", False)])
+    if row is None:
+        return None
+    number, run_id, status, may_have_acted = row
+    if not may_have_acted:
+        return None
+    public_id = Run.objects.filter(pk=run_id).values_list("public_id", flat=True).first()
+    return {"step": number, "run": str(public_id), "status": status, "what": _UNKNOWN_WORDS.get(status, status)}
 
 
 def release_held_step(*, opened: OpenedStep, approval: dict[str, Any], now: datetime) -> bool:
@@ -143,11 +178,14 @@ def release_held_step(*, opened: OpenedStep, approval: dict[str, Any], now: date
     return True
 
 
-def refuse_step(*, opened: OpenedStep, message: str, now: datetime) -> bool:
+def refuse_step(*, opened: OpenedStep, message: str, now: datetime, advice: dict[str, Any] | None = None) -> bool:
     """A call the autonomy policy stopped (denied, or held and not approved in time): nothing was forwarded,
-    and the record says why. Only a step still held or not yet forwarded is closed."""
+    and the record says why (and what the agent was advised to do, `advice`). Only a step still held or not
+    yet forwarded is closed."""
     fields = {"status": Step.Status.ERROR, "is_error": True, "error_message": message,
               "failure_class": Step.FailureClass.POLICY, "finished_at": now}
+    if advice is not None:
+        fields["recovery"] = to_ijson(advice)
     with transaction.atomic():
         run = locked_run("id = %s", [opened.run_id])
         step = Step.objects.filter(pk=opened.step_id).values_list("status", flat=True).first()
@@ -159,6 +197,7 @@ def refuse_step(*, opened: OpenedStep, message: str, now: datetime) -> bool:
         append_entry(run=run, event="result", now=now, data={
             "step": opened.number, "status": Step.Status.ERROR, "isError": True, "result": None,
             "error": message, "failureClass": Step.FailureClass.POLICY, "forwarded": False,
+            **({"recovery": fields["recovery"]} if advice is not None else {}),
         })
         save_moving(run, now=now)
     return True
@@ -176,6 +215,7 @@ class Outcome:
     undelivered: str = ""
     cancelled: str = ""  # why the agent never waited for the answer (with may_have_acted once the server had it)
     oversized: Any = None  # a `journal.mcp.bounded.Oversized`: the server answered over the limit; nothing kept
+    recovery: dict[str, Any] | None = None  # what the agent was advised to do about a failure (journal.recovery)
 
 
 def measured(result: dict[str, Any]) -> tuple[int, str]:
@@ -214,15 +254,15 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
             fields.update(reversibility=Step.Reversibility.READ_ONLY, undo_problems=[], compensation_arguments=None,
                           effect_summary="The server asked for more input before acting.")
         if outcome.undelivered:
-            fields.update(status=Step.Status.UNDELIVERED, error_message=outcome.undelivered)
+            fields.update(status=Step.Status.UNDELIVERED, error_message=outcome.undelivered, may_have_acted=True)
     elif outcome.oversized is not None:
-        fields.update(status=Step.Status.UNDELIVERED, error_message=outcome.undelivered,
+        fields.update(status=Step.Status.UNDELIVERED, error_message=outcome.undelivered, may_have_acted=True,
                       result_size=outcome.oversized.size, result_sha256=outcome.oversized.sha256,
                       result_storage=Step.ResultStorage.DROPPED, reversibility=Step.Reversibility.UNKNOWN,
                       undo_problems=["the server answered over the Recorder's size limit and its answer was not "
                                      "kept, so what it did is unknown"])
     elif outcome.cancelled and outcome.may_have_acted:
-        fields.update(status=Step.Status.CANCELLED, error_message=outcome.cancelled,
+        fields.update(status=Step.Status.CANCELLED, error_message=outcome.cancelled, may_have_acted=True,
                       reversibility=Step.Reversibility.UNKNOWN, undo_problems=[
                           "the agent cancelled the call while the server had it, so it may or may not have acted"])
     elif outcome.cancelled:  # before anything was sent: nothing happened, so there is nothing to undo
@@ -232,8 +272,11 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
         fields.update(status=Step.Status.ERROR, is_error=True, error_message=outcome.error_message,
                       failure_class=outcome.failure_class or Step.FailureClass.UNKNOWN)
         if outcome.may_have_acted:
-            fields.update(reversibility=Step.Reversibility.UNKNOWN, undo_problems=[
+            fields.update(may_have_acted=True, reversibility=Step.Reversibility.UNKNOWN, undo_problems=[
                 "the server did not answer, so it may or may not have acted"])
+
+    if outcome.recovery is not None:
+        fields["recovery"] = to_ijson(outcome.recovery)
 
     with transaction.atomic():
         run = locked_run("id = %s", [opened.run_id])
@@ -261,6 +304,7 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
             **({"resultDropped": True} if outcome.oversized is not None else {}),
             "error": step.error_message or None,
             "failureClass": step.failure_class or None,
+            **({"recovery": fields["recovery"]} if "recovery" in fields else {}),
             "durationMs": round(step.duration_ms or 0, 3),
             "undo": {
                 "kind": step.reversibility, "source": step.declaration_source,
@@ -283,7 +327,8 @@ def mark_undelivered(*, opened: OpenedStep, message: str, now: datetime) -> bool
         run = locked_run("id = %s", [opened.run_id])
         status = Step.objects.filter(pk=opened.step_id).values_list("status", flat=True).first()
         if status not in (Step.Status.OK, Step.Status.ERROR) or not sql.update(
-                Step, opened.step_id, {"status": Step.Status.UNDELIVERED, "error_message": message},
+                Step, opened.step_id, {"status": Step.Status.UNDELIVERED, "error_message": message,
+                                       "may_have_acted": True},
                 only_if={"status": status}):
             return False
         if status == Step.Status.OK:

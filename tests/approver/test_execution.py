@@ -65,7 +65,7 @@ def test_a_permanent_failure_fails_the_item():
 def test_items_without_a_compensation_have_their_own_outcomes():
     assert ex.without_compensation("cannot_undo", "sent").outcome == "irreversible"
     assert ex.without_compensation("nothing_to_undo", "a read").outcome == "no_compensation"
-    assert ex.without_compensation("already_undone", "earlier plan").outcome == "skipped"
+    assert ex.without_compensation("already_undone", "earlier plan").outcome == "already_undone"
 
 
 def test_a_failure_stops_what_its_step_depends_on_and_nothing_else():
@@ -82,3 +82,14 @@ def test_the_summary_line_reads_like_the_report():
     assert ex.summary_line(outcomes) == "Reversed 2 of 3 actions; 1 cannot be undone"
     assert ex.summary_line(["conflict", "skipped", "outcome_unknown"]) == (
         "Reversed 0 of 3 actions; 1 left alone: changed since; 1 need a human to check; 1 skipped")
+
+
+def test_what_an_earlier_plan_undid_is_named_apart_and_does_not_count_against_the_plan():
+    outcomes = ["compensated", "irreversible", *["already_undone"] * 4]
+    assert ex.summary_line(outcomes) == "Reversed 1 of 2 actions; 1 cannot be undone; 4 already undone by an earlier plan"
+    assert ex.finished_state(outcomes, stopped=False) == "completed"
+    assert ex.finished_state(["already_undone", "irreversible"], stopped=False) == "completed"
+    assert ex.finished_state(["compensated", "skipped", "already_undone"], stopped=False) == "partially_completed"
+    assert ex.finished_state(["compensation_failed", "already_undone"], stopped=False) == "failed"
+    assert ex.finished_state(["compensated", "already_undone"], stopped=True) == "partially_completed"
+    assert {ex.OUTCOME_WORDS[o] for o in ("already_undone", "compensation_failed")} == {"Already undone", "Undo failed"}

@@ -158,3 +158,34 @@ def test_admins_set_the_approval_rules_in_the_admin(client):
     rules = ApprovalRules.current()
     assert (rules.pk, rules.quorum, rules.valid_for.total_seconds()) == (1, 3, 7200)
     assert client.get(reverse("admin:approver_approvalrules_add")).status_code == 403  # only one row
+
+
+def test_on_call_ticks_steps_and_the_plan_adds_what_depends_on_them_saying_why(globex, on_call, client):
+    client.force_login(on_call)
+    page = client.get(reverse("journal:run_detail", args=[globex.public_id])).content.decode()
+    assert 'form="undo-chosen"' in page and page.count('name="steps"') == 4 and "Undo the chosen steps" in page
+    response = client.post(undo_url(globex), {"steps": ["2"], "reason": "the deal was not won"}, follow=True)
+    plan = Plan.objects.get()
+    assert plan.chosen_steps == [2] and plan.from_step is None and plan.selection_text == "steps 2"
+    assert response.redirect_chain[-1][0] == reverse("approver:plan_detail", args=[plan.public_id])
+    items = {item.step.number: item for item in plan.items.select_related("step")}
+    assert items[2].why_included == "chosen" and set(items) == {2, 3, 4}
+    for number in (3, 4):  # later steps the chosen one may have led to come in, each saying why
+        assert items[number].why_included.startswith("added: ") and "step 2" in items[number].why_included
+    shown = response.content.decode()
+    assert f"Step 3 ({items[3].why_included})" in shown.replace("&#x27;", "'")
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"reason": "r"}, "Tick the steps to undo, or undo from one step onwards."),
+    ({"reason": "r", "from_step": 2, "steps": ["3"]}, "Tick the steps to undo, or undo from one step onwards."),
+    ({"reason": "r", "steps": ["two"]}, "Steps are chosen by their numbers."),
+    ({"reason": "r", "steps": ["-1"]}, "Steps are chosen by their numbers."),
+    ({"reason": "r", "steps": ["9"]}, "The run has no step 9."),
+    ({"reason": "r", "steps": [str(n) for n in range(1, 502)]}, "Choose at most 500 steps at once"),
+])
+def test_a_bad_choice_of_steps_is_a_clear_error_and_makes_no_plan(globex, on_call, client, data, message):
+    client.force_login(on_call)
+    response = client.post(undo_url(globex), data, follow=True)
+    assert response.status_code == 200 and message in response.content.decode()
+    assert not Plan.objects.exists()

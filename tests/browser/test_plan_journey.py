@@ -9,6 +9,7 @@ from approver.models import Plan
 from journal import services
 from journal.models import Run
 from samples import agent as scripted
+from tests.browser.conftest import sign_in
 from tests.journal.helpers import register_samples, settle
 from tests.services import needs_chromium, running_worker, worker_env_for_test_database
 
@@ -62,3 +63,31 @@ def test_on_call_undoes_from_step_1_and_reads_the_three_sections(recorder, sampl
 
     plan = Plan.objects.get()
     assert plan.state == "ready" and plan.conflict_count == 1
+
+
+def test_on_call_ticks_the_steps_to_undo_and_the_plan_says_why_each_extra_step_came_in(
+        recorder, sample_servers, dana, on_call, chromium):
+    register_samples(sample_servers)
+    _, token = services.create_agent(name="sales-bot", on_behalf_of=dana)
+    anyio.run(lambda: scripted.replay(f"{recorder.base}/mcp/", token, say=lambda _: None))
+    settle(recorder)
+    run = Run.objects.get()
+    base = f"http://localhost:{recorder.port}"
+
+    with chromium() as browser:
+        page = browser.new_page()
+        page.goto(f"{base}/runs/{run.public_id}/")
+        sign_in(page, "olivia")
+        page.wait_for_url(f"{base}/runs/{run.public_id}/")
+        page.check("#step-2 input[name=steps]")
+        page.fill("#undo-chosen input[name=reason]", "the deal was never won")
+        page.click("#undo-chosen button[type=submit]")
+        page.wait_for_url(re.compile(r".*/plans/[0-9a-f-]+/$"))
+        assert "steps 2" in page.locator(".meta").first.inner_text()
+        facts = page.locator("#will-be-undone li.item .facts").all_inner_texts()
+        deal = next(text for text in facts if "Step 2" in text)
+        event = next(text for text in facts if "Step 3" in text)
+        assert "Step 2 (chosen)" in deal and "Step 3 (added: " in event and "step 2" in event
+
+    plan = Plan.objects.get()
+    assert plan.chosen_steps == [2] and sorted(plan.items.values_list("step__number", flat=True)) == [2, 3, 4]

@@ -42,3 +42,25 @@ def run_agent(recorder, token: str, script, *, mode: str = "auto", **options) ->
 def settle(recorder) -> None:
     """Wait until the Recorder served by `recorder` (a ServerThread) has run every queued journal write."""
     recorder.app.recorder.journal.settle()
+
+
+def without_advice(value: Any) -> Any:
+    """`value` (a result, or results, as an agent got them through the Recorder) without the recovery advice
+    the Recorder adds to every failed call (`_meta["hatp/journal"]["recovery"]`), for comparing with what the
+    server sent. Every `isError` result must carry the advice, or this fails."""
+    from journal import recovery
+
+    if isinstance(value, list):
+        return [without_advice(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    if value.get("isError") is not True:
+        return value
+    meta = dict(value.get("_meta") or {})
+    journal = dict(meta.pop("hatp/journal", None) or {})
+    advice = journal.pop("recovery", None)
+    assert isinstance(advice, dict) and advice.get("action") in recovery.ACTIONS, f"no recovery advice in {value}"
+    if journal:
+        meta["hatp/journal"] = journal
+    stripped = {key: item for key, item in value.items() if key != "_meta"}
+    return {**stripped, "_meta": meta} if meta else stripped

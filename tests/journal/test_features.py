@@ -96,8 +96,10 @@ def test_a_uri_no_server_gave_the_session_is_not_found(recorder, token, mode):
         return failure.value.error
 
     error = run_agent(recorder, token, script, mode=mode)
+    advice = error.data.pop("_meta")["hatp/journal"]["recovery"]
     assert error.code == -32002 and error.data == {"source": "recorder", "reason": "unknown_resource",
                                                     "uri": "file:///etc/passwd"}
+    assert advice["action"] == "repair_arguments"
     assert not Step.objects.exists()  # nothing was sent anywhere
 
 

@@ -49,7 +49,7 @@ def genuine(agent_and_origin, settings, tmp_path):
                      error=services.Outcome(error_message="mail is down", failure_class="transient"))
         services.open_step(agent=agent, run_key="run:fuzz", server=None, server_name="mail", tool="send_email",
                            arguments={"to": "cto@globex.example"}, request_meta=None, now=timezone.now(),
-                           decide=lambda declaration: {"decision": "ask", "reason": "irreversible"})
+                           decide=lambda declaration, retry_of=None: {"decision": "ask", "reason": "irreversible"})
         return agent.runs.get(key="run:fuzz")
 
     settings.RECORDER_CHECKPOINT_EVERY = 3

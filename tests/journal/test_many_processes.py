@@ -267,5 +267,7 @@ def test_a_session_the_database_cannot_record_is_not_opened(recorders, dana, mon
         "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}, json=INITIALIZE)
     assert opened.status_code == 503 and "mcp-session-id" not in opened.headers
     error = opened.json()["error"]
+    advice = error["data"].pop("_meta")["hatp/journal"]["recovery"]
     assert error["data"] == {"source": "recorder", "reason": "unavailable"} and "nothing was opened" in error["message"]
+    assert advice["action"] == "backoff" and advice["retryable"] is True
     assert not AgentSession.objects.exists()

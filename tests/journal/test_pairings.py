@@ -24,7 +24,7 @@ from journal.mcp import versions
 from journal.models import Step
 from tests.services import NODE_MODULES, needs_node
 
-from .helpers import register_samples, run_agent, settle
+from .helpers import register_samples, run_agent, settle, without_advice
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -97,7 +97,7 @@ def assert_journaled(results, server: str):
 def test_an_agent_on_either_protocol_reaches_a_2025_stdio_server_as_it_would_directly(recorder, token, mode):
     services.refresh_catalogue(server=services.register_tool_server(name="everything", command=" ".join(EVERYTHING)))
     direct = call_directly(stdio(EVERYTHING), mode, CALLS["everything"])
-    assert call_through(recorder, token, mode, "everything", CALLS["everything"]) == direct
+    assert without_advice(call_through(recorder, token, mode, "everything", CALLS["everything"])) == direct
     assert direct[0]["content"] == [{"type": "text", "text": "Echo: hi"}] and direct[-1]["isError"]
     assert_journaled(direct, "everything")
 
@@ -106,7 +106,7 @@ def test_an_agent_on_either_protocol_reaches_a_2025_stdio_server_as_it_would_dir
 def test_an_agent_on_either_protocol_reaches_a_2026_stdio_server_as_it_would_directly(recorder, token, mode):
     services.refresh_catalogue(server=services.register_tool_server(name="time", command=" ".join(TIME)))
     direct = call_directly(stdio(TIME), mode, CALLS["time"])
-    assert call_through(recorder, token, mode, "time", CALLS["time"]) == direct
+    assert without_advice(call_through(recorder, token, mode, "time", CALLS["time"])) == direct
     assert "T18:30:00+09:00" in direct[0]["content"][0]["text"] and direct[1]["isError"]
     assert_journaled(direct, "time")
 
@@ -123,7 +123,7 @@ def test_an_agent_on_either_protocol_reaches_a_streamable_http_server_as_it_woul
                 return [same(await client.call_tool(tool, arguments)) for tool, arguments in CALLS["legacy"]]
 
     direct = anyio.run(direct_main)
-    assert call_through(recorder, token, mode, "legacy", CALLS["legacy"]) == direct
+    assert without_advice(call_through(recorder, token, mode, "legacy", CALLS["legacy"])) == direct
     assert_journaled(direct, "legacy")
 
 
@@ -143,7 +143,9 @@ def test_an_answer_the_agents_protocol_cannot_carry_is_journaled_as_undelivered(
     register_samples(sample_servers, names=("legacy",))
     sample_servers.set_mode("legacy", "input_required")
     error = rpc_error_through(recorder, token, "legacy", "legacy__echo", {"text": "hi"})
+    advice = error.data.pop("_meta")["hatp/journal"]["recovery"]
     assert error.code == -32603 and error.data == {"source": "recorder", "reason": "undelivered"}
+    assert advice["action"] == "ask_user" and "answer could not be relayed" in advice["why"]
     assert "cannot be delivered" in error.message and "'input_required'" in error.message
     step = Step.objects.get()
     assert step.status == "undelivered" and step.error_message == error.message
@@ -233,7 +235,7 @@ def test_the_typescript_sdks_client_gets_through_the_recorder_what_it_gets_direc
     through = ts_client(f"{recorder.base}/mcp/", token, [
         *([f"everything__{tool}", arguments] for tool, arguments in CALLS["everything"]),
         *([f"legacy__{tool}", arguments] for tool, arguments in CALLS["legacy"])])
-    assert through["results"] == direct_everything["results"] + direct_legacy["results"]
+    assert without_advice(through["results"]) == direct_everything["results"] + direct_legacy["results"]
     assert through["protocolVersion"] == direct_legacy["protocolVersion"] == "2025-11-25"
     assert direct_everything["results"][0]["content"] == [{"type": "text", "text": "Echo: hi"}]
     assert Step.objects.count() == len(CALLS["everything"]) + len(CALLS["legacy"])

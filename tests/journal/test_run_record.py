@@ -304,7 +304,7 @@ def test_nothing_local_writes_to_an_imported_run(agent, settings, tmp_path):
         make_run(agent, steps=2, run_key="run:held")
         services.open_step(agent=agent, run_key="run:held", server=None, server_name="crm", tool="update_deal",
                            arguments={"deal_id": "D-9"}, request_meta=None, now=timezone.now(),
-                           decide=lambda declaration: {"decision": "ask", "reason": "irreversible"})
+                           decide=lambda declaration, retry_of=None: {"decision": "ask", "reason": "irreversible"})
         return agent.runs.get(key="run:held")
 
     bundle = foreign_bundle(settings, tmp_path, held_at_export)

@@ -191,7 +191,7 @@ def hold_email(agent):
 
     mail = ToolServer.objects.get(name="mail")
 
-    def decide_now(declaration):
+    def decide_now(declaration, retry_of=None):
         return services.decide_call(agent_name=agent.name, server_name="mail", tool="send_email",
                                     declaration=declaration)
 

@@ -1,0 +1,13 @@
+"""The approval side's state, one module a concept: reversal plans and their items (`plans`), passkeys and
+approvals (`approvals`), autonomy policies (`policies`) and the calls they hold (`held_calls`). Every change
+goes through `approver.services`."""
+
+from .approvals import Approval, ApprovalRules, Passkey, PasskeyQuerySet, SigningRequest
+from .held_calls import ActionApproval, ActionRequest
+from .plans import Plan, PlanItem, PlanQuerySet
+from .policies import ALREADY_COVERED, AutonomyPolicy, PolicyChange
+
+__all__ = [
+    "ALREADY_COVERED", "ActionApproval", "ActionRequest", "Approval", "ApprovalRules", "AutonomyPolicy", "Passkey",
+    "PasskeyQuerySet", "Plan", "PlanItem", "PlanQuerySet", "PolicyChange", "SigningRequest",
+]
