@@ -28,3 +28,12 @@ def conflict_current(content: dict[str, Any]) -> dict[str, str]:
     """An UNDO_CONFLICT's `current`: the record's version now, its summary, who changed it and when."""
     current = content.get("current") if isinstance(content.get("current"), dict) else {}
     return {key: bounded(current.get(key)) for key in CURRENT_FIELDS}
+
+
+def says_undone(result: dict[str, Any]) -> bool:
+    """Whether a `hatp_check` answer says the undo has already happened: `"status": "undone"` (DESIGN.md), or
+    from servers written before that rule, UNDO_FAILED with the reason "already compensated"."""
+    content = structured(result)
+    if result.get("isError") is not True:
+        return content.get("status") == "undone"
+    return content.get("code") == "UNDO_FAILED" and content.get("reason") == "already compensated"

@@ -14,7 +14,7 @@ _CONTENT_FIELDS = (
     "needs_human", "via", "side_effect", "cost", "undo_by", "reason", "remedy", "check_status", "check_detail",
     "conflict_choice",
     "step__number", "step__server_name", "step__tool", "step__effect_summary", "step__effect_resource",
-    "step__effect_version",
+    "step__effect_version", "step__effect_fingerprint",
 )
 
 
@@ -39,7 +39,8 @@ def plan_content(plan: Plan, rows: list[dict[str, Any]] | None = None,
             undo_by=row["undo_by"].isoformat() if row["undo_by"] else None, reason=row["reason"],
             remedy=row["remedy"],
             effect={"summary": row["step__effect_summary"], "resource": row["step__effect_resource"],
-                    "version": row["step__effect_version"]},
+                    "version": row["step__effect_version"],
+                    **({"fingerprint": row["step__effect_fingerprint"]} if row["step__effect_fingerprint"] else {})},
             check={"status": row["check_status"] or None, **(row["check_detail"] or {})} if compensate else None,
             conflict_choice=choice,
         ))
@@ -55,7 +56,8 @@ def items_for_page(plan: Plan):
     return plan.items.select_related("step", "call_step").order_by("position").only(
         *(f.name for f in PlanItem._meta.concrete_fields if f.name != "plan"), "plan_id",
         "step__number", "step__server_name", "step__tool", "step__effect_summary", "step__effect_resource",
-        "step__effect_version", "step__finished_at", "step__run_id", "call_step__number")
+        "step__effect_version", "step__effect_fingerprint", "step__finished_at", "step__run_id",
+        "call_step__number")
 
 
 def conflict_positions(plan: Plan) -> set[int]:

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VAR = Path(os.environ.setdefault("VAR_DIR", str(ROOT / "var")))
 WEB_PORT = int(os.environ.get("DEMO_PORT", "8000"))
 SAMPLES_PORT = int(os.environ.get("DEMO_SAMPLES_PORT", "8100"))
-SAMPLE_SERVERS = ("crm", "calendar", "mail", "payments", "inventory", "legacy")
+SAMPLE_SERVERS = ("crm", "calendar", "mail", "payments", "inventory", "legacy", "desk")
 USERS = [  # username, role, what they do in the story
     ("olivia", "on-call", "on-call engineer"),
     ("ana", "approver", "team lead"),
@@ -115,19 +115,26 @@ def ensure_agent() -> str:
 
 
 def ensure_policy() -> None:
-    """The demo's autonomy policy, set once (as ada, in the change log): act freely where the API can take
-    it back, ask an approver first for everything else."""
+    """The demo's autonomy policies, set once each (as ada, in the change log): act freely where the API can
+    take it back, ask an approver first for everything else; on the customer desk, whose own screens take a
+    change back (trash and restore, edit back), the agent acts freely too, and an undo there is still signed."""
     from django.contrib.auth.models import User
 
     from approver import policy, services
     from approver.models import AutonomyPolicy
+    from journal.models import ToolServer
 
-    if AutonomyPolicy.objects.exists():
-        return
-    services.save_policy(row=AutonomyPolicy(name="Default", scope="everything", ask_timeout=600,
-                                            decisions=dict(policy.DEFAULT_DECISIONS)),
-                         by=User.objects.get(username="ada"))
-    say("  autonomy policy “Default”: compensate via api allow; everything else ask an approver")
+    ada = User.objects.get(username="ada")
+    if not AutonomyPolicy.objects.filter(scope="everything").exists():
+        services.save_policy(row=AutonomyPolicy(name="Default", scope="everything", ask_timeout=600,
+                                                decisions=dict(policy.DEFAULT_DECISIONS)), by=ada)
+        say("  autonomy policy “Default”: compensate via api allow; everything else ask an approver")
+    desk = ToolServer.objects.filter(name="desk").first()
+    if desk is not None and not AutonomyPolicy.objects.filter(scope="server", server=desk).exists():
+        services.save_policy(row=AutonomyPolicy(
+            name="Desk: its screens take changes back", scope="server", server=desk, ask_timeout=600,
+            decisions={**policy.DEFAULT_DECISIONS, "compensate_ui": "allow"}), by=ada)
+        say("  autonomy policy “Desk: its screens take changes back”: compensate via ui allow on desk")
 
 
 def replay_globex(token: str) -> None:
@@ -142,10 +149,10 @@ def replay_globex(token: str) -> None:
     from samples import agent as scripted
 
     run = Run.objects.filter(key=f"run:{scripted.RUN_ID}").first()
-    story = scripted.STORY
+    story = scripted.DEMO_STORY
     if run is not None:
         made = set(run.steps.filter(status="ok").values_list("server_name", "tool"))
-        story = [(name, arguments) for name, arguments in scripted.STORY if tuple(name.split("__", 1)) not in made]
+        story = [(name, arguments) for name, arguments in story if tuple(name.split("__", 1)) not in made]
         if not story:
             say("  the Globex run is already recorded (kept from the last start)")
             return

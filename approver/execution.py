@@ -65,6 +65,19 @@ def read_answer(result: dict[str, Any]) -> Verdict:
                                          "code": answers.bounded(code) or None})
 
 
+def read_postcondition(verdict: Verdict, check: dict[str, Any]) -> Verdict:
+    """A compensation replayed through an app's screens (`via: "ui"`) counts only once `hatp_check` on the same
+    token says the undo has happened: the record shows its earlier state again. Anything else is a failure,
+    in the server's words, never `compensated`."""
+    if verdict.outcome != COMPENSATED:
+        return verdict
+    if answers.says_undone(check):
+        return Verdict(COMPENSATED, {**verdict.detail, "postcondition": "The app shows the earlier state again."})
+    said = answers.first_text(check)
+    return Verdict(COMPENSATION_FAILED, {**verdict.detail, "postcondition": False, "message": answers.bounded(
+        "The app does not show the earlier state" + (f": {said}" if said else "."))})
+
+
 def read_failure(*, failure_class: str, message: str, transient: bool, may_have_acted: bool,
                  repeat_is_safe: bool, attempt: int) -> Verdict:
     """A compensation call that produced no tool result.

@@ -22,6 +22,8 @@ from journal.declarations import NO_VERSION_PROBLEM
 
 # The dialect of a compensation decides how it is checked and run.
 HATP = "hatp"
+UI_NEEDS_HUMAN = ("Undone through the app's screens, by the server replaying the app's own way back: a person "
+                  "signs it, whatever the policies say.")
 # An approver's answers to a conflict.
 KEEP_NEWER, OVERWRITE = "keep_newer", "overwrite"
 
@@ -185,6 +187,8 @@ def _item(step: StepFacts, position: int, pull: Pull, *, plan_id: str, now: date
     # with the others and flagged for the approver, never run on its own (DESIGN.md).
     problems = [p for p in step.undo_problems if p != NO_VERSION_PROBLEM]
     needs_human = "" if step.effect_version else _sentence(NO_VERSION_PROBLEM.capitalize())
+    if declaration.get("via") == "ui":  # the HATP draft: an undo through the app's screens always has a signer
+        needs_human = UI_NEEDS_HUMAN
     if step.undo_by is not None and step.undo_by <= now:
         problems.append(f"the undo window closed at {step.undo_by.isoformat()}")
     compensation = declaration.get("compensation") or {}

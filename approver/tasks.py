@@ -19,6 +19,16 @@ def stalled_before():
     return timezone.now() - timedelta(seconds=2 * settings.TOOL_SERVER_TIMEOUT + GRACE_SECONDS)
 
 
+@shared_task(name="approver.draft_plan")
+def draft_plan(plan_id: int) -> str:
+    """Draft a requested plan: read the run, write the items, queue the checks. Safe to run twice: one worker
+    drafts a plan at a time, and a draft a dead worker left is started again."""
+    plan = Plan.objects.filter(pk=plan_id).first()
+    if plan is None:
+        return "no such plan"
+    return services.draft_plan(plan=plan).state
+
+
 @shared_task(name="approver.check_plan")
 def check_plan(plan_id: int, check_round: int) -> str:
     """Check a plan's pending items against their tool servers, for one round of checks. Safe to run
@@ -32,12 +42,16 @@ def check_plan(plan_id: int, check_round: int) -> str:
 
 @shared_task(name="approver.requeue_stalled_checks")
 def requeue_stalled_checks() -> int:
-    """Ring the bell again for checks a dead worker left half done."""
+    """Ring the bell again for drafts and checks a dead worker left half done (or whose bell was lost)."""
     stalled = list(Plan.objects.filter(state=Plan.State.CHECKING, updated_at__lt=stalled_before())
                    .values_list("pk", "check_round"))
     for plan_id, check_round in stalled:
         check_plan.delay(plan_id, check_round)
-    return len(stalled)
+    drafts = list(Plan.objects.filter(state=Plan.State.DRAFTING, updated_at__lt=timezone.now() - services.DRAFT_STALE)
+                  .values_list("pk", flat=True))
+    for plan_id in drafts:
+        draft_plan.delay(plan_id)
+    return len(stalled) + len(drafts)
 
 
 @shared_task(name="approver.notify_plan_ready")

@@ -11,6 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.http import HttpResponseClientRefresh
 from webauthn.helpers import base64url_to_bytes, bytes_to_base64url
 
 from journal import roles
@@ -46,8 +47,8 @@ PLANS_PER_PAGE = 25
 
 @require_POST
 def request_undo(request, run_id):
-    """On-call asks to undo a run from step N, or the steps they ticked; the plan is built at once and its
-    checks are queued."""
+    """On-call asks to undo a run from step N, or the steps they ticked: the plan is opened at once, and the
+    worker drafts it and checks it while the plan page shows how far it got."""
     require_role(request, roles.ON_CALL)
     run = get_object_or_404(Run, public_id=run_id)
     form = UndoRequestForm(request.POST)
@@ -57,7 +58,7 @@ def request_undo(request, run_id):
                 messages.error(request, error)
         return redirect(reverse("journal:run_detail", args=[run.public_id]))
     try:
-        plan = services.request_plan(run=run, requested_by=request.user, reason=form.cleaned_data["reason"],
+        plan = services.ask_for_plan(run=run, requested_by=request.user, reason=form.cleaned_data["reason"],
                                      from_step=form.cleaned_data["from_step"],
                                      steps=form.cleaned_data["steps"] or None)
     except services.PlanRefused as refused:
@@ -65,7 +66,8 @@ def request_undo(request, run_id):
         target = services.plan_url(refused.open_plan) if refused.open_plan else reverse(
             "journal:run_detail", args=[run.public_id])
         return redirect(target)
-    messages.success(request, f"Plan created: undo {plan.selection_text}. Checks with the tool servers have started.")
+    messages.success(request, f"Plan asked for: undo {plan.selection_text}. The worker drafts it, then checks every "
+                              "step with the tool servers.")
     return redirect(services.plan_url(plan))
 
 
@@ -81,6 +83,8 @@ def plan_list(request):
 def plan_detail(request, plan_id):
     require_role(request, *READERS)
     plan = get_object_or_404(Plan.objects.for_page(), public_id=plan_id)
+    if request.htmx and request.GET.get("was") == Plan.State.DRAFTING and plan.state != Plan.State.DRAFTING:
+        return HttpResponseClientRefresh()  # drafted: the whole page changes (its heading too), not the fragment
     template = "approver/plan_detail.html#checks" if request.htmx else "approver/plan_detail.html"
     return render(request, template, _plan_context(request, plan))
 

@@ -101,10 +101,27 @@ class HatpUndo(_Strict):
         return value
 
 
+class Fingerprint(_Strict):
+    """What a `via: "ui"` version fingerprints: the screen the changed record shows on and its visible fields
+    (the HATP draft: the changed record only, never the whole screen). Shown to the approver as it came."""
+
+    screen: str = Field(max_length=200)
+    fields: dict[str, str | int | float | bool | None] = Field(max_length=40)
+
+    @field_validator("fields")
+    @classmethod
+    def _bounded(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name, shown in value.items():
+            if len(name) > 100 or (isinstance(shown, str) and len(shown) > _TEXT):
+                raise ValueError("a fingerprint field is too long to show")
+        return value
+
+
 class Effect(_Strict):
     summary: str | None = Field(None, max_length=_TEXT)
     resource: str | None = Field(None, max_length=_TEXT)
     version: str | None = Field(None, max_length=200)
+    fingerprint: Fingerprint | None = None
 
     @field_validator("version", mode="before")
     @classmethod
@@ -209,10 +226,11 @@ def _from_hatp(undo: dict[str, Any], source: Source, catalogue: Collection[str])
     compensation = None
     problems: list[str] = []
     if parsed.kind == "compensate":
-        if parsed.via == "ui":
-            problems.append("the server says this is undone through its user interface, not automatically")
-        elif HATP_COMPENSATE not in catalogue:
-            problems.append(f"the server declares a compensation but does not offer {HATP_COMPENSATE}")
+        # Through the API, or through the app's own screens (`via: "ui"`): either way the server replays it,
+        # behind `hatp_compensate`; a UI undo always needs a person's signature (approver.policy).
+        if HATP_COMPENSATE not in catalogue:
+            problems.append(f"the server declares a compensation but does not offer {HATP_COMPENSATE}"
+                            + (" to replay it through its screens" if parsed.via == "ui" else ""))
         else:
             compensation = Compensation(tool=HATP_COMPENSATE, dialect="hatp")
     return UndoDeclaration(

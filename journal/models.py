@@ -233,6 +233,8 @@ class Step(models.Model):
     effect_summary = models.CharField(max_length=500, blank=True)
     effect_resource = models.CharField(max_length=500, blank=True)
     effect_version = models.CharField(max_length=200, blank=True)
+    # For a change made through an app's screens: what its version fingerprints (screen and visible fields).
+    effect_fingerprint = models.JSONField(null=True, blank=True)
     compensation_token = models.CharField(max_length=500, blank=True)
     undo_by = models.DateTimeField(null=True, blank=True)
     receipt = models.JSONField(null=True, blank=True)

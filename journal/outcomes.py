@@ -101,6 +101,7 @@ def undo_facts(*, tool_def: dict[str, Any] | None, catalogue: set[str], receipt_
         "effect_summary": effect.summary or "",
         "effect_resource": effect.resource or "",
         "effect_version": effect.version or "",
+        "effect_fingerprint": effect.fingerprint.model_dump(mode="json") if effect.fingerprint else None,
         "compensation_token": token or "",
         "undo_by": declaration.deadline(finished),
         "receipt": journal_raw.get("receipt") if isinstance(journal_raw, dict) else None,

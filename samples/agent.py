@@ -3,7 +3,8 @@
     python -m samples.agent --url http://localhost:8000/mcp/ --token agt_…
 
 sales-bot, acting for Dana, reads deal D-881, marks it Won, books a kickoff with Globex, and emails their
-buyer. The first two can be undone; the email cannot.
+buyer. The first two can be undone; the email cannot. In the demo (`DEMO_STORY`) it also marks Globex a customer
+on the support desk through the desk's screens, which the desk takes back through its own screens.
 """
 
 import argparse
@@ -24,6 +25,9 @@ STORY = [
     ("mail__send_email", {"to": "buyer@globex.example", "subject": "Welcome aboard, Globex",
                           "body": "Thanks for choosing us. Your kickoff is booked for Dec 4."}),
 ]
+
+# The demo's telling: one change through an app's screens (`via: "ui"`) before the email.
+DEMO_STORY = [*STORY[:3], ("desk__edit_record", {"id": "C-77", "status": "Customer"}), *STORY[3:]]
 
 
 @contextlib.asynccontextmanager

@@ -1,4 +1,4 @@
-"""The six sample tool servers of the Globex story."""
+"""The sample tool servers of the Globex story."""
 
 import secrets
 from datetime import datetime, timedelta
@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from .base import SampleServer, now, rfc3339, text_result, tool_error
+from .desk import Desk
 from .hatp import HatpServer
 
 ARROW = "→"
@@ -349,4 +350,4 @@ class Legacy(SampleServer):
         return text_result("x" * min(int(arguments["size"]), 256 * 1024 * 1024))
 
 
-ALL = (Crm, Calendar, Mail, Payments, Inventory, Legacy)
+ALL = (Crm, Calendar, Mail, Payments, Inventory, Legacy, Desk)

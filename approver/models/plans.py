@@ -27,6 +27,7 @@ class Plan(models.Model):
     SHA-256 of its JCS bytes and changes whenever the content does."""
 
     class State(models.TextChoices):
+        DRAFTING = "drafting", "Drafting"  # the worker reads the run and writes the items (`draft_plan`)
         DRAFT = "draft", "Draft"
         CHECKING = "checking", "Checking"
         READY = "ready", "Ready for sign-off"
@@ -42,10 +43,10 @@ class Plan(models.Model):
         SUPERSEDED = "superseded", "Superseded"
 
     # Where each move starts from: the services' conditional updates and the pages' buttons read these.
-    OPEN_STATES = (State.DRAFT, State.CHECKING, State.READY, State.APPROVED, State.EXECUTING, State.PAUSED)
+    OPEN_STATES = (State.DRAFTING, State.DRAFT, State.CHECKING, State.READY, State.APPROVED, State.EXECUTING, State.PAUSED)
     FINISHED_STATES = (State.COMPLETED, State.PARTIALLY_COMPLETED, State.FAILED)
     CHECKABLE_STATES = (State.DRAFT, State.READY)
-    CANCELLABLE_STATES = (State.DRAFT, State.CHECKING, State.READY)
+    CANCELLABLE_STATES = (State.DRAFTING, State.DRAFT, State.CHECKING, State.READY)
     RUNNABLE_STATES = (State.APPROVED, State.EXECUTING)  # a worker may take it (and pause it)
     STOPPABLE_STATES = (State.APPROVED, State.EXECUTING, State.PAUSED)  # abortable; a reconciler looks at it
     DECIDED_STATES = (State.APPROVED, State.REJECTED, State.EXECUTING, State.PAUSED, *FINISHED_STATES)
@@ -61,6 +62,10 @@ class Plan(models.Model):
     digest = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
+    # Drafting's progress (items written of the plan's steps), and since when a worker has been at it.
+    draft_total = models.PositiveIntegerField(default=0)
+    draft_done = models.PositiveIntegerField(default=0)
+    drafting_since = models.DateTimeField(null=True, blank=True)
     # Counters the progress line reads without an aggregate: items to check, and how many have an answer.
     checks_total = models.PositiveIntegerField(default=0)
     checks_done = models.PositiveIntegerField(default=0)

@@ -63,9 +63,12 @@ from .held_calls import (
 )
 from .outcomes import SETTLEMENTS, NotSettled, check_unknown, retry_unknown, settle_unknown
 from .plans import (
+    DRAFT_STALE,
     WRITE_EVERY,
     PlanRefused,
+    ask_for_plan,
     cancel_plan,
+    draft_plan,
     finish_checks,
     queue_checks,
     record_checks,
@@ -78,12 +81,12 @@ from .policies import PolicyRefused, clean_policy, delete_policy, save_policy
 FINISHED_STATES = Plan.FINISHED_STATES
 
 __all__ = [
-    "FINISHED_STATES", "POLICY_LOG", "SETTLEMENTS", "SIGNING_SECONDS", "WRITE_EVERY", "ActionRefused", "CheckResult",
+    "DRAFT_STALE", "FINISHED_STATES", "POLICY_LOG", "SETTLEMENTS", "SIGNING_SECONDS", "WRITE_EVERY", "ActionRefused", "CheckResult",
     "ExecutionStopped", "HeldCallGate", "NotSettled", "PlanRefused", "PolicyRefused", "abort_plan", "action_digest",
-    "action_refusal", "action_url", "approvals_for_bundle", "approve", "as_policy", "begin_action_signing",
+    "action_refusal", "action_url", "approvals_for_bundle", "approve", "as_policy", "ask_for_plan", "begin_action_signing",
     "begin_signing", "cancel_plan", "check_unknown", "claim_approved_action", "clean_policy", "compensation_call",
     "complete_action_signing", "complete_signing", "conflict_positions", "content_rows", "counting_approvals",
-    "current_policies", "decide_call", "delete_policy", "enroll_passkey", "enter_executing", "execute_plan",
+    "current_policies", "decide_call", "delete_policy", "draft_plan", "enroll_passkey", "enter_executing", "execute_plan",
     "expire_held_calls", "finish_checks", "held_call_state", "items_for_page", "passkey_registration_options",
     "pause_plan", "plan_content", "plan_needs_a_human", "plan_url", "policy_record", "queue_checks",
     "queue_execution", "recent_calls", "reconcile_execution", "record_checks", "recount", "reject",

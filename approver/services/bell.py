@@ -18,6 +18,7 @@ from django.db import transaction
 
 logger = logging.getLogger(__name__)
 
+DRAFT_PLAN = "approver.draft_plan"
 CHECK_PLAN = "approver.check_plan"
 EXECUTE_PLAN = "approver.execute_plan"
 NOTIFY_PLAN_READY = "approver.notify_plan_ready"

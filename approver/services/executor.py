@@ -20,7 +20,7 @@ from journal import services as journal_services
 from journal.errors import Refused
 from journal.mcp.client import ToolServerError, Upstreams, endpoint_of
 
-from .. import answers, execution, passkeys, planning, signing
+from .. import answers, checks, execution, passkeys, planning, signing
 from ..authority import counting_approvals
 from ..models import ApprovalRules, Plan, PlanItem
 from ..policy_book import plan_needs_a_human
@@ -216,8 +216,9 @@ async def _compensate(item: PlanItem, arguments: dict[str, Any], meta: dict[str,
                       attempt: int) -> tuple[execution.Verdict, journal_services.Outcome]:
     """One compensation call through the one client: the verdict, and what to journal."""
     async with Upstreams(timeout=settings.TOOL_SERVER_TIMEOUT) as upstreams:
+        endpoint = endpoint_of(item.step.server)
         try:
-            result = await upstreams.call_tool(endpoint_of(item.step.server), item.tool, arguments, meta=meta)
+            result = await upstreams.call_tool(endpoint, item.tool, arguments, meta=meta)
         except ToolServerError as exc:
             verdict = execution.read_failure(
                 failure_class=exc.failure_class, message=exc.message, transient=exc.transient,
@@ -225,7 +226,24 @@ async def _compensate(item: PlanItem, arguments: dict[str, Any], meta: dict[str,
                 attempt=attempt)
             return verdict, journal_services.Outcome(error_message=exc.message, failure_class=exc.failure_class,
                                                      may_have_acted=exc.may_have_acted)
-    return execution.read_answer(result), journal_services.Outcome(result=result)
+        verdict = execution.read_answer(result)
+        if item.via == "ui" and verdict.outcome == execution.COMPENSATED:
+            verdict = await _postcondition(upstreams, endpoint, item, verdict)
+    return verdict, journal_services.Outcome(result=result)
+
+
+async def _postcondition(upstreams: Upstreams, endpoint, item: PlanItem, verdict: execution.Verdict
+                         ) -> execution.Verdict:
+    """After a replay through an app's screens, ask `hatp_check` on the same token whether the record shows its
+    earlier state (the HATP draft's postcondition)."""
+    token = {"compensationToken": (item.arguments or {}).get("compensationToken")}
+    try:
+        check = await upstreams.call_tool(endpoint, checks.HATP_CHECK, token)
+    except ToolServerError as exc:
+        return execution.Verdict(execution.OUTCOME_UNKNOWN, {**verdict.detail, "message": answers.bounded(
+            f"The way back was replayed on {endpoint.name}'s screens, but it could not be asked whether the record "
+            f"shows its earlier state ({exc.message}); check the app.")})
+    return execution.read_postcondition(verdict, check)
 
 
 def _keep_outcome(plan: Plan, item: PlanItem, verdict: execution.Verdict, now: datetime) -> None:

@@ -4,13 +4,13 @@ Rule of the house: no outside I/O inside a transaction. Checks talk to tool serv
 with no transaction open; each answer is written in its own short transaction as it arrives.
 """
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import anyio
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from journal import declarations, sql
@@ -73,60 +73,150 @@ def step_facts(run: Run) -> list[planning.StepFacts]:
     return facts
 
 
+def ask_for_plan(*, run: Run, requested_by, reason: str = "", from_step: int | None = None,
+                 steps: list[int] | None = None, now: datetime | None = None) -> Plan:
+    """What the run page does: the request is checked and the plan opened at once (`drafting`), and the worker
+    drafts it (`draft_plan`), so a 10,000-step run costs the web request a few small queries while the page
+    shows how far the drafting got. Refused (PlanRefused) as `request_plan` is."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        plan = _open(run=run, requested_by=requested_by, reason=reason, from_step=from_step, steps=steps, now=now)
+        bell.ring(bell.DRAFT_PLAN, plan.pk)
+    return plan
+
+
 def request_plan(*, run: Run, requested_by, reason: str = "", from_step: int | None = None,
                  steps: list[int] | None = None, now: datetime | None = None) -> Plan:
-    """Build a reversal plan for `run`, from step N onwards or for a chosen set of steps, and queue its
-    checks. Refused (PlanRefused) when the selection is empty or unknown, or when a step in it is already
-    in an open plan."""
+    """Build a reversal plan for `run` here and now (commands, tests, the Recorder's unwinding), from step N
+    onwards or for a chosen set of steps, and queue its checks. Refused (PlanRefused) when the selection is
+    empty or unknown, or when a step in it is already in an open plan; nothing is kept then."""
     now = now or timezone.now()
+    plan = _open(run=run, requested_by=requested_by, reason=reason, from_step=from_step, steps=steps, now=now)
+    try:
+        return _draft(plan, claimed=_claim_draft(plan, now), now=now)
+    except PlanRefused:
+        Plan.objects.filter(pk=plan.pk).delete()  # never a plan: its items went with it
+        raise
+
+
+def _open(*, run: Run, requested_by, reason: str, from_step: int | None, steps: list[int] | None,
+          now: datetime) -> Plan:
+    """Check what can be checked without reading the whole run, and open the plan as `drafting`."""
     if run.state == Run.State.IMPORTED:
         raise PlanRefused(f"This run was imported{' from ' + run.imported_from if run.imported_from else ''}: its "
                           "record is kept here as it came, and its actions are undone where they ran.")
     if (from_step is None) == (not steps):
         raise PlanRefused("Say where to undo from (a step number), or which steps to undo.")
-    facts = step_facts(run)
-    if from_step is not None:
-        chosen = {s.number for s in facts if s.number >= from_step}
-        if not chosen:
-            raise PlanRefused(f"The run has no step {from_step}.")
-    else:
-        chosen = set(steps)
+    asked = Step.objects.filter(run=run)
+    asked = asked.filter(number__gte=from_step) if from_step is not None else asked.filter(number__in=set(steps))
+    known = set(asked.values_list("number", flat=True)) if steps else set()
+    if from_step is not None and not asked.exists():
+        raise PlanRefused(f"The run has no step {from_step}.")
+    if steps and (missing := sorted(set(steps) - known)):
+        raise PlanRefused(f"The run has no step {', '.join(map(str, missing))}.")
+    _refuse_if_held_steps(asked.values_list("id", flat=True))
+    return Plan.objects.create(
+        run=run, requested_by=requested_by, reason=reason.strip(), from_step=from_step,
+        chosen_steps=sorted(set(steps)) if from_step is None else [], created_at=now, updated_at=now,
+        state=Plan.State.DRAFTING)
+
+
+# A draft's items are written this many at a time, each batch in its own short transaction, so the page can
+# show the progress and no transaction holds the database for seconds.
+DRAFT_BATCH = 1000
+# A draft that has not moved for this long was left by a worker that died: another may start it again.
+DRAFT_STALE = timedelta(minutes=2)
+
+
+def draft_plan(*, plan: Plan, now: datetime | None = None) -> Plan:
+    """The worker's part of a plan request (`ask_for_plan`): read the run's steps, add every later step that
+    depends on a chosen one, write the items (the page shows how many), then queue the checks. Safe to run
+    twice: one worker drafts a plan at a time (a conditional update claims it), and a draft a dead worker
+    left is started again from nothing. A request that cannot become a plan (a step taken by another plan
+    meanwhile) ends the plan as cancelled, saying why."""
+    now = now or timezone.now()
+    claimed = _claim_draft(plan, now)
+    if claimed is None:
+        return Plan.objects.get(pk=plan.pk)
+    try:
+        return _draft(plan, claimed=claimed, now=now)
+    except PlanRefused as refused:
+        with transaction.atomic():
+            if Plan.objects.filter(pk=plan.pk, state=Plan.State.DRAFTING, drafting_since=claimed).update(
+                    state=Plan.State.CANCELLED, stop_reason=refused.message, updated_at=timezone.now()):
+                PlanItem.objects.filter(plan_id=plan.pk).delete()
+        return Plan.objects.get(pk=plan.pk)
+
+
+def _claim_draft(plan: Plan, now: datetime) -> datetime | None:
+    """Take the drafting of `plan` for this worker: the moment of the claim, or None if another has it."""
+    claimed = timezone.now()
+    fresh = Q(drafting_since__isnull=True) | Q(updated_at__lt=now - DRAFT_STALE)
+    if not Plan.objects.filter(fresh, pk=plan.pk, state=Plan.State.DRAFTING).update(
+            drafting_since=claimed, draft_done=0, updated_at=claimed):
+        return None
+    PlanItem.objects.filter(plan_id=plan.pk).delete()  # what a dead worker left, if anything
+    return claimed
+
+
+def _draft(plan: Plan, *, claimed: datetime, now: datetime) -> Plan:
+    plan = Plan.objects.select_related("run", "requested_by").get(pk=plan.pk)
+    facts = step_facts(plan.run)
+    chosen = {s.number for s in facts if s.number >= plan.from_step} if plan.from_step is not None \
+        else set(plan.chosen_steps)
     try:
         pulled = planning.closure(facts, chosen)
     except planning.PlanningError as exc:
         raise PlanRefused(str(exc)) from None
     _refuse_if_held(facts, pulled)
-
-    plan = Plan(run=run, requested_by=requested_by, reason=reason.strip(), from_step=from_step,
-                chosen_steps=sorted(chosen) if from_step is None else [], created_at=now, updated_at=now,
-                state=Plan.State.CHECKING, check_round=1)
     drafts = planning.draft_items(facts, pulled, plan_id=str(plan.public_id), now=now)
-    items = [_item_row(plan, draft) for draft in drafts]
-    plan.checks_total = sum(item.action == PlanItem.Action.COMPENSATE for item in items)
-    plan.compensate_count = plan.checks_total
-    plan.cannot_undo_count = sum(item.action == PlanItem.Action.CANNOT_UNDO for item in items)
-    try:
-        with transaction.atomic():
-            plan.save()
-            PlanItem.objects.bulk_create(items, batch_size=500)
-            plan.digest = planning.digest(plan_content(plan))
-            plan.save(update_fields=["digest"])
-            journal_services.record_event(run_id=run.pk, event="plan", now=now, data={
-                "plan": str(plan.public_id), "requestedBy": requested_by.get_username(), "reason": plan.reason,
-                "selection": plan.selection_text, "items": len(items), "digest": plan.digest,
-            })
-            bell.ring(bell.CHECK_PLAN, plan.pk, plan.check_round)
-    except IntegrityError:
-        # Another request took one of these steps between our check and our insert.
-        _refuse_if_held(facts, pulled)
-        raise PlanRefused("Another plan for these steps was being made at the same moment; try again.") from None
+    mine = Plan.objects.filter(pk=plan.pk, state=Plan.State.DRAFTING, drafting_since=claimed)
+    mine.update(draft_total=len(drafts))
+    for start in range(0, len(drafts), DRAFT_BATCH):
+        rows = [_item_row(plan, draft) for draft in drafts[start:start + DRAFT_BATCH]]
+        try:
+            with transaction.atomic():
+                if not mine.select_for_update().exists():  # cancelled meanwhile, or taken over
+                    return Plan.objects.get(pk=plan.pk)
+                PlanItem.objects.bulk_create(rows, batch_size=500)
+                mine.update(draft_done=F("draft_done") + len(rows), updated_at=timezone.now())
+        except IntegrityError:
+            # Another plan took one of these steps since we looked.
+            _refuse_if_held_steps([f.id for f in facts if f.number in pulled], mine=plan)
+            raise PlanRefused("Another plan for these steps was being made at the same moment; try again.") from None
+    return _finish_draft(plan, drafts, claimed=claimed, now=now)
+
+
+def _finish_draft(plan: Plan, drafts: list[planning.ItemDraft], *, claimed: datetime, now: datetime) -> Plan:
+    """Every item is written: the plan's content gets its digest, the request goes on the run's record, and the
+    checks are queued."""
+    compensate = sum(d.action == PlanItem.Action.COMPENSATE for d in drafts)
+    with transaction.atomic():
+        if not Plan.objects.select_for_update().filter(
+                pk=plan.pk, state=Plan.State.DRAFTING, drafting_since=claimed).exists():
+            return Plan.objects.get(pk=plan.pk)
+        plan.checks_total = plan.compensate_count = compensate
+        plan.cannot_undo_count = sum(d.action == PlanItem.Action.CANNOT_UNDO for d in drafts)
+        plan.state, plan.check_round, plan.updated_at = Plan.State.CHECKING, 1, timezone.now()
+        plan.draft_total = plan.draft_done = len(drafts)
+        plan.digest = planning.digest(plan_content(plan))
+        plan.save(update_fields=["checks_total", "compensate_count", "cannot_undo_count", "state", "check_round",
+                                 "updated_at", "draft_total", "draft_done", "digest"])
+        journal_services.record_event(run_id=plan.run_id, event="plan", now=now, data={
+            "plan": str(plan.public_id), "requestedBy": plan.requested_by.get_username(), "reason": plan.reason,
+            "selection": plan.selection_text, "items": len(drafts), "digest": plan.digest,
+        })
+        bell.ring(bell.CHECK_PLAN, plan.pk, plan.check_round)
     return plan
 
 
 def _refuse_if_held(facts: list[planning.StepFacts], pulled: dict[int, planning.Pull]) -> None:
-    ids = [s.id for s in facts if s.number in pulled]
+    _refuse_if_held_steps([s.id for s in facts if s.number in pulled])
+
+
+def _refuse_if_held_steps(step_ids, *, mine: Plan | None = None) -> None:
     held = (
-        PlanItem.objects.filter(step_id__in=ids, holds_step=True).select_related("plan", "step")
+        PlanItem.objects.filter(step_id__in=step_ids, holds_step=True).exclude(plan=mine).select_related("plan", "step")
         .order_by("step__number").first()
     )
     if held is not None:

@@ -21,7 +21,18 @@ def test_on_call_asks_to_undo_from_a_step_and_lands_on_the_plan(globex, on_call,
     response = client.post(undo_url(globex), {"from_step": 2, "reason": "sales-bot picked the wrong deal"}, follow=True)
     plan = Plan.objects.get()
     assert response.redirect_chain[-1][0] == reverse("approver:plan_detail", args=[plan.public_id])
-    page = response.content.decode()
+    # The request opened the plan; the worker drafts it (here: by hand) while the page says so.
+    drafting = response.content.decode()
+    assert plan.state == "drafting" and "Drafting: reading the run's steps." in drafting
+    assert "Undo from step 2 of sales-bot's run for Dana" in drafting and 'hx-trigger="every 1s"' in drafting
+    assert "Will be undone" not in drafting and "Sign-off" not in drafting
+    url = reverse("approver:plan_detail", args=[plan.public_id])
+    assert f'hx-get="{url}?was=drafting"' in drafting
+    assert client.get(f"{url}?was=drafting", headers={"HX-Request": "true"}).status_code == 200  # still drafting
+    services.draft_plan(plan=plan)
+    refresh = client.get(f"{url}?was=drafting", headers={"HX-Request": "true"})
+    assert refresh.headers["HX-Refresh"] == "true"  # drafted: the browser reloads the whole page
+    page = client.get(url).content.decode()
     assert "Undo 2 actions by sales-bot for Dana" in page
     assert "1. Will be undone, in this order" in page and "2. Cannot be undone" in page
     assert "3. Changed since the agent acted" in page
@@ -165,14 +176,14 @@ def test_on_call_ticks_steps_and_the_plan_adds_what_depends_on_them_saying_why(g
     page = client.get(reverse("journal:run_detail", args=[globex.public_id])).content.decode()
     assert 'form="undo-chosen"' in page and page.count('name="steps"') == 4 and "Undo the chosen steps" in page
     response = client.post(undo_url(globex), {"steps": ["2"], "reason": "the deal was not won"}, follow=True)
-    plan = Plan.objects.get()
+    plan = services.draft_plan(plan=Plan.objects.get())
     assert plan.chosen_steps == [2] and plan.from_step is None and plan.selection_text == "steps 2"
     assert response.redirect_chain[-1][0] == reverse("approver:plan_detail", args=[plan.public_id])
     items = {item.step.number: item for item in plan.items.select_related("step")}
     assert items[2].why_included == "chosen" and set(items) == {2, 3, 4}
     for number in (3, 4):  # later steps the chosen one may have led to come in, each saying why
         assert items[number].why_included.startswith("added: ") and "step 2" in items[number].why_included
-    shown = response.content.decode()
+    shown = client.get(reverse("approver:plan_detail", args=[plan.public_id])).content.decode()
     assert f"Step 3 ({items[3].why_included})" in shown.replace("&#x27;", "'")
 
 

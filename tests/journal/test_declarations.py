@@ -169,9 +169,23 @@ def test_hatp_compensate_without_the_compensate_tool_needs_a_human():
     assert "hatp_compensate" in declaration.problems[0]
 
 
-def test_undo_through_the_ui_is_declared_but_not_automatic():
+def test_undo_through_the_ui_is_replayed_by_the_server_behind_hatp_compensate():
     declaration = normalise(hatp_tool({"kind": "compensate", "via": "ui"}), catalogue=HATP_CATALOGUE)
-    assert declaration.via == "ui" and declaration.compensation is None and declaration.problems
+    assert declaration.via == "ui" and declaration.compensation.tool == "hatp_compensate"
+    assert declaration.compensation.dialect == "hatp" and not declaration.problems
+    manual = normalise(hatp_tool({"kind": "compensate", "via": "ui"}), catalogue={"update_deal"})
+    assert manual.compensation is None and "to replay it through its screens" in manual.problems[0]
+
+
+@pytest.mark.parametrize("fingerprint", [
+    {"screen": "Records › C-77", "fields": {"x": "y" * 600}},
+    {"screen": "s", "fields": {"x": {"nested": 1}}},
+    {"screen": "s" * 300, "fields": {}},
+    {"fields": {"x": "y"}},
+])
+def test_a_fingerprint_that_cannot_be_shown_is_refused(fingerprint):
+    parsed, problems = parse_call_journal({"effect": {"version": "fp:1", "fingerprint": fingerprint}})
+    assert parsed is None and any("fingerprint" in problem for problem in problems)
 
 
 def test_a_malformed_call_journal_is_reported_not_trusted():
