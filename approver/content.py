@@ -3,6 +3,7 @@ and where it lives. No writes."""
 
 from typing import Any
 
+from django.conf import settings
 from django.urls import reverse
 
 from . import planning
@@ -65,6 +66,8 @@ def conflict_positions(plan: Plan) -> set[int]:
                .values_list("position", flat=True))
 
 
-def plan_url(plan: Plan) -> str:
-    return reverse("approver:plan_detail", args=[plan.public_id])
+def plan_url(plan: Plan, *, absolute: bool = False) -> str:
+    """The plan's page: a path, or (for messages that leave this site: an agent's error, an email) a full URL."""
+    path = reverse("approver:plan_detail", args=[plan.public_id])
+    return settings.PUBLIC_URL.rstrip("/") + path if absolute else path
 

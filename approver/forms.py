@@ -56,16 +56,21 @@ class PolicyForm(forms.ModelForm):
     class Meta:
         model = AutonomyPolicy
         fields = ["name", "scope", "agent", "server", "tool", "approver_group", "quorum", "ask_timeout",
-                  "auto_run_plans", "allow_unknown_retries"]
+                  "auto_run_plans", "allow_unknown_retries", "on_failure"]
         widgets = {"tool": forms.TextInput(attrs={"placeholder": "e.g. send_email", "autocomplete": "off"})}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.fields["on_failure"].required = False
         current = self.instance.decisions or policy.DEFAULT_DECISIONS
         for klass in policy.CLASSES:
             self.fields[f"decision_{klass}"] = forms.ChoiceField(
                 label=policy.CLASS_LABELS[klass], choices=[(d, d) for d in policy.DECISIONS],
                 initial=current.get(klass, "ask"), widget=forms.RadioSelect)
+
+    def clean_on_failure(self):
+        # Left out (an older form, an API client): a failure is just an error, as before the option existed.
+        return self.cleaned_data.get("on_failure") or AutonomyPolicy.OnFailure.NOTHING
 
     def decision_fields(self):
         return [self[f"decision_{klass}"] for klass in policy.CLASSES]

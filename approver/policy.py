@@ -62,6 +62,7 @@ class Policy:
     tool: str = ""
     auto_run_plans: bool = False
     allow_unknown_retries: bool = False
+    on_failure: str = "nothing"  # nothing | propose | unwind (ChronoMCP's saga mode)
 
     def matches(self, *, agent: str, server: str, tool: str) -> bool:
         if self.scope == "everything":

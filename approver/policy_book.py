@@ -23,7 +23,7 @@ def policy_record(policy_row: AutonomyPolicy) -> dict[str, Any]:
         "server": policy_row.server.name if policy_row.server_id else None, "tool": policy_row.tool or None,
         "decisions": dict(policy_row.decisions), "approverGroup": policy_row.approver_group,
         "quorum": policy_row.quorum, "askTimeout": policy_row.ask_timeout, "autoRunPlans": policy_row.auto_run_plans,
-        "allowUnknownRetries": policy_row.allow_unknown_retries,
+        "allowUnknownRetries": policy_row.allow_unknown_retries, "onFailure": policy_row.on_failure,
     }
 
 
@@ -33,7 +33,7 @@ def as_policy(policy_row: AutonomyPolicy) -> policy.Policy:
                          agent=policy_row.agent.name if policy_row.agent_id else "",
                          server=policy_row.server.name if policy_row.server_id else "", tool=policy_row.tool,
                          auto_run_plans=policy_row.auto_run_plans,
-                         allow_unknown_retries=policy_row.allow_unknown_retries)
+                         allow_unknown_retries=policy_row.allow_unknown_retries, on_failure=policy_row.on_failure)
 
 
 def plan_needs_a_human(plan: Plan) -> str:
@@ -108,6 +108,8 @@ def decide_call(*, agent_name: str, server_name: str, tool: str, declaration, bo
         record["allowUnknownRetries"] = True  # the agent's advice after a failure says a repeat goes through
     if retry_of is not None:
         record["retryOf"] = retry_of
+    if decided.policy is not None and decided.policy.on_failure != "nothing":
+        record["onFailure"] = decided.policy.on_failure  # a failure of this call stops the run (`sagas`)
     if decided.decision == "ask":
         default = {"approverGroup": roles.APPROVER, "quorum": 1, "askTimeout": DEFAULT_HOLD_SECONDS}
         record["hold"] = {**holds.get(decided.policy.id if decided.policy else 0, default), "why": decided.why}

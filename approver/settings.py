@@ -251,6 +251,8 @@ RECORDER_STDIO_COMMANDS = env_list("RECORDER_STDIO_COMMANDS", [])
 RECORDER_FAST_CALLS = env_bool("RECORDER_FAST_CALLS", True)
 # Without a runId or an MCP session id, an agent's calls join its latest run unless it has been idle this long.
 RECORDER_RUN_IDLE_SECONDS = env_int("RECORDER_RUN_IDLE_SECONDS", 1800)
+# How long a failed call's answer may wait while a saga policy unwinds the run (the worker finishes what is left).
+RECORDER_UNWIND_SECONDS = env_int("RECORDER_UNWIND_SECONDS", 60)
 # How Recorder processes reach each other (an agent's cancellation heard by one, for a call another makes):
 # Redis pub/sub. Without it, each process hears only itself, which is all a single process needs.
 RECORDER_BUS_URL = env_str("RECORDER_BUS_URL", REDIS_URL)

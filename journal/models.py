@@ -139,6 +139,10 @@ class Run(models.Model):
     head_seq = models.PositiveIntegerField(default=0)
     head_hash = models.CharField(max_length=64, default="GENESIS")
     checkpointed_seq = models.PositiveIntegerField(default=0)
+    # A run being unwound after a failed call (a saga policy): the plan that does it. The agent's further calls
+    # in the run are refused while that plan is open, until it ends or a person releases the run.
+    halted_by_plan = models.CharField(max_length=36, blank=True)
+    halted_reason = models.TextField(blank=True)
     # For runs imported from elsewhere: where they came from.
     imported_from = models.CharField(max_length=200, blank=True)
     agent_label = models.CharField(max_length=200, blank=True, help_text="Agent name for imported runs.")

@@ -68,6 +68,18 @@ class PolicyGate(Protocol):
         """Use an approval for this one call; False if it is not (or no longer) approved: each approval is
         checked again first (passkey not revoked, approver still active and in the role)."""
 
+    def failed(self, *, run_id: int, step_id: int, mode: str) -> dict[str, Any]:
+        """A call failed under a policy that stops the run on failure (`mode`: propose or unwind): open the
+        plan that undoes the run's task, halt the run, and say what was done (`{"plan", "url"}` or
+        `{"refused"}`)."""
+
+    def unwind(self, *, plan: int) -> dict[str, Any]:
+        """Check and run that plan now if no human is needed (else it waits for approvers): what was reversed,
+        what could not be and why. Blocking; the Recorder runs it in a thread, up to its time limit."""
+
+    def halting(self, *, plan: str) -> str | None:
+        """Why calls in a run halted by this plan are refused, or None once the plan has ended."""
+
 
 class AllowEverything:
     """The gate when no approval side is plugged in: every call is forwarded and nothing is ever held."""
@@ -84,6 +96,15 @@ class AllowEverything:
 
     def claim(self, *, held_id: int, step_id: int) -> bool:
         return False
+
+    def failed(self, *, run_id: int, step_id: int, mode: str) -> dict[str, Any]:
+        return {}
+
+    def unwind(self, *, plan: int) -> dict[str, Any]:
+        return {}
+
+    def halting(self, *, plan: str) -> str | None:
+        return None
 
 
 def no_decisions(run: Any) -> list[dict[str, Any]]:

@@ -84,6 +84,19 @@ def run_end(request, run_id):
     return redirect("journal:run_detail", run_id=run.public_id)
 
 
+@require_POST
+def run_release(request, run_id):
+    """Let the agent's calls into a run a failed call halted (a saga policy) again; the plan goes on."""
+    require_role(request, roles.ON_CALL, roles.ADMIN)
+    run = get_object_or_404(Run, public_id=run_id)
+    if services.release_run(run_id=run.pk, by=request.user.get_username(), why="released by a person",
+                            now=timezone.now()):
+        messages.success(request, "Run released: the agent's calls in it go through again. The undo plan goes on.")
+    else:
+        messages.info(request, "This run was not halted.")
+    return redirect("journal:run_detail", run_id=run.public_id)
+
+
 def _visible_agents(user):
     """Readers (on-call, approvers, admins) see every agent; anyone else the agents acting for them."""
     agents = Agent.objects.select_related("on_behalf_of").order_by("name")

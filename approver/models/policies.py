@@ -33,6 +33,16 @@ class AutonomyPolicy(models.Model):
     auto_run_plans = models.BooleanField(
         default=False, help_text="Reversal plans whose items are all compensate-via-api, with no conflict, side "
                                  "effect or cost, run without a human.")
+    class OnFailure(models.TextChoices):
+        NOTHING = "nothing", "Nothing: the agent gets its error"
+        PROPOSE = "propose", "Propose an undo of the run for approvers"
+        UNWIND = "unwind", "Unwind the run before answering, where no human is needed (else propose)"
+
+    on_failure = models.CharField(
+        "When a call fails", max_length=10, choices=OnFailure.choices, default=OnFailure.NOTHING,
+        help_text="A failed call (an error from its server) stops the run: its earlier steps are undone, most "
+                  "recent first, from the step the agent marked as its task's start (sagaStart) or from step 1. "
+                  "Unwinding runs only plans these policies let run without a human.")
     allow_unknown_retries = models.BooleanField(
         "Let repeats after an unknown outcome through",
         default=False, help_text="A call repeated after its first attempt timed out or was cancelled while the "

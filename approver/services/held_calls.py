@@ -19,7 +19,7 @@ from journal.canonical import canonical_bytes
 from .. import authority
 from ..models import ActionRequest, ApprovalRules
 from ..policy_book import PolicyBook, decide_call
-from . import bell
+from . import bell, sagas
 
 
 def action_digest(*, agent: str, server: str, tool: str, arguments: Any, meta: Any = None) -> str:
@@ -138,3 +138,12 @@ class HeldCallGate:
 
     def claim(self, *, held_id: int, step_id: int) -> bool:
         return claim_approved_action(action_id=held_id, step_id=step_id)
+
+    def failed(self, *, run_id: int, step_id: int, mode: str) -> dict[str, Any]:
+        return sagas.start_saga(run_id=run_id, step_id=step_id, mode=mode)
+
+    def unwind(self, *, plan: int) -> dict[str, Any]:
+        return sagas.unwind(plan_id=plan)
+
+    def halting(self, *, plan: str) -> str | None:
+        return sagas.halting(plan=plan)

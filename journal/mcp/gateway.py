@@ -56,6 +56,7 @@ from .context import (
     upstream_error,
 )
 from .delivery import Deliveries
+from .failing import advice_meta, failed, stop_the_run, tool_error
 from .fast_calls import FastCalls
 from .features import Features
 from .journal_thread import Journaled, JournalThread, ServerDirectory
@@ -100,25 +101,6 @@ def _begin(*, servers: ServerDirectory, agent: Agent, server_name: str, tool: st
 
     return services.open_step(agent=agent, run_key=key, server=server, server_name=server_name, tool=tool,
                               arguments=arguments, request_meta=request_meta, now=now, decide=decide)
-
-
-def tool_error(text: str, advice: recovery.Advice) -> types.CallToolResult:
-    """A failed call as the Recorder answers it: the words, and what the agent should do about it."""
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True,
-                                _meta=advice_meta(advice))
-
-
-def advice_meta(advice: recovery.Advice, meta: Any = None) -> dict[str, Any]:
-    """`meta` with the advice in `hatp/journal.recovery` (a key the Recorder writes, never the server or the
-    agent: a server's own `recovery` there is replaced, the rest of its `hatp/journal` is kept)."""
-    meta = dict(meta) if isinstance(meta, dict) else {}
-    journal = meta.get(declarations.HATP_KEY)
-    meta[declarations.HATP_KEY] = {**(journal if isinstance(journal, dict) else {}), "recovery": advice.as_wire()}
-    return meta
-
-
-def failed(category: str, **facts) -> recovery.Advice:
-    return recovery.advise(recovery.Failure(category=category, **facts))
 
 
 def _relayed(progress):
@@ -296,12 +278,13 @@ class Recorder:
             journaled = self.journal_outcome(opened, started, services.Outcome(
                 error_message=exc.message, failure_class=exc.failure_class, may_have_acted=exc.may_have_acted,
                 recovery=advice.as_wire()))
+            saga = await stop_the_run(opened, journaled)
             if exc.code is not None and exc.failure_class != "transient":
                 # A JSON-RPC error from the server goes back as the same JSON-RPC error; the advice is journaled.
                 await journaled
                 raise upstream_error(exc) from None
             note = " It may have acted before failing; do not repeat the call blindly." if exc.may_have_acted else ""
-            return tool_error(f"{exc.message} ({exc.failure_class}).{note}", advice), journaled
+            return tool_error(f"{exc.message} ({exc.failure_class}).{note}", advice, saga), journaled
         relayed = versions.from_server(result)
         self.features.remember(owner, server_name, relayed)
         try:  # shaped for the agent's version, then through the SDK's own sieve for it, as a reply would be
@@ -318,9 +301,11 @@ class Recorder:
             raise recorder_error(-32603, message, reason="undelivered", advice=advice) from None
         if relayed.get("isError") is True:  # the server's own tool error: advice added, nothing else changed
             advice = recovery.advise(recovery.Failure(outcomes.classify_tool_error(relayed)), opened.traits)
-            delivered["_meta"] = advice_meta(advice, delivered.get("_meta"))
-            return delivered, self.journal_outcome(opened, started, services.Outcome(result=relayed,
-                                                                                     recovery=advice.as_wire()))
+            journaled = self.journal_outcome(opened, started, services.Outcome(result=relayed,
+                                                                               recovery=advice.as_wire()))
+            saga = await stop_the_run(opened, journaled)
+            delivered["_meta"] = advice_meta(advice, delivered.get("_meta"), saga)
+            return delivered, journaled
         return delivered, self.journal_outcome(opened, started, services.Outcome(result=relayed))
 
     async def _answered(self, result: dict, owner, opened: services.OpenedStep, tool: str, arguments: dict,

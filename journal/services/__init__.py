@@ -11,7 +11,7 @@ these as `journal.services.X`.
 from .agents import TOKEN_PREFIX, authenticate_agent, create_agent, hash_token, reset_agent_token
 from .bundles import export_bundle, import_bundle, import_chronomcp_log, verify_run
 from .record import ForeignRun, append_entry, checkpoint_run, open_run, record_event
-from .runs import RunRefused, end_run, runs_matching
+from .runs import RunRefused, end_run, halt_run, release_run, runs_matching
 from .servers import refresh_catalogue, register_tool_server, save_catalogue, save_tool_server
 from .steps import (
     READ,
@@ -27,7 +27,7 @@ from .steps import (
 )
 
 __all__ = [
-    "READ", "TOKEN_PREFIX", "OpenedStep", "Outcome", "RunRefused", "end_run", "runs_matching", "ForeignRun", "append_entry", "open_run", "authenticate_agent", "checkpoint_run", "close_step",
+    "READ", "TOKEN_PREFIX", "OpenedStep", "Outcome", "RunRefused", "end_run", "halt_run", "release_run", "runs_matching", "ForeignRun", "append_entry", "open_run", "authenticate_agent", "checkpoint_run", "close_step",
     "create_agent", "export_bundle", "hash_token", "import_bundle", "import_chronomcp_log", "mark_undelivered", "open_step",
     "open_step_in_run", "reconcile_stale_steps", "record_event", "refresh_catalogue", "refuse_step",
     "register_tool_server", "release_held_step", "reset_agent_token", "save_catalogue", "save_tool_server",

@@ -24,7 +24,7 @@ RUN_MOVING_FIELDS = (
     "step_count", "head_seq", "head_hash", "checkpointed_seq", "state",
     "reversible_count", "irreversible_count", "unknown_count", "failed_count",
 )
-_RUN_LOCKED_FIELDS = ("id", *RUN_MOVING_FIELDS)
+_RUN_LOCKED_FIELDS = ("id", *RUN_MOVING_FIELDS, "halted_by_plan")
 
 
 def locked_run(where: str, params: list[Any]) -> Run | None:

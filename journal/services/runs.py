@@ -53,3 +53,34 @@ def end_run(*, run_id: int, by: str, now: datetime) -> None:
                                                                         "starts a new run"}, now=now)
         save_moving(run, now=None)
         Run.objects.filter(pk=run_id).update(ended_at=now)
+
+
+def halt_run(*, run_id: int, plan: str, reason: str, now: datetime) -> None:
+    """Stop a run after a failed call (a saga policy): the agent's further calls in it are refused while
+    `plan` (the plan that undoes its task) is open, until it ends or a person releases the run."""
+    with transaction.atomic():
+        run = locked_run("id = %s", [run_id])
+        append_entry(run=run, event="halted", now=now, data={"plan": plan, "reason": reason})
+        save_moving(run, now=None)
+        Run.objects.filter(pk=run_id).update(halted_by_plan=plan, halted_reason=reason)
+
+
+def release_run(*, run_id: int, by: str, why: str, now: datetime) -> bool:
+    """Let the agent's calls into a halted run again: a person released it, or its plan ended. False if the
+    run was not halted."""
+    with transaction.atomic():
+        run = locked_run("id = %s", [run_id])
+        if run is None:
+            raise RunRefused("No such run.")
+        if not run.halted_by_plan:
+            return False
+        release(run, by=by, why=why, now=now)
+        save_moving(run, now=None)
+    return True
+
+
+def release(run: Run, *, by: str, why: str, now: datetime) -> None:
+    """The release itself, on a run the caller holds locked (and saves)."""
+    append_entry(run=run, event="released", now=now, data={"plan": run.halted_by_plan, "by": by, "why": why})
+    Run.objects.filter(pk=run.pk).update(halted_by_plan="", halted_reason="")
+    run.halted_by_plan = ""

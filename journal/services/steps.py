@@ -20,6 +20,7 @@ from .. import chain, declarations, dependencies, outcomes, ports, recovery, sql
 from ..canonical import sha256_hex, to_ijson
 from ..models import Agent, Run, RunValue, Step, StepDependency, ToolServer
 from .record import append_entry, locked_run, open_run, save_moving
+from .runs import release
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +123,14 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
     status = Step.Status.HELD if decision and decision.get("decision") == "ask" else Step.Status.PENDING
     with transaction.atomic():
         run = find_run()
+        if run.halted_by_plan and decide is not None:  # an agent's call into a run a failure stopped
+            halted = ports.gate().halting(plan=run.halted_by_plan)
+            if halted:
+                decision = {"decision": "deny", "class": (decision or {}).get("class", "unknown"), "reason": halted,
+                            "haltedBy": run.halted_by_plan}
+                status = Step.Status.PENDING
+            else:
+                release(run, by="the Recorder", why="the plan that halted it has ended", now=now)
         number = run.step_count + 1
         step_id = sql.insert(Step, dict(
             run_id=run.pk, number=number, server_id=server.pk if server else None, server_name=server_name,

@@ -28,6 +28,7 @@ ACCESS = {
     "journal:run_detail": ("get", READERS),
     "journal:run_verify": ("get", READERS),
     "journal:run_end": ("post", {roles.ON_CALL, roles.ADMIN}),
+    "journal:run_release": ("post", {roles.ON_CALL, roles.ADMIN}),
     "journal:agent_list": ("get", READERS | {SIGNED_IN}),
     "journal:agent_detail": ("get", READERS | {OWNER}),
     "journal:agent_client_revoke": ("post", {roles.ADMIN, OWNER}),

@@ -105,3 +105,16 @@ def test_an_agent_cannot_reach_the_policies(client, dana, admin_user):
     assert response.status_code in (302, 403)
     assert client.get("/admin/autonomypolicy/", **bearer).status_code in (302, 404)
     assert not AutonomyPolicy.objects.exists()
+
+
+def test_an_admin_sets_what_happens_when_a_call_fails_and_lets_repeats_through(client, admin_user):
+    client.force_login(admin_user)
+    form = client.get(reverse("approver:policy_new")).content.decode()
+    assert "When a call fails" in form and "Unwind the run before answering" in form
+    assert "Let repeats after an unknown outcome through" in form
+    client.post(reverse("approver:policy_new"), form_data(save="1", on_failure="unwind", allow_unknown_retries="on"))
+    row = AutonomyPolicy.objects.get()
+    assert row.on_failure == "unwind" and row.allow_unknown_retries
+    assert PolicyChange.objects.get().data["after"]["onFailure"] == "unwind"
+    page = client.get(reverse("approver:policy_list")).content.decode()
+    assert "on a failed call: unwind" in page and "repeats after an unknown outcome go through" in page
