@@ -42,6 +42,14 @@ def test_an_unknown_outcome_is_checked_then_tried_again_with_the_same_key(answer
     assert checked["by"] == "olivia" and checked["message"] == "This change was already undone."
     page = client.get(reverse("approver:plan_detail", args=[plan.public_id])).content.decode()
     assert "This change was already undone." in page
+    # When it was asked reads as a time, not as an ISO string.
+    from datetime import datetime
+
+    from django.utils import timezone
+    from django.utils.formats import date_format
+
+    at = timezone.localtime(datetime.fromisoformat(checked["at"]))
+    assert f'Asked <time datetime="{at.isoformat()}">{date_format(at, "M j, H:i")}</time> by olivia' in page
 
     client.force_login(approver_user)
     response = client.post(reverse("approver:retry_outcome", args=[plan.public_id, event.position]))
