@@ -34,6 +34,7 @@ def test_on_call_releases_a_halted_run(recorder, sample_servers, dana, on_call, 
         banner = page.locator("#halted").inner_text()
         assert "Halted." in banner and "Step 2 (crm__update_deal) failed" in banner
         assert f"/plans/{plan.public_id}/" in banner
+        assert page.get_attribute("#halted a", "href") == f"/plans/{plan.public_id}/"
         page.click("#halted button[type=submit]")
         page.wait_for_url(f"{base}/runs/{run.public_id}/")
         assert "Run released" in page.locator("p.message").first.inner_text()
