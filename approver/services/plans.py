@@ -182,7 +182,7 @@ def _draft(plan: Plan, *, claimed: datetime, now: datetime) -> Plan:
                 mine.update(draft_done=F("draft_done") + len(rows), updated_at=timezone.now())
         except IntegrityError:
             # Another plan took one of these steps since we looked.
-            _refuse_if_held_steps([f.id for f in facts if f.number in pulled], mine=plan)
+            _refuse_if_held(facts, pulled, mine=plan)
             raise PlanRefused("Another plan for these steps was being made at the same moment; try again.") from None
     return _finish_draft(plan, drafts, claimed=claimed, now=now)
 
@@ -210,8 +210,9 @@ def _finish_draft(plan: Plan, drafts: list[planning.ItemDraft], *, claimed: date
     return plan
 
 
-def _refuse_if_held(facts: list[planning.StepFacts], pulled: dict[int, planning.Pull]) -> None:
-    _refuse_if_held_steps([s.id for s in facts if s.number in pulled])
+def _refuse_if_held(facts: list[planning.StepFacts], pulled: dict[int, planning.Pull], *,
+                    mine: Plan | None = None) -> None:
+    _refuse_if_held_steps([s.id for s in facts if s.number in pulled], mine=mine)
 
 
 def _refuse_if_held_steps(step_ids, *, mine: Plan | None = None) -> None:

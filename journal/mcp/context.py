@@ -99,7 +99,6 @@ def unsendable(arguments: dict[str, Any], meta: dict[str, Any] | None, server: s
 _FAILURE_OF_REASON = {
     "internal": recovery.Failure("unknown"),
     "unavailable": recovery.Failure("transient"),
-    "busy": recovery.Failure("transient"),
     "upstream_failed": recovery.Failure("transient"),
     "too_large": recovery.Failure("unknown", answered=True),
     "undelivered": recovery.Failure("unknown", may_have_acted=True, answered=True),

@@ -34,8 +34,12 @@ def advice_meta(advice: recovery.Advice, meta: Any = None, saga: dict[str, Any] 
     return meta
 
 
-def failed(category: str, **facts) -> recovery.Advice:
-    return recovery.advise(recovery.Failure(category=category, **facts))
+_ANY_TOOL = recovery.Tool()  # a failure before any known tool was reached
+
+
+def failed(category: str, tool: recovery.Tool = _ANY_TOOL, **facts) -> recovery.Advice:
+    """The advice for a failure of `category` (with `recovery.Failure`'s other facts) of this tool."""
+    return recovery.advise(recovery.Failure(category=category, **facts), tool)
 
 
 async def stop_the_run(opened: services.OpenedStep, journaled: "Journaled") -> dict[str, Any] | None:

@@ -34,7 +34,7 @@ from mcp_types import methods as _methods
 from pydantic import ValidationError
 from starlette.applications import Starlette
 
-from .. import declarations, keys, outcomes, ports, recovery, services
+from .. import declarations, keys, outcomes, ports, services
 from ..models import Agent, ToolServer
 from . import bridge, holding, versions
 from .asgi import AnswerAsJson
@@ -270,11 +270,11 @@ class Recorder:
         except ToolServerError as exc:
             if exc.oversized is not None:  # the server answered: it acted, but nothing of its answer is relayed
                 message = f"{exc.message}. The server may have acted; do not repeat the call blindly."
-                advice = recovery.advise(recovery.Failure("unknown", may_have_acted=True, answered=True), opened.traits)
+                advice = failed("unknown", opened.traits, may_have_acted=True, answered=True)
                 return tool_error(message, advice), self.journal_outcome(opened, started, services.Outcome(
                     undelivered=message, oversized=exc.oversized, recovery=advice.as_wire()))
-            advice = recovery.advise(recovery.Failure(exc.failure_class, may_have_acted=exc.may_have_acted,
-                                                      retry_after=exc.retry_after), opened.traits)
+            advice = failed(exc.failure_class, opened.traits, may_have_acted=exc.may_have_acted,
+                            retry_after=exc.retry_after)
             journaled = self.journal_outcome(opened, started, services.Outcome(
                 error_message=exc.message, failure_class=exc.failure_class, may_have_acted=exc.may_have_acted,
                 recovery=advice.as_wire()))
@@ -295,12 +295,12 @@ class Recorder:
                 f"it is not a tools/call result of protocol {version}")
             message = (f"{server_name} answered, but its answer cannot be delivered: {why}. The server may have "
                        "acted; do not repeat the call blindly.")
-            advice = recovery.advise(recovery.Failure("unknown", may_have_acted=True, answered=True), opened.traits)
+            advice = failed("unknown", opened.traits, may_have_acted=True, answered=True)
             await self.journal_outcome(opened, started, services.Outcome(result=relayed, undelivered=message,
                                                                          recovery=advice.as_wire()))
             raise recorder_error(-32603, message, reason="undelivered", advice=advice) from None
         if relayed.get("isError") is True:  # the server's own tool error: advice added, nothing else changed
-            advice = recovery.advise(recovery.Failure(outcomes.classify_tool_error(relayed)), opened.traits)
+            advice = failed(outcomes.classify_tool_error(relayed), opened.traits)
             journaled = self.journal_outcome(opened, started, services.Outcome(result=relayed,
                                                                                recovery=advice.as_wire()))
             saga = await stop_the_run(opened, journaled)

@@ -10,6 +10,7 @@ from django.utils import timezone
 from .. import ports, recovery, services
 from ..models import Agent
 from .context import approved_meta, held_call_meta
+from .failing import failed
 from .journal_thread import JournalThread
 
 HOLD_POLL_SECONDS = 0.5  # how often a held call looks for the approvers' decision
@@ -60,7 +61,7 @@ async def hold(journal: JournalThread, agent: Agent, opened: services.OpenedStep
                     await progress(waited, timeout, f"Waiting for approval: {url}")
             await asyncio.sleep(HOLD_POLL_SECONDS)
             continue
-        advice = recovery.advise(recovery.Failure("policy", held=held), opened.traits)
+        advice = failed("policy", opened.traits, held=held)
         await journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now(),
                           advice=advice.as_wire())
         return (message, advice), None

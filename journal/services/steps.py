@@ -5,6 +5,7 @@ intent before it is forwarded and the outcome after it returns; the tool server 
 no transaction open. Each transaction holds the run's row lock while it appends to the chain.
 """
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -119,7 +120,7 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
         guarded = recovery.needs_retry_guard(kind=declaration.kind, idempotent=traits.idempotent)
         decision = to_ijson(decide(declaration, retry_of=unknown_attempt(digest) if guarded else None))
         if decision and decision.get("allowUnknownRetries"):
-            traits = recovery.tool_of(tool_def, kind=declaration.kind, retries_allowed=True)
+            traits = dataclasses.replace(traits, retries_allowed=True)
     status = Step.Status.HELD if decision and decision.get("decision") == "ask" else Step.Status.PENDING
     with transaction.atomic():
         run = find_run()

@@ -67,12 +67,8 @@ def test_on_call_undoes_from_step_1_and_reads_the_three_sections(recorder, sampl
 
 
 def test_on_call_ticks_the_steps_to_undo_and_the_plan_says_why_each_extra_step_came_in(
-        recorder, sample_servers, dana, on_call, chromium):
-    register_samples(sample_servers)
-    _, token = services.create_agent(name="sales-bot", on_behalf_of=dana)
-    anyio.run(lambda: scripted.replay(f"{recorder.base}/mcp/", token, say=lambda _: None))
-    settle(recorder)
-    run = Run.objects.get()
+        recorder, globex, on_call, chromium):
+    run = globex
     base = f"http://localhost:{recorder.port}"
 
     with running_worker(worker_env_for_test_database(), "choose-steps"), chromium() as browser:
