@@ -14,23 +14,28 @@ django_app = get_asgi_application()
 from journal.mcp.gateway import build_app  # noqa: E402 - needs Django set up first
 
 
-def build_application():
-    """A fresh application; the MCP session manager inside it can be started once only."""
-    recorder_app = build_app()
+class Application:
+    """The Recorder at /mcp/ (and the lifespan), Django for everything else. `recorder` and `fast_calls` are
+    the Recorder's, for tests and benchmarks that tune the upstream timeout or count fast calls."""
 
-    async def application(scope, receive, send):
+    def __init__(self):
+        self.recorder_app = build_app()  # its MCP session manager can be started once only
+        self.recorder, self.fast_calls = self.recorder_app.recorder, self.recorder_app.fast_calls
+
+    async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
-            return await recorder_app(scope, receive, send)
+            return await self.recorder_app(scope, receive, send)
         path = scope.get("path", "")
         if scope["type"] == "http" and (path == "/mcp" or path.startswith("/mcp/")):
             if path == "/mcp":
                 scope = {**scope, "path": "/mcp/", "raw_path": b"/mcp/"}
-            return await recorder_app(scope, receive, send)
+            return await self.recorder_app(scope, receive, send)
         return await django_app(scope, receive, send)
 
-    application.recorder = recorder_app.recorder  # for tests and benchmarks that tune the upstream timeout
-    application.fast_calls = recorder_app.fast_calls
-    return application
+
+def build_application() -> Application:
+    """A fresh application; the MCP session manager inside it can be started once only."""
+    return Application()
 
 
 application = build_application()

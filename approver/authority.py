@@ -14,7 +14,7 @@ from journal import roles
 from journal.models import Run
 
 from . import passkeys
-from .models import ActionApproval, ActionRequest, Approval, ApprovalRules, Plan
+from .models import ActionApproval, ActionRequest, Approval, ApprovalRules, Passkey, Plan
 
 # Who may press each button on a plan (the view's `require_role` and the page both read these).
 MAY_CHECK = (roles.ON_CALL, roles.APPROVER)
@@ -35,6 +35,20 @@ def plan_buttons(user, plan: Plan) -> dict[str, bool]:
         "may_settle": roles.has_any_role(user, *MAY_SETTLE) and plan.state in Plan.FINISHED_STATES,
         "may_retry": roles.has_any_role(user, *MAY_CONTROL) and plan.state in Plan.FINISHED_STATES and running,
     }
+
+
+NO_PASSKEY = "no-passkey"  # the refusal the sign-off form turns into a link to enrol one
+
+
+def signing_state(user, *, role: str, refusal) -> dict[str, Any]:
+    """Whether `user` may sign now (`may_sign`), and if not why (`sign_refusal`), for a plan or a held call:
+    written once for both. Someone outside `role` is told nothing, since it is not theirs to sign; `refusal`
+    is the subject's own rule (a callable giving "" when it lets them), or None when there is nothing to
+    sign now; with no active passkey, the refusal is NO_PASSKEY."""
+    if refusal is None or not roles.has_role(user, role):
+        return {"may_sign": False, "sign_refusal": ""}
+    why = refusal() or ("" if Passkey.objects.active().filter(user=user).exists() else NO_PASSKEY)
+    return {"may_sign": not why, "sign_refusal": why}
 
 
 def signing_refusal(*, plan: Plan, user, rules: ApprovalRules | None = None) -> str:

@@ -1,6 +1,6 @@
 """Asking tool servers, without changing anything, whether each undo in a plan would work right now.
 
-All traffic goes through the one client (`journal.mcp.client.Upstreams`), with its timeout on every call.
+All traffic goes through the one client (`journal.upstream.client.Upstreams`), with its timeout on every call.
 Items are checked concurrently, at most `per_server` at a time on any one server. A server's answers are
 untrusted input: only the fields the plan page shows are kept, as bounded strings.
 
@@ -18,8 +18,8 @@ from typing import Any
 import anyio
 import jsonschema
 
-from journal.mcp.client import Endpoint, ToolServerError, Upstreams
 from journal.outcomes import classify_tool_error
+from journal.upstream.client import Endpoint, ToolServerError, Upstreams
 
 from . import answers
 

@@ -169,7 +169,7 @@ AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_LOCKOUT_MINUTES", 15))
 AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
 AXES_RESET_ON_SUCCESS = True
-AXES_LOCKOUT_CALLABLE = "approver.views.locked_out"
+AXES_LOCKOUT_CALLABLE = "approver.views.site.locked_out"
 AXES_VERBOSE = False
 
 LANGUAGE_CODE = "en-us"

@@ -3,13 +3,13 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from . import views
+from .views import site
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="journal:run_list", permanent=False)),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("health/", views.health, name="health"),
+    path("health/", site.health, name="health"),
     path("admin/", admin.site.urls),
     path("", include("journal.oauth_urls")),
     path("", include("journal.urls")),

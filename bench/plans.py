@@ -201,7 +201,7 @@ def live_run(agent, crm, port: int, calls: int):
     import anyio
 
     from journal import services
-    from journal.mcp.client import Upstreams, endpoint_of
+    from journal.upstream.client import Upstreams, endpoint_of
 
     endpoint = endpoint_of(crm)
 

@@ -123,7 +123,7 @@ def sdk_app():
     from mcp.server.lowlevel import Server
     from mcp.server.transport_security import TransportSecuritySettings
 
-    from journal.mcp.client import Endpoint, Upstreams
+    from journal.upstream.client import Endpoint, Upstreams
 
     upstreams = Upstreams(timeout=10)
 

@@ -2,7 +2,7 @@
 
 MCP-Rescue turns a failure into a decision (retry, back off, repair the arguments, re-authenticate, ask the
 user, stop) and leaves enforcement to the runtime. The Recorder already knows the failure's class and
-whether the server may have acted (`journal.mcp.failures.ToolServerError`), and it knows the tool: whether
+whether the server may have acted (`journal.upstream.failures.ToolServerError`), and it knows the tool: whether
 it only reads, whether repeating it is harmless (MCP's `idempotentHint`), whether it can be undone. The
 advice goes to the agent in `_meta["hatp/journal"]["recovery"]` and into the run record; the dangerous case
 (repeating a call that may already have acted) is enforced by the retry guard (`needs_retry_guard`, and the

@@ -10,7 +10,7 @@ APPS = ("journal", "approver")
 PURE = (
     "approver.planning", "approver.policy", "approver.signing", "approver.execution", "approver.answers",
     "journal.canonical", "journal.chain", "journal.declarations", "journal.bindings", "journal.dependencies",
-    "journal.outcomes", "journal.ports", "journal.errors", "journal.bundle", "journal.recovery",
+    "journal.outcomes", "journal.ports", "journal.errors", "journal.bundle", "journal.recovery", "journal.journaling",
 )
 # Imports inside functions that are there for another reason than a loop: Django's app loading (models
 # are ready only in `ready`), and the demo, which configures Django before it may import any model.
@@ -55,6 +55,22 @@ def test_the_journal_imports_nothing_from_the_approval_side():
     offending = {name: sorted(n for n in imported(name, path, top_level_only=False) if n.split(".")[0] == "approver")
                  for name, path in modules().items() if name.split(".")[0] == "journal"}
     assert {name: found for name, found in offending.items() if found} == {}
+
+
+def test_the_services_and_the_door_to_tool_servers_sit_below_the_recorder():
+    """`journal.upstream` (the one client of tool servers) knows nothing above it; the services know the
+    client, never the Recorder's server (`journal.mcp`), which calls them."""
+    below = {"journal.services": ("journal.mcp", "approver"),
+             "journal.upstream": ("journal.mcp", "journal.services", "journal.models", "approver")}
+    offending = {}
+    for name, path in modules().items():
+        for layer, above in below.items():
+            if name == layer or name.startswith(f"{layer}."):
+                found = sorted(n for n in imported(name, path, top_level_only=False)
+                               if any(n == a or n.startswith(f"{a}.") for a in above))
+                if found:
+                    offending[name] = found
+    assert offending == {}
 
 
 def test_pure_modules_import_no_django_directly_or_through_the_project():

@@ -39,7 +39,14 @@ from .approvals import (
     complete_signing,
     reject,
 )
-from .enrolment import enroll_passkey, passkey_registration_options, revoke_passkey, user_handle
+from .enrolment import (
+    begin_enrolment,
+    enroll_passkey,
+    enrolment_challenge,
+    passkey_registration_options,
+    revoke_passkey,
+    user_handle,
+)
 from .executor import (
     ExecutionStopped,
     abort_plan,
@@ -86,7 +93,7 @@ __all__ = [
     "action_refusal", "action_url", "approvals_for_bundle", "approve", "as_policy", "ask_for_plan", "begin_action_signing",
     "begin_signing", "cancel_plan", "check_unknown", "claim_approved_action", "clean_policy", "compensation_call",
     "complete_action_signing", "complete_signing", "conflict_positions", "content_rows", "counting_approvals",
-    "current_policies", "decide_call", "delete_policy", "draft_plan", "enroll_passkey", "enter_executing", "execute_plan",
+    "current_policies", "decide_call", "delete_policy", "draft_plan", "begin_enrolment", "enrolment_challenge", "enroll_passkey", "enter_executing", "execute_plan",
     "expire_held_calls", "finish_checks", "held_call_state", "items_for_page", "passkey_registration_options",
     "pause_plan", "plan_content", "plan_needs_a_human", "plan_url", "policy_record", "queue_checks",
     "queue_execution", "recent_calls", "reconcile_execution", "record_checks", "recount", "reject",

@@ -62,12 +62,19 @@ def _issue(*, user, keys: list[str], decision: str, reason: str, payload: Callab
 
 
 def _redeem(*, user, nonce: str, credential: Any, about: str, still_stands: Callable[[SigningRequest], Any],
-            now: datetime) -> tuple[SigningRequest, Any, Passkey, int]:
+            now: datetime, subject=None) -> tuple[SigningRequest, Any, Passkey, int]:
     """Use up the nonce (a conditional update: it can be redeemed once, whatever happens next), ask the
     subject whether it still stands as it was signed (`still_stands(request)` returns what the caller needs,
-    or raises), and check the assertion. Returns the request, that answer, the passkey and its new count."""
-    if not SigningRequest.objects.filter(nonce=str(nonce)[:64], user=user, **{f"{about}__isnull": False},
-                                         used_at__isnull=True, expires_at__gt=now).update(used_at=now):
+    or raises), and check the assertion. Returns the request, that answer, the passkey and its new count.
+    Given `subject` (the plan or held call whose page signs), a nonce issued for another is refused and
+    left as it was: a signature is completed only where it began."""
+    nonce = str(nonce)[:64]
+    mine = SigningRequest.objects.filter(nonce=nonce, user=user)
+    if subject is not None and mine.exclude(**{about: subject}).exists():
+        raise signing.SigningRefused(f"This signature was begun on another {_SUBJECT_WORDS[about]}; nothing was "
+                                     "signed. Start again on this page.")
+    if not mine.filter(**({about: subject} if subject is not None else {f"{about}__isnull": False}),
+                       used_at__isnull=True, expires_at__gt=now).update(used_at=now):
         raise signing.SigningRefused("This signing request is unknown, already used or expired; start again.")
     request = SigningRequest.objects.get(nonce=nonce)
     answer = still_stands(request)
@@ -81,6 +88,9 @@ def _redeem(*, user, nonce: str, credential: Any, about: str, still_stands: Call
     except passkeys.PasskeyRefused as refused:
         raise signing.SigningRefused(refused.message) from None
     return request, answer, passkey, new_count
+
+
+_SUBJECT_WORDS = {"plan": "plan", "action": "held call"}
 
 
 def _keep_passkey_use(passkey: Passkey, new_count: int, now: datetime) -> None:
@@ -115,9 +125,11 @@ def begin_signing(*, plan: Plan, user, decision: str, choices: Any = None, reaso
                       plan=str(plan.public_id), digest=digest, decision=decision, choices=choices, nonce=nonce))
 
 
-def complete_signing(*, user, nonce: str, credential: Any, now: datetime | None = None) -> Approval:
+def complete_signing(*, user, nonce: str, credential: Any, plan: Plan | None = None,
+                     now: datetime | None = None) -> Approval:
     """Keep the approver's signed decision, once the assertion holds and the plan is still what they saw.
-    The nonce is used up whatever happens next. Reaching the quorum approves the plan; a rejection ends it."""
+    The nonce is used up whatever happens next. Reaching the quorum approves the plan; a rejection ends it.
+    Given `plan` (the page's), a nonce begun on another plan is refused."""
     now = now or timezone.now()
 
     def still_stands(request: SigningRequest) -> tuple[Plan, dict[str, Any]]:
@@ -134,7 +146,7 @@ def complete_signing(*, user, nonce: str, credential: Any, now: datetime | None 
         return plan, content
 
     request, (plan, content), passkey, new_count = _redeem(
-        user=user, nonce=nonce, credential=credential, about="plan", still_stands=still_stands, now=now)
+        user=user, nonce=nonce, credential=credential, about="plan", still_stands=still_stands, now=now, subject=plan)
     rules = ApprovalRules.current()
     with transaction.atomic():
         locked = Plan.objects.select_for_update().get(pk=plan.pk)
@@ -215,9 +227,12 @@ def begin_action_signing(*, action: ActionRequest, user, decision: str, reason: 
                       action=str(action.public_id), digest=action.digest, decision=decision, nonce=nonce))
 
 
-def complete_action_signing(*, user, nonce: str, credential: Any, now: datetime | None = None) -> ActionApproval:
+def complete_action_signing(*, user, nonce: str, credential: Any, action: ActionRequest | None = None,
+                            now: datetime | None = None) -> ActionApproval:
     """Keep the approver's signed decision on a held call. Enough approvals approve it (the held call, or
-    the agent's next identical call, then goes through once); one denial denies it."""
+    the agent's next identical call, then goes through once); one denial denies it. Given `action` (the
+    page's), a nonce begun on another held call is refused."""
+    subject = action
     now = now or timezone.now()
 
     def still_stands(request: SigningRequest) -> ActionRequest:
@@ -230,7 +245,8 @@ def complete_action_signing(*, user, nonce: str, credential: Any, now: datetime 
         return action
 
     request, action, passkey, new_count = _redeem(
-        user=user, nonce=nonce, credential=credential, about="action", still_stands=still_stands, now=now)
+        user=user, nonce=nonce, credential=credential, about="action", still_stands=still_stands, now=now,
+        subject=subject)
     with transaction.atomic():
         locked = ActionRequest.objects.select_for_update().get(pk=action.pk)
         if locked.state != ActionRequest.State.PENDING or locked.digest != request.digest:

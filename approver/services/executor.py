@@ -18,7 +18,7 @@ from django.utils import timezone
 from journal import declarations
 from journal import services as journal_services
 from journal.errors import Refused
-from journal.mcp.client import ToolServerError, Upstreams, endpoint_of
+from journal.upstream.client import ToolServerError, Upstreams, endpoint_of
 
 from .. import answers, checks, execution, passkeys, planning, signing
 from ..authority import counting_approvals

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from journal import services as journal_services
 from journal.errors import Refused
-from journal.mcp.client import Upstreams, endpoint_of
+from journal.upstream.client import Upstreams, endpoint_of
 
 from .. import answers, checks, execution, planning
 from ..checks import CheckResult

@@ -16,8 +16,8 @@ from django.utils import timezone
 from journal import declarations, sql
 from journal import services as journal_services
 from journal.errors import Refused
-from journal.mcp.client import Endpoint, Upstreams
 from journal.models import Run, Step, StepDependency
+from journal.upstream.client import Endpoint, Upstreams
 
 from .. import checks, planning
 from ..checks import CheckResult

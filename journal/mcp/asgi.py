@@ -3,7 +3,7 @@
 import json
 import logging
 
-from .bounded import next_boundary
+from ..upstream.bounded import next_boundary
 from .bus import Cancels
 from .context import recorder_data
 from .delivery import Deliveries, call_id, cancelled_id

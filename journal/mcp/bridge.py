@@ -15,7 +15,7 @@ from typing import Any
 
 import mcp_types as types
 
-from .client import Owner
+from ..upstream.client import Owner
 
 ANSWER_SECONDS = 300.0
 

@@ -7,8 +7,8 @@ from mcp import MCPError
 from .. import declarations, recovery
 from ..canonical import ijson_problem
 from ..models import Agent, ToolServer
+from ..upstream.client import ToolServerError
 from . import versions
-from .client import ToolServerError
 
 RUN_ID_KEY = "runId"
 SEPARATOR = "__"  # tools, prompts and resources are named server__name (resource URIs: server__uri)

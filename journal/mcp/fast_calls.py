@@ -40,12 +40,15 @@ class FastCalls:
     so a client cannot tell which path answered.
     """
 
-    def __init__(self, recorder, security: TransportSecuritySettings):
-        self.recorder = recorder
+    def __init__(self, *, forward, not_delivered, sdk_app, server_info: dict[str, Any],
+                 security: TransportSecuritySettings):
+        """`forward` and `not_delivered` are the Recorder's (`gateway.Recorder`); `sdk_app` answers whatever
+        does not take this path; `server_info` is the SDK's serverInfo stamp, read once: each reply is
+        serialised at once, so one dict can serve all."""
+        self.forward, self.not_delivered, self.sdk_app = forward, not_delivered, sdk_app
+        self.server_info = server_info
         self.security = TransportSecurityMiddleware(security)
         self.answered = 0  # how many calls took this path (tests and the benchmark read it)
-        # The SDK's serverInfo stamp, read once: each reply is serialised at once, so one dict can serve all.
-        self.server_info = recorder.server.server_info_stamp
 
     def _candidate(self, scope) -> str | None:
         """The protocol version, when the headers alone allow the fast path."""
@@ -105,7 +108,7 @@ class FastCalls:
             async def replayed():
                 return next(replay, None) or await receive()
 
-            await self.recorder.sdk_app(scope, replayed, send)
+            await self.sdk_app(scope, replayed, send)
             return True
         params = request["params"]
         reply: dict[str, Any] = {"jsonrpc": "2.0", "id": request["id"]}
@@ -121,7 +124,7 @@ class FastCalls:
             with anyio.CancelScope() as call:
                 watching = _Watch(receive, call)
                 try:
-                    result, journaled = await self.recorder.forward(
+                    result, journaled = await self.forward(
                         agent=agent, name=params["name"], arguments=params.get("arguments"), meta=params["_meta"],
                         session_id=None, version=version, progress=stream.keep_alive if stream else None)
                 finally:
@@ -130,7 +133,7 @@ class FastCalls:
                 return True
             if journaled is not None and (watching.gone or _gone(receive)):
                 # The server answered, but the agent left before it could have the answer.
-                await self.recorder.not_delivered(journaled, "The agent went away before the Recorder could send "
+                await self.not_delivered(journaled, "The agent went away before the Recorder could send "
                                                              "it the server's answer; the server acted.")
                 return True
             if isinstance(result, types.CallToolResult):  # the Recorder's own tool error

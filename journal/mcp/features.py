@@ -28,8 +28,11 @@ from pydantic import ValidationError
 
 from .. import services
 from ..models import ToolServer
+from ..upstream.client import Owner, ToolServerError, Upstreams, endpoint_of
 from . import versions
-from .client import Owner, ToolServerError, endpoint_of
+from .journal_thread import JournalThread
+from .listening import Listening
+from .relay import Relay
 from .context import (
     SEPARATOR,
     agent_of,
@@ -91,8 +94,10 @@ def _valid(model, item: dict) -> bool:
 class Features:
     """Handlers for everything but tools, for the Recorder's SDK server."""
 
-    def __init__(self, recorder):
-        self.recorder = recorder
+    def __init__(self, *, journal: JournalThread, upstreams: Upstreams, relay: Relay, listening: Listening,
+                 journal_outcome):
+        self.journal, self.upstreams, self.relay, self.listening = journal, upstreams, relay, listening
+        self.journal_outcome = journal_outcome  # (opened, started, outcome) -> awaitable: the Recorder's own
         # Which server gave an agent session each URI it holds without a prefix (bounded, oldest out).
         self.given: OrderedDict[Owner, OrderedDict[str, str]] = OrderedDict()
 
@@ -126,7 +131,7 @@ class Features:
         agent = agent_of(ctx)
         session_id = session_of(ctx)
         owner = owner_of(agent, session_id)
-        self.recorder.relay.heard_from(owner, ctx.session)
+        self.relay.heard_from(owner, ctx.session)
         return agent, owner, session_id
 
     async def _servers(self) -> dict[str, ToolServer]:
@@ -152,14 +157,14 @@ class Features:
     async def _gather(self, ctx, request_type, key: str) -> list[tuple[str, dict]]:
         _, owner, _ = self._who(ctx)
         servers = list((await self._servers()).values())
-        self.recorder.listening.keep(owner, servers)
-        found = await self._each(servers, lambda server: self.recorder.upstreams.list_all(
+        self.listening.keep(owner, servers)
+        found = await self._each(servers, lambda server: self.upstreams.list_all(
             endpoint_of(server), request_type, key, owner=owner), f"is left out of {key}")
         return [(server.name, item) for server in servers for item in found.get(server.name, [])]
 
     async def live_catalogues(self, owner: Owner, servers: list[ToolServer]) -> list:
         """Each server with the tools it lists on `owner`'s session (its kept catalogue if that fails)."""
-        live = await self._each(servers, lambda server: self.recorder.upstreams.list_tools(
+        live = await self._each(servers, lambda server: self.upstreams.list_tools(
             endpoint_of(server), owner=owner), "is listed with its kept tools: its live list failed")
         return [_Listed(server.name, live[server.name]) if server.name in live else server for server in servers]
 
@@ -189,7 +194,7 @@ class Features:
         """One request to `server` on `owner`'s session; its JSON-RPC error comes back verbatim, any other
         failure as the Recorder's own error."""
         try:
-            return versions.from_server(await self.recorder.upstreams.request(endpoint_of(server), request, owner=owner))
+            return versions.from_server(await self.upstreams.request(endpoint_of(server), request, owner=owner))
         except ToolServerError as exc:
             if exc.code is not None and not exc.transient and exc.oversized is None:
                 raise upstream_error(exc) from None
@@ -201,7 +206,7 @@ class Features:
         server, uri = self.route(owner, params.uri, await self._servers())
         meta = forwarded_meta(ctx.meta)
         started = timezone.now()
-        opened = await self.recorder.journal.run(
+        opened = await self.journal.run(
             services.open_step, agent=agent, run_key=run_key(ctx.meta, session_id), server=server,
             server_name=server.name, tool=services.READ["name"], arguments={"uri": uri}, request_meta=meta,
             now=started, declared=services.READ)
@@ -209,11 +214,11 @@ class Features:
         try:
             result = await self._forward(server, owner, request)
         except MCPError as exc:
-            await self.recorder.journal_outcome(opened, started, services.Outcome(
+            await self.journal_outcome(opened, started, services.Outcome(
                 error_message=exc.error.message, failure_class="unknown"))
             raise
         self.remember(owner, server.name, result)
-        await self.recorder.journal_outcome(opened, started, services.Outcome(result=result))
+        await self.journal_outcome(opened, started, services.Outcome(result=result))
         return self._for(ctx, result)
 
     async def get_prompt(self, ctx, params: types.GetPromptRequestParams) -> dict:
@@ -252,19 +257,19 @@ class Features:
         (which has no `resources/subscribe`), on the session's listen stream to it (`listening.keep`)."""
         _, owner, _ = self._who(ctx)
         server, uri = self.route(owner, params.uri, await self._servers())
-        if await self.recorder.listening.stateless(server) is None:
+        if await self.listening.stateless(server) is None:
             await self._forward(server, owner, types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri)))
-        self.recorder.relay.subscribed(owner, server.name, uri, params.uri)
-        await self.recorder.listening.kept(owner, [server])
+        self.relay.subscribed(owner, server.name, uri, params.uri)
+        await self.listening.kept(owner, [server])
         return {}
 
     async def unsubscribe(self, ctx, params: types.UnsubscribeRequestParams) -> dict:
         _, owner, _ = self._who(ctx)
         server, uri = self.route(owner, params.uri, await self._servers())
-        if await self.recorder.listening.stateless(server) is None:
+        if await self.listening.stateless(server) is None:
             await self._forward(server, owner, types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri)))
-        self.recorder.relay.unsubscribed(owner, server.name, uri)
-        self.recorder.listening.keep(owner, [server])
+        self.relay.unsubscribed(owner, server.name, uri)
+        self.listening.keep(owner, [server])
         return {}
 
     async def listen(self, ctx, params: types.SubscriptionsListenRequestParams):
@@ -274,7 +279,7 @@ class Features:
         _, owner, _ = self._who(ctx)
         servers = await self._servers()
         wanted = params.notifications
-        listening = self.recorder.listening
+        listening = self.listening
         subscribed, streamed = [], {}
         for named in wanted.resource_subscriptions or []:
             try:
@@ -288,18 +293,18 @@ class Features:
             except MCPError as exc:
                 logger.info("not subscribed to %s for a listen stream: %s", named, exc.error.message)
                 continue
-            self.recorder.relay.subscribed(owner, server.name, uri, named)
+            self.relay.subscribed(owner, server.name, uri, named)
         try:
             async with listening.for_stream(owner, servers.values(), tools=bool(wanted.tools_list_changed),
                                             prompts=bool(wanted.prompts_list_changed),
                                             resources=bool(wanted.resources_list_changed), uris=streamed):
-                return await self.recorder.relay.listener(owner)(ctx, params)
+                return await self.relay.listener(owner)(ctx, params)
         finally:
             for name, uris in streamed.items():
                 for uri in uris:
-                    self.recorder.relay.unsubscribed(owner, name, uri)
+                    self.relay.unsubscribed(owner, name, uri)
             for server, uri in subscribed:
-                self.recorder.relay.unsubscribed(owner, server.name, uri)
+                self.relay.unsubscribed(owner, server.name, uri)
                 with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                     await self._forward(server, owner, types.UnsubscribeRequest(
                         params=types.UnsubscribeRequestParams(uri=uri)))
@@ -308,6 +313,6 @@ class Features:
         """Every server this agent session uses logs at the agent's level (one without logging ignores it)."""
         _, owner, _ = self._who(ctx)
         level = types.SetLevelRequest(params=types.SetLevelRequestParams(level=params.level))
-        await self._each((await self._servers()).values(), lambda server: self.recorder.upstreams.request(
+        await self._each((await self._servers()).values(), lambda server: self.upstreams.request(
             endpoint_of(server), level, owner=owner), "did not take the log level")
         return {}

@@ -3,7 +3,7 @@
 `tools/list` is the union of the catalogues, each tool named `server__tool`, with the undo contract's own
 tools (`hatp_check`, `hatp_compensate`) hidden (an agent that can answer a server's requests gets the lists
 read on its own sessions). `tools/call` is journaled (intent, then outcome, each in its own short
-transaction), forwarded through the one client (`journal.mcp.client`) on the agent session's own upstream
+transaction), forwarded through the one client (`journal.upstream.client`) on the agent session's own upstream
 session, and its result goes back to the agent as the server sent it, shaped for the agent's protocol
 version (`versions`). Everything else MCP has is in `features` (resources, prompts, completion, logging)
 and `relay` (what servers send or ask the agent). Agents authenticate with a bearer token; the agent is
@@ -32,16 +32,15 @@ from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp_types import methods as _methods
 from pydantic import ValidationError
-from starlette.applications import Starlette
 
 from .. import declarations, keys, outcomes, ports, services
 from ..models import Agent, ToolServer
+from ..upstream.client import DEFAULT_MAX_ANSWER_BYTES, ToolServerError, Upstreams, endpoint_of
 from . import bridge, holding, versions
 from .asgi import AnswerAsJson
 from .auth import BearerAgent, transport_security
 from .bridge import Bridge
 from .bus import Bus, Cancels
-from .client import DEFAULT_MAX_ANSWER_BYTES, ToolServerError, Upstreams, endpoint_of
 from .context import (
     SEPARATOR,
     agent_of,
@@ -114,19 +113,26 @@ def _relayed(progress):
 
 
 class Recorder:
+    """Every part of the Recorder, wired once, as it is constructed: `sdk_app` is the SDK's streamable HTTP
+    app on sessions any process serves, answering as JSON where it can (`asgi.AnswerAsJson`); `lifespan`
+    (an async context manager) opens and closes what the parts hold open."""
+
     def __init__(self, *, timeout: float, idle_seconds: float | None = None, max_sessions: int | None = None,
-                 max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES, bus_url: str = ""):
+                 max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES, bus_url: str = "", security=None,
+                 session_idle_seconds: float | None = None):
         self.journal = JournalThread()
         self.bus = Bus(bus_url)
         self.cancels = Cancels(self.bus)
         self.bridge = Bridge(orphaned=self._orphaned)
         self.deliveries = Deliveries(lost=self.not_delivered)
-        self.sessions = SessionStore(idle_seconds=settings.RECORDER_SESSION_IDLE_SECONDS)
-        self.relay = Relay(self.journal, tools_changed=self._tools_changed, bridge=self.bridge, bus=self.bus)
+        self.sessions = SessionStore(idle_seconds=session_idle_seconds)
+        self.relay = Relay(self.journal, tools_changed=self._tools_changed, bridge=self.bridge, bus=self.bus,
+                           streams=self.sessions)
         self.upstreams = Upstreams(timeout=timeout, idle_seconds=idle_seconds, max_sessions=max_sessions,
                                    max_answer_bytes=max_answer_bytes, client_options=self.relay.client_options)
-        self.features = Features(self)
         self.listening = Listening(self.upstreams, self.relay)
+        self.features = Features(journal=self.journal, upstreams=self.upstreams, relay=self.relay,
+                                 listening=self.listening, journal_outcome=self.journal_outcome)
         with warnings.catch_warnings():  # logging is deprecated in 2026-07-28, and still relayed to older agents
             warnings.simplefilter("ignore", MCPDeprecationWarning)
             self.server = Server(
@@ -141,6 +147,22 @@ class Recorder:
                 on_set_logging_level=self.features.set_logging_level,
                 on_subscriptions_listen=self.features.listen,
             )
+        # Not JSON-only: a held call streams progress notifications (SSE) while it waits. A request that
+        # finishes quickly and emits nothing is still answered with plain JSON. Any process serves any session.
+        mcp_app = streamable_app(self.server, path="/mcp/", security=security, store=self.sessions,
+                                 idle_seconds=session_idle_seconds, around=self.lifespan())
+        # The SDK answers with an event stream; a stream that would carry only its answer goes out as JSON.
+        self.sdk_app = AnswerAsJson(mcp_app, self.deliveries, self.sessions, self.cancels)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self):
+        # The signing key is created on the Recorder's first start, not at its first checkpoint.
+        await self.journal.run(keys.signing_key)
+        try:
+            async with self.upstreams, self.listening, self.bus:
+                yield
+        finally:
+            self.journal.close()  # runs every queued journal write first
 
     async def _tools_changed(self, owner, server_name: str) -> None:
         """A server said its tools changed: its catalogue is read again (on the session that said so)."""
@@ -393,33 +415,26 @@ class Recorder:
 
 
 
-def build_app() -> Starlette:
+class RecorderApp:
+    """The Recorder as one ASGI app: the agent is authenticated first (`auth.BearerAgent`), then a plain
+    2026-07-28 call takes `fast_calls` and everything else the SDK's app. `recorder` and `fast_calls` are
+    here for tests and benchmarks that tune or count them."""
+
+    def __init__(self, recorder: Recorder, *, security, fast: bool):
+        self.recorder = recorder
+        self.fast_calls = FastCalls(
+            forward=recorder.forward, not_delivered=recorder.not_delivered, sdk_app=recorder.sdk_app,
+            server_info=recorder.server.server_info_stamp, security=security) if fast else None
+        self._app = BearerAgent(recorder.sdk_app, self.fast_calls, on_session_end=recorder.session_ended)
+
+    async def __call__(self, scope, receive, send):
+        await self._app(scope, receive, send)
+
+
+def build_app() -> RecorderApp:
+    security = transport_security()
     recorder = Recorder(timeout=settings.TOOL_SERVER_TIMEOUT, idle_seconds=settings.RECORDER_UPSTREAM_IDLE_SECONDS,
                         max_sessions=settings.RECORDER_MAX_UPSTREAM_SESSIONS,
-                        max_answer_bytes=settings.RECORDER_MAX_RESULT_BYTES, bus_url=settings.RECORDER_BUS_URL)
-    security = transport_security()
-    # Not JSON-only: a held call streams progress notifications (SSE) while it waits. A request that finishes
-    # quickly and emits nothing is still answered with plain JSON. Any process serves any session.
-    mcp_app = streamable_app(recorder.server, path="/mcp/", security=security, store=recorder.sessions,
-                             idle_seconds=settings.RECORDER_SESSION_IDLE_SECONDS)
-    recorder.relay.streams = mcp_app.state.sessions  # where each handshake session's GET stream is
-    # The SDK answers with an event stream; a stream that would carry only its answer goes out as JSON.
-    recorder.sdk_app = AnswerAsJson(mcp_app, recorder.deliveries, recorder.sessions, recorder.cancels)
-
-    session_manager_lifespan = mcp_app.router.lifespan_context
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        # The signing key is created on the Recorder's first start, not at its first checkpoint.
-        await recorder.journal.run(keys.signing_key)
-        try:
-            async with recorder.upstreams, recorder.listening, recorder.bus, session_manager_lifespan(app):
-                yield
-        finally:
-            recorder.journal.close()  # runs every queued journal write first
-
-    mcp_app.router.lifespan_context = lifespan
-    app = BearerAgent(recorder.sdk_app, FastCalls(recorder, security) if settings.RECORDER_FAST_CALLS else None,
-                      on_session_end=recorder.session_ended)
-    app.recorder = recorder  # type: ignore[attr-defined]
-    return app
+                        max_answer_bytes=settings.RECORDER_MAX_RESULT_BYTES, bus_url=settings.RECORDER_BUS_URL,
+                        security=security, session_idle_seconds=settings.RECORDER_SESSION_IDLE_SECONDS)
+    return RecorderApp(recorder, security=security, fast=settings.RECORDER_FAST_CALLS)

@@ -26,7 +26,7 @@ from mcp import MCPError
 from mcp.shared.subscriptions import event_to_notification
 
 from ..models import ToolServer
-from .client import Owner, ToolServerError, Upstreams, endpoint_of
+from ..upstream.client import Owner, ToolServerError, Upstreams, endpoint_of
 
 logger = logging.getLogger(__name__)
 

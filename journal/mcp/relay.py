@@ -32,7 +32,8 @@ from mcp_types import CLIENT_CAPABILITIES_META_KEY
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from .. import services
-from .client import Owner
+from ..upstream.client import Owner
+from .sessions import SessionStore
 
 logger = logging.getLogger(__name__)
 
@@ -68,11 +69,11 @@ def _answers(capabilities: types.ClientCapabilities) -> bool:
 
 
 class Relay:
-    def __init__(self, journal, tools_changed=None, bridge=None, bus=None):
+    def __init__(self, journal, tools_changed=None, bridge=None, bus=None, streams: SessionStore | None = None):
         self.journal = journal
-        # Handshake sessions' GET streams, which may be in another process (`sessions.SharedSessions`), and the
+        # Handshake sessions' GET streams, which may be in another process (`sessions.SessionStore`), and the
         # bus that reaches it; without them, a notification goes on this process's session only.
-        self.streams = None
+        self.streams = streams
         self.bus = bus
         if bus is not None:
             bus.on("notify", self._heard)

@@ -13,6 +13,7 @@ process got the agent's GET: a notification heard in another process goes to it 
 (`relay.Relay`, `SharedSessions.to_stream`).
 """
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -24,12 +25,8 @@ from asgiref.sync import sync_to_async
 from django.utils import timezone
 from mcp.server.connection import Connection
 from mcp.server.runner import serve_connection
-from mcp.server.streamable_http import GET_STREAM_KEY, MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
-from mcp.server.streamable_http_manager import (
-    StreamableHTTPASGIApp,
-    StreamableHTTPSessionManager,
-    _error_response,
-)
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp.shared.message import SessionMessage
 from mcp_types import ClientCapabilities, Implementation, InitializeRequestParams, JSONRPCNotification
@@ -37,6 +34,7 @@ from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from .. import sdk
 from ..models import AgentSession
 
 logger = logging.getLogger(__name__)
@@ -81,6 +79,7 @@ class SessionStore:
         self.idle_seconds = idle_seconds
         self._seen: dict[str, tuple[float, SessionRecord | None]] = {}
         self._touched: dict[str, float] = {}
+        self._transports: dict[str, Any] = {}
 
     async def opened(self, session_id: str, record: SessionRecord) -> None:
         await sync_to_async(_write)(session_id, record)
@@ -104,6 +103,33 @@ class SessionStore:
     def ended(self, session_id: str) -> None:
         self._seen[session_id] = (time.monotonic(), None)
 
+    def serve(self, transports: dict[str, Any]) -> None:
+        """The session manager's transports, by session id (`SharedSessions`, once, as it is built)."""
+        self._transports = transports
+
+    def holds_stream(self, session_id: str) -> bool:
+        """Whether the agent's GET stream of this session is open in this process."""
+        transport = self._transports.get(session_id)
+        return transport is not None and sdk.holds_get_stream(transport)
+
+    async def to_stream(self, session_id: str, notification: dict[str, Any]) -> bool:
+        """Send a notification on the session's GET stream if this process holds it (through the transport's
+        own router, as the session's server side would: its event store sees it too)."""
+        transport = self._transports.get(session_id)
+        writer = sdk.get_stream_writer(transport) if transport is not None else None
+        if writer is None:
+            return False
+        try:
+            message = JSONRPCNotification.model_validate({**notification, "jsonrpc": "2.0"})
+        except ValidationError:
+            logger.warning("dropped a malformed notification for session %s", session_id[:8])
+            return False
+        try:
+            await writer.send(SessionMessage(message))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return False
+        return True
+
 
 def record_of(agent_id: int, request: Any, answer: Any) -> SessionRecord | None:
     """The session an `initialize` request and its answer (parsed JSON-RPC messages) opened, or None."""
@@ -118,53 +144,34 @@ def record_of(agent_id: int, request: Any, answer: Any) -> SessionRecord | None:
     return SessionRecord(agent_id, version, info, capabilities)
 
 
-class SharedSessions(StreamableHTTPSessionManager):
+class SharedSessions(sdk.AdoptingSessionManager):
     """The SDK's session manager, answering for sessions any process opened (see the module)."""
 
     def __init__(self, *args, store: SessionStore, **kwargs):
         super().__init__(*args, **kwargs)
         self.store = store
+        store.serve(self.transports)  # the sessions this process serves, whose GET streams it may hold
         self._adopting = anyio.Lock()  # two requests of one session arriving at once adopt it once
 
-    async def _handle_stateful_request(self, scope, receive, send) -> None:
+    async def before_request(self, scope, receive, send) -> bool:
+        """Refuse a session no agent has open (or another agent's), and adopt one another process opened."""
         session_id = dict(scope.get("headers") or []).get(MCP_SESSION_ID_HEADER.encode())
-        if session_id is not None:
-            session_id = session_id.decode("latin-1")
-            agent = (scope.get("state") or {}).get("agent")
-            record = await self.store.find(session_id)
-            if record is None or agent is None or record.agent_id != agent.pk:
-                local = self._server_instances.get(session_id)
-                if local is not None and record is None:  # ended by the agent, in another process
-                    await self._discard_session(session_id, local)
-                await _error_response("Session not found", 404)(scope, receive, send)
-                return
-            if session_id not in self._server_instances:
-                async with self._adopting:
-                    if session_id not in self._server_instances:
-                        await self._adopt(session_id, record)
-        await super()._handle_stateful_request(scope, receive, send)
-
-    def holds_stream(self, session_id: str) -> bool:
-        """Whether the agent's GET stream of this session is open in this process."""
-        transport = self._server_instances.get(session_id)
-        return transport is not None and GET_STREAM_KEY in transport._request_streams
-
-    async def to_stream(self, session_id: str, notification: dict[str, Any]) -> bool:
-        """Send a notification on the session's GET stream if this process holds it (through the transport's
-        own router, as the session's server side would: its event store sees it too)."""
-        transport = self._server_instances.get(session_id)
-        if transport is None or GET_STREAM_KEY not in transport._request_streams or transport._write_stream is None:
+        if session_id is None:
             return False
-        try:
-            message = JSONRPCNotification.model_validate({**notification, "jsonrpc": "2.0"})
-        except ValidationError:
-            logger.warning("dropped a malformed notification for session %s", session_id[:8])
-            return False
-        try:
-            await transport._write_stream.send(SessionMessage(message))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            return False
-        return True
+        session_id = session_id.decode("latin-1")
+        agent = (scope.get("state") or {}).get("agent")
+        record = await self.store.find(session_id)
+        if record is None or agent is None or record.agent_id != agent.pk:
+            local = self.transports.get(session_id)
+            if local is not None and record is None:  # ended by the agent, in another process
+                await self.discard(session_id, local)
+            await sdk.error_response("Session not found", 404)(scope, receive, send)
+            return True
+        if session_id not in self.transports:
+            async with self._adopting:
+                if session_id not in self.transports:
+                    await self._adopt(session_id, record)
+        return False
 
     async def _adopt(self, session_id: str, record: SessionRecord) -> None:
         """Serve a session another process opened, as if this one had answered its `initialize`."""
@@ -191,23 +198,27 @@ class SharedSessions(StreamableHTTPSessionManager):
                 try:
                     with idle_scope:
                         await serve_connection(self.app, dispatcher, connection=connection,
-                                               lifespan_state=self._lifespan_state)
+                                               lifespan_state=self.lifespan_state)
                 except Exception:
                     logger.exception("adopted session %s crashed", session_id[:8])
                 finally:
-                    await self._discard_session(session_id, transport)
+                    await self.discard(session_id, transport)
 
-        assert self._task_group is not None
-        await self._task_group.start(run_server)
-        self._server_instances[session_id] = transport  # only once it can take requests
+        await self.start_task(run_server)
+        self.transports[session_id] = transport  # only once it can take requests
         logger.info("serving session %s, opened by another process", session_id[:8])
 
 
-def streamable_app(server, *, path: str, security, store: SessionStore, idle_seconds: float | None):
+def streamable_app(server, *, path: str, security, store: SessionStore, idle_seconds: float | None, around=None):
     """The SDK server's streamable HTTP app (as `Server.streamable_http_app` builds it, without the auth it
-    does not use here) on `SharedSessions`."""
+    does not use here) on `SharedSessions`. `around`, an async context manager, is entered before the
+    session manager starts and left after it stops."""
     manager = SharedSessions(app=server, json_response=False, security_settings=security, store=store,
                              session_idle_timeout=idle_seconds)
-    app = Starlette(routes=[Route(path, endpoint=StreamableHTTPASGIApp(manager))], lifespan=lambda app: manager.run())
-    app.state.sessions = manager
-    return app
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        async with around if around is not None else contextlib.nullcontext(), manager.run():
+            yield
+
+    return Starlette(routes=[Route(path, endpoint=StreamableHTTPASGIApp(manager))], lifespan=lifespan)

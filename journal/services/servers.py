@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from .. import chain, declarations
 from ..canonical import to_ijson
-from ..mcp.client import ToolServerError, Upstreams, endpoint_of
 from ..models import ToolServer
+from ..upstream.client import ToolServerError, Upstreams, endpoint_of
 
 
 def register_tool_server(*, name: str, url: str = "", command: str = "") -> ToolServer:

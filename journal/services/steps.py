@@ -6,8 +6,6 @@ no transaction open. Each transaction holds the run's row lock while it appends 
 """
 
 import dataclasses
-import hashlib
-import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -17,8 +15,9 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .. import chain, declarations, dependencies, outcomes, ports, recovery, sql
-from ..canonical import sha256_hex, to_ijson
+from .. import declarations, dependencies, journaling, ports, recovery, sql
+from ..canonical import to_ijson
+from ..journaling import Outcome
 from ..models import Agent, Run, RunValue, Step, StepDependency, ToolServer
 from .record import append_entry, locked_run, open_run, save_moving
 from .runs import release
@@ -109,47 +108,41 @@ def open_step_in_run(
 def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, arguments: dict[str, Any],
           request_meta: dict[str, Any] | None, now: datetime, who: dict[str, Any], decide=None,
           declared: dict[str, Any] | None = None) -> OpenedStep:
-    arguments = to_ijson(arguments)
-    request_meta = to_ijson(request_meta) if request_meta else None
-    tool_def = declared or (server.tool(tool) if server else None)
-    declaration = declarations.normalise(tool_def or {}, catalogue=server.tool_names if server else set())
-    traits = recovery.tool_of(tool_def, kind=declaration.kind)
-    digest = sha256_hex({"agent": who.get("agent"), "server": server_name, "tool": tool, "arguments": arguments})
-    decision = None
+    """Journal the intent (see `open_step`): the policy decides first, outside the transaction; then, with
+    the run's row locked, the step row and the chain's `call` entry."""
+    call = journaling.prepared(
+        arguments=arguments, request_meta=request_meta, tool_def=declared or (server.tool(tool) if server else None),
+        catalogue=server.tool_names if server else set(), agent=who.get("agent"), server_name=server_name, tool=tool)
+    traits, decision = call.traits, None
     if decide is not None:
-        guarded = recovery.needs_retry_guard(kind=declaration.kind, idempotent=traits.idempotent)
-        decision = to_ijson(decide(declaration, retry_of=unknown_attempt(digest) if guarded else None))
+        decision = to_ijson(decide(call.declaration, retry_of=unknown_attempt(call.digest) if call.guarded else None))
         if decision and decision.get("allowUnknownRetries"):
             traits = dataclasses.replace(traits, retries_allowed=True)
-    status = Step.Status.HELD if decision and decision.get("decision") == "ask" else Step.Status.PENDING
+    status = journaling.opening_status(decision)
     with transaction.atomic():
         run = find_run()
         if run.halted_by_plan and decide is not None:  # an agent's call into a run a failure stopped
             halted = ports.gate().halting(plan=run.halted_by_plan)
             if halted:
-                decision = {"decision": "deny", "class": (decision or {}).get("class", "unknown"), "reason": halted,
-                            "haltedBy": run.halted_by_plan}
+                decision = journaling.halted_decision(decision, why=halted, plan=run.halted_by_plan)
                 status = Step.Status.PENDING
             else:
                 release(run, by="the Recorder", why="the plan that halted it has ended", now=now)
         number = run.step_count + 1
+        declaration = call.declaration
         step_id = sql.insert(Step, dict(
             run_id=run.pk, number=number, server_id=server.pk if server else None, server_name=server_name,
-            tool=tool, arguments=arguments, request_meta=request_meta, started_at=now,
+            tool=tool, arguments=call.arguments, request_meta=call.request_meta, started_at=now,
             declaration=declaration.model_dump(mode="json"), declaration_source=declaration.source,
-            reversibility=declaration.kind, status=status, policy_decision=decision, call_digest=digest,
+            reversibility=declaration.kind, status=status, policy_decision=decision, call_digest=call.digest,
         ))
         run.step_count = number
-        entry = {"step": number, "server": server_name, "tool": tool, "arguments": arguments, **who}
-        if request_meta:
-            entry["meta"] = request_meta  # what goes out with the arguments, so the record covers it too
-        if decision is not None:
-            entry["policy"] = decision
-        append_entry(run=run, event="call", now=now, data=entry)
+        append_entry(run=run, event="call", now=now, data=journaling.call_entry(
+            number=number, server_name=server_name, tool=tool, call=call, who=who, decision=decision))
         save_moving(run, now=now)
-    return OpenedStep(step_id=step_id, run_id=run.pk, number=number, server=server, tool=tool, arguments=arguments,
-                      request_meta=request_meta, kind=declaration.kind, source=declaration.source, policy=decision,
-                      declared=declared, traits=traits)
+    return OpenedStep(step_id=step_id, run_id=run.pk, number=number, server=server, tool=tool,
+                      arguments=call.arguments, request_meta=call.request_meta, kind=declaration.kind,
+                      source=declaration.source, policy=decision, declared=declared, traits=traits)
 
 
 # What became of an earlier attempt, in the words of a held repeat's reason.
@@ -213,81 +206,21 @@ def refuse_step(*, opened: OpenedStep, message: str, now: datetime, advice: dict
     return True
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What came back for a call: a raw result (which may be an `isError` result), or a failure.
-    `undelivered` says why a result the server sent never reached the agent (the server acted all the same)."""
-
-    result: dict[str, Any] | None = None
-    error_message: str = ""
-    failure_class: str = ""
-    may_have_acted: bool = False
-    undelivered: str = ""
-    cancelled: str = ""  # why the agent never waited for the answer (with may_have_acted once the server had it)
-    oversized: Any = None  # a `journal.mcp.bounded.Oversized`: the server answered over the limit; nothing kept
-    recovery: dict[str, Any] | None = None  # what the agent was advised to do about a failure (journal.recovery)
-
-
-def measured(result: dict[str, Any]) -> tuple[int, str]:
-    """The size and SHA-256 of a result as compact JSON."""
-    body = json.dumps(result, separators=(",", ":"), ensure_ascii=False).encode()
-    return len(body), hashlib.sha256(body).hexdigest()
-
-
 def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finished: datetime) -> Step | None:
-    """Journal what came back, with the undo facts, dependencies and counters, in one transaction.
+    """Journal what came back, with the undo facts, dependencies and counters, in one transaction (what
+    each outcome means for the record is `journaling.closed_fields`).
 
     Only a `pending` step is closed (a conditional update): if the reconciler already closed it as
     unrecorded, a late answer changes nothing and None is returned."""
-    step = Step(pk=opened.step_id, run_id=opened.run_id, number=opened.number, server=opened.server,
-                server_name=opened.server.name if opened.server else "", tool=opened.tool,
+    server = opened.server
+    step = Step(pk=opened.step_id, run_id=opened.run_id, number=opened.number, server=server,
+                server_name=server.name if server else "", tool=opened.tool,
                 arguments=opened.arguments or {}, request_meta=opened.request_meta)
-    fields: dict[str, Any] = {"finished_at": finished, "duration_ms": (finished - started).total_seconds() * 1000}
-    result = None
-    if outcome.result is not None:
-        result = to_ijson(outcome.result)
-        is_error = result.get("isError") is True
-        size, digest = measured(result)
-        inline = size <= settings.RECORDER_INLINE_RESULT_BYTES
-        fields.update(result=result if inline else None, result_size=size, result_sha256=digest,
-                      result_storage=Step.ResultStorage.INLINE if inline else Step.ResultStorage.JOURNAL,
-                      is_error=is_error, status=Step.Status.ERROR if is_error else Step.Status.OK)
-        if is_error:
-            fields["failure_class"] = outcomes.classify_tool_error(result)
-        else:
-            server = step.server
-            fields.update(outcomes.undo_facts(
-                tool_def=opened.declared or (server.tool(step.tool) if server else None), catalogue=server.tool_names if server else set(),
-                receipt_keys=server.receipt_keys if server else {}, arguments=step.arguments, result=result,
-                finished=finished))
-        if result.get("resultType") == "input_required":  # 2026-07-28: asked for more before doing anything
-            fields.update(reversibility=Step.Reversibility.READ_ONLY, undo_problems=[], compensation_arguments=None,
-                          effect_summary="The server asked for more input before acting.")
-        if outcome.undelivered:
-            fields.update(status=Step.Status.UNDELIVERED, error_message=outcome.undelivered, may_have_acted=True)
-    elif outcome.oversized is not None:
-        fields.update(status=Step.Status.UNDELIVERED, error_message=outcome.undelivered, may_have_acted=True,
-                      result_size=outcome.oversized.size, result_sha256=outcome.oversized.sha256,
-                      result_storage=Step.ResultStorage.DROPPED, reversibility=Step.Reversibility.UNKNOWN,
-                      undo_problems=["the server answered over the Recorder's size limit and its answer was not "
-                                     "kept, so what it did is unknown"])
-    elif outcome.cancelled and outcome.may_have_acted:
-        fields.update(status=Step.Status.CANCELLED, error_message=outcome.cancelled, may_have_acted=True,
-                      reversibility=Step.Reversibility.UNKNOWN, undo_problems=[
-                          "the agent cancelled the call while the server had it, so it may or may not have acted"])
-    elif outcome.cancelled:  # before anything was sent: nothing happened, so there is nothing to undo
-        fields.update(status=Step.Status.CANCELLED, error_message=outcome.cancelled,
-                      reversibility=Step.Reversibility.READ_ONLY, undo_problems=[])
-    else:
-        fields.update(status=Step.Status.ERROR, is_error=True, error_message=outcome.error_message,
-                      failure_class=outcome.failure_class or Step.FailureClass.UNKNOWN)
-        if outcome.may_have_acted:
-            fields.update(may_have_acted=True, reversibility=Step.Reversibility.UNKNOWN, undo_problems=[
-                "the server did not answer, so it may or may not have acted"])
-
-    if outcome.recovery is not None:
-        fields["recovery"] = to_ijson(outcome.recovery)
-
+    tool = journaling.Tool(definition=opened.declared or (server.tool(step.tool) if server else None),
+                           catalogue=frozenset(server.tool_names) if server else frozenset(),
+                           receipt_keys=server.receipt_keys if server else {})
+    fields, result = journaling.closed_fields(outcome=outcome, tool=tool, arguments=step.arguments, started=started,
+                                              finished=finished, inline_limit=settings.RECORDER_INLINE_RESULT_BYTES)
     with transaction.atomic():
         run = locked_run("id = %s", [opened.run_id])
         if result is not None:
@@ -301,31 +234,9 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
         step.reversibility = fields.get("reversibility", opened.kind)
         step.declaration_source = fields.get("declaration_source", opened.source)
         step.undo_problems = fields.get("undo_problems", [])
-        count(run, step, acted=(outcome.result is not None and not step.is_error) or outcome.may_have_acted
-              or outcome.oversized is not None)
-        links = _link(run, step)
-        append_entry(run=run, event="result", now=finished, data={
-            "step": step.number,
-            "status": step.status,
-            "isError": step.is_error,
-            "result": result,
-            **({"resultSize": step.result_size, "resultSha256": step.result_sha256} if step.result_size is not None
-               else {}),
-            **({"resultDropped": True} if outcome.oversized is not None else {}),
-            "error": step.error_message or None,
-            "failureClass": step.failure_class or None,
-            **({"recovery": fields["recovery"]} if "recovery" in fields else {}),
-            "durationMs": round(step.duration_ms or 0, 3),
-            "undo": {
-                "kind": step.reversibility, "source": step.declaration_source,
-                "compensationArguments": step.compensation_arguments, "problems": step.undo_problems,
-                "undoBy": chain.format_ts(step.undo_by) if step.undo_by else None,
-            },
-            "effect": {"summary": step.effect_summary, "resource": step.effect_resource,
-                       "version": step.effect_version} if step.effect_summary or step.effect_version else None,
-            "receiptVerified": step.receipt_verified,
-            "dependsOn": links,
-        })
+        count(run, step, acted=journaling.acted(outcome, is_error=step.is_error))
+        append_entry(run=run, event="result", now=finished, data=journaling.result_entry(
+            step, result=result, outcome=outcome, recovery=fields.get("recovery"), links=_link(run, step)))
         save_moving(run, now=finished)
     return step
 
@@ -350,19 +261,14 @@ def mark_undelivered(*, opened: OpenedStep, message: str, now: datetime) -> bool
 
 
 def count(run: Run, step: Step, *, acted: bool) -> None:
-    """Keep the run list's counters. A failed call counts as failed; only calls that acted (or may have,
-    when the server never answered) count towards reversible, irreversible or unknown."""
-    if step.status in (Step.Status.ERROR, Step.Status.UNDELIVERED):  # the agent saw a failure either way
+    """Keep the run list's counters (`journaling.counters`): a failed call counts as failed and fails the
+    run; only calls that acted (or may have) count towards reversible, irreversible or unknown."""
+    failed, counter = journaling.counters(status=step.status, reversibility=step.reversibility, acted=acted)
+    if failed:
         run.failed_count += 1
         run.state = Run.State.FAILED
-    if not acted:
-        return
-    if step.reversibility == Step.Reversibility.COMPENSATE:
-        run.reversible_count += 1
-    elif step.reversibility == Step.Reversibility.NONE:
-        run.irreversible_count += 1
-    elif step.reversibility == Step.Reversibility.UNKNOWN:
-        run.unknown_count += 1
+    if counter is not None:
+        setattr(run, counter, getattr(run, counter) + 1)
 
 
 def _link(run: Run, step: Step) -> list[dict[str, Any]]:

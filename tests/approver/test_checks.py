@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import pytest
 
 from approver import checks
-from journal.mcp.client import Endpoint
+from journal.upstream.client import Endpoint
 
 TARGET = checks.CheckTarget(
     item_id=1, endpoint=Endpoint(name="payments", transport="http", url="http://127.0.0.1:9/payments/mcp"),

@@ -6,8 +6,8 @@ from email.utils import format_datetime
 import pytest
 
 from journal import recovery
-from journal.mcp.failures import MAX_RETRY_AFTER, retry_after_seconds
 from journal.recovery import Failure, Tool
+from journal.upstream.failures import MAX_RETRY_AFTER, retry_after_seconds
 
 WRITE = Tool()  # neither read-only, idempotent nor reversible
 READ = Tool(read_only=True)

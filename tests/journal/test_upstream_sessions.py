@@ -10,8 +10,8 @@ import anyio
 import pytest
 
 from journal import services
-from journal.mcp.client import Endpoint, ToolServerError, Upstreams
 from journal.models import Step
+from journal.upstream.client import Endpoint, ToolServerError, Upstreams
 from tests.conftest import ServerThread, free_port
 from tests.fixtures import handshake_server
 

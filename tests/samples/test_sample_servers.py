@@ -3,7 +3,7 @@
 import anyio
 import pytest
 
-from journal.mcp.client import Endpoint, Upstreams
+from journal.upstream.client import Endpoint, Upstreams
 
 
 def call(samples, server: str, tool: str, arguments: dict, meta: dict | None = None) -> dict:

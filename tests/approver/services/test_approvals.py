@@ -234,3 +234,14 @@ def test_the_readme_verifier_checks_approvals_in_an_exported_bundle(conflicted_p
     path.write_text(json.dumps(bundle))
     bad = subprocess.run([sys.executable, script, path], capture_output=True, text=True)
     assert bad.returncode != 0 and "signed something else" in bad.stderr
+
+
+def test_a_signature_begun_on_one_plan_is_not_completed_on_another(conflicted_plan, approver_user, on_call, globex):
+    key = enrolled(approver_user)
+    request, assertion = sign(conflicted_plan, approver_user, key, choices={"3": "overwrite"})
+    assert services.cancel_plan(plan=conflicted_plan, by=on_call)
+    other = services.request_plan(run=globex, requested_by=on_call, reason="wrong deal", from_step=2)
+    with pytest.raises(signing.SigningRefused, match="begun on another plan"):
+        services.complete_signing(user=approver_user, nonce=request.nonce, credential=assertion, plan=other)
+    request.refresh_from_db()
+    assert request.used_at is None and not Approval.objects.exists()

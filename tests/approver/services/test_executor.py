@@ -118,7 +118,7 @@ def test_a_worker_killed_after_the_server_acted_is_picked_up_and_nothing_is_done
     import anyio
     from django.utils import timezone
 
-    from journal.mcp.client import Upstreams, endpoint_of
+    from journal.upstream.client import Upstreams, endpoint_of
 
     plan = approved("overwrite")
     Plan.objects.filter(pk=plan.pk).update(state="executing")

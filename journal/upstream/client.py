@@ -3,7 +3,7 @@
 Every MCP exchange the project makes with a tool server goes through `Upstreams`: long-lived sessions, one
 per server and agent session (reused across calls, reconnected when they break, closed when idle), a
 timeout on every call, raw JSON in and out (the SDK's models drop fields such as `annotations.recovery`),
-and one error type for every failure (`journal.mcp.failures.ToolServerError`).
+and one error type for every failure (`journal.upstream.failures.ToolServerError`).
 """
 
 import contextlib

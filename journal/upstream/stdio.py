@@ -18,9 +18,9 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
-from mcp.client import stdio as sdk_stdio
 from mcp.client.stdio import StdioServerParameters, get_default_environment
 
+from .. import sdk
 from .bounded import CHUNK, Tokens, _Measure, too_deep
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class _Lines:
 @contextlib.asynccontextmanager
 async def bounded_stdio_client(server: StdioServerParameters, limit: int, tokens: Tokens):
     """The SDK's `stdio_client`, reading lines of at most `limit` bytes (see the module)."""
-    process = await sdk_stdio._create_platform_compatible_process(
+    process = await sdk.create_process(
         command=server.command, args=server.args, env=get_default_environment() | (server.env or {}),
         errlog=sys.stderr, cwd=server.cwd)
     read_writer, read_stream = anyio.create_memory_object_stream(0)
@@ -108,9 +108,9 @@ async def bounded_stdio_client(server: StdioServerParameters, limit: int, tokens
                     while True:
                         chunk = await process.stdout.receive(CHUNK)
                         for line in lines.feed(chunk):
-                            await read_writer.send(sdk_stdio._parse_line(line.decode("utf-8", "replace")))
+                            await read_writer.send(sdk.parse_line(line.decode("utf-8", "replace")))
                 finally:
-                    await sdk_stdio._drain_stdout(process)
+                    await sdk.drain_stdout(process)
 
     async def stdin_writer() -> None:
         try:
@@ -134,7 +134,7 @@ async def bounded_stdio_client(server: StdioServerParameters, limit: int, tokens
                 write_stream.close()
                 with anyio.move_on_after(2.0):
                     await writer_done.wait()
-                await sdk_stdio._stop_server_process(process)
+                await sdk.stop_process(process)
                 for stream in (read_stream, write_stream, read_writer, write_reader):
                     await stream.aclose()
                 await anyio.lowlevel.checkpoint()

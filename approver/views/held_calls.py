@@ -1,0 +1,71 @@
+"""Calls an autonomy policy held for a person: the list, one call's page, and the signature on it."""
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import JsonResponse
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from journal import roles
+from journal.access import READERS, require_role
+
+from .. import authority, services, signing
+from ..models import ActionRequest
+from .sign_off import challenge, signing_step
+
+ACTIONS_PER_PAGE = 25
+
+
+@require_GET
+def action_list(request):
+    require_role(request, *READERS)
+    actions = ActionRequest.objects.select_related("agent__on_behalf_of", "server").order_by("-created_at", "-id")
+    page = Paginator(actions, ACTIONS_PER_PAGE).get_page(request.GET.get("page"))
+    return render(request, "approver/action_list.html", {"page": page, "now": timezone.now()})
+
+
+@require_GET
+def action_detail(request, action_id):
+    require_role(request, *READERS)
+    action = get_object_or_404(ActionRequest.objects.select_related("agent__on_behalf_of", "server", "run", "step",
+                                                                     "used_step"), public_id=action_id)
+    return render(request, "approver/action_detail.html", {
+        "action": action, "now": timezone.now(),
+        "approvals": action.approvals.select_related("approver", "passkey").order_by("created_at"),
+        **authority.signing_state(request.user, role=action.approver_group,
+                                  refusal=lambda: authority.action_refusal(action=action, user=request.user)),
+    })
+
+
+@require_POST
+def action_sign_begin(request, action_id):
+    """A one-time challenge for approving or denying the held call exactly as it stands. Any role may reach
+    it; whether this person may decide is the held call's own rule (its policy's group, separation of duties)."""
+    require_role(request, *roles.ALL)
+    action = get_object_or_404(ActionRequest.objects.select_related("agent"), public_id=action_id)
+    return signing_step(request, "decision", lambda body: challenge(*services.begin_action_signing(
+        action=action, user=request.user, decision=str(body.get("decision", "")),
+        reason=str(body.get("reason") or ""))))
+
+
+@require_POST
+def action_sign_complete(request, action_id):
+    require_role(request, *roles.ALL)
+    action = get_object_or_404(ActionRequest, public_id=action_id)
+
+    def complete(body):
+        approval = services.complete_action_signing(user=request.user, nonce=str(body.get("nonce", "")),
+                                                    credential=body.get("credential"), action=action)
+        decided = approval.request
+        decided.refresh_from_db()
+        if approval.decision == signing.REJECT:
+            messages.success(request, "You denied the call. The agent is told, with your reason.")
+        elif decided.state == ActionRequest.State.APPROVED:
+            messages.success(request, "You approved the call. It goes through once, exactly as shown.")
+        else:
+            messages.success(request, "You approved the call. It needs more approvals before it may go through.")
+        return JsonResponse({"ok": True, "redirect": reverse("approver:action_detail", args=[decided.public_id])})
+
+    return signing_step(request, "signature", complete)

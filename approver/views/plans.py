@@ -1,0 +1,155 @@
+"""Reversal plans: asking for one, its page (what will be undone, what cannot, what changed since), and
+the buttons that check, cancel, pause, resume or abort it."""
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import HttpResponseClientRefresh
+
+from journal import roles
+from journal.access import READERS, require_role
+from journal.models import Run
+
+from .. import authority, execution, services, signing
+from ..forms import UndoRequestForm
+from ..models import ApprovalRules, Plan, PlanItem
+
+PLANS_PER_PAGE = 25
+
+
+@require_POST
+def request_undo(request, run_id):
+    """On-call asks to undo a run from step N, or the steps they ticked: the plan is opened at once, and the
+    worker drafts it and checks it while the plan page shows how far it got."""
+    require_role(request, roles.ON_CALL)
+    run = get_object_or_404(Run, public_id=run_id)
+    form = UndoRequestForm(request.POST)
+    if not form.is_valid():
+        for errors in form.errors.values():
+            for error in errors:
+                messages.error(request, error)
+        return redirect(reverse("journal:run_detail", args=[run.public_id]))
+    try:
+        plan = services.ask_for_plan(run=run, requested_by=request.user, reason=form.cleaned_data["reason"],
+                                     from_step=form.cleaned_data["from_step"],
+                                     steps=form.cleaned_data["steps"] or None)
+    except services.PlanRefused as refused:
+        messages.error(request, refused.message)
+        target = services.plan_url(refused.open_plan) if refused.open_plan else reverse(
+            "journal:run_detail", args=[run.public_id])
+        return redirect(target)
+    messages.success(request, f"Plan asked for: undo {plan.selection_text}. The worker drafts it, then checks every "
+                              "step with the tool servers.")
+    return redirect(services.plan_url(plan))
+
+
+@require_GET
+def plan_list(request):
+    require_role(request, *READERS)
+    plans = Plan.objects.for_page().order_by("-created_at", "-id")
+    page = Paginator(plans, PLANS_PER_PAGE).get_page(request.GET.get("page"))
+    return render(request, "approver/plan_list.html", {"page": page})
+
+
+@require_GET
+def plan_detail(request, plan_id):
+    require_role(request, *READERS)
+    plan = get_object_or_404(Plan.objects.for_page(), public_id=plan_id)
+    if request.htmx and request.GET.get("was") == Plan.State.DRAFTING and plan.state != Plan.State.DRAFTING:
+        return HttpResponseClientRefresh()  # drafted: the whole page changes (its heading too), not the fragment
+    template = "approver/plan_detail.html#checks" if request.htmx else "approver/plan_detail.html"
+    return render(request, template, _plan_context(request, plan))
+
+
+def _plan_context(request, plan: Plan) -> dict:
+    items = list(services.items_for_page(plan))
+    by_action = {action: [i for i in items if i.action == action] for action in PlanItem.Action.values}
+    return {
+        "plan": plan,
+        "undo": by_action[PlanItem.Action.COMPENSATE],
+        "cannot": by_action[PlanItem.Action.CANNOT_UNDO],
+        "nothing": by_action[PlanItem.Action.NOTHING_TO_UNDO],
+        "already": by_action[PlanItem.Action.ALREADY_UNDONE],
+        "changed": [i for i in items if i.check_status == PlanItem.Check.CONFLICT],
+        "now": timezone.now(),
+        **authority.plan_buttons(request.user, plan),
+        "report": _report(plan, items),
+        **_sign_off_context(request, plan),
+    }
+
+
+def _report(plan: Plan, items: list) -> dict | None:
+    if plan.state not in (Plan.State.EXECUTING, Plan.State.PAUSED, *Plan.FINISHED_STATES):
+        return None
+    return {"done": sum(i.exec_state == PlanItem.Exec.DONE for i in items), "total": len(items),
+            "to_do": [i for i in items if i.outcome in execution.NEEDS_A_HUMAN]}
+
+
+def _sign_off_context(request, plan: Plan) -> dict:
+    """Who signed what, what counts, and whether this user may sign now (and if not, why)."""
+    rules = ApprovalRules.current()
+    approvals = list(plan.approvals.select_related("approver", "passkey").order_by("created_at"))
+    counting = {a.pk for a in authority.counting_approvals(plan=plan, rules=rules)}
+    current = services.plan_content(plan) if any(a.digest != plan.digest for a in approvals) else None
+    signed = [{"approval": a, "counts": a.pk in counting,
+               "changes": signing.content_changes(a.content, current) if current and a.digest != plan.digest else []}
+              for a in approvals]
+    refusal = (lambda: authority.signing_refusal(plan=plan, user=request.user, rules=rules)) \
+        if plan.state == Plan.State.READY else None
+    return {"rules": rules, "signed": signed, "counting": len(counting),
+            **authority.signing_state(request.user, role=roles.APPROVER, refusal=refusal)}
+
+
+@require_POST
+def check_again(request, plan_id):
+    require_role(request, *authority.MAY_CHECK)
+    plan = get_object_or_404(Plan, public_id=plan_id)
+    if services.queue_checks(plan=plan):
+        messages.success(request, "Checking again with the tool servers.")
+    else:
+        messages.error(request, f"This plan is {plan.get_state_display().lower()}; it cannot be checked now.")
+    return redirect(services.plan_url(plan))
+
+
+def _plan_action(request, plan_id, action, done: str, refused: str):
+    """A state change on one plan by the signed-in user; the service says whether the plan allowed it."""
+    plan = get_object_or_404(Plan, public_id=plan_id)
+    if action(plan=plan, by=request.user):
+        messages.success(request, done)
+    else:
+        messages.error(request, f"This plan is {plan.get_state_display().lower()}; {refused}")
+    return redirect(services.plan_url(plan))
+
+
+@require_POST
+def cancel(request, plan_id):
+    require_role(request, *authority.MAY_CANCEL)
+    return _plan_action(request, plan_id, services.cancel_plan, "Plan cancelled. Its steps can go into a new plan.",
+                        "it can no longer be cancelled.")
+
+
+@require_POST
+def abort(request, plan_id):
+    """Stop an approved, executing or paused plan: the item in flight finishes, nothing after it starts."""
+    require_role(request, *authority.MAY_CONTROL)
+    return _plan_action(request, plan_id, services.abort_plan, "Aborted: nothing that has not started will run.",
+                        "there is nothing to abort.")
+
+
+@require_POST
+def pause(request, plan_id):
+    """Hold an executing plan after the item in flight; it goes on only when someone resumes it."""
+    require_role(request, *authority.MAY_CONTROL)
+    return _plan_action(request, plan_id, services.pause_plan,
+                        "Paused: the item in flight finishes, nothing else starts until you resume.",
+                        "it cannot be paused.")
+
+
+@require_POST
+def resume(request, plan_id):
+    require_role(request, *authority.MAY_CONTROL)
+    return _plan_action(request, plan_id, services.resume_plan,
+                        "Resumed: the approvals are checked again before each item.", "there is nothing to resume.")

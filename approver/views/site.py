@@ -1,0 +1,25 @@
+"""What is not a section of its own: the health check and django-axes' lock-out page."""
+
+from django.conf import settings
+from django.http import JsonResponse
+from django.shortcuts import render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from .. import health as health_report
+
+
+def locked_out(request, response, credentials):
+    """django-axes' answer to a login while the account or the address is locked out (AXES_LOCKOUT_CALLABLE)."""
+    username = (credentials or {}).get("username") or request.POST.get("username", "")
+    return render(request, "registration/locked_out.html", {
+        "failure_limit": settings.AXES_FAILURE_LIMIT, "username": username[:150],
+        "minutes": int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)}, status=429)
+
+
+@require_GET
+@never_cache
+def health(request):
+    """Public, for load balancers and monitors; it names states, never hosts, versions or errors."""
+    body = health_report.report()
+    return JsonResponse(body, status=200 if body["status"] == "ok" else 503)
