@@ -30,9 +30,6 @@ from .. import services
 from ..models import ToolServer
 from ..upstream.client import Owner, ToolServerError, Upstreams, endpoint_of
 from . import versions
-from .journal_thread import JournalThread
-from .listening import Listening
-from .relay import Relay
 from .context import (
     SEPARATOR,
     agent_of,
@@ -45,6 +42,9 @@ from .context import (
     session_of,
     upstream_error,
 )
+from .journal_thread import JournalThread
+from .listening import Listening
+from .relay import Relay
 
 logger = logging.getLogger(__name__)
 

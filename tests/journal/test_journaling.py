@@ -17,8 +17,8 @@ UPDATE_DEAL = {"name": "update_deal", **HATP}
 CRM = frozenset({"update_deal", "hatp_check", "hatp_compensate"})
 
 
-def closed(outcome: Outcome, *, tool: Tool = Tool(), inline_limit: int = 65536):
-    return journaling.closed_fields(outcome=outcome, tool=tool, arguments={"deal_id": "D-881"}, started=STARTED,
+def closed(outcome: Outcome, *, tool: Tool | None = None, inline_limit: int = 65536):
+    return journaling.closed_fields(outcome=outcome, tool=tool or Tool(), arguments={"deal_id": "D-881"}, started=STARTED,
                                     finished=FINISHED, inline_limit=inline_limit)
 
 
