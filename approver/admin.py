@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from . import services
 from .models import Approval, ApprovalRules, Passkey, Plan
 
 
@@ -38,8 +39,8 @@ class ApprovalRulesAdmin(admin.ModelAdmin):
         return False
 
     def save_model(self, request, obj, form, change):
-        obj.pk = 1  # there is only ever one
-        super().save_model(request, obj, form, change)
+        # The one writer of the row, which logs who changed what with the policies' changes.
+        services.save_approval_rules(rules=obj, by=request.user)
 
 
 @admin.register(Approval)

@@ -88,8 +88,7 @@ def ensure_tool_servers() -> None:
         if server is None:
             server = services.register_tool_server(name=name, url=url)
         elif server.url != url:
-            server.url = url
-            server.save(update_fields=["url"])
+            server = services.save_tool_server(server=server, url=url)
         server = services.refresh_catalogue(server=server)
         status = server.catalogue_error or f"{len(server.catalogue)} tools"
         say(f"  tool server {name:<10} {url}  ({status})")

@@ -156,33 +156,43 @@ def draft_items(steps: list[StepFacts], pulled: dict[int, Pull], *, plan_id: str
 
 
 def _item(step: StepFacts, position: int, pull: Pull, *, plan_id: str, now: datetime) -> ItemDraft:
-    declaration = step.declaration or {}
     base = {"step": step, "position": position, "pull": pull}
+    settled = _without_compensation(step)
+    if settled is not None:
+        action, reason, remedy = settled
+        return ItemDraft(**base, action=action, reason=reason, remedy=remedy)
+    return _compensating(step, base, plan_id=plan_id, now=now)
+
+
+def _without_compensation(step: StepFacts) -> tuple[str, str, str] | None:
+    """(action, reason, remedy) for a step whose undo needs no compensation of its own: undone already,
+    nothing to undo, or one that cannot be undone; None for a step its server says it can compensate."""
+    declaration = step.declaration or {}
+    by_hand = f"Check {step.server} by hand for what {step.tool} did."
     if step.already_undone:
-        return ItemDraft(**base, action="already_undone", reason="An earlier plan already undid this step.")
+        return "already_undone", "An earlier plan already undid this step.", ""
     if step.status == "pending":
-        return ItemDraft(**base, action="cannot_undo",
-                         reason="The call's outcome was never recorded, so what it did is not known.",
-                         remedy=f"Check {step.server} by hand for what {step.tool} did.")
+        return "cannot_undo", "The call's outcome was never recorded, so what it did is not known.", by_hand
     if step.status == "held":
-        return ItemDraft(**base, action="nothing_to_undo",
-                         reason="Held for approval and not made: deny it on its held-call page so it never is.")
+        return "nothing_to_undo", "Held for approval and not made: deny it on its held-call page so it never is.", ""
     if step.failure_class == "policy":
-        return ItemDraft(**base, action="nothing_to_undo",
-                         reason="An autonomy policy stopped it: it was never sent to the tool server.")
+        return "nothing_to_undo", "An autonomy policy stopped it: it was never sent to the tool server.", ""
     if step.reversibility == "read_only":
-        return ItemDraft(**base, action="nothing_to_undo", reason="A read: it changed nothing.")
+        return "nothing_to_undo", "A read: it changed nothing.", ""
     if step.status == "error" and step.reversibility != "unknown":
-        return ItemDraft(**base, action="nothing_to_undo", reason="The call failed and changed nothing.")
+        return "nothing_to_undo", "The call failed and changed nothing.", ""
     remedy = declaration.get("remedy") or ""
     if step.reversibility == "none":
-        return ItemDraft(**base, action="cannot_undo",
-                         reason=declaration.get("reason") or f"{step.server} says this cannot be undone.",
-                         remedy=remedy)
+        return "cannot_undo", declaration.get("reason") or f"{step.server} says this cannot be undone.", remedy
     if step.reversibility != "compensate":
         reason = "; ".join(step.undo_problems) or f"{step.server} says nothing about undoing {step.tool}."
-        return ItemDraft(**base, action="cannot_undo", reason=_sentence(reason),
-                         remedy=remedy or f"Check {step.server} by hand for what {step.tool} did.")
+        return "cannot_undo", _sentence(reason), remedy or by_hand
+    return None
+
+
+def _compensating(step: StepFacts, base: dict[str, Any], *, plan_id: str, now: datetime) -> ItemDraft:
+    """A step its server says it can compensate: the compensation, or why it cannot run automatically."""
+    declaration = step.declaration or {}
     # Without a version the undo can still run, but a later change could not be detected: it is listed
     # with the others and flagged for the approver, never run on its own (DESIGN.md).
     problems = [p for p in step.undo_problems if p != NO_VERSION_PROBLEM]
@@ -195,7 +205,7 @@ def _item(step: StepFacts, position: int, pull: Pull, *, plan_id: str, now: date
     if not compensation.get("tool") or step.compensation_arguments is None:
         problems.append("no compensation could be prepared")
     common = {"via": declaration.get("via") or "api", "side_effect": declaration.get("side_effect") or "",
-              "cost": declaration.get("cost"), "undo_by": step.undo_by, "remedy": remedy}
+              "cost": declaration.get("cost"), "undo_by": step.undo_by, "remedy": declaration.get("remedy") or ""}
     if problems:
         return ItemDraft(**base, action="cannot_undo", **common,
                          reason="Not automatically undoable: " + _sentence("; ".join(dict.fromkeys(problems))))

@@ -4,7 +4,7 @@ from django.contrib import admin, messages
 from django.db import models, transaction
 
 from . import services
-from .models import Agent, RecorderKey, Run, ToolServer
+from .models import Agent, ChainEntry, RecorderKey, Run, Step, ToolServer
 
 
 class ToolServerForm(forms.ModelForm):
@@ -74,16 +74,39 @@ class AgentAdmin(admin.ModelAdmin):
         return False
 
 
-@admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
-    list_display = ["public_id", "agent", "state", "started_at", "step_count", "head_seq", "checkpointed_seq"]
-    list_filter = ["state", "agent"]
+class RecordAdmin(admin.ModelAdmin):
+    """The run record is append-only, and only the Recorder appends to it (`journal.services`): nobody adds,
+    changes or deletes a run, a step or a chain entry by hand, superusers included (deleting a run would
+    cascade to its chain). The admin shows them."""
 
     def has_add_permission(self, request):
         return False
 
     def has_change_permission(self, request, obj=None):
-        return False  # the record is append-only; nobody edits it by hand
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Run)
+class RunAdmin(RecordAdmin):
+    list_display = ["public_id", "agent", "state", "started_at", "step_count", "head_seq", "checkpointed_seq"]
+    list_filter = ["state", "agent"]
+
+
+@admin.register(Step)
+class StepAdmin(RecordAdmin):
+    list_display = ["run", "number", "server_name", "tool", "status", "reversibility", "started_at"]
+    list_filter = ["status", "reversibility"]
+    list_select_related = ["run"]
+
+
+@admin.register(ChainEntry)
+class ChainEntryAdmin(RecordAdmin):
+    list_display = ["run", "seq", "event", "ts"]
+    list_filter = ["event"]
+    list_select_related = ["run"]
 
 
 @admin.register(RecorderKey)

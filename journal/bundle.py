@@ -236,46 +236,60 @@ def parse_ts(text: str, fallback: datetime | None) -> datetime | None:
     return moment if moment.tzinfo else fallback
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: Any, limit: int) -> str:
+    return str(value or "")[:limit]
+
+
+def _called(data: dict[str, Any], at: datetime | None) -> dict[str, Any]:
+    """A step's columns from its `call` entry."""
+    arguments = data.get("arguments")
+    held = _dict(data.get("policy")).get("decision") == "ask"
+    return {"number": data["step"], "server_name": str(data.get("server", ""))[:60],
+            "tool": str(data.get("tool", ""))[:200], "arguments": arguments if isinstance(arguments, dict) else {},
+            "started_at": at, "status": "held" if held else "pending"}
+
+
+def _answered(data: dict[str, Any], at: datetime | None) -> dict[str, Any]:
+    """A step's columns from its `result` entry; what is not of the right type keeps the column's default."""
+    undo, effect = _dict(data.get("undo")), _dict(data.get("effect"))
+    kind, problems, verified = undo.get("kind"), undo.get("problems"), data.get("receiptVerified")
+    compensation = undo.get("compensationArguments")
+    return {
+        "status": data.get("status") if data.get("status") in ("error", "undelivered", "cancelled") else "ok",
+        "is_error": data.get("isError") is True,
+        "result": data.get("result") if isinstance(data.get("result"), dict) else None,
+        "failure_class": _text(data.get("failureClass"), 20),
+        "finished_at": at,
+        "reversibility": kind if kind in REVERSIBILITY else "unknown",
+        "declaration_source": _text(undo.get("source"), 40),
+        "compensation_arguments": compensation if isinstance(compensation, dict) else None,
+        "undo_problems": [str(p) for p in problems] if isinstance(problems, list) else [],
+        "undo_by": parse_ts(undo.get("undoBy") or "", None) if undo.get("undoBy") else None,
+        "effect_summary": _text(effect.get("summary"), 500),
+        "effect_resource": _text(effect.get("resource"), 500),
+        "effect_version": _text(effect.get("version"), 200),
+        "receipt_verified": verified if isinstance(verified, bool) else None,
+    }
+
+
 def step_fields(entries: list[dict[str, Any]], *, started_at: datetime) -> list[dict[str, Any]]:
     """The step rows of an imported run, rebuilt from its call and result events: each row's column values,
     in step order. Anything the record does not say keeps the column's default."""
     steps: dict[int, dict[str, Any]] = {}
     for entry in entries:
-        data = entry["data"] if isinstance(entry["data"], dict) else {}
+        data = _dict(entry["data"])
         number = data.get("step")
         if not isinstance(number, int) or isinstance(number, bool) or number < 1:
             continue
         at = parse_ts(entry["ts"], started_at)
         if entry["event"] == "call" and number not in steps:
-            arguments = data.get("arguments")
-            policy = data.get("policy") if isinstance(data.get("policy"), dict) else {}
-            steps[number] = {
-                "number": number, "server_name": str(data.get("server", ""))[:60],
-                "tool": str(data.get("tool", ""))[:200], "arguments": arguments if isinstance(arguments, dict) else {},
-                "started_at": at, "status": "held" if policy.get("decision") == "ask" else "pending",
-            }
+            steps[number] = _called(data, at)
         elif entry["event"] == "released" and number in steps and steps[number]["status"] == "held":
             steps[number]["status"] = "pending"
         elif entry["event"] == "result" and number in steps:
-            undo = data.get("undo") if isinstance(data.get("undo"), dict) else {}
-            effect = data.get("effect") if isinstance(data.get("effect"), dict) else {}
-            kind = undo.get("kind")
-            problems = undo.get("problems")
-            steps[number].update(
-                status=data.get("status") if data.get("status") in ("error", "undelivered", "cancelled") else "ok",
-                is_error=data.get("isError") is True,
-                result=data.get("result") if isinstance(data.get("result"), dict) else None,
-                failure_class=str(data.get("failureClass") or "")[:20],
-                finished_at=at,
-                reversibility=kind if kind in REVERSIBILITY else "unknown",
-                declaration_source=str(undo.get("source") or "")[:40],
-                compensation_arguments=undo.get("compensationArguments") if isinstance(
-                    undo.get("compensationArguments"), dict) else None,
-                undo_problems=[str(p) for p in problems] if isinstance(problems, list) else [],
-                undo_by=parse_ts(undo.get("undoBy") or "", None) if undo.get("undoBy") else None,
-                effect_summary=str(effect.get("summary") or "")[:500],
-                effect_resource=str(effect.get("resource") or "")[:500],
-                effect_version=str(effect.get("version") or "")[:200],
-                receipt_verified=data.get("receiptVerified") if isinstance(data.get("receiptVerified"), bool) else None,
-            )
+            steps[number].update(_answered(data, at))
     return [steps[n] for n in sorted(steps)]

@@ -59,28 +59,32 @@ def ijson_problem(value: Any) -> str | None:
     stack: list[tuple[str, Any]] = [("", value)]
     while stack:
         where, item = stack.pop()
-        if isinstance(item, bool) or item is None:
-            continue
-        if isinstance(item, int):
-            if not -_MAX_SAFE_INT <= item <= _MAX_SAFE_INT:
-                return (f"at {where or '/'}: {str(item)[:40]} is an integer beyond ±(2**53 - 1), which JSON numbers "
-                        "do not carry exactly (send it as a string)")
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                return f"at {where or '/'}: {item} is not a JSON number (NaN and infinities are not JSON)"
-        elif isinstance(item, str):
-            if _has_surrogate(item):
-                return f"at {where or '/'}: the text has a lone UTF-16 surrogate, which is not Unicode text"
-        elif isinstance(item, dict):
+        if isinstance(item, dict):
             for key, child in item.items():
                 if not isinstance(key, str) or _has_surrogate(key):
                     return f"at {where or '/'}: a key has a lone UTF-16 surrogate, which is not Unicode text"
                 stack.append((f"{where}/{_pointer_token(key)}", child))
         elif isinstance(item, list | tuple):
             stack.extend((f"{where}/{index}", child) for index, child in enumerate(item))
-        else:
-            return f"at {where or '/'}: a {type(item).__name__} is not JSON"
+        elif (problem := _scalar_problem(item)) is not None:
+            return f"at {where or '/'}: {problem}"
     return None
+
+
+def _scalar_problem(item: Any) -> str | None:
+    """Why a value that is neither an object nor an array is not I-JSON, or None."""
+    if isinstance(item, bool) or item is None:
+        return None
+    if isinstance(item, int):
+        if not -_MAX_SAFE_INT <= item <= _MAX_SAFE_INT:
+            return (f"{str(item)[:40]} is an integer beyond ±(2**53 - 1), which JSON numbers do not carry exactly "
+                    "(send it as a string)")
+        return None
+    if isinstance(item, float):
+        return None if math.isfinite(item) else f"{item} is not a JSON number (NaN and infinities are not JSON)"
+    if isinstance(item, str):
+        return "the text has a lone UTF-16 surrogate, which is not Unicode text" if _has_surrogate(item) else None
+    return f"a {type(item).__name__} is not JSON"
 
 
 def _pointer_token(key: str) -> str:

@@ -8,7 +8,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from . import services
-from .models import AgentSession, Run
+from .models import Run
 from .services import clients
 
 QUIET_AFTER = timedelta(seconds=30)
@@ -39,8 +39,8 @@ def reconcile_stale_steps() -> int:
 def forget_idle_sessions() -> int:
     """Delete the records of agent sessions unused for RECORDER_SESSION_IDLE_SECONDS (no process serves
     them any more: `journal.mcp.sessions`)."""
-    idle = timezone.now() - timedelta(seconds=settings.RECORDER_SESSION_IDLE_SECONDS)
-    return AgentSession.objects.filter(last_used_at__lt=idle).delete()[0]
+    return services.forget_idle_agent_sessions(idle_seconds=settings.RECORDER_SESSION_IDLE_SECONDS,
+                                               now=timezone.now())
 
 
 @shared_task(name="journal.forget_unused_oauth_clients")

@@ -4,6 +4,8 @@ back), pure modules stay pure, and no import hides inside a function to dodge a 
 import ast
 from pathlib import Path
 
+from radon.complexity import cc_visit
+
 ROOT = Path(__file__).resolve().parent.parent
 APPS = ("journal", "approver")
 # No ORM, no clock, no Django at all: directly or through any project module they import.
@@ -18,6 +20,7 @@ FUNCTION_IMPORTS_ALLOWED = {("approver.apps", "ready"), *(("approver.demo", name
     "setup_django", "ensure_users", "ensure_tool_servers", "ensure_agent", "ensure_policy", "replay_globex",
     "wait_for_worker"))}
 MAX_LINES = 450
+MAX_COMPLEXITY = 20  # radon's rank C at most: a function past it has grown a ladder of cases to lift out
 
 
 def modules() -> dict[str, Path]:
@@ -103,3 +106,9 @@ def test_no_function_level_import_dodges_a_loop():
 def test_no_module_of_the_app_grows_past_one_concept():
     long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_no_function_of_the_apps_grows_past_a_ladder_of_twenty_cases():
+    complex_ = {f"{name}.{block.fullname}": block.complexity for name, path in modules().items()
+                for block in cc_visit(path.read_text()) if block.complexity > MAX_COMPLEXITY}
+    assert complex_ == {}

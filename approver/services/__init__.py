@@ -7,6 +7,7 @@
 - `executor`: run an approved plan; pause, resume, abort; the reconciler.
 - `outcomes`: unknown outcomes, checked again, settled by hand or tried again.
 - `policies`: autonomy policies and their signed change log.
+- `approval_rules`: who may sign and how many must, changes logged with the policies'.
 - `held_calls`: the gate the Recorder asks, and the calls it holds.
 - `bell`: the one doorbell to the worker.
 
@@ -29,6 +30,7 @@ from ..policy_book import (
     simulate_policy,
     verify_policy_log,
 )
+from .approval_rules import rules_record, save_approval_rules
 from .approvals import (
     SIGNING_SECONDS,
     ActionRefused,
@@ -88,6 +90,7 @@ from .policies import PolicyRefused, clean_policy, delete_policy, save_policy
 FINISHED_STATES = Plan.FINISHED_STATES
 
 __all__ = [
+    "rules_record", "save_approval_rules",
     "DRAFT_STALE", "FINISHED_STATES", "POLICY_LOG", "SETTLEMENTS", "SIGNING_SECONDS", "WRITE_EVERY", "ActionRefused", "CheckResult",
     "ExecutionStopped", "HeldCallGate", "NotSettled", "PlanRefused", "PolicyRefused", "abort_plan", "action_digest",
     "action_refusal", "action_url", "approvals_for_bundle", "approve", "as_policy", "ask_for_plan", "begin_action_signing",

@@ -338,11 +338,12 @@ def abort_plan(*, plan: Plan, by, now: datetime | None = None) -> bool:
     flight finishes and nothing after it starts; a plan no worker is running is finished here."""
     now = now or timezone.now()
     reason = f"Aborted by {by.get_username()}."
-    if not Plan.objects.filter(pk=plan.pk, state__in=Plan.STOPPABLE_STATES, stop_reason="").update(
-            stop_reason=reason, updated_at=now):
-        return False
-    journal_services.record_event(run_id=plan.run_id, event="plan_aborted", now=now, data={
-        "plan": str(plan.public_id), "by": by.get_username()})
+    with transaction.atomic():  # the abort and its chain entry commit together
+        if not Plan.objects.filter(pk=plan.pk, state__in=Plan.STOPPABLE_STATES, stop_reason="").update(
+                stop_reason=reason, updated_at=now):
+            return False
+        journal_services.record_event(run_id=plan.run_id, event="plan_aborted", now=now, data={
+            "plan": str(plan.public_id), "by": by.get_username()})
     if enter_executing(plan=plan, from_states=(Plan.State.APPROVED, Plan.State.PAUSED), now=now):
         _stop(plan, reason, now)
         _finish(plan, now)  # leaves it to the executor if an item is still in flight
@@ -353,11 +354,12 @@ def pause_plan(*, plan: Plan, by, now: datetime | None = None) -> bool:
     """Hold an approved or executing plan: the item in flight finishes, nothing after it starts until someone
     resumes (or aborts) it. Approvals are re-checked when it resumes, as before every item."""
     now = now or timezone.now()
-    if not Plan.objects.filter(pk=plan.pk, state__in=Plan.RUNNABLE_STATES, stop_reason="").update(
-            state=Plan.State.PAUSED, paused_by=by.get_username(), paused_at=now, updated_at=now):
-        return False
-    journal_services.record_event(run_id=plan.run_id, event="plan_paused", now=now, data={
-        "plan": str(plan.public_id), "by": by.get_username()})
+    with transaction.atomic():  # the pause and its chain entry commit together
+        if not Plan.objects.filter(pk=plan.pk, state__in=Plan.RUNNABLE_STATES, stop_reason="").update(
+                state=Plan.State.PAUSED, paused_by=by.get_username(), paused_at=now, updated_at=now):
+            return False
+        journal_services.record_event(run_id=plan.run_id, event="plan_paused", now=now, data={
+            "plan": str(plan.public_id), "by": by.get_username()})
     return True
 
 

@@ -64,7 +64,7 @@ def save_policy(*, row: AutonomyPolicy, by, now: datetime | None = None) -> Auto
                 row.save()
         except IntegrityError:
             raise PolicyRefused({"scope": "Another policy already covers this; edit that one instead."}) from None
-        _log_policy_change("policy_changed" if before else "policy_created", by=by, now=now, before=before,
+        log_change("policy_changed" if before else "policy_created", by=by, now=now, before=before,
                            after=policy_record(row))
     return row
 
@@ -74,11 +74,12 @@ def delete_policy(*, row: AutonomyPolicy, by, now: datetime | None = None) -> No
     with transaction.atomic():
         before = policy_record(row)
         row.delete()
-        _log_policy_change("policy_deleted", by=by, now=now, before=before, after=None)
+        log_change("policy_deleted", by=by, now=now, before=before, after=None)
 
 
-def _log_policy_change(event: str, *, by, now: datetime, before, after) -> PolicyChange:
-    """Append to the change log, hash-chained and with its new head signed. The last entry is locked while
+def log_change(event: str, *, by, now: datetime, before, after) -> PolicyChange:
+    """Append to the change log of the policies and the approval rules (`approval_rules`), hash-chained and
+    with its new head signed; the caller holds the transaction that makes the change. The last entry is locked while
     appending; the unique `seq` is the backstop if two admins save at the same instant."""
     last = PolicyChange.objects.select_for_update().order_by("-seq").first()
     entry = chain.make_entry(seq=(last.seq if last else 0) + 1, ts=chain.format_ts(now), event=event,

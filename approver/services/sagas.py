@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from journal import declarations
@@ -51,18 +52,23 @@ def start_saga(*, run_id: int, step_id: int, mode: str, now: datetime | None = N
     start = task_start(run, failed)
     reason = (f"Automatic: step {failed.number} ({failed.namespaced_tool}) failed, and the policy says to "
               f"{'unwind' if mode == 'unwind' else 'propose an undo of'} the task begun at step {start}.")
-    journal_services.record_event(run_id=run.pk, event="saga", now=now, data={
-        "failedStep": failed.number, "mode": mode, "fromStep": start})
-    try:
-        # Requested for the agent's person: they are who the agent acted for (and so may not approve it).
-        plan = request_plan(run=run, requested_by=run.agent.on_behalf_of, reason=reason, from_step=start, now=now)
-    except PlanRefused as refused:
-        journal_services.record_event(run_id=run.pk, event="saga_refused", now=timezone.now(),
-                                      data={"failedStep": failed.number, "why": refused.message})
-        return {"refused": refused.message}
-    url = plan_url(plan, absolute=True)
-    journal_services.halt_run(run_id=run.pk, plan=str(plan.public_id), now=timezone.now(), reason=(
-        f"Step {failed.number} ({failed.namespaced_tool}) failed, and the run's task is being undone: {url}"))
+    # The saga's entry, its plan (or why there is none) and the halt commit together: a run is never left
+    # halted without its plan, nor a saga on its chain that did nothing.
+    with transaction.atomic():
+        journal_services.record_event(run_id=run.pk, event="saga", now=now, data={
+            "failedStep": failed.number, "mode": mode, "fromStep": start})
+        try:
+            with transaction.atomic():  # a refused plan leaves nothing of itself behind
+                # Requested for the agent's person: they are who the agent acted for (and so may not approve it).
+                plan = request_plan(run=run, requested_by=run.agent.on_behalf_of, reason=reason, from_step=start,
+                                    now=now)
+        except PlanRefused as refused:
+            journal_services.record_event(run_id=run.pk, event="saga_refused", now=timezone.now(),
+                                          data={"failedStep": failed.number, "why": refused.message})
+            return {"refused": refused.message}
+        url = plan_url(plan, absolute=True)
+        journal_services.halt_run(run_id=run.pk, plan=str(plan.public_id), now=timezone.now(), reason=(
+            f"Step {failed.number} ({failed.namespaced_tool}) failed, and the run's task is being undone: {url}"))
     return {"plan": plan.pk, "url": url}
 
 

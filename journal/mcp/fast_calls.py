@@ -110,12 +110,29 @@ class FastCalls:
 
             await self.sdk_app(scope, replayed, send)
             return True
-        params = request["params"]
-        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": request["id"]}
-        status = 200
-        journaled = None
         accept = dict(scope.get("headers") or []).get(b"accept", b"").decode("latin-1")
         stream = _HeldStream(send) if "text/event-stream" in accept else None
+        reply, status, journaled = await self._call(agent, request, version, receive, stream)
+        if reply is None:  # the agent went away: nobody to answer
+            return True
+        self.answered += 1
+        try:
+            if stream is not None and stream.open:
+                await stream.finish(reply)
+            else:
+                await Response(json.dumps(reply, separators=(",", ":")), status_code=status,
+                               media_type="application/json")(scope, receive, send)
+        finally:
+            if journaled is not None:  # queued before the reply, so it is journaled before the agent's next call
+                await journaled
+        return True
+
+    async def _call(self, agent: Agent, request: dict, version: str, receive, stream: "_HeldStream | None"):
+        """Forward the call: (the JSON-RPC reply, its HTTP status, the outcome's journal write or None). The
+        reply is None when the agent went away (the call is then journaled as cancelled or undelivered)."""
+        params = request["params"]
+        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": request["id"]}
+        journaled = None
         try:
             # On this protocol an agent cancels a call by closing its request's connection: the call is
             # then left (and journaled as cancelled), which closes the upstream request in turn.
@@ -129,42 +146,36 @@ class FastCalls:
                         session_id=None, version=version, progress=stream.keep_alive if stream else None)
                 finally:
                     watching.stop()  # answered (or failed)
-            if call.cancelled_caught:  # the agent went away: the call was left and journaled, nobody to answer
-                return True
+            if call.cancelled_caught:  # the agent went away: the call was left and journaled
+                return None, 200, None
             if journaled is not None and (watching.gone or _gone(receive)):
                 # The server answered, but the agent left before it could have the answer.
                 await self.not_delivered(journaled, "The agent went away before the Recorder could send "
-                                                             "it the server's answer; the server acted.")
-                return True
-            if isinstance(result, types.CallToolResult):  # the Recorder's own tool error
-                wire = _methods.serialize_server_result(
-                    "tools/call", version, result.model_dump(by_alias=True, mode="json", exclude_none=True))
-            else:  # a server's answer, already shaped and sieved for this version by `forward`
-                wire = result
-            wire_meta = wire.get("_meta") if isinstance(wire.get("_meta"), dict) else {}
-            if wire_meta.get(SERVER_INFO_META_KEY) is None:
-                wire["_meta"] = {**wire_meta, SERVER_INFO_META_KEY: self.server_info}
-            reply["result"] = wire
+                                                    "it the server's answer; the server acted.")
+                return None, 200, None
+            reply["result"] = self._wire(result, version)
         except MCPError as exc:
             reply["error"] = exc.error.model_dump(mode="json", by_alias=True, exclude_none=True)
-            status = ERROR_CODE_HTTP_STATUS.get(exc.error.code, 200)
+            return reply, ERROR_CODE_HTTP_STATUS.get(exc.error.code, 200), journaled
         except ValidationError:
             logger.exception("a tools/call result did not fit the %s result schema", version)
             reply["error"] = {"code": -32603, "message": "Handler returned an invalid result"}
         except Exception:  # as the SDK does: log it, and never let internals reach the wire
             logger.exception("tools/call failed inside the Recorder")
             reply["error"] = {"code": -32603, "message": "Internal server error"}
-        self.answered += 1
-        try:
-            if stream is not None and stream.open:
-                await stream.finish(reply)
-            else:
-                await Response(json.dumps(reply, separators=(",", ":")), status_code=status,
-                               media_type="application/json")(scope, receive, send)
-        finally:
-            if journaled is not None:  # queued before the reply, so it is journaled before the agent's next call
-                await journaled
-        return True
+        return reply, 200, journaled
+
+    def _wire(self, result, version: str) -> dict[str, Any]:
+        """The result as it goes out, with the SDK's serverInfo stamp."""
+        if isinstance(result, types.CallToolResult):  # the Recorder's own tool error
+            wire = _methods.serialize_server_result(
+                "tools/call", version, result.model_dump(by_alias=True, mode="json", exclude_none=True))
+        else:  # a server's answer, already shaped and sieved for this version by `forward`
+            wire = result
+        wire_meta = wire.get("_meta") if isinstance(wire.get("_meta"), dict) else {}
+        if wire_meta.get(SERVER_INFO_META_KEY) is None:
+            wire["_meta"] = {**wire_meta, SERVER_INFO_META_KEY: self.server_info}
+        return wire
 
 
 class _Watch:

@@ -34,8 +34,7 @@ from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from .. import sdk
-from ..models import AgentSession
+from .. import sdk, services
 
 logger = logging.getLogger(__name__)
 
@@ -52,26 +51,24 @@ class SessionRecord:
 
 
 def _write(session_id: str, record: SessionRecord) -> None:
-    AgentSession.objects.update_or_create(session_id=session_id, defaults={
-        "agent_id": record.agent_id, "protocol_version": record.protocol_version,
-        "client_info": record.client_info, "capabilities": record.capabilities})
+    services.save_agent_session(session_id=session_id, agent_id=record.agent_id,
+                                protocol_version=record.protocol_version, client_info=record.client_info,
+                                capabilities=record.capabilities)
 
 
 def _read(session_id: str, idle_seconds: float | None) -> SessionRecord | None:
     """The session, unless it was unused for longer than `idle_seconds` (then it is gone)."""
-    sessions = AgentSession.objects.filter(session_id=session_id)
-    if idle_seconds is not None:
-        sessions = sessions.filter(last_used_at__gte=timezone.now() - timedelta(seconds=idle_seconds))
-    row = sessions.values_list("agent_id", "protocol_version", "client_info", "capabilities").first()
+    since = timezone.now() - timedelta(seconds=idle_seconds) if idle_seconds is not None else None
+    row = services.agent_session(session_id=session_id, used_since=since)
     return SessionRecord(*row) if row is not None else None
 
 
 def _touch(session_id: str) -> None:
-    AgentSession.objects.filter(session_id=session_id).update(last_used_at=timezone.now())
+    services.touch_agent_session(session_id=session_id, now=timezone.now())
 
 
 def forget(session_id: str) -> None:
-    AgentSession.objects.filter(session_id=session_id).delete()
+    services.forget_agent_session(session_id=session_id)
 
 
 class SessionStore:

@@ -2,12 +2,20 @@
 these as `journal.services.X`.
 
 - `agents`: agents and their bearer tokens.
+- `agent_sessions`: the records of handshake sessions, which any Recorder process serves them by.
 - `servers`: tool servers and their catalogues.
 - `record`: a run's chain and its signed checkpoints.
 - `steps`: an agent's call, journaled before it is forwarded and after it returns.
 - `bundles`: verify, export and import a whole run record.
 """
 
+from .agent_sessions import (
+    agent_session,
+    forget_agent_session,
+    forget_idle_agent_sessions,
+    save_agent_session,
+    touch_agent_session,
+)
 from .agents import TOKEN_PREFIX, authenticate_agent, create_agent, hash_token, reset_agent_token
 from .bundles import export_bundle, import_bundle, import_chronomcp_log, verify_run
 from .record import ForeignRun, append_entry, checkpoint_run, open_run, record_event
@@ -27,6 +35,8 @@ from .steps import (
 )
 
 __all__ = [
+    "agent_session", "forget_agent_session", "forget_idle_agent_sessions", "save_agent_session",
+    "touch_agent_session",
     "READ", "TOKEN_PREFIX", "OpenedStep", "Outcome", "RunRefused", "end_run", "halt_run", "release_run", "runs_matching", "ForeignRun", "append_entry", "open_run", "authenticate_agent", "checkpoint_run", "close_step",
     "create_agent", "export_bundle", "hash_token", "import_bundle", "import_chronomcp_log", "mark_undelivered", "open_step",
     "open_step_in_run", "reconcile_stale_steps", "record_event", "refresh_catalogue", "refuse_step",

@@ -69,9 +69,23 @@ def import_bundle(*, text: str) -> Run:
     """Import another Recorder's bundle after verifying it; all or nothing.
 
     The bundle is foreign: its keys are stored as its Recorder's (never this one's), and the first bundle
-    from a Recorder pins the keys that signed it, so a later bundle signed by another key for it is refused. The run
-    header must be the chain's first entry, which the signatures cover."""
+    from a Recorder pins the keys that signed it, so a later bundle signed by another key for it is refused.
+    The run header must be the chain's first entry, which the signatures cover."""
     bundle = parse_bundle(text, max_bytes=settings.RECORDER_IMPORT_MAX_BYTES)
+    public_id = _check_origin(bundle)
+    now = timezone.now()
+    _check_keys(bundle, now=now)
+    verdict = verify_bundle(bundle)
+    if not verdict.ok:
+        raise ImportRefused(f"the record does not verify: {verdict}")
+    _check_coverage(bundle)
+    _check_dates(bundle, now=now)
+    pinned = _check_pinned(bundle)
+    return _store(bundle, public_id=public_id, pin=not pinned)
+
+
+def _check_origin(bundle) -> uuid.UUID:
+    """The run's id, if it is new here and the bundle does not claim to come from this Recorder."""
     try:
         public_id = uuid.UUID(bundle.run.id)
     except ValueError:
@@ -80,13 +94,14 @@ def import_bundle(*, text: str) -> Run:
         raise ImportRefused(f"run {public_id} is already here")
     origin = bundle.run.recorder
     if origin.rstrip("/") == settings.PUBLIC_URL.rstrip("/"):
-        raise ImportRefused(f"run.recorder: the bundle says it comes from this Recorder ({origin}); a run recorded "
-                            "here is here already, and this Recorder's keys are never taken from a file")
-    now = timezone.now()
-    _check_keys(bundle, now=now)
-    verdict = verify_bundle(bundle)
-    if not verdict.ok:
-        raise ImportRefused(f"the record does not verify: {verdict}")
+        raise ImportRefused(f"run.recorder: the bundle says it comes from this Recorder ({origin}); a run "
+                            "recorded here is here already, and this Recorder's keys are never taken from a file")
+    return public_id
+
+
+def _check_coverage(bundle) -> None:
+    """Signed checkpoints cover every entry, in order, and the first entry is the run header as the bundle
+    states it (so the signatures cover who ran it and where)."""
     if not bundle.checkpoints:
         raise ImportRefused("the bundle has no signed checkpoint, so nothing vouches for its entries")
     seqs = [checkpoint.seq for checkpoint in bundle.checkpoints]
@@ -102,23 +117,36 @@ def import_bundle(*, text: str) -> Run:
         different = sorted(k for k, v in bundle.run.model_dump().items()
                            if not isinstance(first.data, dict) or first.data.get(k) != v)
         raise ImportRefused(f"run: {', '.join(different) or 'the header'} differs from the signed header (entry 1)")
-    _check_dates(bundle, now=now)
+
+
+def _check_pinned(bundle) -> dict[str, RecorderKey]:
+    """The keys pinned for the bundle's Recorder by its first import; the bundle may neither change one nor
+    be signed by another."""
+    origin = bundle.run.recorder
     pinned = {key.key_id: key for key in RecorderKey.objects.filter(origin=origin)}
     signing = {checkpoint.keyId for checkpoint in bundle.checkpoints}
     for key in bundle.publicKeys:
         if key.keyId in pinned and pinned[key.keyId].public_key != key.publicKey:
-            raise ImportRefused(f"publicKeys: {key.keyId} of {origin} differs from the key pinned when its first run "
-                                "was imported")
+            raise ImportRefused(f"publicKeys: {key.keyId} of {origin} differs from the key pinned when its first "
+                                "run was imported")
     if pinned and not signing <= set(pinned):
         raise ImportRefused(
-            f"publicKeys: {', '.join(sorted(signing - set(pinned)))} is not a key of {origin}: that Recorder's keys "
-            f"were pinned when its first run was imported ({', '.join(sorted(pinned))}), and a bundle cannot add one")
-    started = aware_moment(bundle.run.startedAt)
+            f"publicKeys: {', '.join(sorted(signing - set(pinned)))} is not a key of {origin}: that Recorder's "
+            f"keys were pinned when its first run was imported ({', '.join(sorted(pinned))}), and a bundle cannot "
+            "add one")
+    return pinned
+
+
+def _store(bundle, *, public_id: uuid.UUID, pin: bool) -> Run:
+    """The verified run, its chain, checkpoints and steps, in one transaction; with `pin` (trust on first
+    use), the keys that signed it, never others the file lists."""
+    origin = bundle.run.recorder
     entries = [entry.model_dump() for entry in bundle.entries]
+    signing = {checkpoint.keyId for checkpoint in bundle.checkpoints}
     with transaction.atomic():
         run = Run.objects.create(
             public_id=public_id, state=Run.State.IMPORTED, imported_from=origin, agent_label=bundle.run.agent,
-            started_at=started, last_activity_at=bundle.entries[-1].moment,
+            started_at=aware_moment(bundle.run.startedAt), last_activity_at=bundle.entries[-1].moment,
             head_seq=entries[-1]["seq"], head_hash=entries[-1]["hash"], checkpointed_seq=bundle.checkpoints[-1].seq,
         )
         ChainEntry.objects.bulk_create([
@@ -129,7 +157,7 @@ def import_bundle(*, text: str) -> Run:
             Checkpoint(run=run, seq=c.seq, head_hash=c.headHash, key_id=c.keyId, signature=c.signature)
             for c in bundle.checkpoints
         ])
-        if not pinned:  # trust on first use: the keys that signed this run, never others the file lists
+        if pin:
             assert origin, "an imported key always names its Recorder"
             RecorderKey.objects.bulk_create([
                 RecorderKey(origin=origin, key_id=key.keyId, public_key=key.publicKey, valid_from=key.window[0],

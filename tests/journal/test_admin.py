@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
 
-from journal.models import ToolServer
+from journal.models import ChainEntry, Run, Step, ToolServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -77,3 +77,18 @@ def test_the_admin_picks_a_command_from_the_settings_allowlist_and_keeps_one_a_s
     assert ToolServer.objects.get(pk=server.pk).command == clock and ToolServer.objects.get(pk=server.pk).enabled
     client.post(change, {**fields, "command": clock})
     assert ToolServer.objects.get(pk=server.pk).command == clock and not ToolServer.objects.get(pk=server.pk).enabled
+
+
+def test_nobody_changes_or_deletes_the_run_record_in_the_admin_superusers_included(client, globex):
+    client.force_login(User.objects.create_superuser("root", password="root-password-1"))
+    step, entry = Step.objects.filter(run=globex).first(), ChainEntry.objects.filter(run=globex).first()
+    entries = ChainEntry.objects.filter(run=globex).count()
+    for model, row in (("run", globex), ("step", step), ("chainentry", entry)):
+        assert client.get(reverse(f"admin:journal_{model}_changelist")).status_code == 200  # shown
+        assert client.post(reverse(f"admin:journal_{model}_delete", args=[row.pk]), {"post": "yes"}).status_code == 403
+        assert client.post(reverse(f"admin:journal_{model}_change", args=[row.pk]), {}).status_code == 403
+        assert client.get(reverse(f"admin:journal_{model}_add")).status_code == 403
+    listed = client.post(reverse("admin:journal_run_changelist"), {
+        "action": "delete_selected", "_selected_action": [globex.pk], "post": "yes"})
+    assert listed.status_code in (200, 302)  # no such action is offered
+    assert Run.objects.filter(pk=globex.pk).exists() and ChainEntry.objects.filter(run=globex).count() == entries

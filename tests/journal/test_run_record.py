@@ -1,7 +1,7 @@
 """verify_run, export_run, import_run and rotate_recorder_key against the database."""
 
+import importlib.util
 import json
-import re
 import subprocess
 import sys
 import uuid
@@ -18,7 +18,7 @@ from journal.models import ChainEntry, Checkpoint, RecorderKey, Run, Step
 from .bundles import OTHER, foreign_bundle, new_key, resign
 from .factories import make_run
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+VERIFIER = Path(__file__).resolve().parents[2] / "docs" / "verify_bundle.py"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
@@ -131,11 +131,20 @@ def test_private_keys_are_kept_outside_the_repository_and_private(agent, setting
 # -- export and the offline verifier -----------------------------------------------------------------------
 
 
-def readme_verifier(tmp_path) -> Path:
-    block = re.search(r"```python\n(# verify_bundle.py.*?)```", README.read_text(), re.S).group(1)
-    script = tmp_path / "verify_bundle.py"
-    script.write_text(block)
-    return script
+def readme_verifier(tmp_path=None) -> Path:
+    """The offline verifier the documentation shows (docs/run-record.md includes this very file)."""
+    return VERIFIER
+
+
+def test_the_verifier_is_importable_and_says_what_it_checked(run, tmp_path):
+    spec = importlib.util.spec_from_file_location("verify_bundle", VERIFIER)
+    verifier = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(verifier)
+    bundle = json.loads(export(run, tmp_path).read_text())
+    assert verifier.verify(bundle) == "OK: 11 entries, 3 signed checkpoints, 0 signed approvals"
+    bundle["entries"][2]["data"]["arguments"] = {"n": 99}
+    with pytest.raises(AssertionError, match="entry 3: content changed"):
+        verifier.verify(bundle)
 
 
 def export(run, tmp_path) -> Path:
