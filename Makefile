@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 NODE_STAMP := tests/conformance/node_modules/.installed
 
-.PHONY: demo test lint bench
+.PHONY: demo test lint bench docs
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,7 +33,12 @@ $(NODE_STAMP): tests/conformance/package-lock.json
 SECOND_HALF := tests/journal/test_conformance.py tests/journal/test_pairings.py tests/journal/test_features.py \
 	tests/journal/test_versions_pairings.py tests/journal/test_large_results.py tests/journal/test_upstream_sessions.py \
 	tests/journal/test_recorder.py tests/journal/test_oauth.py tests/journal/test_hostile.py tests/browser
-test: $(STAMP) $(NODE_STAMP)
+# The documentation site: a broken link or a missing page fails the build (and so the tests).
+docs: $(STAMP)
+	@mkdir -p var; NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict > var/docs.log 2>&1 \
+		|| { cat var/docs.log; exit 1; }; echo "docs: built (mkdocs build --strict)"
+
+test: $(STAMP) $(NODE_STAMP) docs
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@mkdir -p var; status=0; \
 	VAR_DIR=$(CURDIR)/var/test-2 $(PY) -m pytest $(SECOND_HALF) > var/test-second-half.log 2>&1 & second=$$!; \

@@ -1,4 +1,4 @@
-"""Reading tool servers' answers under the undo contract (DESIGN.md's UNDO_* codes), for checks and for
+"""Reading tool servers' answers under the undo contract (docs/design.md's UNDO_* codes), for checks and for
 execution alike. Answers are untrusted input: only bounded strings of the fields we show get through."""
 
 from typing import Any
@@ -31,7 +31,7 @@ def conflict_current(content: dict[str, Any]) -> dict[str, str]:
 
 
 def says_undone(result: dict[str, Any]) -> bool:
-    """Whether a `hatp_check` answer says the undo has already happened: `"status": "undone"` (DESIGN.md), or
+    """Whether a `hatp_check` answer says the undo has already happened: `"status": "undone"` (docs/design.md), or
     from servers written before that rule, UNDO_FAILED with the reason "already compensated"."""
     content = structured(result)
     if result.get("isError") is not True:

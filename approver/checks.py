@@ -55,9 +55,9 @@ def _from_failure(exc: ToolServerError) -> CheckResult:
 
 
 def read_hatp_answer(result: dict[str, Any]) -> CheckResult:
-    """A `hatp_check` answer, read as DESIGN.md's UNDO_* contract."""
+    """A `hatp_check` answer, read as docs/design.md's UNDO_* contract."""
     content, message = answers.structured(result), answers.first_text(result)
-    if result.get("isError") is not True and answers.says_undone(result):  # it happened already (DESIGN.md)
+    if result.get("isError") is not True and answers.says_undone(result):  # it happened already (docs/design.md)
         return _error("business_rule", f"Already undone: {answers.bounded(content.get('summary')) or message}")
     if result.get("isError") is not True:
         return CheckResult("ok", {"wouldDo": answers.bounded(content.get("wouldDo") or content.get("would"))

@@ -2,7 +2,7 @@
 retried, and which items a failure stops.
 
 The Celery executor (which claims items and calls servers) asks these functions; they read no database and
-no clock. Outcomes are DESIGN.md's: compensated, compensation_failed, conflict, skipped, irreversible,
+no clock. Outcomes are docs/design.md's: compensated, compensation_failed, conflict, skipped, irreversible,
 no_compensation, outcome_unknown.
 """
 
@@ -26,7 +26,7 @@ OUTCOME_WORDS = {COMPENSATED: "Undone", COMPENSATION_FAILED: "Undo failed", CONF
 # Outcomes that leave nothing to undo: the plan is judged by the rest.
 NOTHING_LEFT = frozenset({NO_COMPENSATION, IRREVERSIBLE, ALREADY_UNDONE})
 
-# Outcomes after which the items this one depends on must not be undone (DESIGN.md: "if an item fails,
+# Outcomes after which the items this one depends on must not be undone (docs/design.md: "if an item fails,
 # nothing that it still depends on is undone"). A conflict leaves a newer change in place, so whatever it
 # was built on stays too; an unknown outcome is treated as a failure until a human says otherwise.
 STOPS_DEPENDENCIES = frozenset({COMPENSATION_FAILED, CONFLICT, OUTCOME_UNKNOWN})
@@ -50,7 +50,7 @@ def without_compensation(action: str, reason: str) -> Verdict:
 
 
 def read_answer(result: dict[str, Any]) -> Verdict:
-    """A compensation's tool result. HATP's UNDO_* codes are read as DESIGN.md defines them; any other
+    """A compensation's tool result. HATP's UNDO_* codes are read as docs/design.md defines them; any other
     `isError` answer is a failed compensation in the server's own words."""
     content, message = answers.structured(result), answers.first_text(result)
     if result.get("isError") is not True:

@@ -3,7 +3,7 @@
 No ORM and no clock: `approver.services` reads the steps into `StepFacts`, passes `now` in, and writes
 what comes out.
 
-Dependencies (DESIGN.md): a step depends on an earlier one when it used its result. Undoing a step
+Dependencies (docs/design.md): a step depends on an earlier one when it used its result. Undoing a step
 therefore means undoing every later step that depended on it, transitively. Three rules say which steps
 depend on which:
 - **declared**: the call itself listed the steps it depends on (`_meta["hatp/journal"]["dependsOn"]`);
@@ -194,7 +194,7 @@ def _compensating(step: StepFacts, base: dict[str, Any], *, plan_id: str, now: d
     """A step its server says it can compensate: the compensation, or why it cannot run automatically."""
     declaration = step.declaration or {}
     # Without a version the undo can still run, but a later change could not be detected: it is listed
-    # with the others and flagged for the approver, never run on its own (DESIGN.md).
+    # with the others and flagged for the approver, never run on its own (docs/design.md).
     problems = [p for p in step.undo_problems if p != NO_VERSION_PROBLEM]
     needs_human = "" if step.effect_version else _sentence(NO_VERSION_PROBLEM.capitalize())
     if declaration.get("via") == "ui":  # the HATP draft: an undo through the app's screens always has a signer

@@ -1,4 +1,4 @@
-"""The run record: a hash chain of events with signed checkpoints (DESIGN.md, "Runs and the run record").
+"""The run record: a hash chain of events with signed checkpoints (docs/design.md, "Runs and the run record").
 
 An entry is `{"seq", "ts", "event", "data", "prevHash", "hash"}`; the first `prevHash` is "GENESIS" and
 `hash` is the SHA-256 hex of the JCS bytes of the entry without `hash`. A checkpoint `{run, seq, headHash}`

@@ -1,4 +1,4 @@
-"""Undo declarations: three dialects in, one model out (DESIGN.md, "Undo declarations").
+"""Undo declarations: three dialects in, one model out (docs/design.md, "Undo declarations").
 
 Precedence: per-call journal `_meta` > tool-level `hatp/journal` > `dev.chronomcp/compensate` >
 `annotations.recovery` > nothing. `readOnlyHint` counts only when no other source speaks. Nothing declared
@@ -33,7 +33,7 @@ CHRONO_KEY = "dev.chronomcp/compensate"
 HATP_CHECK = "hatp_check"
 HATP_COMPENSATE = "hatp_compensate"
 # The problem a compensable call without a reported version has: it may still be undone, but only with a
-# human deciding, since a later change to the record could not be detected (DESIGN.md).
+# human deciding, since a later change to the record could not be detected (docs/design.md).
 NO_VERSION_PROBLEM = "no version was reported, so a later change could not be detected: a human must decide"
 HIDDEN_TOOLS = frozenset({HATP_CHECK, HATP_COMPENSATE})
 

@@ -1,4 +1,4 @@
-"""Inferring links between steps from values (DESIGN.md: "infer links where a later argument equals a value
+"""Inferring links between steps from values (docs/design.md: "infer links where a later argument equals a value
 from an earlier result").
 
 Only distinctive values count: strings of 4 to 200 characters and integers of five digits or more. Short

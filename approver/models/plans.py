@@ -122,7 +122,7 @@ class PlanItem(models.Model):
         ALREADY_UNDONE = "already_undone", "Already undone"
 
     class Rule(models.TextChoices):
-        # Why the step is in the plan (DESIGN.md's dependency rules, plus the user's own choice).
+        # Why the step is in the plan (docs/design.md's dependency rules, plus the user's own choice).
         CHOSEN = "chosen", "Chosen"
         ALL_EARLIER = "all-earlier", "All-earlier rule"
         INFERRED = "inferred", "Inferred from values"
@@ -164,7 +164,7 @@ class PlanItem(models.Model):
     check_detail = models.JSONField(default=dict, blank=True)
     checked_at = models.DateTimeField(null=True, blank=True)
     class Choice(models.TextChoices):
-        # The approver's answer to a conflict (DESIGN.md): part of the content they sign.
+        # The approver's answer to a conflict (docs/design.md): part of the content they sign.
         NONE = "", "Not chosen"
         KEEP_NEWER = "keep_newer", "Keep the newer change (skip this undo)"
         OVERWRITE = "overwrite", "Overwrite the version I saw"

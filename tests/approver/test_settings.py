@@ -1,9 +1,11 @@
 """Production settings: `check --deploy` is clean, and missing secrets stop the start instead of defaulting."""
 
 import os
+import re
 import secrets
 import subprocess
 import sys
+from pathlib import Path
 
 
 def run_manage(*args, **env):
@@ -33,3 +35,10 @@ def test_a_malformed_setting_is_a_clear_error(tmp_path):
 def test_no_secrets_are_committed():
     tracked = subprocess.run(["git", "ls-files"], capture_output=True, text=True, check=True).stdout.split()
     assert not [path for path in tracked if path.endswith((".ed25519", ".key", ".pem", "secret_key"))]
+
+
+def test_every_setting_read_from_the_environment_is_in_the_settings_table():
+    root = Path(__file__).resolve().parents[2]
+    read = set(re.findall(r'(?:env_\w+|os\.environ\.get)\(\s*"([A-Z_]+)"', (root / "approver/settings.py").read_text()))
+    table = set(re.findall(r"^\| `([A-Z_]+)` \|", (root / "docs/settings.md").read_text(), re.M))
+    assert read and read - table == set(), "docs/settings.md does not say what these do"
