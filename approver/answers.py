@@ -31,7 +31,8 @@ def conflict_current(content: dict[str, Any]) -> dict[str, str]:
 
 
 def says_undone(result: dict[str, Any]) -> bool:
-    """Whether a `hatp_check` answer says the undo has already happened: `"status": "undone"` (docs/design.md), or
+    """Whether a `hatp_check` answer says the undo has already happened: `"status": "undone"`
+    (docs/design.md), or
     from servers written before that rule, UNDO_FAILED with the reason "already compensated"."""
     content = structured(result)
     if result.get("isError") is not True:

@@ -11,7 +11,7 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "approver.settings")
 django_app = get_asgi_application()
 
-from journal.mcp.gateway import build_app  # noqa: E402 - needs Django set up first
+from journal.mcp.app import build_app  # noqa: E402 - needs Django set up first
 
 
 class Application:

@@ -29,11 +29,17 @@ def plan_buttons(user, plan: Plan) -> dict[str, bool]:
     return {
         "may_check": roles.has_any_role(user, *MAY_CHECK) and plan.state in Plan.CHECKABLE_STATES,
         "may_cancel": roles.has_any_role(user, *MAY_CANCEL) and plan.state in Plan.CANCELLABLE_STATES,
-        "may_abort": roles.has_any_role(user, *MAY_CONTROL) and plan.state in Plan.STOPPABLE_STATES and running,
-        "may_pause": roles.has_any_role(user, *MAY_CONTROL) and plan.state in Plan.RUNNABLE_STATES and running,
+        "may_abort": roles.has_any_role(user, *MAY_CONTROL)
+        and plan.state in Plan.STOPPABLE_STATES
+        and running,
+        "may_pause": roles.has_any_role(user, *MAY_CONTROL)
+        and plan.state in Plan.RUNNABLE_STATES
+        and running,
         "may_resume": roles.has_any_role(user, *MAY_CONTROL) and plan.state == Plan.State.PAUSED and running,
         "may_settle": roles.has_any_role(user, *MAY_SETTLE) and plan.state in Plan.FINISHED_STATES,
-        "may_retry": roles.has_any_role(user, *MAY_CONTROL) and plan.state in Plan.FINISHED_STATES and running,
+        "may_retry": roles.has_any_role(user, *MAY_CONTROL)
+        and plan.state in Plan.FINISHED_STATES
+        and running,
     }
 
 
@@ -65,16 +71,25 @@ def signing_refusal(*, plan: Plan, user, rules: ApprovalRules | None = None) -> 
     return ""
 
 
-def counting_approvals(*, plan: Plan, now: datetime | None = None, rules: ApprovalRules | None = None) -> list[Approval]:
+def counting_approvals(
+    *, plan: Plan, now: datetime | None = None, rules: ApprovalRules | None = None
+) -> list[Approval]:
     """The approvals that count now, one per approver: of the plan's current content, not expired, by someone
     who still may approve (active, in the role, not barred by separation of duties) with a passkey that is
     not revoked. Execution asks again before it starts, so lost authority is never counted."""
     now = now or timezone.now()
     rules = rules or ApprovalRules.current()
     counted: dict[int, Approval] = {}
-    for approval in (plan.approvals.filter(decision=Approval.Decision.APPROVE, digest=plan.digest, expires_at__gt=now,
-                                           passkey__revoked_at__isnull=True)
-                     .select_related("approver", "passkey").order_by("created_at")):
+    for approval in (
+        plan.approvals.filter(
+            decision=Approval.Decision.APPROVE,
+            digest=plan.digest,
+            expires_at__gt=now,
+            passkey__revoked_at__isnull=True,
+        )
+        .select_related("approver", "passkey")
+        .order_by("created_at")
+    ):
         if approval.approver_id in counted or signing_refusal(plan=plan, user=approval.approver, rules=rules):
             continue
         counted[approval.approver_id] = approval
@@ -83,25 +98,50 @@ def counting_approvals(*, plan: Plan, now: datetime | None = None, rules: Approv
 
 def approvals_for_bundle(run: Run) -> list[dict[str, Any]]:  # the journal's `signed_decisions` port
     """Every signed decision on the run's plans and held calls, with what an offline verifier needs: the
-    fields the challenge was derived from, the assertion and the passkey's public key (SubjectPublicKeyInfo)."""
+    fields the challenge was derived from, the assertion and the passkey's public key
+    (SubjectPublicKeyInfo)."""
+
     def signed(approval, fields: dict[str, Any]) -> dict[str, Any]:
         response = approval.assertion.get("response", {}) if isinstance(approval.assertion, dict) else {}
-        return {**fields, "approver": approval.approver.get_username(), "decision": approval.decision,
-                "digest": approval.digest, "nonce": approval.nonce, "reason": approval.reason or None,
-                "createdAt": approval.created_at.isoformat(), "credentialId": approval.passkey.credential_id,
-                "publicKey": passkeys.spki(approval.passkey.public_key),
-                "assertion": {key: response.get(key) for key in ("clientDataJSON", "authenticatorData", "signature")}}
+        return {
+            **fields,
+            "approver": approval.approver.get_username(),
+            "decision": approval.decision,
+            "digest": approval.digest,
+            "nonce": approval.nonce,
+            "reason": approval.reason or None,
+            "createdAt": approval.created_at.isoformat(),
+            "credentialId": approval.passkey.credential_id,
+            "publicKey": passkeys.spki(approval.passkey.public_key),
+            "assertion": {
+                key: response.get(key) for key in ("clientDataJSON", "authenticatorData", "signature")
+            },
+        }
 
-    bundle = [signed(a, {"plan": str(a.plan.public_id), "choices": a.choices, "expiresAt": a.expires_at.isoformat()})
-              for a in (Approval.objects.filter(plan__run=run).select_related("plan", "approver", "passkey")
-                        .order_by("created_at", "pk"))]
-    bundle += [signed(a, {"action": str(a.request.public_id)})
-               for a in (ActionApproval.objects.filter(request__run=run).select_related("request", "approver", "passkey")
-                         .order_by("created_at", "pk"))]
+    bundle = [
+        signed(
+            a, {"plan": str(a.plan.public_id), "choices": a.choices, "expiresAt": a.expires_at.isoformat()}
+        )
+        for a in (
+            Approval.objects.filter(plan__run=run)
+            .select_related("plan", "approver", "passkey")
+            .order_by("created_at", "pk")
+        )
+    ]
+    bundle += [
+        signed(a, {"action": str(a.request.public_id)})
+        for a in (
+            ActionApproval.objects.filter(request__run=run)
+            .select_related("request", "approver", "passkey")
+            .order_by("created_at", "pk")
+        )
+    ]
     return bundle
 
 
-def counting_action_approvals(*, action: ActionRequest, rules: ApprovalRules | None = None) -> list[ActionApproval]:
+def counting_action_approvals(
+    *, action: ActionRequest, rules: ApprovalRules | None = None
+) -> list[ActionApproval]:
     """The approvals of a held call that count now, one per approver: of its exact content, with a passkey
     that is not revoked, by someone still active, in the deciding group, and not the agent's own person."""
     rules = rules or ApprovalRules.current()
@@ -110,7 +150,11 @@ def counting_action_approvals(*, action: ActionRequest, rules: ApprovalRules | N
                                              passkey__revoked_at__isnull=True)
                      .select_related("approver", "passkey").order_by("created_at")):
         approver = approval.approver
-        if approval.approver_id in counted or not approver.is_active or not roles.has_role(approver, action.approver_group):
+        if (
+            approval.approver_id in counted
+            or not approver.is_active
+            or not roles.has_role(approver, action.approver_group)
+        ):
             continue
         if rules.separation_of_duties and action.agent.on_behalf_of_id == approver.pk:
             continue

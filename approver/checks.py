@@ -50,15 +50,21 @@ def _error(failure_class: str, message: str) -> CheckResult:
 
 def _from_failure(exc: ToolServerError) -> CheckResult:
     if exc.transient:
-        return CheckResult("unavailable", {"failureClass": exc.failure_class, "message": answers.bounded(exc.message)})
+        return CheckResult(
+            "unavailable", {"failureClass": exc.failure_class, "message": answers.bounded(exc.message)}
+        )
     return _error(exc.failure_class, exc.message)
 
 
 def read_hatp_answer(result: dict[str, Any]) -> CheckResult:
     """A `hatp_check` answer, read as docs/design.md's UNDO_* contract."""
     content, message = answers.structured(result), answers.first_text(result)
-    if result.get("isError") is not True and answers.says_undone(result):  # it happened already (docs/design.md)
-        return _error("business_rule", f"Already undone: {answers.bounded(content.get('summary')) or message}")
+    if result.get("isError") is not True and answers.says_undone(
+        result
+    ):  # it happened already (docs/design.md)
+        return _error(
+            "business_rule", f"Already undone: {answers.bounded(content.get('summary')) or message}"
+        )
     if result.get("isError") is not True:
         return CheckResult("ok", {"wouldDo": answers.bounded(content.get("wouldDo") or content.get("would"))
                                   or message})
@@ -74,11 +80,18 @@ def read_catalogue(catalogue: list[dict[str, Any]], target: CheckTarget) -> Chec
     """The compensating tool is listed now, and its input schema accepts the resolved arguments."""
     tool = next((t for t in catalogue if isinstance(t, dict) and t.get("name") == target.tool), None)
     if tool is None:
-        return CheckResult("unavailable", {
-            "message": f"{target.endpoint.name} no longer lists {target.tool}, the tool that would undo this."})
+        return CheckResult(
+            "unavailable",
+            {
+                "message": f"{target.endpoint.name} no longer lists {target.tool}, the tool that would undo "
+                           f"this."
+            },
+        )
     schema = tool.get("inputSchema")
     if not isinstance(schema, dict):
-        return _error("invalid_arguments", f"{target.tool} publishes no input schema to check the arguments against.")
+        return _error(
+            "invalid_arguments", f"{target.tool} publishes no input schema to check the arguments against."
+        )
     try:
         validator_class = jsonschema.validators.validator_for(schema)
         validator_class.check_schema(schema)
@@ -110,11 +123,15 @@ async def check_all(targets: list[CheckTarget], *, upstreams: Upstreams, now: da
 
     async def check(target: CheckTarget) -> None:
         if target.undo_by is not None and target.undo_by <= now:
-            result = CheckResult("expired", {"message": f"The undo window closed at {target.undo_by.isoformat()}."})
+            result = CheckResult(
+                "expired", {"message": f"The undo window closed at {target.undo_by.isoformat()}."}
+            )
         else:
             limit = limits.setdefault(target.endpoint.name, anyio.Semaphore(per_server))
             async with limit:
-                result = await check_one(target, upstreams=upstreams, timeout=timeout, catalogue_of=catalogue_of)
+                result = await check_one(
+                    target, upstreams=upstreams, timeout=timeout, catalogue_of=catalogue_of
+                )
         await on_result(target.item_id, result)
 
     async with anyio.create_task_group() as group:
@@ -122,10 +139,16 @@ async def check_all(targets: list[CheckTarget], *, upstreams: Upstreams, now: da
             group.start_soon(check, target)
 
 
-async def check_one(target: CheckTarget, *, upstreams: Upstreams, timeout: float, catalogue_of=None) -> CheckResult:
+async def check_one(
+    target: CheckTarget, *, upstreams: Upstreams, timeout: float, catalogue_of=None
+) -> CheckResult:
     """One item's check; `catalogue_of(endpoint)` shares catalogue reads between items (default: read it)."""
     if target.dialect == "hatp":
-        arguments = {**target.arguments, "ifVersion": target.if_version, "idempotencyKey": target.idempotency_key}
+        arguments = {
+            **target.arguments,
+            "ifVersion": target.if_version,
+            "idempotencyKey": target.idempotency_key,
+        }
         try:
             answer = await upstreams.call_tool(target.endpoint, HATP_CHECK, arguments, timeout=timeout)
         except ToolServerError as exc:

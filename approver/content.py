@@ -11,11 +11,31 @@ from .models import Plan, PlanItem
 
 # What the content reads of each item and its step: plain values, one query, whatever the plan's size.
 _CONTENT_FIELDS = (
-    "position", "action", "rule", "pulled_in_by", "tool", "arguments", "if_version", "idempotency_key",
-    "needs_human", "via", "side_effect", "cost", "undo_by", "reason", "remedy", "check_status", "check_detail",
+    "position",
+    "action",
+    "rule",
+    "pulled_in_by",
+    "tool",
+    "arguments",
+    "if_version",
+    "idempotency_key",
+    "needs_human",
+    "via",
+    "side_effect",
+    "cost",
+    "undo_by",
+    "reason",
+    "remedy",
+    "check_status",
+    "check_detail",
     "conflict_choice",
-    "step__number", "step__server_name", "step__tool", "step__effect_summary", "step__effect_resource",
-    "step__effect_version", "step__effect_fingerprint",
+    "step__number",
+    "step__server_name",
+    "step__tool",
+    "step__effect_summary",
+    "step__effect_resource",
+    "step__effect_version",
+    "step__effect_fingerprint",
 )
 
 
@@ -26,30 +46,64 @@ def content_rows(plan: Plan) -> list[dict[str, Any]]:
 def plan_content(plan: Plan, rows: list[dict[str, Any]] | None = None,
                  choices: dict[str, str] | None = None) -> dict[str, Any]:
     """The plan's content, exactly as it is digested (`rows` from `content_rows`, read if not given), or as
-    it would be with these conflict `choices` (item position as text -> choice) in place of the stored ones."""
+    it would be with these conflict `choices` (item position as text -> choice) in place of the stored
+    ones."""
     items = []
     for row in content_rows(plan) if rows is None else rows:
         choice = row["conflict_choice"] if choices is None else choices.get(str(row["position"]), "")
         compensate = row["action"] == PlanItem.Action.COMPENSATE
-        items.append(planning.item_content(
-            position=row["position"], step=row["step__number"], server=row["step__server_name"],
-            tool=row["step__tool"], action=row["action"], rule=row["rule"], pulled_in_by=row["pulled_in_by"],
-            compensation={"tool": row["tool"], "arguments": row["arguments"], "ifVersion": row["if_version"] or None,
-                          "idempotencyKey": row["idempotency_key"]} if compensate else None,
-            needs_human=row["needs_human"], via=row["via"], side_effect=row["side_effect"], cost=row["cost"],
-            undo_by=row["undo_by"].isoformat() if row["undo_by"] else None, reason=row["reason"],
-            remedy=row["remedy"],
-            effect={"summary": row["step__effect_summary"], "resource": row["step__effect_resource"],
+        items.append(
+            planning.item_content(
+                position=row["position"],
+                step=row["step__number"],
+                server=row["step__server_name"],
+                tool=row["step__tool"],
+                action=row["action"],
+                rule=row["rule"],
+                pulled_in_by=row["pulled_in_by"],
+                compensation={
+                    "tool": row["tool"],
+                    "arguments": row["arguments"],
+                    "ifVersion": row["if_version"] or None,
+                    "idempotencyKey": row["idempotency_key"],
+                }
+                if compensate
+                else None,
+                needs_human=row["needs_human"],
+                via=row["via"],
+                side_effect=row["side_effect"],
+                cost=row["cost"],
+                undo_by=row["undo_by"].isoformat() if row["undo_by"] else None,
+                reason=row["reason"],
+                remedy=row["remedy"],
+                effect={
+                    "summary": row["step__effect_summary"],
+                    "resource": row["step__effect_resource"],
                     "version": row["step__effect_version"],
-                    **({"fingerprint": row["step__effect_fingerprint"]} if row["step__effect_fingerprint"] else {})},
-            check={"status": row["check_status"] or None, **(row["check_detail"] or {})} if compensate else None,
-            conflict_choice=choice,
-        ))
-    return planning.plan_content(plan={
-        "plan": str(plan.public_id), "run": str(plan.run.public_id), "requestedBy": plan.requested_by.get_username(),
-        "reason": plan.reason, "selection": {"fromStep": plan.from_step} if plan.from_step is not None
-        else {"steps": plan.chosen_steps},
-    }, items=items)
+                    **(
+                        {"fingerprint": row["step__effect_fingerprint"]}
+                        if row["step__effect_fingerprint"]
+                        else {}
+                    ),
+                },
+                check={"status": row["check_status"] or None, **(row["check_detail"] or {})}
+                if compensate
+                else None,
+                conflict_choice=choice,
+            )
+        )
+    return planning.plan_content(
+        plan={
+            "plan": str(plan.public_id),
+            "run": str(plan.run.public_id),
+            "requestedBy": plan.requested_by.get_username(),
+            "reason": plan.reason,
+            "selection": {"fromStep": plan.from_step}
+            if plan.from_step is not None
+            else {"steps": plan.chosen_steps},
+        },
+        items=items,
+    )
 
 
 def items_for_page(plan: Plan):
@@ -67,7 +121,8 @@ def conflict_positions(plan: Plan) -> set[int]:
 
 
 def plan_url(plan: Plan, *, absolute: bool = False) -> str:
-    """The plan's page: a path, or (for messages that leave this site: an agent's error, an email) a full URL."""
+    """The plan's page: a path, or (for messages that leave this site: an agent's error, an email) a full
+    URL."""
     path = reverse("approver:plan_detail", args=[plan.public_id])
     return settings.PUBLIC_URL.rstrip("/") + path if absolute else path
 

@@ -116,7 +116,8 @@ def ensure_agent() -> str:
 def ensure_policy() -> None:
     """The demo's autonomy policies, set once each (as ada, in the change log): act freely where the API can
     take it back, ask an approver first for everything else; on the customer desk, whose own screens take a
-    change back (trash and restore, edit back), the agent acts freely too, and an undo there is still signed."""
+    change back (trash and restore, edit back), the agent acts freely too, and an undo there is still
+    signed."""
     from django.contrib.auth.models import User
 
     from approver import policy, services
@@ -155,7 +156,10 @@ def replay_globex(token: str) -> None:
         if not story:
             say("  the Globex run is already recorded (kept from the last start)")
             return
-        say(f"  sales-bot goes on with the Globex story where the last start left it ({len(story)} call(s) left):")
+        say(
+            f"  sales-bot goes on with the Globex story where the last start left it ({len(story)} call(s) "
+            f"left):"
+        )
     else:
         say("  sales-bot replays the Globex story through the Recorder:")
     threading.Thread(target=lambda: anyio.run(lambda: scripted.replay(
@@ -167,7 +171,9 @@ def replay_globex(token: str) -> None:
             say(f"  sales-bot's email to Globex waits for an approver: http://localhost:{WEB_PORT}"
                 f"/actions/{held.public_id}/")
             return
-        if Run.objects.filter(key=f"run:{scripted.RUN_ID}", steps__tool="send_email", steps__status="ok").exists():
+        if Run.objects.filter(
+            key=f"run:{scripted.RUN_ID}", steps__tool="send_email", steps__status="ok"
+        ).exists():
             return  # no policy held it (or an approval from the last start let it through)
         time.sleep(0.5)
 
@@ -209,10 +215,35 @@ def main() -> None:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     say("Starting the demo")
-    start([python, "-m", "samples", "--host", "localhost", "--port", str(SAMPLES_PORT), "--state", str(VAR / "samples")],
-          "sample tool servers")
-    start([python, "-m", "uvicorn", "approver.asgi:application", "--host", "localhost", "--port", str(WEB_PORT),
-           "--log-level", "warning"], "web app and Recorder")
+    start(
+        [
+            python,
+            "-m",
+            "samples",
+            "--host",
+            "localhost",
+            "--port",
+            str(SAMPLES_PORT),
+            "--state",
+            str(VAR / "samples"),
+        ],
+        "sample tool servers",
+    )
+    start(
+        [
+            python,
+            "-m",
+            "uvicorn",
+            "approver.asgi:application",
+            "--host",
+            "localhost",
+            "--port",
+            str(WEB_PORT),
+            "--log-level",
+            "warning",
+        ],
+        "web app and Recorder",
+    )
     start([python, "-m", "celery", "-A", "approver", "worker", "--beat", "--pool=solo", "--loglevel=WARNING",
            f"--schedule={VAR / 'celerybeat-schedule'}", "--hostname=demo@%h"], "Celery worker (with beat)")
     try:
@@ -227,7 +258,10 @@ def main() -> None:
         stop()
         raise
     say()
-    say(f"Ready: http://localhost:{WEB_PORT}/   (health: http://localhost:{WEB_PORT}/health/; worker {worker})")
+    say(
+        f"Ready: http://localhost:{WEB_PORT}/   (health: http://localhost:{WEB_PORT}/health/; worker "
+        f"{worker})"
+    )
     say("Log in as:")
     for username, role, what in USERS:
         say(f"  {username:<7} {passwords[username]:<16} {role or 'no role':<9} {what}")

@@ -20,9 +20,16 @@ NO_COMPENSATION = "no_compensation"
 OUTCOME_UNKNOWN = "outcome_unknown"
 ALREADY_UNDONE = "already_undone"  # an earlier plan undid the step: nothing left to do, and nothing skipped
 # How the plan page and the report name each outcome.
-OUTCOME_WORDS = {COMPENSATED: "Undone", COMPENSATION_FAILED: "Undo failed", CONFLICT: "Left alone: changed since",
-                 SKIPPED: "Skipped", IRREVERSIBLE: "Cannot be undone", NO_COMPENSATION: "Nothing to undo",
-                 OUTCOME_UNKNOWN: "Outcome unknown", ALREADY_UNDONE: "Already undone"}
+OUTCOME_WORDS = {
+    COMPENSATED: "Undone",
+    COMPENSATION_FAILED: "Undo failed",
+    CONFLICT: "Left alone: changed since",
+    SKIPPED: "Skipped",
+    IRREVERSIBLE: "Cannot be undone",
+    NO_COMPENSATION: "Nothing to undo",
+    OUTCOME_UNKNOWN: "Outcome unknown",
+    ALREADY_UNDONE: "Already undone",
+}
 # Outcomes that leave nothing to undo: the plan is judged by the rest.
 NOTHING_LEFT = frozenset({NO_COMPENSATION, IRREVERSIBLE, ALREADY_UNDONE})
 
@@ -60,19 +67,24 @@ def read_answer(result: dict[str, Any]) -> Verdict:
     if code == "UNDO_CONFLICT":
         return Verdict(CONFLICT, {"message": message, "current": answers.conflict_current(content)})
     if code == "UNDO_EXPIRED":
-        return Verdict(COMPENSATION_FAILED, {"message": message or "The undo window has closed.", "code": code})
+        return Verdict(
+            COMPENSATION_FAILED, {"message": message or "The undo window has closed.", "code": code}
+        )
     return Verdict(COMPENSATION_FAILED, {"message": message or "The server refused the compensation.",
                                          "code": answers.bounded(code) or None})
 
 
 def read_postcondition(verdict: Verdict, check: dict[str, Any]) -> Verdict:
-    """A compensation replayed through an app's screens (`via: "ui"`) counts only once `hatp_check` on the same
+    """A compensation replayed through an app's screens (`via: "ui"`) counts only once `hatp_check` on the
+    same
     token says the undo has happened: the record shows its earlier state again. Anything else is a failure,
     in the server's words, never `compensated`."""
     if verdict.outcome != COMPENSATED:
         return verdict
     if answers.says_undone(check):
-        return Verdict(COMPENSATED, {**verdict.detail, "postcondition": "The app shows the earlier state again."})
+        return Verdict(
+            COMPENSATED, {**verdict.detail, "postcondition": "The app shows the earlier state again."}
+        )
     said = answers.first_text(check)
     return Verdict(COMPENSATION_FAILED, {**verdict.detail, "postcondition": False, "message": answers.bounded(
         "The app does not show the earlier state" + (f": {said}" if said else "."))})
@@ -100,7 +112,9 @@ def backoff(attempt: int) -> float:
     return float(4 ** (attempt - 1))
 
 
-def depends_on(step: int, *, earlier: list[int], declared: tuple[int, ...] | None, inferred: set[int]) -> set[int]:
+def depends_on(
+    step: int, *, earlier: list[int], declared: tuple[int, ...] | None, inferred: set[int]
+) -> set[int]:
     """The earlier steps `step` depends on, by the planning rules: its declaration plus inferred links when
     it declared, else every earlier step (the safe rule)."""
     if declared is None:

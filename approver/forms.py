@@ -19,7 +19,9 @@ class StepNumbers(forms.Field):
     def to_python(self, value) -> list[int]:
         values = list(value or [])
         if len(values) > self.limit:
-            raise forms.ValidationError(f"Choose at most {self.limit} steps at once, or undo from a step onwards.")
+            raise forms.ValidationError(
+                f"Choose at most {self.limit} steps at once, or undo from a step onwards."
+            )
         if not all(isinstance(v, str) and v.isdigit() and 0 < len(v) < 10 and int(v) > 0 for v in values):
             raise forms.ValidationError("Steps are chosen by their numbers.")
         return sorted({int(v) for v in values})
@@ -31,8 +33,11 @@ class UndoRequestForm(forms.Form):
     from_step = forms.IntegerField(min_value=1, required=False, widget=forms.HiddenInput)
     steps = StepNumbers(limit=500, required=False)  # a run page shows 200; Django refuses over 1,000 fields
     reason = forms.CharField(
-        max_length=2000, strip=True,
-        widget=forms.TextInput(attrs={"placeholder": "Why undo? (shown to the approver)", "autocomplete": "off"}),
+        max_length=2000,
+        strip=True,
+        widget=forms.TextInput(
+            attrs={"placeholder": "Why undo? (shown to the approver)", "autocomplete": "off"}
+        ),
         error_messages={"required": "Say why this should be undone: the approver reads it."},
     )
 

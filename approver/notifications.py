@@ -42,7 +42,9 @@ def _link(plan: Plan) -> str:
 
 
 def summary(plan: Plan) -> str:
-    who = plan.run.agent_name + (f" for {plan.run.agent.on_behalf_of.get_username()}" if plan.run.agent_id else "")
+    who = plan.run.agent_name + (
+        f" for {plan.run.agent.on_behalf_of.get_username()}" if plan.run.agent_id else ""
+    )
     return (f"Undo {plan.compensate_count} action{'s' if plan.compensate_count != 1 else ''} by {who}: "
             f"{plan.cannot_undo_count} cannot be undone, {plan.conflict_count} changed since. "
             f"Asked by {plan.requested_by.get_username()}: “{plan.reason}”.")
@@ -50,7 +52,9 @@ def summary(plan: Plan) -> str:
 
 def approvers_to_tell(plan: Plan) -> list:
     rules = ApprovalRules.current()
-    users = get_user_model().objects.filter(is_active=True, groups__name=rules.approver_role).exclude(email="")
+    users = (
+        get_user_model().objects.filter(is_active=True, groups__name=rules.approver_role).exclude(email="")
+    )
     return [u for u in users.distinct() if not authority.signing_refusal(plan=plan, user=u, rules=rules)]
 
 
@@ -63,13 +67,17 @@ def plan_ready(plan: Plan) -> int:
 
 def action_requested(action: ActionRequest) -> int:
     """Email the held call's approvers and post to the webhook: an agent is waiting."""
-    users = get_user_model().objects.filter(is_active=True, groups__name=action.approver_group).exclude(email="")
+    users = (
+        get_user_model().objects.filter(is_active=True, groups__name=action.approver_group).exclude(email="")
+    )
     recipients = [u.email for u in users.distinct() if not authority.action_refusal(action=action, user=u)]
     args = ", ".join(f"{k}={v!r}" for k, v in sorted(action.arguments.items()))[:500]
     text = (f"{action.agent.name} (for {action.agent.on_behalf_of.get_username()}) is waiting to call "
             f"{action.server.name}__{action.tool}({args}).\n{action.reason}\nApprove or deny: "
             f"{action_url(action)}")
-    return _tell_approvers(recipients, f"Held for approval: {action.agent.name} wants {action.tool}", text, action)
+    return _tell_approvers(
+        recipients, f"Held for approval: {action.agent.name} wants {action.tool}", text, action
+    )
 
 
 def _tell_approvers(recipients: list[str], subject: str, text: str, about) -> int:
@@ -104,15 +112,19 @@ def _failed(channel: str, message: dict, about: str, attempt: int, exc: Exceptio
         logger.error("gave up on the %s about %s after %d attempts: %s", channel, about, attempt + 1, exc)
         return
     wait = FIRST_WAIT * 2 ** attempt
-    logger.warning("the %s about %s failed (%s: %s); trying again in %d s", channel, about, type(exc).__name__,
-                   exc, wait)
+    logger.warning(
+        "the %s about %s failed (%s: %s); trying again in %d s", channel, about, type(exc).__name__, exc, wait
+    )
     bell.ring(bell.RETRY_NOTICE, channel, message, about, attempt + 1, countdown=wait)
 
 
 def retry(channel: str, message: dict, about: str, attempt: int) -> bool:
     """One more attempt at a notification that failed (the worker's `approver.retry_notice`)."""
     if channel == "email":
-        return email(message["subject"], message["text"], message["recipients"], about=about, attempt=attempt) > 0
+        return (
+            email(message["subject"], message["text"], message["recipients"], about=about, attempt=attempt)
+            > 0
+        )
     if channel == "webhook" and settings.APPROVAL_WEBHOOK_URL:
         return webhook(message["text"], about=about, attempt=attempt)
     return False
@@ -125,7 +137,11 @@ def plan_decided(plan: Plan) -> int:
     if plan.state == Plan.State.REJECTED:
         rejection = plan.approvals.filter(decision=Approval.Decision.REJECT).order_by("-created_at").first()
         decision = "rejected"
-        words = f"rejected by {rejection.approver.get_username()}: “{rejection.reason}”" if rejection else "rejected"
+        words = (
+            f"rejected by {rejection.approver.get_username()}: “{rejection.reason}”"
+            if rejection
+            else "rejected"
+        )
     else:  # it may be running, or even finished, by the time this is sent
         names = sorted({a.approver.get_username() for a in plan.approvals.filter(
             decision=Approval.Decision.APPROVE, digest=plan.digest).select_related("approver")})
@@ -137,7 +153,9 @@ def plan_decided(plan: Plan) -> int:
 
 def plan_executed(plan: Plan) -> int:
     """Tell the requester and everyone who approved what was reversed, and what is left for a human."""
-    to_do = list(plan.items.filter(outcome__in=execution.NEEDS_A_HUMAN).select_related("step").order_by("position"))
+    to_do = list(
+        plan.items.filter(outcome__in=execution.NEEDS_A_HUMAN).select_related("step").order_by("position")
+    )
     lines = [f"{summary(plan)}", f"Result: {plan.execution_summary}."]
     if plan.stop_reason:
         lines.append(f"Stopped: {plan.stop_reason}")
@@ -146,8 +164,10 @@ def plan_executed(plan: Plan) -> int:
             item.outcome_detail or {}).get("message", "")
         lines.append(f"To do by hand, step {item.step.number} ({item.step.tool}): {words}")
     lines.append(_link(plan))
-    recipients = {plan.requested_by.email, *plan.approvals.filter(decision=Approval.Decision.APPROVE).values_list(
-        "approver__email", flat=True)} - {""}
+    recipients = {
+        plan.requested_by.email,
+        *plan.approvals.filter(decision=Approval.Decision.APPROVE).values_list("approver__email", flat=True),
+    } - {""}
     if not recipients:
         return 0
     return email(f"Undo plan {plan.get_state_display().lower()}: {plan.execution_summary}", "\n".join(lines),

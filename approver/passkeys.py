@@ -74,10 +74,17 @@ def registration_options(*, rp: RelyingParty, user_handle: bytes, user_name: str
     """The JSON for `navigator.credentials.create()`: user verification required, existing passkeys
     excluded so the same authenticator is not enrolled twice."""
     options = generate_registration_options(
-        rp_id=rp.id, rp_name=rp.name, user_id=user_handle, user_name=user_name, user_display_name=display_name,
-        challenge=challenge, supported_pub_key_algs=ALGORITHMS,
+        rp_id=rp.id,
+        rp_name=rp.name,
+        user_id=user_handle,
+        user_name=user_name,
+        user_display_name=display_name,
+        challenge=challenge,
+        supported_pub_key_algs=ALGORITHMS,
         authenticator_selection=AuthenticatorSelectionCriteria(
-            resident_key=ResidentKeyRequirement.PREFERRED, user_verification=UserVerificationRequirement.REQUIRED),
+            resident_key=ResidentKeyRequirement.PREFERRED,
+            user_verification=UserVerificationRequirement.REQUIRED,
+        ),
         exclude_credentials=[PublicKeyCredentialDescriptor(id=base64url_to_bytes(c)) for c in existing],
     )
     return options_to_json(options)
@@ -126,7 +133,9 @@ def credential_id_of(credential: Any) -> str:
     return raw
 
 
-def verify_assertion(*, rp: RelyingParty, credential: Any, challenge: bytes, public_key: str, sign_count: int) -> int:
+def verify_assertion(
+    *, rp: RelyingParty, credential: Any, challenge: bytes, public_key: str, sign_count: int
+) -> int:
     """Check a `navigator.credentials.get()` answer: signed by this passkey, over our challenge, for our
     origin and RP id, with the user verified, and a signature counter that moved on (a cloned or replayed
     authenticator does not). Returns the new counter."""

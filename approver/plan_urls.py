@@ -27,7 +27,11 @@ urlpatterns = [
     path("actions/", held_calls.action_list, name="action_list"),
     path("actions/<uuid:action_id>/", held_calls.action_detail, name="action_detail"),
     path("actions/<uuid:action_id>/sign/", held_calls.action_sign_begin, name="action_sign_begin"),
-    path("actions/<uuid:action_id>/sign/complete/", held_calls.action_sign_complete, name="action_sign_complete"),
+    path(
+        "actions/<uuid:action_id>/sign/complete/",
+        held_calls.action_sign_complete,
+        name="action_sign_complete",
+    ),
     path("passkeys/", passkeys.passkey_list, name="passkey_list"),
     path("passkeys/options/", passkeys.passkey_options, name="passkey_options"),
     path("passkeys/enroll/", passkeys.passkey_enroll, name="passkey_enroll"),

@@ -22,8 +22,10 @@ from journal.declarations import NO_VERSION_PROBLEM
 
 # The dialect of a compensation decides how it is checked and run.
 HATP = "hatp"
-UI_NEEDS_HUMAN = ("Undone through the app's screens, by the server replaying the app's own way back: a person "
-                  "signs it, whatever the policies say.")
+UI_NEEDS_HUMAN = (
+    "Undone through the app's screens, by the server replaying the app's own way back: a person "
+    "signs it, whatever the policies say."
+)
 # An approver's answers to a conflict.
 KEEP_NEWER, OVERWRITE = "keep_newer", "overwrite"
 
@@ -47,7 +49,9 @@ class StepFacts:
     undo_by: datetime | None
     finished_at: datetime | None
     declared_deps: tuple[int, ...] | None = None  # None: the call declared nothing
-    inferred_deps: dict[int, tuple[dict[str, str], ...]] = field(default_factory=dict)  # earlier number -> pointers
+    inferred_deps: dict[int, tuple[dict[str, str], ...]] = field(
+        default_factory=dict
+    )  # earlier number -> pointers
     already_undone: bool = False
     failure_class: str = ""  # "policy": an autonomy policy stopped it, so it was never forwarded
 
@@ -147,7 +151,9 @@ def idempotency_key(plan_id: str, step_number: int) -> str:
     return f"undo-{plan_id}-{step_number}"
 
 
-def draft_items(steps: list[StepFacts], pulled: dict[int, Pull], *, plan_id: str, now: datetime) -> list[ItemDraft]:
+def draft_items(
+    steps: list[StepFacts], pulled: dict[int, Pull], *, plan_id: str, now: datetime
+) -> list[ItemDraft]:
     in_plan = [s for s in steps if s.number in pulled]
     return [
         _item(step, position, pulled[step.number], plan_id=plan_id, now=now)
@@ -174,7 +180,11 @@ def _without_compensation(step: StepFacts) -> tuple[str, str, str] | None:
     if step.status == "pending":
         return "cannot_undo", "The call's outcome was never recorded, so what it did is not known.", by_hand
     if step.status == "held":
-        return "nothing_to_undo", "Held for approval and not made: deny it on its held-call page so it never is.", ""
+        return (
+            "nothing_to_undo",
+            "Held for approval and not made: deny it on its held-call page so it never is.",
+            "",
+        )
     if step.failure_class == "policy":
         return "nothing_to_undo", "An autonomy policy stopped it: it was never sent to the tool server.", ""
     if step.reversibility == "read_only":
@@ -183,7 +193,11 @@ def _without_compensation(step: StepFacts) -> tuple[str, str, str] | None:
         return "nothing_to_undo", "The call failed and changed nothing.", ""
     remedy = declaration.get("remedy") or ""
     if step.reversibility == "none":
-        return "cannot_undo", declaration.get("reason") or f"{step.server} says this cannot be undone.", remedy
+        return (
+            "cannot_undo",
+            declaration.get("reason") or f"{step.server} says this cannot be undone.",
+            remedy,
+        )
     if step.reversibility != "compensate":
         reason = "; ".join(step.undo_problems) or f"{step.server} says nothing about undoing {step.tool}."
         return "cannot_undo", _sentence(reason), remedy or by_hand
@@ -197,22 +211,39 @@ def _compensating(step: StepFacts, base: dict[str, Any], *, plan_id: str, now: d
     # with the others and flagged for the approver, never run on its own (docs/design.md).
     problems = [p for p in step.undo_problems if p != NO_VERSION_PROBLEM]
     needs_human = "" if step.effect_version else _sentence(NO_VERSION_PROBLEM.capitalize())
-    if declaration.get("via") == "ui":  # the HATP draft: an undo through the app's screens always has a signer
+    if (
+        declaration.get("via") == "ui"
+    ):  # the HATP draft: an undo through the app's screens always has a signer
         needs_human = UI_NEEDS_HUMAN
     if step.undo_by is not None and step.undo_by <= now:
         problems.append(f"the undo window closed at {step.undo_by.isoformat()}")
     compensation = declaration.get("compensation") or {}
     if not compensation.get("tool") or step.compensation_arguments is None:
         problems.append("no compensation could be prepared")
-    common = {"via": declaration.get("via") or "api", "side_effect": declaration.get("side_effect") or "",
-              "cost": declaration.get("cost"), "undo_by": step.undo_by, "remedy": declaration.get("remedy") or ""}
+    common = {
+        "via": declaration.get("via") or "api",
+        "side_effect": declaration.get("side_effect") or "",
+        "cost": declaration.get("cost"),
+        "undo_by": step.undo_by,
+        "remedy": declaration.get("remedy") or "",
+    }
     if problems:
-        return ItemDraft(**base, action="cannot_undo", **common,
-                         reason="Not automatically undoable: " + _sentence("; ".join(dict.fromkeys(problems))))
+        return ItemDraft(
+            **base,
+            action="cannot_undo",
+            **common,
+            reason="Not automatically undoable: " + _sentence("; ".join(dict.fromkeys(problems))),
+        )
     return ItemDraft(
-        **base, action="compensate", **common, tool=compensation["tool"], dialect=compensation.get("dialect", ""),
-        arguments=step.compensation_arguments, if_version=step.effect_version,
-        idempotency_key=idempotency_key(plan_id, step.number), needs_human=needs_human,
+        **base,
+        action="compensate",
+        **common,
+        tool=compensation["tool"],
+        dialect=compensation.get("dialect", ""),
+        arguments=step.compensation_arguments,
+        if_version=step.effect_version,
+        idempotency_key=idempotency_key(plan_id, step.number),
+        needs_human=needs_human,
     )
 
 
@@ -227,14 +258,36 @@ def plan_content(*, plan: dict[str, Any], items: list[dict[str, Any]]) -> dict[s
     return {**plan, "items": items}
 
 
-def item_content(*, position: int, step: int, server: str, tool: str, action: str, rule: str,
-                 pulled_in_by: int | None, compensation: dict[str, Any] | None, needs_human: str, via: str,
-                 side_effect: str, cost: Any, undo_by: str | None, reason: str, remedy: str,
-                 effect: dict[str, str], check: dict[str, Any] | None, conflict_choice: str = "") -> dict[str, Any]:
+def item_content(
+    *,
+    position: int,
+    step: int,
+    server: str,
+    tool: str,
+    action: str,
+    rule: str,
+    pulled_in_by: int | None,
+    compensation: dict[str, Any] | None,
+    needs_human: str,
+    via: str,
+    side_effect: str,
+    cost: Any,
+    undo_by: str | None,
+    reason: str,
+    remedy: str,
+    effect: dict[str, str],
+    check: dict[str, Any] | None,
+    conflict_choice: str = "",
+) -> dict[str, Any]:
     """One item as signed. On a conflict the approver's choice is part of it: "overwrite" makes the
     compensation carry the version they saw as `ifVersion` (so a further change still stops it);
     "keep_newer" leaves the newer change alone and the item is skipped."""
-    if compensation is not None and conflict_choice == OVERWRITE and check and check.get("status") == "conflict":
+    if (
+        compensation is not None
+        and conflict_choice == OVERWRITE
+        and check
+        and check.get("status") == "conflict"
+    ):
         seen = (check.get("current") or {}).get("version") or None
         compensation = {**compensation, "ifVersion": seen}
     return {

@@ -39,8 +39,13 @@ CLASS_LABELS = {
     "none": "Cannot be undone",
     "unknown": "The server does not say",
 }
-CLASS_SHORT = {"compensate_api": "Undo via API", "compensate_ui": "Undo via UI", "compensate_no_version": "No version",
-               "none": "Cannot undo", "unknown": "Unknown"}
+CLASS_SHORT = {
+    "compensate_api": "Undo via API",
+    "compensate_ui": "Undo via UI",
+    "compensate_no_version": "No version",
+    "none": "Cannot undo",
+    "unknown": "Unknown",
+}
 READ = "read"
 DECISIONS = ("allow", "ask", "deny")
 SCOPES = ("tool", "server", "agent", "everything")  # most specific first
@@ -75,8 +80,12 @@ class Policy:
 
     @property
     def where(self) -> str:
-        return {"everything": "every call", "agent": f"agent {self.agent}", "server": f"tool server {self.server}",
-                "tool": f"{self.server}__{self.tool}"}.get(self.scope, self.scope)
+        return {
+            "everything": "every call",
+            "agent": f"agent {self.agent}",
+            "server": f"tool server {self.server}",
+            "tool": f"{self.server}__{self.tool}",
+        }.get(self.scope, self.scope)
 
 
 @dataclass(frozen=True)
@@ -114,9 +123,20 @@ def governing(policies: Iterable[Policy], *, agent: str, server: str, tool: str)
     return matching[0] if matching else None
 
 
-def decide(policies: Iterable[Policy], *, agent: str, server: str, tool: str, kind: str, via: str | None = None,
-           dialect: str | None = None, reason: str | None = None, remedy: str | None = None,
-           source: str = "none", retry_of: Mapping[str, object] | None = None) -> Decision:
+def decide(
+    policies: Iterable[Policy],
+    *,
+    agent: str,
+    server: str,
+    tool: str,
+    kind: str,
+    via: str | None = None,
+    dialect: str | None = None,
+    reason: str | None = None,
+    remedy: str | None = None,
+    source: str = "none",
+    retry_of: Mapping[str, object] | None = None,
+) -> Decision:
     """What the governing policy decides for this call. Without any policy, the defaults apply.
 
     `retry_of` is the earlier attempt of the very same call whose outcome is unknown (the server had it and
@@ -130,17 +150,30 @@ def decide(policies: Iterable[Policy], *, agent: str, server: str, tool: str, ki
         return Decision("allow", klass, None, f"{name} only reads: nothing to undo.", why)
     chosen = governing(policies, agent=agent, server=server, tool=tool)
     decided = _by_class(chosen, klass, name, reason, why)
-    if retry_of is None or decided.decision == "deny" or (chosen is not None and chosen.allow_unknown_retries):
+    if (
+        retry_of is None
+        or decided.decision == "deny"
+        or (chosen is not None and chosen.allow_unknown_retries)
+    ):
         return decided
     first = f"step {retry_of.get('step')}"
-    return Decision("ask", klass, chosen, (
-        f"{name} is repeated with the same arguments, and its first attempt ({first}: {retry_of.get('what')}) may "
-        f"already have acted: a human must approve this repeat first"
-        + (f" (policy “{chosen.name}” does not let such repeats through)." if chosen else ".")),
-        {**why, "retryOf": dict(retry_of)})
+    return Decision(
+        "ask",
+        klass,
+        chosen,
+        (
+            f"{name} is repeated with the same arguments, and its first attempt ({first}: "
+            f"{retry_of.get('what')}) may "
+            f"already have acted: a human must approve this repeat first"
+            + (f" (policy “{chosen.name}” does not let such repeats through)." if chosen else ".")
+        ),
+        {**why, "retryOf": dict(retry_of)},
+    )
 
 
-def _by_class(chosen: Policy | None, klass: str, name: str, reason: str | None, why: dict[str, str]) -> Decision:
+def _by_class(
+    chosen: Policy | None, klass: str, name: str, reason: str | None, why: dict[str, str]
+) -> Decision:
     if chosen is None:  # no policy at all: the Recorder journals, and the agent acts as it did before
         return Decision("allow", klass, None, f"{name} {CLASS_WORDS[klass]}: allowed, as no autonomy policy "
                                               "covers it.", why)
@@ -149,8 +182,13 @@ def _by_class(chosen: Policy | None, klass: str, name: str, reason: str | None, 
         decision = "ask"  # a policy that does not say is read as "ask a human", never as "allow"
     because = f" ({reason})" if reason and klass in ("none", "unknown") else ""
     verb = {"allow": "allowed", "ask": "a human must approve it first", "deny": "denied"}[decision]
-    return Decision(decision, klass, chosen,
-                    f"{name} {CLASS_WORDS[klass]}{because}: {verb} by policy “{chosen.name}” ({chosen.where}).", why)
+    return Decision(
+        decision,
+        klass,
+        chosen,
+        f"{name} {CLASS_WORDS[klass]}{because}: {verb} by policy “{chosen.name}” ({chosen.where}).",
+        why,
+    )
 
 
 def clean_decisions(raw: Mapping[str, object]) -> tuple[dict[str, str], dict[str, str]]:
@@ -165,9 +203,20 @@ def clean_decisions(raw: Mapping[str, object]) -> tuple[dict[str, str], dict[str
     return decisions, problems
 
 
-def draft_problems(*, name: str, scope: str, agent_chosen: bool, server_chosen: bool, tool: str, server_name: str,
-                   server_tools: set[str] | None, quorum: int | None, ask_timeout: int | None, approver_group: str,
-                   groups: Iterable[str]) -> dict[str, str]:
+def draft_problems(
+    *,
+    name: str,
+    scope: str,
+    agent_chosen: bool,
+    server_chosen: bool,
+    tool: str,
+    server_name: str,
+    server_tools: set[str] | None,
+    quorum: int | None,
+    ask_timeout: int | None,
+    approver_group: str,
+    groups: Iterable[str],
+) -> dict[str, str]:
     """What is wrong with a policy draft's own fields, by form field (the decisions are `clean_decisions`'s;
     whether another policy already covers the same scope is a question for the database)."""
     groups = tuple(groups)
@@ -209,7 +258,9 @@ def simulate(policies: Iterable[Policy], calls: Iterable[Mapping[str, object]], 
     return tally
 
 
-def plan_needs_a_human(policies: Iterable[Policy], *, agent: str, items: Iterable[Mapping[str, object]]) -> str:
+def plan_needs_a_human(
+    policies: Iterable[Policy], *, agent: str, items: Iterable[Mapping[str, object]]
+) -> str:
     """Why a checked reversal plan still needs a human to sign it, or "" when it may run alone: every item
     either changes nothing or is a compensation through the API (HATP, so versions are checked), whose check
     said ok, with no side effect, no cost and nothing a human must decide, and the policy governing the
@@ -224,10 +275,14 @@ def plan_needs_a_human(policies: Iterable[Policy], *, agent: str, items: Iterabl
         if item["action"] != "compensate":
             return f"{where} cannot be undone."
         compensations += 1
-        if call_class(kind="compensate", via=item.get("via"), dialect=item.get("dialect")) != "compensate_api":
+        if (
+            call_class(kind="compensate", via=item.get("via"), dialect=item.get("dialect"))
+            != "compensate_api"
+        ):
             return f"{where} is not undone through the API with versions checked."
         if item.get("check_status") != "ok":
-            return f"{where}'s check did not say the undo would work ({item.get('check_status') or 'not checked'})."
+            status = item.get("check_status") or "not checked"
+            return f"{where}'s check did not say the undo would work ({status})."
         if item.get("side_effect") or item.get("cost") or item.get("needs_human"):
             return f"{where}: undoing it has a side effect, a cost, or needs a human's judgement."
         chosen = governing(policies, agent=agent, server=str(item["server"]), tool=str(item["tool"]))

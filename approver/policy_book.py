@@ -18,34 +18,59 @@ POLICY_LOG = "autonomy-policies"  # the name the change log's signed heads carry
 def policy_record(policy_row: AutonomyPolicy) -> dict[str, Any]:
     """A policy as the change log keeps it (and the simulator and the page show it)."""
     return {
-        "id": policy_row.pk, "name": policy_row.name, "scope": policy_row.scope,
+        "id": policy_row.pk,
+        "name": policy_row.name,
+        "scope": policy_row.scope,
         "agent": policy_row.agent.name if policy_row.agent_id else None,
-        "server": policy_row.server.name if policy_row.server_id else None, "tool": policy_row.tool or None,
-        "decisions": dict(policy_row.decisions), "approverGroup": policy_row.approver_group,
-        "quorum": policy_row.quorum, "askTimeout": policy_row.ask_timeout, "autoRunPlans": policy_row.auto_run_plans,
-        "allowUnknownRetries": policy_row.allow_unknown_retries, "onFailure": policy_row.on_failure,
+        "server": policy_row.server.name if policy_row.server_id else None,
+        "tool": policy_row.tool or None,
+        "decisions": dict(policy_row.decisions),
+        "approverGroup": policy_row.approver_group,
+        "quorum": policy_row.quorum,
+        "askTimeout": policy_row.ask_timeout,
+        "autoRunPlans": policy_row.auto_run_plans,
+        "allowUnknownRetries": policy_row.allow_unknown_retries,
+        "onFailure": policy_row.on_failure,
     }
 
 
 def as_policy(policy_row: AutonomyPolicy) -> policy.Policy:
-    return policy.Policy(id=policy_row.pk or 0, name=policy_row.name, scope=policy_row.scope,
-                         decisions=dict(policy_row.decisions or {}),
-                         agent=policy_row.agent.name if policy_row.agent_id else "",
-                         server=policy_row.server.name if policy_row.server_id else "", tool=policy_row.tool,
-                         auto_run_plans=policy_row.auto_run_plans,
-                         allow_unknown_retries=policy_row.allow_unknown_retries, on_failure=policy_row.on_failure)
+    return policy.Policy(
+        id=policy_row.pk or 0,
+        name=policy_row.name,
+        scope=policy_row.scope,
+        decisions=dict(policy_row.decisions or {}),
+        agent=policy_row.agent.name if policy_row.agent_id else "",
+        server=policy_row.server.name if policy_row.server_id else "",
+        tool=policy_row.tool,
+        auto_run_plans=policy_row.auto_run_plans,
+        allow_unknown_retries=policy_row.allow_unknown_retries,
+        on_failure=policy_row.on_failure,
+    )
 
 
 def plan_needs_a_human(plan: Plan) -> str:
     """Why this checked plan needs approvers (see `policy.plan_needs_a_human`), or "" if it may run alone."""
     if not plan.run.agent_id:
         return "The run has no agent whose policy could let it run alone."
-    items = [{"number": row["step__number"], "server": row["step__server_name"], "tool": row["step__tool"], **row}
-             for row in plan.items.order_by("position").values(
-                 "action", "via", "dialect", "check_status", "side_effect", "cost", "needs_human",
-                 "step__number", "step__server_name", "step__tool")]
-    return policy.plan_needs_a_human([as_policy(row) for row in current_policies()], agent=plan.run.agent.name,
-                                     items=items)
+    items = [
+        {"number": row["step__number"], "server": row["step__server_name"], "tool": row["step__tool"], **row}
+        for row in plan.items.order_by("position").values(
+            "action",
+            "via",
+            "dialect",
+            "check_status",
+            "side_effect",
+            "cost",
+            "needs_human",
+            "step__number",
+            "step__server_name",
+            "step__tool",
+        )
+    ]
+    return policy.plan_needs_a_human(
+        [as_policy(row) for row in current_policies()], agent=plan.run.agent.name, items=items
+    )
 
 
 def current_policies() -> list[AutonomyPolicy]:
@@ -56,11 +81,17 @@ def current_policies() -> list[AutonomyPolicy]:
 def verify_policy_log():
     """Check the change log's chain and every signed head; name the first change that does not fit."""
     rows = list(PolicyChange.objects.order_by("id"))
-    entries = [{"seq": r.seq, "ts": r.ts, "event": r.event, "data": r.data, "prevHash": r.prev_hash, "hash": r.hash}
-               for r in rows]
-    checkpoints = [{"run": POLICY_LOG, "seq": r.seq, "headHash": r.hash, "keyId": r.key_id, "signature": r.signature}
-                   for r in rows]
-    return chain.verify(run=POLICY_LOG, entries=entries, checkpoints=checkpoints, public_keys=keys.public_keys())
+    entries = [
+        {"seq": r.seq, "ts": r.ts, "event": r.event, "data": r.data, "prevHash": r.prev_hash, "hash": r.hash}
+        for r in rows
+    ]
+    checkpoints = [
+        {"run": POLICY_LOG, "seq": r.seq, "headHash": r.hash, "keyId": r.key_id, "signature": r.signature}
+        for r in rows
+    ]
+    return chain.verify(
+        run=POLICY_LOG, entries=entries, checkpoints=checkpoints, public_keys=keys.public_keys()
+    )
 
 
 class PolicyBook:
@@ -112,7 +143,10 @@ def decide_call(*, agent_name: str, server_name: str, tool: str, declaration, bo
         record["onFailure"] = decided.policy.on_failure  # a failure of this call stops the run (`sagas`)
     if decided.decision == "ask":
         default = {"approverGroup": roles.APPROVER, "quorum": 1, "askTimeout": DEFAULT_HOLD_SECONDS}
-        record["hold"] = {**holds.get(decided.policy.id if decided.policy else 0, default), "why": decided.why}
+        record["hold"] = {
+            **holds.get(decided.policy.id if decided.policy else 0, default),
+            "why": decided.why,
+        }
     return record
 
 

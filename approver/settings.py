@@ -69,8 +69,12 @@ def _development_secret_key() -> str:
     return path.read_text().strip()
 
 
-SECRET_KEY = env_str("SECRET_KEY") if PRODUCTION else os.environ.get("SECRET_KEY") or _development_secret_key()
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [] if PRODUCTION else ["localhost", "127.0.0.1", "[::1]", "testserver"])
+SECRET_KEY = (
+    env_str("SECRET_KEY") if PRODUCTION else os.environ.get("SECRET_KEY") or _development_secret_key()
+)
+ALLOWED_HOSTS = env_list(
+    "ALLOWED_HOSTS", [] if PRODUCTION else ["localhost", "127.0.0.1", "[::1]", "testserver"]
+)
 if PRODUCTION and not ALLOWED_HOSTS:
     raise ImproperlyConfigured("Set ALLOWED_HOSTS in production.")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
@@ -158,7 +162,8 @@ LOGOUT_REDIRECT_URL = "login"
 
 # Failed logins are throttled by django-axes, per account and per address (either one locks): after
 # LOGIN_FAILURE_LIMIT failures the login page refuses (HTTP 429) for LOGIN_LOCKOUT_MINUTES, after which the
-# lock clears by itself. Admins see every lock-out under "Axes" in the Django admin, and clear one there or with
+# lock clears by itself. Admins see every lock-out under "Axes" in the Django admin, and clear one there or
+# with
 # `manage.py axes_reset_username NAME`. A successful login clears the account's failures. Behind a proxy, run
 # uvicorn with --forwarded-allow-ips so the address is the client's.
 AUTHENTICATION_BACKENDS = [
@@ -209,7 +214,8 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
-# Celery beat (run it with `celery -A approver beat`, or `worker --beat` for a single worker as the demo does).
+# Celery beat (run it with `celery -A approver beat`, or `worker --beat` for a single worker as the demo
+# does).
 CELERY_BEAT_SCHEDULE = {
     "checkpoint-quiet-runs": {"task": "journal.checkpoint_quiet_runs", "schedule": 15.0},
     "reconcile-stale-steps": {"task": "journal.reconcile_stale_steps", "schedule": 60.0},
@@ -225,7 +231,11 @@ CELERY_BEAT_SCHEDULE = {
 RECORDER_KEY_DIR = Path(
     env_str(
         "RECORDER_KEY_DIR",
-        str(Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "agent-undo" / "recorder-keys"),
+        str(
+            Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
+            / "agent-undo"
+            / "recorder-keys"
+        ),
     )
 )
 # A checkpoint is signed every N chain entries and whenever a run goes quiet.
@@ -239,7 +249,8 @@ PLAN_CHECKS_PER_SERVER = env_int("PLAN_CHECKS_PER_SERVER", 64)
 RECORDER_UPSTREAM_IDLE_SECONDS = env_int("RECORDER_UPSTREAM_IDLE_SECONDS", 300)
 RECORDER_MAX_UPSTREAM_SESSIONS = env_int("RECORDER_MAX_UPSTREAM_SESSIONS", 256)
 # A tool server's answer over this many bytes is not relayed: the agent gets a tool error naming the limit and
-# the step keeps the answer's size and SHA-256. A result over the inline size is kept in the run's record only.
+# the step keeps the answer's size and SHA-256. A result over the inline size is kept in the run's record
+# only.
 RECORDER_MAX_RESULT_BYTES = env_int("RECORDER_MAX_RESULT_BYTES", 32 * 1024 * 1024)
 RECORDER_INLINE_RESULT_BYTES = env_int("RECORDER_INLINE_RESULT_BYTES", 64 * 1024)
 # A run bundle or audit log over this many bytes is refused before it is parsed (`import_run`).
@@ -247,11 +258,13 @@ RECORDER_IMPORT_MAX_BYTES = env_int("RECORDER_IMPORT_MAX_BYTES", 256 * 1024 * 10
 # The stdio tool server commands an admin may pick in the web admin (a command runs as the Recorder's user, so
 # none is ever typed there); `manage.py add_tool_server --command` is the other way in, from a shell.
 RECORDER_STDIO_COMMANDS = env_list("RECORDER_STDIO_COMMANDS", [])
-# Plain 2026-07-28 tools/call requests skip the SDK's per-request machinery (journal.mcp.gateway.FastCalls).
+# Plain 2026-07-28 tools/call requests skip the SDK's per-request machinery (journal.mcp.fast_calls).
 RECORDER_FAST_CALLS = env_bool("RECORDER_FAST_CALLS", True)
-# Without a runId or an MCP session id, an agent's calls join its latest run unless it has been idle this long.
+# Without a runId or an MCP session id, an agent's calls join its latest run unless it has been idle this
+# long.
 RECORDER_RUN_IDLE_SECONDS = env_int("RECORDER_RUN_IDLE_SECONDS", 1800)
-# How long a failed call's answer may wait while a saga policy unwinds the run (the worker finishes what is left).
+# How long a failed call's answer may wait while a saga policy unwinds the run (the worker finishes what is
+# left).
 RECORDER_UNWIND_SECONDS = env_int("RECORDER_UNWIND_SECONDS", 60)
 # How Recorder processes reach each other (an agent's cancellation heard by one, for a call another makes):
 # Redis pub/sub. Without it, each process hears only itself, which is all a single process needs.

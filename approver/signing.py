@@ -24,12 +24,15 @@ class SigningRefused(Refused):
     """Not something this person may sign now; `message` says why."""
 
 
-def challenge_payload(*, plan: str, digest: str, decision: str, choices: dict[str, str], nonce: str) -> dict[str, Any]:
+def challenge_payload(
+    *, plan: str, digest: str, decision: str, choices: dict[str, str], nonce: str
+) -> dict[str, Any]:
     return {"plan": plan, "digest": digest, "decision": decision, "choices": choices, "nonce": nonce}
 
 
 def action_payload(*, action: str, digest: str, decision: str, nonce: str) -> dict[str, Any]:
-    """What a decision on a held call signs: the request, the digest of the exact call, the decision, a nonce."""
+    """What a decision on a held call signs: the request, the digest of the exact call, the decision, a
+    nonce."""
     return {"action": action, "digest": digest, "decision": decision, "nonce": nonce}
 
 
@@ -49,7 +52,9 @@ def clean_choices(raw: Any, *, conflicts: set[int], decision: str) -> dict[str, 
         if not (isinstance(key, str) and key.isdigit() and key == str(int(key)) and int(key) in conflicts):
             raise SigningRefused(f"Item {key} has no conflict to choose on.")
         if value not in CHOICES:
-            raise SigningRefused(f"Item {key}: choose to keep the newer change or to overwrite the version you saw.")
+            raise SigningRefused(
+                f"Item {key}: choose to keep the newer change or to overwrite the version you saw."
+            )
         choices[key] = value
     missing = sorted(conflicts - {int(k) for k in choices})
     if decision == APPROVE and missing:
@@ -75,7 +80,9 @@ def content_changes(signed: dict[str, Any], current: dict[str, Any]) -> list[str
             continue
         for key in sorted(old.keys() | new.keys()):
             if old.get(key) != new.get(key):
-                changes.append(f"Item {position} (step {new.get('step')}): {_describe(key, old.get(key), new.get(key))}")
+                changes.append(
+                    f"Item {position} (step {new.get('step')}): {_describe(key, old.get(key), new.get(key))}"
+                )
     for key in sorted((signed.keys() | current.keys()) - {"items"}):
         if signed.get(key) != current.get(key):
             changes.append(f"The plan's {key} changed.")

@@ -47,8 +47,11 @@ def requeue_stalled_checks() -> int:
                    .values_list("pk", "check_round"))
     for plan_id, check_round in stalled:
         check_plan.delay(plan_id, check_round)
-    drafts = list(Plan.objects.filter(state=Plan.State.DRAFTING, updated_at__lt=timezone.now() - services.DRAFT_STALE)
-                  .values_list("pk", flat=True))
+    drafts = list(
+        Plan.objects.filter(
+            state=Plan.State.DRAFTING, updated_at__lt=timezone.now() - services.DRAFT_STALE
+        ).values_list("pk", flat=True)
+    )
     for plan_id in drafts:
         draft_plan.delay(plan_id)
     return len(stalled) + len(drafts)
@@ -67,7 +70,9 @@ def notify_plan_ready(plan_id: int, check_round: int) -> int:
 def notify_plan_decided(plan_id: int) -> int:
     """Tell the requester how the plan was decided. Safe to run twice."""
     # Execution may have started (or finished) before this task runs: any state after the decision counts.
-    if not Plan.objects.filter(pk=plan_id, state__in=Plan.DECIDED_STATES, outcome_notified=False).update(outcome_notified=True):
+    if not Plan.objects.filter(pk=plan_id, state__in=Plan.DECIDED_STATES, outcome_notified=False).update(
+        outcome_notified=True
+    ):
         return 0
     return notifications.plan_decided(Plan.objects.for_page().get(pk=plan_id))
 
@@ -104,8 +109,9 @@ def notify_plan_executed(plan_id: int) -> int:
 @shared_task(name="approver.notify_action_requested")
 def notify_action_requested(action_id: int) -> int:
     """Tell the approvers a call is held for them. Safe to run twice: the request is claimed first."""
-    if not ActionRequest.objects.filter(pk=action_id, state=ActionRequest.State.PENDING, notified=False).update(
-            notified=True):
+    if not ActionRequest.objects.filter(
+        pk=action_id, state=ActionRequest.State.PENDING, notified=False
+    ).update(notified=True):
         return 0
     return notifications.action_requested(
         ActionRequest.objects.select_related("agent__on_behalf_of", "server").get(pk=action_id))

@@ -24,7 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ["test_conformance.py", "test_pairings.py", "test_versions_pairings.py", "test_features.py",
          "test_large_results.py"]
-MATRIX = re.compile(r"test_every_tool_through_the_recorder_answers_as_it_does_directly\[(?P<server>.+)-(?P<client>sdk-auto|sdk-legacy|typescript)\]")
+MATRIX = re.compile(
+    r"test_every_tool_through_the_recorder_answers_as_it_does_directly\[(?P<server>.+)-(?P<client>sdk-auto|sdk-legacy|typescript)\]"
+)
 
 
 def outcome(case) -> str:
@@ -37,8 +39,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="conformance-") as scratch:
         report = Path(scratch) / "report.xml"
         env = {**os.environ, "VAR_DIR": str(Path(scratch) / "var"), "REQUIRE_SERVICES": "1"}
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
-                        *(f"tests/journal/{name}" for name in FILES)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                f"--junitxml={report}",
+                *(f"tests/journal/{name}" for name in FILES),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
         rows = [(case.get("name"), outcome(case)) for case in ET.parse(report).getroot().iter("testcase")]
     matrix: dict[str, dict[str, str]] = {}
     others = []

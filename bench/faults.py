@@ -21,8 +21,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
     env = {**os.environ, "FAULT_RUNS": str(args.runs), "VAR_DIR": str(ROOT / "var" / "faults")}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/faults"],
-                            cwd=ROOT, env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/faults"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     for line in result.stdout.splitlines():
         if "faults:" in line or "passed" in line or "failed" in line:
             print(line.strip())

@@ -6,7 +6,8 @@ Starts the sample tool servers and the web app (Recorder included) as separate u
 scratch database, then asks the sample `legacy__blob` tool for an answer under RECORDER_MAX_RESULT_BYTES
 (relayed, and stored once in the run's record) and one over it (read to its end and dropped: the agent gets
 a tool error); with --stdio, the same of a tool server over stdio (tests/fixtures/slow_stdio_server.py, whose
-output the Recorder reads in chunks). Prints, for each, how long the call took, how much the Recorder process's peak memory grew,
+output the Recorder reads in chunks). Prints, for each, how long the call took, how much the Recorder
+process's peak memory grew,
 and how long the API's step list and the run page take afterwards.
 """
 
@@ -74,17 +75,22 @@ def main() -> None:
             time.sleep(1)  # the journal's write of the outcome
             grew = peak_rss_mb(web.pid) - before
             step = Step.objects.order_by("-pk").first()
-            outcome = "tool error" if result.is_error else f"{len(result.content[0].text) / 2**20:.0f} MB relayed"
+            outcome = (
+                "tool error" if result.is_error else f"{len(result.content[0].text) / 2**20:.0f} MB relayed"
+            )
             started = time.perf_counter()
             listing = web_client.get(f"/api/runs/{step.run.public_id}/steps/")
             api_ms = (time.perf_counter() - started) * 1000
             started = time.perf_counter()
             page = web_client.get(f"/runs/{step.run.public_id}/")
             page_ms = (time.perf_counter() - started) * 1000
-            print(f"  {megabytes} MB answer, {label}: {outcome} in {seconds:.1f} s; Recorder peak memory "
-                  f"+{max(grew, 0):.0f} MB; step {step.status}, stored {step.result_storage}, "
-                  f"{(step.result_size or 0) / 2**20:.0f} MB recorded; API step list {api_ms:.0f} ms "
-                  f"({len(listing.content) / 1024:.0f} KiB), run page {page_ms:.0f} ms (HTTP {page.status_code})")
+            print(
+                f"  {megabytes} MB answer, {label}: {outcome} in {seconds:.1f} s; Recorder peak memory "
+                f"+{max(grew, 0):.0f} MB; step {step.status}, stored {step.result_storage}, "
+                f"{(step.result_size or 0) / 2**20:.0f} MB recorded; API step list {api_ms:.0f} ms "
+                f"({len(listing.content) / 1024:.0f} KiB), run page {page_ms:.0f} ms (HTTP "
+                f"{page.status_code})"
+            )
 
 
 if __name__ == "__main__":

@@ -57,8 +57,16 @@ def journal_run(agent, server, steps: int, key: str):
         tool = "get_deal" if n % 10 == 0 else "send_email" if n % 10 == 5 else "update_deal"
         result = {"content": [{"type": "text", "text": "ok"}]}
         if tool == "update_deal":
-            result["_meta"] = {"hatp/journal": {"compensationToken": f"ctk_{n}", "effect": {
-                "summary": f"Deal D-{n} stage: Proposal → Won", "resource": f"crm://acme/deal/D-{n}", "version": "v2"}}}
+            result["_meta"] = {
+                "hatp/journal": {
+                    "compensationToken": f"ctk_{n}",
+                    "effect": {
+                        "summary": f"Deal D-{n} stage: Proposal → Won",
+                        "resource": f"crm://acme/deal/D-{n}",
+                        "version": "v2",
+                    },
+                }
+            }
         opened = services.open_step(agent=agent, run_key=key, server=server, server_name="crm", tool=tool,
                                     arguments={"deal_id": f"D-{n}"}, request_meta=None, now=at)
         services.close_step(opened=opened, outcome=services.Outcome(result=result), started=at,
@@ -131,8 +139,12 @@ def main() -> None:
 
     small = services.request_plan(run=journal_run(agent, server, 10, "run:ten"), requested_by=on_call,
                                   reason="bench", from_step=1)
-    thousand = services.request_plan(run=journal_run(agent, server, 1000, "run:thousand"), requested_by=on_call,
-                                     reason="bench", from_step=1)
+    thousand = services.request_plan(
+        run=journal_run(agent, server, 1000, "run:thousand"),
+        requested_by=on_call,
+        reason="bench",
+        from_step=1,
+    )
     ten_q, thousand_q = page_queries(small, on_call), page_queries(thousand, on_call)
     print(f"2. queries to render the plan page: {small.items.count()} items {ten_q}, "
           f"{thousand.items.count():,} items {thousand_q} (target: equal)")
@@ -175,7 +187,9 @@ def check_benchmark(args, on_call, agent, settings) -> tuple[float, float]:
         run = live_run(agent, crm, port, args.check_items)
         plan = services.request_plan(run=run, requested_by=on_call, reason="bench", from_step=1)
         assert plan.checks_total == args.check_items, plan.checks_total
-        httpx.post(f"http://127.0.0.1:{port}/crm/control", json={"delay_ms": args.delay_ms}).raise_for_status()
+        httpx.post(
+            f"http://127.0.0.1:{port}/crm/control", json={"delay_ms": args.delay_ms}
+        ).raise_for_status()
         results = {}
         for label, per_server in (("concurrent", settings.PLAN_CHECKS_PER_SERVER), ("sequential", 1)):
             if label == "sequential":
@@ -187,7 +201,9 @@ def check_benchmark(args, on_call, agent, settings) -> tuple[float, float]:
             results[label] = time.perf_counter() - started
             settings.PLAN_CHECKS_PER_SERVER = saved
             assert checked is not None and checked.checks_done == args.check_items
-        statuses = dict(plan.items.values_list("check_status").annotate(n=__import__("django").db.models.Count("id")))
+        statuses = dict(
+            plan.items.values_list("check_status").annotate(n=__import__("django").db.models.Count("id"))
+        )
         print(f"   (check results: {statuses})")
         ToolServer.objects.filter(pk=crm.pk).update(enabled=False)
         return results["concurrent"], results["sequential"]

@@ -4,7 +4,8 @@
         [--database-url postgres://undo_ci:undo_ci@localhost:5432/undo_bench] [--redis-url redis://localhost:6379/13]
         [--direct]
 
-Creates the database afresh (and drops it at the end), starts the sample tool servers and `uvicorn approver.asgi:application --workers N`,
+Creates the database afresh (and drops it at the end), starts the sample tool servers and `uvicorn
+approver.asgi:application --workers N`,
 then runs the agents at once (half on the initialize handshake, half on the stateless 2026-07-28 protocol),
 each making its calls to the sample `legacy__create_ticket` on a new connection every request (so any worker
 gets any request of any session), while one more call, which the autonomy policy holds, is approved with a
@@ -58,15 +59,25 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=20)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--kill", action="store_true")
-    parser.add_argument("--direct", action="store_true", help="the agents call the tool server itself (no Recorder)")
+    parser.add_argument(
+        "--direct", action="store_true", help="the agents call the tool server itself (no Recorder)"
+    )
     parser.add_argument("--database-url", default="postgres://undo_ci:undo_ci@localhost:5432/undo_bench")
     parser.add_argument("--redis-url", default="redis://localhost:6379/13")
     args = parser.parse_args()
     database(args.database_url, create=True)
     scratch = Path(tempfile.mkdtemp(prefix="processes-bench-"))
-    env = {**os.environ, "VAR_DIR": str(scratch), "RECORDER_KEY_DIR": str(scratch / "keys"), "DEBUG": "0",
-           "DJANGO_SETTINGS_MODULE": "approver.settings", "LOG_LEVEL": "WARNING", "DATABASE_URL": args.database_url,
-           "RECORDER_BUS_URL": args.redis_url, "ALLOWED_HOSTS": "localhost,127.0.0.1"}
+    env = {
+        **os.environ,
+        "VAR_DIR": str(scratch),
+        "RECORDER_KEY_DIR": str(scratch / "keys"),
+        "DEBUG": "0",
+        "DJANGO_SETTINGS_MODULE": "approver.settings",
+        "LOG_LEVEL": "WARNING",
+        "DATABASE_URL": args.database_url,
+        "RECORDER_BUS_URL": args.redis_url,
+        "ALLOWED_HOSTS": "localhost,127.0.0.1",
+    }
     env.pop("REDIS_URL", None)
     os.environ.update(env)
     import django
@@ -114,9 +125,16 @@ def run_agents(args) -> None:
     admin.groups.add(Group.objects.get_or_create(name=roles.ADMIN)[0])
     approver = User.objects.create_user("ana")
     approver.groups.add(Group.objects.get_or_create(name=roles.APPROVER)[0])
-    approver_services.save_policy(row=AutonomyPolicy(name="bench", scope="everything", ask_timeout=600, quorum=1,
-                                                     decisions={**policy.DEFAULT_DECISIONS, "unknown": "allow"}),
-                                  by=admin)
+    approver_services.save_policy(
+        row=AutonomyPolicy(
+            name="bench",
+            scope="everything",
+            ask_timeout=600,
+            quorum=1,
+            decisions={**policy.DEFAULT_DECISIONS, "unknown": "allow"},
+        ),
+        by=admin,
+    )
     owner = User.objects.create_user("dana")
     agents = [(f"bot-{n}", services.create_agent(name=f"bot-{n}", on_behalf_of=owner)[1],
                "legacy" if n % 2 else "auto") for n in range(args.agents)]
@@ -127,13 +145,16 @@ def run_agents(args) -> None:
     done = [0]
 
     async def agent(name: str, token: str, mode: str) -> None:
-        """Its calls, one after another; a session whose connection broke is opened again, as an agent would."""
+        """Its calls, one after another; a session whose connection broke is opened again, as an agent
+        would."""
         n = 0
         while n < args.calls:
             try:
                 async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120,
                                               limits=httpx2.Limits(max_keepalive_connections=0)) as http:
-                    async with Client(streamable_http_client(url, http_client=http), mode=mode, cache=None) as client:
+                    async with Client(
+                        streamable_http_client(url, http_client=http), mode=mode, cache=None
+                    ) as client:
                         while n < args.calls:
                             n += 1
                             done[0] += 1
@@ -151,7 +172,9 @@ def run_agents(args) -> None:
     async def mail() -> None:
         async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {mailer}"}, timeout=700,
                                       limits=httpx2.Limits(max_keepalive_connections=0)) as http:
-            async with Client(streamable_http_client(url, http_client=http), mode="legacy", cache=None) as client:
+            async with Client(
+                streamable_http_client(url, http_client=http), mode="legacy", cache=None
+            ) as client:
                 mailed["result"] = await client.call_tool("mail__send_email", EMAIL)
 
     def approve_when_held() -> None:
@@ -193,8 +216,10 @@ def run_agents(args) -> None:
     anyio.run(everyone)
     seconds = time.perf_counter() - started
     if args.direct:
-        print(f"directly: {args.agents} agents x {args.calls} calls, {sum(map(len, errors.values()))} errors; "
-              f"throughput: {args.agents * args.calls / seconds:.0f} calls/s ({seconds:.1f} s)")
+        print(
+            f"directly: {args.agents} agents x {args.calls} calls, {sum(map(len, errors.values()))} errors; "
+            f"throughput: {args.agents * args.calls / seconds:.0f} calls/s ({seconds:.1f} s)"
+        )
         return
     approver_thread.join(timeout=60)
     time.sleep(2)  # the journal's last writes
@@ -203,25 +228,38 @@ def run_agents(args) -> None:
     ledger = httpx.get("http://127.0.0.1:8198/legacy/ledger").json()["ledger"]
     tickets = [entry for entry in ledger if entry["op"] == "create_ticket"]
     steps = Step.objects.filter(tool="create_ticket")
-    by_status = {status: steps.filter(status=status).count() for status in set(steps.values_list("status", flat=True))}
+    by_status = {
+        status: steps.filter(status=status).count() for status in set(steps.values_list("status", flat=True))
+    }
     runs = list(Run.objects.all())
-    gapless = all(list(run.entries.order_by("seq").values_list("seq", flat=True)) == list(range(1, run.head_seq + 1))
-                  for run in runs)
+    gapless = all(
+        list(run.entries.order_by("seq").values_list("seq", flat=True)) == list(range(1, run.head_seq + 1))
+        for run in runs
+    )
     intact = sum(services.verify_run(run=run).ok for run in runs)
     mail_sent = [entry for entry in httpx.get("http://127.0.0.1:8198/mail/ledger").json()["ledger"]
                  if entry["op"] == "send_email"]
     total = args.agents * args.calls
     seen = sum(len(found) for found in errors.values())
-    print(f"{args.workers} Recorder workers on PostgreSQL and Redis; {args.agents} agents "
-          f"({args.agents // 2} on the handshake, {args.agents - args.agents // 2} stateless) x {args.calls} calls"
-          + (f"; worker {killed[0]} killed (SIGKILL) a third of the way in" if killed else ""))
-    print(f"  errors the agents saw: {seen} of {total} calls"
-          + (f" (agents: {', '.join(sorted(errors))}; first: {next(iter(errors.values()))[0]})" if errors else ""))
+    print(
+        f"{args.workers} Recorder workers on PostgreSQL and Redis; {args.agents} agents "
+        f"({args.agents // 2} on the handshake, {args.agents - args.agents // 2} stateless) x {args.calls} "
+        f"calls"
+        + (f"; worker {killed[0]} killed (SIGKILL) a third of the way in" if killed else "")
+    )
+    print(
+        f"  errors the agents saw: {seen} of {total} calls"
+        + (
+            f" (agents: {', '.join(sorted(errors))}; first: {next(iter(errors.values()))[0]})"
+            if errors
+            else ""
+        )
+    )
     print(f"  journaled: {steps.count()} steps for {total} calls, by status {by_status}; the server acted "
           f"{len(tickets)} times")
     print(f"  runs: {len(runs)}, chains gapless: {gapless}, verified: {intact} of {len(runs)}")
-    print(f"  held call: {'went through' if mailed.get('result') and not mailed['result'].is_error else 'FAILED'}, "
-          f"emails sent: {len(mail_sent)}")
+    went_through = mailed.get("result") and not mailed["result"].is_error
+    print(f"  held call: {'went through' if went_through else 'FAILED'}, emails sent: {len(mail_sent)}")
     print(f"  throughput: {total / seconds:.0f} calls/s ({seconds:.1f} s)")
 
 

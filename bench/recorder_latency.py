@@ -5,7 +5,8 @@
 Starts the sample tool servers and the web app (Recorder included) as separate uvicorn processes on a
 scratch database, then makes N calls from one MCP client to the same sample tool (`legacy__echo`): first
 directly, then through the Recorder, which journals each one (the intent committed before forwarding,
-the outcome committed as the answer goes back; chain entries, dependency inference). Prints median and p99 latency of each and their ratio; the target is a median
+the outcome committed as the answer goes back; chain entries, dependency inference). Prints median and p99
+latency of each and their ratio; the target is a median
 ratio of at most 2.0 (one extra hop is the floor). With --pass-through, a third kind of call, interleaved
 with the other two: an MCP SDK server that relays to the same tool with the SDK's client and journals nothing
 (bench/relay_floors.py's), and the Recorder's median as a multiple of its median (target: at most 1.15).
@@ -119,9 +120,23 @@ def sample_stack(prefix: str, *, samples_port: int, web_port: int):
     from journal import services
 
     call_command("migrate", verbosity=0)
-    samples = subprocess.Popen([sys.executable, "-m", "samples", "--port", str(samples_port)], cwd=ROOT, env=env)
-    web = subprocess.Popen([sys.executable, "-m", "uvicorn", "approver.asgi:application", "--port", str(web_port),
-                            "--log-level", "warning"], cwd=ROOT, env=env)
+    samples = subprocess.Popen(
+        [sys.executable, "-m", "samples", "--port", str(samples_port)], cwd=ROOT, env=env
+    )
+    web = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "approver.asgi:application",
+            "--port",
+            str(web_port),
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
+    )
     try:
         wait(f"http://127.0.0.1:{samples_port}/legacy/ledger")
         wait(f"http://127.0.0.1:{web_port}/login/")
@@ -149,11 +164,17 @@ def main() -> None:
                         help="Make the sample tool take this long, like a remote API (0: answer at once).")
     parser.add_argument("--with-policy", action="store_true",
                         help="decide every call under an autonomy policy for every call (set to allow all)")
-    parser.add_argument("--interleave", action="store_true",
-                        help="Alternate direct and Recorder calls one by one instead of 1,000 of each in turn.")
-    parser.add_argument("--pass-through", action="store_true",
-                        help="Also (interleaved) an MCP SDK server relaying to the tool with the SDK's client, no "
-                             "journal (bench/relay_floors.py's): the Recorder's target is at most 1.15x its median.")
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="Alternate direct and Recorder calls one by one instead of 1,000 of each in turn.",
+    )
+    parser.add_argument(
+        "--pass-through",
+        action="store_true",
+        help="Also (interleaved) an MCP SDK server relaying to the tool with the SDK's client, no "
+        "journal (bench/relay_floors.py's): the Recorder's target is at most 1.15x its median.",
+    )
     args = parser.parse_args()
 
     with sample_stack("recorder-bench-", samples_port=8190, web_port=8191) as (_, user, token):
@@ -162,25 +183,45 @@ def main() -> None:
             from approver import services as approver_services
             from approver.models import AutonomyPolicy
 
-            approver_services.save_policy(row=AutonomyPolicy(name="Bench", scope="everything", decisions=dict.fromkeys(
-                policy.CLASSES, "allow")), by=user)
+            approver_services.save_policy(
+                row=AutonomyPolicy(
+                    name="Bench", scope="everything", decisions=dict.fromkeys(policy.CLASSES, "allow")
+                ),
+                by=user,
+            )
         import httpx
 
-        httpx.post("http://127.0.0.1:8190/legacy/control", json={"delay_ms": args.server_delay_ms}).raise_for_status()
+        httpx.post(
+            "http://127.0.0.1:8190/legacy/control", json={"delay_ms": args.server_delay_ms}
+        ).raise_for_status()
         passing = None
         if args.pass_through:
-            relay = subprocess.Popen([sys.executable, str(ROOT / "bench" / "relay_floors.py"), "--serve", "sdk",
-                                      "--port", "8192"], cwd=ROOT, env=dict(os.environ))
+            relay = subprocess.Popen(
+                [sys.executable, str(ROOT / "bench" / "relay_floors.py"), "--serve", "sdk", "--port", "8192"],
+                cwd=ROOT,
+                env=dict(os.environ),
+            )
             try:
                 wait("http://127.0.0.1:8192/")
-                direct, passing, through = measure_three("http://127.0.0.1:8190/legacy/mcp", "http://127.0.0.1:8192/mcp/",
-                                                         "http://127.0.0.1:8191/mcp/", token, args.calls, args.warmup)
+                direct, passing, through = measure_three(
+                    "http://127.0.0.1:8190/legacy/mcp",
+                    "http://127.0.0.1:8192/mcp/",
+                    "http://127.0.0.1:8191/mcp/",
+                    token,
+                    args.calls,
+                    args.warmup,
+                )
             finally:
                 relay.terminate()
                 relay.wait(timeout=20)
         elif args.interleave:
-            direct, through = measure_pair("http://127.0.0.1:8190/legacy/mcp", "http://127.0.0.1:8191/mcp/", token,
-                                           args.calls, args.warmup)
+            direct, through = measure_pair(
+                "http://127.0.0.1:8190/legacy/mcp",
+                "http://127.0.0.1:8191/mcp/",
+                token,
+                args.calls,
+                args.warmup,
+            )
         else:
             direct = measure("http://127.0.0.1:8190/legacy/mcp", None, args.calls, args.warmup)
             through = measure("http://127.0.0.1:8191/mcp/", token, args.calls, args.warmup)
@@ -195,11 +236,17 @@ def main() -> None:
     tenth = max(1, len(through) // 10)
     drift = [round(statistics.median(through[i:i + tenth]), 1) for i in range(0, len(through), tenth)]
     print(f"  through Recorder, median of each tenth of the run: {drift} ms")
-    print(f"  ratio:            median {r_median / d_median:5.2f}x     p99 {r_p99 / d_p99:5.2f}x   (target: median <= 2.0)")
+    print(
+        f"  ratio:            median {r_median / d_median:5.2f}x     p99 {r_p99 / d_p99:5.2f}x   (target: "
+        f"median <= 2.0)"
+    )
     if passing is not None:
         p_median, p_p99 = summary(passing)
-        print(f"  SDK pass-through (no journal): median {p_median:7.2f} ms   p99 {p_p99:7.2f} ms; the Recorder is "
-              f"{r_median / p_median:4.2f}x its median (target: <= 1.15x)")
+        print(
+            f"  SDK pass-through (no journal): median {p_median:7.2f} ms   p99 {p_p99:7.2f} ms; the Recorder "
+            f"is "
+            f"{r_median / p_median:4.2f}x its median (target: <= 1.15x)"
+        )
 
 
 if __name__ == "__main__":

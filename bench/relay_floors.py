@@ -48,12 +48,22 @@ def lean_app(journal: bool):
         def intent(name, arguments):
             with connection.cursor() as cursor:
                 cursor.execute(
-                    "INSERT INTO journal_step (run_id, number, server_name, tool, arguments, status, is_error,"
-                    " error_message, failure_class, started_at, declaration, declaration_source, reversibility,"
+                    "INSERT INTO journal_step (run_id, number, server_name, tool, arguments, status, "
+                    "is_error,"
+                    " error_message, failure_class, started_at, declaration, declaration_source, "
+                    "reversibility,"
                     " undo_problems, effect_summary, effect_resource, effect_version, compensation_token,"
-                    " receipt_problem) VALUES (%s, %s, 'legacy', %s, %s, 'pending', false, '', '', %s, '{}', '',"
+                    " receipt_problem) VALUES (%s, %s, 'legacy', %s, %s, 'pending', false, '', '', %s, '{}', "
+                    "'',"
                     " 'unknown', '[]', '', '', '', '', '')",
-                    [run.pk, 10**6 + state.setdefault("n", 0), name, json.dumps(arguments), "2026-11-29 10:00:00"])
+                    [
+                        run.pk,
+                        10**6 + state.setdefault("n", 0),
+                        name,
+                        json.dumps(arguments),
+                        "2026-11-29 10:00:00",
+                    ],
+                )
                 state["n"] += 1
                 return cursor.lastrowid
 
@@ -70,11 +80,16 @@ def lean_app(journal: bool):
                             "prevHash": head}
                     head = hashlib.sha256(rfc8785.dumps(body)).hexdigest()
                     rows.append([run.pk, seq, body["ts"], event, json.dumps(result), body["prevHash"], head])
-                cursor.executemany("INSERT INTO journal_chainentry (run_id, seq, ts, event, data, prev_hash, hash)"
-                                   " VALUES (%s, %s, %s, %s, %s, %s, %s)", rows)
+                cursor.executemany(
+                    "INSERT INTO journal_chainentry (run_id, seq, ts, event, data, prev_hash, hash)"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                    rows,
+                )
                 cursor.execute("UPDATE journal_step SET status = 'ok', result = %s WHERE id = %s",
                                [json.dumps(result), step_id])
-                cursor.execute("UPDATE journal_run SET head_seq = %s, head_hash = %s WHERE id = %s", [seq, head, run.pk])
+                cursor.execute(
+                    "UPDATE journal_run SET head_seq = %s, head_hash = %s WHERE id = %s", [seq, head, run.pk]
+                )
 
         state["intent"], state["outcome"] = sync_to_async(intent), sync_to_async(outcome)
 
@@ -104,15 +119,33 @@ def lean_app(journal: bool):
             params = request["params"]
             name = params["name"].split("__", 1)[1]
             step_id = await state["intent"](name, params.get("arguments", {})) if journal else None
-            forwarded = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                         "params": {"name": name, "arguments": params.get("arguments", {}), "_meta": params.get("_meta", {})}}
-            response = await state["http"].post(UPSTREAM, json=forwarded, headers={**HEADERS, "mcp-name": name})
+            forwarded = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "tools/call",
+                "params": {
+                    "name": name,
+                    "arguments": params.get("arguments", {}),
+                    "_meta": params.get("_meta", {}),
+                },
+            }
+            response = await state["http"].post(
+                UPSTREAM, json=forwarded, headers={**HEADERS, "mcp-name": name}
+            )
             result = response.json()["result"]
             if journal:
                 await state["outcome"](step_id, result)
         out = json.dumps({"jsonrpc": "2.0", "id": request.get("id"), "result": result}).encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(out)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(out)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": out})
 
     return app
@@ -131,7 +164,9 @@ def sdk_app():
         return types.ListToolsResult(tools=[types.Tool(name="legacy__echo", input_schema={"type": "object"})])
 
     async def call_tool(ctx, params):
-        return await upstreams.call_tool(Endpoint("legacy", "http", UPSTREAM), "echo", dict(params.arguments or {}))
+        return await upstreams.call_tool(
+            Endpoint("legacy", "http", UPSTREAM), "echo", dict(params.arguments or {})
+        )
 
     app = Server("floor", on_list_tools=list_tools, on_call_tool=call_tool).streamable_http_app(
         streamable_http_path="/mcp/", json_response=True,

@@ -65,12 +65,17 @@ def main() -> None:
         links = StepDependency.objects.filter(step__run=run).values("step").annotate(n=Count("id"))
         most = max((row["n"] for row in links), default=0)
         print(f"{args.calls} calls in one run ({Step.objects.filter(run=run).count()} steps journaled)")
-        print(f"  median latency, steps 10-{10 + WINDOW}: {early:.2f} ms; last {WINDOW} steps: {late:.2f} ms; "
-              f"ratio {late / early:.2f}x (target: within 10%)")
+        print(
+            f"  median latency, steps 10-{10 + WINDOW}: {early:.2f} ms; last {WINDOW} steps: {late:.2f} ms; "
+            f"ratio {late / early:.2f}x (target: within 10%)"
+        )
         print(f"  Recorder's resident memory at step 10: {rss[10]:.0f} MB; at the last step: "
               f"{rss[args.calls - 1]:.0f} MB")
-        print(f"  inferred links: {StepDependency.objects.filter(step__run=run).count()} in all, at most {most} "
-              "for one step")
+        print(
+            f"  inferred links: {StepDependency.objects.filter(step__run=run).count()} in all, at most "
+            f"{most} "
+            "for one step"
+        )
 
 
 if __name__ == "__main__":

@@ -56,7 +56,9 @@ def main() -> None:
                 if changed.is_error:
                     raise SystemExit(f"the change itself failed: {changed.content[0].text}")
             started = time.perf_counter()
-            failed = await client.call_tool("crm__update_deal", {"deal_id": "D-404", "stage": "Won"}, meta=meta)
+            failed = await client.call_tool(
+                "crm__update_deal", {"deal_id": "D-404", "stage": "Won"}, meta=meta
+            )
             elapsed = time.perf_counter() - started
         return elapsed, (failed.meta or {}).get("hatp/journal", {})
 

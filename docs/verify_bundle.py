@@ -46,7 +46,9 @@ def check_checkpoints(bundle: dict, seen: dict[int, str]) -> None:
         assert seen.get(cp["seq"]) == cp["headHash"], f"checkpoint {cp['seq']}: entries were cut or changed"
     assert bundle["checkpoints"][-1]["seq"] == len(seen), "entries after the last checkpoint are unsigned"
     first = bundle["entries"][0]
-    assert first["event"] == "run" and first["data"] == bundle["run"], "the run header is not the signed first entry"
+    assert first["event"] == "run" and first["data"] == bundle["run"], (
+        "the run header is not the signed first entry"
+    )
 
 
 def check_approval(approval: dict, on_chain: set) -> None:

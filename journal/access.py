@@ -13,7 +13,9 @@ def require_role(request, *allowed: str) -> None:
     if not request.user.is_authenticated:
         raise LoginRequired(request)
     if not roles.has_any_role(request.user, *allowed):
-        raise PermissionDenied("Your account has none of the roles this page needs: " + ", ".join(allowed) + ".")
+        raise PermissionDenied(
+            "Your account has none of the roles this page needs: " + ", ".join(allowed) + "."
+        )
 
 
 class LoginRequired(Exception):

@@ -28,15 +28,26 @@ class ToolServerForm(forms.ModelForm):
         if current and current not in allowed:
             allowed.append(current)
         self.fields["command"] = forms.ChoiceField(
-            required=False, choices=[("", "None: reached over streamable HTTP at its URL"), *((c, c) for c in allowed)],
-            help_text="Only the commands in the RECORDER_STDIO_COMMANDS setting; any other is added from a shell "
-                      "with manage.py add_tool_server --command.")
+            required=False,
+            choices=[("", "None: reached over streamable HTTP at its URL"), *((c, c) for c in allowed)],
+            help_text="Only the commands in the RECORDER_STDIO_COMMANDS setting; any other is added from a "
+                      "shell "
+            "with manage.py add_tool_server --command.",
+        )
 
 
 @admin.register(ToolServer)
 class ToolServerAdmin(admin.ModelAdmin):
     form = ToolServerForm
-    list_display = ["name", "transport", "url", "command", "enabled", "catalogue_fetched_at", "catalogue_error"]
+    list_display = [
+        "name",
+        "transport",
+        "url",
+        "command",
+        "enabled",
+        "catalogue_fetched_at",
+        "catalogue_error",
+    ]
     readonly_fields = ["catalogue", "catalogue_fetched_at", "catalogue_error", "receipt_keys", "created_at"]
     actions = ["refresh_catalogues"]
     # Django 6's default, adopted now: a URL typed without a scheme is taken as https.

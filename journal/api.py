@@ -31,7 +31,11 @@ def run_json(run: Run) -> dict:
         "irreversible": run.irreversible_count,
         "unknown": run.unknown_count,
         "failed": run.failed_count,
-        "chain": {"headSeq": run.head_seq, "headHash": run.head_hash, "checkpointedSeq": run.checkpointed_seq},
+        "chain": {
+            "headSeq": run.head_seq,
+            "headHash": run.head_hash,
+            "checkpointedSeq": run.checkpointed_seq,
+        },
     }
 
 
@@ -48,7 +52,8 @@ def step_json(step: Step) -> dict:
         "resultSize": step.result_size,
         "resultSha256": step.result_sha256 or None,
         "resultUrl": reverse("journal:api_step_result", args=[step.run.public_id, step.number])
-        if step.result_storage in (Step.ResultStorage.INLINE, Step.ResultStorage.JOURNAL) else None,
+        if step.result_storage in (Step.ResultStorage.INLINE, Step.ResultStorage.JOURNAL)
+        else None,
         "error": step.error_message or None,
         "failureClass": step.failure_class or None,
         "startedAt": step.started_at.isoformat(),
@@ -62,7 +67,11 @@ def step_json(step: Step) -> dict:
             "problems": step.undo_problems,
             "undoBy": step.undo_by.isoformat() if step.undo_by else None,
         },
-        "effect": {"summary": step.effect_summary, "resource": step.effect_resource, "version": step.effect_version},
+        "effect": {
+            "summary": step.effect_summary,
+            "resource": step.effect_resource,
+            "version": step.effect_version,
+        },
         "compensationToken": step.compensation_token or None,
         "receipt": step.receipt,
         "receiptVerified": step.receipt_verified,
@@ -111,7 +120,9 @@ def step_result(request, run_id, number):
     if not isinstance(result, dict):
         raise Http404("This step has no result in the run's record.")
     response = JsonResponse(result)
-    response["Content-Disposition"] = f'attachment; filename="run-{run.public_id}-step-{step.number}-result.json"'
+    response["Content-Disposition"] = (
+        f'attachment; filename="run-{run.public_id}-step-{step.number}-result.json"'
+    )
     return response
 
 
@@ -121,31 +132,61 @@ def _schema() -> dict:
         "type": "object",
         "required": ["id", "agent", "state", "startedAt", "steps", "chain"],
         "properties": {
-            "id": {"type": "string", "format": "uuid"}, "agent": string, "onBehalfOf": nullable_string,
-            "state": {"enum": ["active", "failed", "imported"]}, "importedFrom": nullable_string, "startedAt": {"type": "string", "format": "date-time"},
-            "lastActivityAt": {"type": "string", "format": "date-time"}, "steps": integer, "reversible": integer,
-            "irreversible": integer, "unknown": integer, "failed": integer,
-            "chain": {"type": "object", "properties": {"headSeq": integer, "headHash": string, "checkpointedSeq": integer}},
+            "id": {"type": "string", "format": "uuid"},
+            "agent": string,
+            "onBehalfOf": nullable_string,
+            "state": {"enum": ["active", "failed", "imported"]},
+            "importedFrom": nullable_string,
+            "startedAt": {"type": "string", "format": "date-time"},
+            "lastActivityAt": {"type": "string", "format": "date-time"},
+            "steps": integer,
+            "reversible": integer,
+            "irreversible": integer,
+            "unknown": integer,
+            "failed": integer,
+            "chain": {
+                "type": "object",
+                "properties": {"headSeq": integer, "headHash": string, "checkpointedSeq": integer},
+            },
         },
     }
     step = {
         "type": "object",
         "required": ["number", "server", "tool", "status", "undo"],
         "properties": {
-            "number": integer, "server": string, "tool": string, "arguments": {"type": "object"},
-            "status": {"enum": ["pending", "held", "ok", "error", "undelivered", "cancelled"]}, "isError": {"type": "boolean"},
+            "number": integer,
+            "server": string,
+            "tool": string,
+            "arguments": {"type": "object"},
+            "status": {"enum": ["pending", "held", "ok", "error", "undelivered", "cancelled"]},
+            "isError": {"type": "boolean"},
             "result": {"type": ["object", "null"], "description": "null when kept in the run's record only"},
             "resultStorage": {"enum": ["inline", "journal", "dropped", None]},
-            "resultSize": {"type": ["integer", "null"]}, "resultSha256": nullable_string,
-            "resultUrl": nullable_string, "error": nullable_string, "failureClass": nullable_string,
-            "startedAt": {"type": "string", "format": "date-time"}, "finishedAt": nullable_string,
+            "resultSize": {"type": ["integer", "null"]},
+            "resultSha256": nullable_string,
+            "resultUrl": nullable_string,
+            "error": nullable_string,
+            "failureClass": nullable_string,
+            "startedAt": {"type": "string", "format": "date-time"},
+            "finishedAt": nullable_string,
             "durationMs": {"type": ["number", "null"]},
-            "undo": {"type": "object", "properties": {
-                "kind": {"enum": ["compensate", "none", "unknown", "read_only"]}, "source": string,
-                "declaration": {"type": "object"}, "compensationArguments": {"type": ["object", "null"]},
-                "problems": {"type": "array", "items": string}, "undoBy": nullable_string}},
-            "effect": {"type": "object", "properties": {"summary": string, "resource": string, "version": string}},
-            "compensationToken": nullable_string, "receipt": {"type": ["object", "null"]},
+            "undo": {
+                "type": "object",
+                "properties": {
+                    "kind": {"enum": ["compensate", "none", "unknown", "read_only"]},
+                    "source": string,
+                    "declaration": {"type": "object"},
+                    "compensationArguments": {"type": ["object", "null"]},
+                    "problems": {"type": "array", "items": string},
+                    "undoBy": nullable_string,
+                },
+            },
+            "effect": {
+                "type": "object",
+                "properties": {"summary": string, "resource": string, "version": string},
+            },
+            "compensationToken": nullable_string,
+            "receipt": {"type": ["object", "null"]},
             "receiptVerified": {"type": ["boolean", "null"]},
         },
     }
@@ -155,7 +196,12 @@ def _schema() -> dict:
             "items": {"type": "array", "items": {"$ref": item_ref}}, "page": integer, "pages": integer,
             "count": integer, "next": nullable_string}}
 
-    run_id = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
+    run_id = {
+        "name": "run_id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "format": "uuid"},
+    }
     page = {"name": "page", "in": "query", "required": False, "schema": integer}
 
     def ok(ref):
@@ -167,22 +213,47 @@ def _schema() -> dict:
         "openapi": "3.1.0",
         "info": {"title": "Agent undo: runs and steps", "version": "1"},
         "components": {
-            "schemas": {"Run": run, "Step": step, "RunPage": paged("#/components/schemas/Run"),
-                        "StepPage": paged("#/components/schemas/Step")},
+            "schemas": {
+                "Run": run,
+                "Step": step,
+                "RunPage": paged("#/components/schemas/Run"),
+                "StepPage": paged("#/components/schemas/Step"),
+            },
             "securitySchemes": {"session": {"type": "apiKey", "in": "cookie", "name": "sessionid"}},
         },
         "security": [{"session": []}],
         "paths": {
-            "/api/runs/": {"get": {"summary": "Runs, newest first", "parameters": [page],
-                                   "responses": ok({"$ref": "#/components/schemas/RunPage"})}},
-            "/api/runs/{run_id}/": {"get": {"summary": "One run", "parameters": [run_id],
-                                            "responses": ok({"$ref": "#/components/schemas/Run"})}},
-            "/api/runs/{run_id}/steps/": {"get": {"summary": "A run's steps in order", "parameters": [run_id, page],
-                                                  "responses": ok({"$ref": "#/components/schemas/StepPage"})}},
-            "/api/runs/{run_id}/steps/{number}/result": {"get": {
-                "summary": "A step's whole result, from the run's record", "parameters": [run_id, {
-                    "name": "number", "in": "path", "required": True, "schema": integer}],
-                "responses": ok({"type": "object"})}},
+            "/api/runs/": {
+                "get": {
+                    "summary": "Runs, newest first",
+                    "parameters": [page],
+                    "responses": ok({"$ref": "#/components/schemas/RunPage"}),
+                }
+            },
+            "/api/runs/{run_id}/": {
+                "get": {
+                    "summary": "One run",
+                    "parameters": [run_id],
+                    "responses": ok({"$ref": "#/components/schemas/Run"}),
+                }
+            },
+            "/api/runs/{run_id}/steps/": {
+                "get": {
+                    "summary": "A run's steps in order",
+                    "parameters": [run_id, page],
+                    "responses": ok({"$ref": "#/components/schemas/StepPage"}),
+                }
+            },
+            "/api/runs/{run_id}/steps/{number}/result": {
+                "get": {
+                    "summary": "A step's whole result, from the run's record",
+                    "parameters": [
+                        run_id,
+                        {"name": "number", "in": "path", "required": True, "schema": integer},
+                    ],
+                    "responses": ok({"type": "object"}),
+                }
+            },
         },
     }
 

@@ -39,7 +39,9 @@ def resolve_runtime_expression(expression: Any, *, request: Any, response: Any) 
     if document is None:
         raise BindingError(f"{expression!r}: {label} is absent")
     if pointer and not pointer.startswith("/"):
-        raise BindingError(f"{expression!r}: {pointer!r} is not a JSON Pointer (must be empty or start with '/')")
+        raise BindingError(
+            f"{expression!r}: {pointer!r} is not a JSON Pointer (must be empty or start with '/')"
+        )
     try:
         value = jsonpointer.resolve_pointer(document, pointer)
     except jsonpointer.JsonPointerException as exc:

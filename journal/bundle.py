@@ -200,7 +200,9 @@ def parse_chronomcp_log(text: str) -> list[tuple[dict[str, Any], ChronoEntry]]:
         raise ImportRefused("the audit log is empty")
     for number, line in enumerate(lines, start=1):
         try:
-            raw = strict_json.loads(line, max_bytes=len(line) * 4, max_depth=BUNDLE_MAX_DEPTH, what="the line")
+            raw = strict_json.loads(
+                line, max_bytes=len(line) * 4, max_depth=BUNDLE_MAX_DEPTH, what="the line"
+            )
         except strict_json.JsonRefused as exc:
             raise ImportRefused(f"line {number}: {exc}") from None
         if not isinstance(raw, dict):
@@ -248,9 +250,14 @@ def _called(data: dict[str, Any], at: datetime | None) -> dict[str, Any]:
     """A step's columns from its `call` entry."""
     arguments = data.get("arguments")
     held = _dict(data.get("policy")).get("decision") == "ask"
-    return {"number": data["step"], "server_name": str(data.get("server", ""))[:60],
-            "tool": str(data.get("tool", ""))[:200], "arguments": arguments if isinstance(arguments, dict) else {},
-            "started_at": at, "status": "held" if held else "pending"}
+    return {
+        "number": data["step"],
+        "server_name": str(data.get("server", ""))[:60],
+        "tool": str(data.get("tool", ""))[:200],
+        "arguments": arguments if isinstance(arguments, dict) else {},
+        "started_at": at,
+        "status": "held" if held else "pending",
+    }
 
 
 def _answered(data: dict[str, Any], at: datetime | None) -> dict[str, Any]:

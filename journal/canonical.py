@@ -77,13 +77,22 @@ def _scalar_problem(item: Any) -> str | None:
         return None
     if isinstance(item, int):
         if not -_MAX_SAFE_INT <= item <= _MAX_SAFE_INT:
-            return (f"{str(item)[:40]} is an integer beyond ±(2**53 - 1), which JSON numbers do not carry exactly "
-                    "(send it as a string)")
+            return (
+                f"{str(item)[:40]} is an integer beyond ±(2**53 - 1), which JSON numbers do not carry "
+                f"exactly "
+                "(send it as a string)"
+            )
         return None
     if isinstance(item, float):
-        return None if math.isfinite(item) else f"{item} is not a JSON number (NaN and infinities are not JSON)"
+        return (
+            None if math.isfinite(item) else f"{item} is not a JSON number (NaN and infinities are not JSON)"
+        )
     if isinstance(item, str):
-        return "the text has a lone UTF-16 surrogate, which is not Unicode text" if _has_surrogate(item) else None
+        return (
+            "the text has a lone UTF-16 surrogate, which is not Unicode text"
+            if _has_surrogate(item)
+            else None
+        )
     return f"a {type(item).__name__} is not JSON"
 
 

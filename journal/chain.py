@@ -24,8 +24,16 @@ FIRST_SEQ = 1
 HEADER_EVENT = "run"
 
 
-def header(*, run: str, agent: str, on_behalf_of: str | None, started_at: str, recorder: str) -> dict[str, Any]:
-    return {"id": run, "agent": agent, "onBehalfOf": on_behalf_of, "startedAt": started_at, "recorder": recorder}
+def header(
+    *, run: str, agent: str, on_behalf_of: str | None, started_at: str, recorder: str
+) -> dict[str, Any]:
+    return {
+        "id": run,
+        "agent": agent,
+        "onBehalfOf": on_behalf_of,
+        "startedAt": started_at,
+        "recorder": recorder,
+    }
 
 
 def format_ts(moment: datetime) -> str:
@@ -133,8 +141,14 @@ def verify(
             return Verdict(False, count, checked, seq, "checkpoint signature does not verify")
         if not isinstance(seq, int) or seq > last_seq:
             return Verdict(
-                False, count, checked, last_seq + 1, f"a signed checkpoint covers seq {seq}; entries after {last_seq} were cut"
+                False,
+                count,
+                checked,
+                last_seq + 1,
+                f"a signed checkpoint covers seq {seq}; entries after {last_seq} were cut",
             )
         if hashes.get(seq) != checkpoint.get("headHash"):
-            return Verdict(False, count, checked, seq, "entry differs from the one a signed checkpoint covers")
+            return Verdict(
+                False, count, checked, seq, "entry differs from the one a signed checkpoint covers"
+            )
     return Verdict(True, count, checked)

@@ -38,7 +38,9 @@ NO_VERSION_PROBLEM = "no version was reported, so a later change could not be de
 HIDDEN_TOOLS = frozenset({HATP_CHECK, HATP_COMPENSATE})
 
 _TEXT = 500  # longest server-written sentence we keep; longer is treated as hostile, not truncated
-_DURATION = re.compile(r"^P(?:(?P<w>\d+)W)?(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+)S)?)?$")
+_DURATION = re.compile(
+    r"^P(?:(?P<w>\d+)W)?(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+)S)?)?$"
+)
 
 
 def parse_duration(text: str) -> timedelta:
@@ -46,7 +48,9 @@ def parse_duration(text: str) -> timedelta:
     their length depends on the calendar, and an undo deadline must not."""
     match = _DURATION.match(text) if isinstance(text, str) else None
     if not match or text in {"P", "PT"} or text.endswith("T"):
-        raise ValueError(f"{text!r} is not an ISO 8601 duration like P7D or PT12H (years and months are not accepted)")
+        raise ValueError(
+            f"{text!r} is not an ISO 8601 duration like P7D or PT12H (years and months are not accepted)"
+        )
     parts = {k: int(v) for k, v in match.groupdict().items() if v}
     return timedelta(
         weeks=parts.get("w", 0), days=parts.get("d", 0), hours=parts.get("h", 0),
@@ -291,7 +295,9 @@ def _from_sep3172(raw: Any, catalogue: Collection[str]) -> UndoDeclaration:
         kind="compensate",
         source=source,
         via="api",
-        compensation=Compensation(tool=tool, dialect="sep3172", bindings=dict(parsed.compensating_operation.parameters)),
+        compensation=Compensation(
+            tool=tool, dialect="sep3172", bindings=dict(parsed.compensating_operation.parameters)
+        ),
     )
 
 
@@ -312,7 +318,11 @@ def normalise(
     call_undo = call_journal.get("undo") if isinstance(call_journal, Mapping) else None
     if call_undo is not None:
         # Fields the call leaves out (a side effect, say) are taken from the tool's own declaration.
-        base = tool_hatp.get("undo") if isinstance(tool_hatp, Mapping) and isinstance(tool_hatp.get("undo"), Mapping) else {}
+        base = (
+            tool_hatp.get("undo")
+            if isinstance(tool_hatp, Mapping) and isinstance(tool_hatp.get("undo"), Mapping)
+            else {}
+        )
         source: Source = "hatp/journal (call)"
         if not isinstance(call_undo, Mapping):
             return _unknown(source, ["undo is not an object"])

@@ -1,4 +1,5 @@
-"""Inferring links between steps from values (docs/design.md: "infer links where a later argument equals a value
+"""Inferring links between steps from values (docs/design.md: "infer links where a later argument equals a
+value
 from an earlier result").
 
 Only distinctive values count: strings of 4 to 200 characters and integers of five digits or more. Short
@@ -70,7 +71,9 @@ def first_pointers(found: list[tuple[str, str]]) -> dict[str, str]:
     return first
 
 
-def choose_links(wanted: list[tuple[str, str]], known: dict[str, tuple[int, str, int]]) -> dict[int, list[dict]]:
+def choose_links(
+    wanted: list[tuple[str, str]], known: dict[str, tuple[int, str, int]]
+) -> dict[int, list[dict]]:
     """The inferred links of a call whose arguments have the values `wanted` ((digest, pointer) pairs), given
     what the run's earlier results had: `known` maps a digest to (the most recent step that had it, where in
     its result, in how many results it was). Returns {step: [{"from": result pointer, "to": argument

@@ -18,7 +18,14 @@ from .canonical import sha256_hex, to_ijson
 from .chain import format_ts
 
 # The step's states and the other choices this module writes, as `journal.models.Step` names them.
-PENDING, HELD, OK, ERROR, UNDELIVERED, CANCELLED = "pending", "held", "ok", "error", "undelivered", "cancelled"
+PENDING, HELD, OK, ERROR, UNDELIVERED, CANCELLED = (
+    "pending",
+    "held",
+    "ok",
+    "error",
+    "undelivered",
+    "cancelled",
+)
 COMPENSATE, NONE, UNKNOWN, READ_ONLY = "compensate", "none", "unknown", "read_only"
 INLINE, JOURNAL, DROPPED = "inline", "journal", "dropped"
 UNKNOWN_FAILURE = "unknown"
@@ -27,16 +34,21 @@ UNKNOWN_FAILURE = "unknown"
 @dataclass(frozen=True)
 class Outcome:
     """What came back for a call: a raw result (which may be an `isError` result), or a failure.
-    `undelivered` says why a result the server sent never reached the agent (the server acted all the same)."""
+    `undelivered` says why a result the server sent never reached the agent (the server acted all the
+    same)."""
 
     result: dict[str, Any] | None = None
     error_message: str = ""
     failure_class: str = ""
     may_have_acted: bool = False
     undelivered: str = ""
-    cancelled: str = ""  # why the agent never waited for the answer (with may_have_acted once the server had it)
+    cancelled: str = (
+        ""  # why the agent never waited for the answer (with may_have_acted once the server had it)
+    )
     oversized: Any = None  # a `journal.upstream.bounded.Oversized`: the server answered over the limit
-    recovery: dict[str, Any] | None = None  # what the agent was advised to do about a failure (journal.recovery)
+    recovery: dict[str, Any] | None = (
+        None  # what the agent was advised to do about a failure (journal.recovery)
+    )
 
 
 # -- the intent ---------------------------------------------------------------------------------------------
@@ -52,11 +64,21 @@ class Prepared:
     declaration: declarations.UndoDeclaration
     traits: recovery.Tool
     digest: str
-    guarded: bool = field(default=False)  # whether a repeat after an unknown outcome is held (the retry guard)
+    guarded: bool = field(
+        default=False
+    )  # whether a repeat after an unknown outcome is held (the retry guard)
 
 
-def prepared(*, arguments: dict[str, Any], request_meta: dict[str, Any] | None, tool_def: dict[str, Any] | None,
-             catalogue: set[str], agent: str | None, server_name: str, tool: str) -> Prepared:
+def prepared(
+    *,
+    arguments: dict[str, Any],
+    request_meta: dict[str, Any] | None,
+    tool_def: dict[str, Any] | None,
+    catalogue: set[str],
+    agent: str | None,
+    server_name: str,
+    tool: str,
+) -> Prepared:
     arguments = to_ijson(arguments)
     declaration = declarations.normalise(tool_def or {}, catalogue=catalogue)
     traits = recovery.tool_of(tool_def, kind=declaration.kind)
@@ -77,7 +99,12 @@ def opening_status(decision: dict[str, Any] | None) -> str:
 
 def halted_decision(decision: dict[str, Any] | None, *, why: str, plan: Any) -> dict[str, Any]:
     """An agent's call into a run a failure stopped: denied, naming the plan that stopped the run."""
-    return {"decision": "deny", "class": (decision or {}).get("class", "unknown"), "reason": why, "haltedBy": plan}
+    return {
+        "decision": "deny",
+        "class": (decision or {}).get("class", "unknown"),
+        "reason": why,
+        "haltedBy": plan,
+    }
 
 
 def call_entry(*, number: int, server_name: str, tool: str, call: Prepared, who: dict[str, Any],
@@ -112,7 +139,10 @@ class Tool:
 def closed_fields(*, outcome: Outcome, tool: Tool, arguments: dict[str, Any], started: datetime,
                   finished: datetime, inline_limit: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The step's fields once `outcome` came back, and the result as journaled (I-JSON), or None."""
-    fields: dict[str, Any] = {"finished_at": finished, "duration_ms": (finished - started).total_seconds() * 1000}
+    fields: dict[str, Any] = {
+        "finished_at": finished,
+        "duration_ms": (finished - started).total_seconds() * 1000,
+    }
     result = None
     if outcome.result is not None:
         result = to_ijson(outcome.result)
@@ -154,21 +184,39 @@ def _answered(result: dict[str, Any], outcome: Outcome, *, tool: Tool, arguments
 
 def _oversized(outcome: Outcome) -> dict[str, Any]:
     """The server answered over the size limit: it acted, and nothing of its answer was kept."""
-    return {"status": UNDELIVERED, "error_message": outcome.undelivered, "may_have_acted": True,
-            "result_size": outcome.oversized.size, "result_sha256": outcome.oversized.sha256,
-            "result_storage": DROPPED, "reversibility": UNKNOWN,
-            "undo_problems": ["the server answered over the Recorder's size limit and its answer was not kept, "
-                              "so what it did is unknown"]}
+    return {
+        "status": UNDELIVERED,
+        "error_message": outcome.undelivered,
+        "may_have_acted": True,
+        "result_size": outcome.oversized.size,
+        "result_sha256": outcome.oversized.sha256,
+        "result_storage": DROPPED,
+        "reversibility": UNKNOWN,
+        "undo_problems": [
+            "the server answered over the Recorder's size limit and its answer was not kept, "
+            "so what it did is unknown"
+        ],
+    }
 
 
 def _cancelled(outcome: Outcome) -> dict[str, Any]:
     """The agent cancelled: once the server had the call it may have acted; before, nothing happened."""
     if outcome.may_have_acted:
-        return {"status": CANCELLED, "error_message": outcome.cancelled, "may_have_acted": True,
-                "reversibility": UNKNOWN,
-                "undo_problems": ["the agent cancelled the call while the server had it, so it may or may not "
-                                  "have acted"]}
-    return {"status": CANCELLED, "error_message": outcome.cancelled, "reversibility": READ_ONLY, "undo_problems": []}
+        return {
+            "status": CANCELLED,
+            "error_message": outcome.cancelled,
+            "may_have_acted": True,
+            "reversibility": UNKNOWN,
+            "undo_problems": [
+                "the agent cancelled the call while the server had it, so it may or may not have acted"
+            ],
+        }
+    return {
+        "status": CANCELLED,
+        "error_message": outcome.cancelled,
+        "reversibility": READ_ONLY,
+        "undo_problems": [],
+    }
 
 
 def _failed(outcome: Outcome) -> dict[str, Any]:
@@ -183,7 +231,11 @@ def _failed(outcome: Outcome) -> dict[str, Any]:
 
 def acted(outcome: Outcome, *, is_error: bool) -> bool:
     """Whether the call acted (or may have): only those count towards reversible, irreversible or unknown."""
-    return (outcome.result is not None and not is_error) or outcome.may_have_acted or outcome.oversized is not None
+    return (
+        (outcome.result is not None and not is_error)
+        or outcome.may_have_acted
+        or outcome.oversized is not None
+    )
 
 
 def counters(*, status: str, reversibility: str, acted: bool) -> tuple[bool, str | None]:
@@ -196,25 +248,40 @@ def counters(*, status: str, reversibility: str, acted: bool) -> tuple[bool, str
                     UNKNOWN: "unknown_count"}.get(reversibility)
 
 
-def result_entry(step: Any, *, result: dict[str, Any] | None, outcome: Outcome, recovery: dict[str, Any] | None,
-                 links: list[dict[str, Any]]) -> dict[str, Any]:
+def result_entry(
+    step: Any,
+    *,
+    result: dict[str, Any] | None,
+    outcome: Outcome,
+    recovery: dict[str, Any] | None,
+    links: list[dict[str, Any]],
+) -> dict[str, Any]:
     """The chain's `result` entry for a closed step (any object with the step's fields as attributes)."""
-    effect = {"summary": step.effect_summary, "resource": step.effect_resource, "version": step.effect_version}
+    effect = {
+        "summary": step.effect_summary,
+        "resource": step.effect_resource,
+        "version": step.effect_version,
+    }
     return {
         "step": step.number,
         "status": step.status,
         "isError": step.is_error,
         "result": result,
-        **({"resultSize": step.result_size, "resultSha256": step.result_sha256} if step.result_size is not None
-           else {}),
+        **(
+            {"resultSize": step.result_size, "resultSha256": step.result_sha256}
+            if step.result_size is not None
+            else {}
+        ),
         **({"resultDropped": True} if outcome.oversized is not None else {}),
         "error": step.error_message or None,
         "failureClass": step.failure_class or None,
         **({"recovery": recovery} if recovery is not None else {}),
         "durationMs": round(step.duration_ms or 0, 3),
         "undo": {
-            "kind": step.reversibility, "source": step.declaration_source,
-            "compensationArguments": step.compensation_arguments, "problems": step.undo_problems,
+            "kind": step.reversibility,
+            "source": step.declaration_source,
+            "compensationArguments": step.compensation_arguments,
+            "problems": step.undo_problems,
             "undoBy": format_ts(step.undo_by) if step.undo_by else None,
         },
         "effect": effect if step.effect_summary or step.effect_version else None,

@@ -65,8 +65,9 @@ def create_key() -> RecorderKey:
 def signing_key() -> tuple[str, Ed25519PrivateKey]:
     """The key that signs now, created on first use. Asked of the database at every checkpoint (another
     process may have rotated it), in one plain query: it is inside the journaling transaction."""
-    row = sql.first_row(RecorderKey, ("key_id",), "origin = %s AND valid_until IS NULL ORDER BY valid_from DESC LIMIT 1",
-                        [""])
+    row = sql.first_row(
+        RecorderKey, ("key_id",), "origin = %s AND valid_until IS NULL ORDER BY valid_from DESC LIMIT 1", [""]
+    )
     key_id = row[0] if row else None
     private = _load_private(key_id) if key_id else None
     if private is None:
@@ -81,4 +82,6 @@ def signing_key() -> tuple[str, Ed25519PrivateKey]:
 
 def public_keys(origin: str = "") -> dict[str, Ed25519PublicKey]:
     """Every public key of one Recorder (this one by default), retired keys included."""
-    return {key.key_id: public_key_from_text(key.public_key) for key in RecorderKey.objects.filter(origin=origin)}
+    return {
+        key.key_id: public_key_from_text(key.public_key) for key in RecorderKey.objects.filter(origin=origin)
+    }

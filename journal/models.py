@@ -22,7 +22,9 @@ class ToolServer(models.Model):
     name = models.SlugField(max_length=60, unique=True, help_text="Prefix of its tools' names: name__tool.")
     transport = models.CharField(max_length=10, choices=Transport.choices, default=Transport.HTTP)
     url = models.URLField(blank=True, max_length=500)
-    command = models.CharField(blank=True, max_length=1000, help_text="For stdio: the command line to start it.")
+    command = models.CharField(
+        blank=True, max_length=1000, help_text="For stdio: the command line to start it."
+    )
     enabled = models.BooleanField(default=True)
     # The raw `tools/list` JSON, exactly as the server sent it (the SDK's models drop annotations.recovery).
     catalogue = models.JSONField(default=list, blank=True)
@@ -54,12 +56,18 @@ class ToolServer(models.Model):
 
     @property
     def tool_names(self) -> set[str]:
-        return {tool["name"] for tool in self.catalogue if isinstance(tool, dict) and isinstance(tool.get("name"), str)}
+        return {
+            tool["name"]
+            for tool in self.catalogue
+            if isinstance(tool, dict) and isinstance(tool.get("name"), str)
+        }
 
 
 class Agent(models.Model):
     name = models.SlugField(max_length=60, unique=True)
-    on_behalf_of = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="agents")
+    on_behalf_of = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="agents"
+    )
     # SHA-256 of the bearer token; the token itself is shown once and never stored.
     token_hash = models.CharField(max_length=64, unique=True)
     token_prefix = models.CharField(max_length=12, help_text="The first characters, to tell tokens apart.")
@@ -95,15 +103,21 @@ class ClientAuthorization(models.Model):
     (`journal.oauth`): every token that client holds for that person is this agent's, and is journaled under
     it. One agent per client and person; revoking the authorization ends each of those tokens at once."""
 
-    application = models.ForeignKey(oauth2_settings.APPLICATION_MODEL, on_delete=models.CASCADE, related_name="+")
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="client_authorizations")
+    application = models.ForeignKey(
+        oauth2_settings.APPLICATION_MODEL, on_delete=models.CASCADE, related_name="+"
+    )
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="client_authorizations"
+    )
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="client_authorizations")
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)  # to within a minute
 
     class Meta:
         ordering = ["-created_at"]
-        constraints = [models.UniqueConstraint(fields=["application", "user"], name="one_agent_per_client_and_person")]
+        constraints = [
+            models.UniqueConstraint(fields=["application", "user"], name="one_agent_per_client_and_person")
+        ]
 
     def __str__(self):
         return f"{self.application_id} as {self.agent_id} for {self.user_id}"
@@ -139,7 +153,8 @@ class Run(models.Model):
     head_seq = models.PositiveIntegerField(default=0)
     head_hash = models.CharField(max_length=64, default="GENESIS")
     checkpointed_seq = models.PositiveIntegerField(default=0)
-    # A run being unwound after a failed call (a saga policy): the plan that does it. The agent's further calls
+    # A run being unwound after a failed call (a saga policy): the plan that does it. The agent's further
+    # calls
     # in the run are refused while that plan is open, until it ends or a person releases the run.
     halted_by_plan = models.CharField(max_length=36, blank=True)
     halted_reason = models.TextField(blank=True)
@@ -197,7 +212,9 @@ class Step(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
     number = models.PositiveIntegerField()
-    server = models.ForeignKey(ToolServer, on_delete=models.PROTECT, related_name="steps", null=True, blank=True)
+    server = models.ForeignKey(
+        ToolServer, on_delete=models.PROTECT, related_name="steps", null=True, blank=True
+    )
     server_name = models.CharField(max_length=60)
     tool = models.CharField(max_length=200)
     arguments = models.JSONField(default=dict)
@@ -214,7 +231,9 @@ class Step(models.Model):
     result_storage = models.CharField(max_length=8, choices=ResultStorage.choices, blank=True)
     result_size = models.PositiveBigIntegerField(null=True, blank=True, help_text="Bytes of the answer.")
     result_sha256 = models.CharField(max_length=64, blank=True)
-    result_seq = models.PositiveIntegerField(null=True, blank=True, help_text="The run record's entry of the result.")
+    result_seq = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The run record's entry of the result."
+    )
     is_error = models.BooleanField(default=False)
     error_message = models.TextField(blank=True)
     failure_class = models.CharField(max_length=20, choices=FailureClass.choices, blank=True)
@@ -231,7 +250,9 @@ class Step(models.Model):
     # The normalised UndoDeclaration (journal.declarations) and what it means for this call.
     declaration = models.JSONField(default=dict)
     declaration_source = models.CharField(max_length=40, blank=True)
-    reversibility = models.CharField(max_length=12, choices=Reversibility.choices, default=Reversibility.UNKNOWN)
+    reversibility = models.CharField(
+        max_length=12, choices=Reversibility.choices, default=Reversibility.UNKNOWN
+    )
     compensation_arguments = models.JSONField(null=True, blank=True)
     undo_problems = models.JSONField(default=list, blank=True)
     effect_summary = models.CharField(max_length=500, blank=True)

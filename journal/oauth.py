@@ -1,4 +1,5 @@
-"""MCP authorization for clients that take only a URL: the Recorder is an OAuth 2.1 protected resource and this
+"""MCP authorization for clients that take only a URL: the Recorder is an OAuth 2.1 protected resource and
+this
 app its authorization server, both from django-oauth-toolkit (RFC 8414 and 9728 metadata, RFC 7591
 registration, authorization code with PKCE S256, rotating refresh tokens, RFC 8707 audience).
 
@@ -63,7 +64,9 @@ class OnlyAuthorizationCode:
         if request.method in ("POST", "PUT"):
             problem = self.problem(request.body)
             if problem:
-                return JsonResponse({"error": "invalid_client_metadata", "error_description": problem}, status=400)
+                return JsonResponse(
+                    {"error": "invalid_client_metadata", "error_description": problem}, status=400
+                )
         return super().dispatch(request, *args, **kwargs)
 
     def problem(self, body: bytes) -> str:
@@ -82,12 +85,17 @@ class OnlyAuthorizationCode:
         uris = data.get("redirect_uris", [])
         if isinstance(uris, list) and (len(uris) > self.MAX_REDIRECT_URIS or any(
                 isinstance(uri, str) and len(uri) > self.MAX_URI_LENGTH for uri in uris)):
-            return f"redirect_uris: at most {self.MAX_REDIRECT_URIS}, each under {self.MAX_URI_LENGTH} characters."
-        if isinstance(uris, list) and any(isinstance(uri, str) and not self.safe_redirect(uri) for uri in uris):
-            return "redirect_uris: use https, or http only to the client's own machine (loopback: localhost, 127.0.0.1, [::1])."
+            return (f"redirect_uris: at most {self.MAX_REDIRECT_URIS}, each under {self.MAX_URI_LENGTH} "
+                    f"characters.")
+        if isinstance(uris, list) and any(
+            isinstance(uri, str) and not self.safe_redirect(uri) for uri in uris
+        ):
+            return ("redirect_uris: use https, or http only to the client's own machine (loopback: "
+                    "localhost, 127.0.0.1, [::1]).")
         name = data.get("client_name", "")
         if not isinstance(name, str) or len(name) > self.MAX_NAME_LENGTH or any(ord(c) < 32 for c in name):
-            return f"client_name must be text of at most {self.MAX_NAME_LENGTH} characters, without control characters."
+            return (f"client_name must be text of at most {self.MAX_NAME_LENGTH} characters, without control "
+                    f"characters.")
         return ""
 
 
@@ -151,8 +159,10 @@ class ConsentView(AuthorizationView):
             if clients.canonical_resource(resource) != recorder:
                 raise OAuthToolkitError(
                     error=CustomOAuth2Error(
-                        error="invalid_target", state=credentials.get("state"),
-                        description=f"This server issues tokens for its Recorder, {recorder}, not for {resource}.",
+                        error="invalid_target",
+                        state=credentials.get("state"),
+                        description=f"This server issues tokens for its Recorder, {recorder}, not for "
+                                    f"{resource}.",
                     ),
                     redirect_uri=credentials["redirect_uri"],
                 )
@@ -174,7 +184,9 @@ class ConsentView(AuthorizationView):
                 agent = self._chosen_agent(form)
                 clients.authorize_client(application=application, user=self.request.user, agent=agent)
             except (clients.ClientRefused, IntegrityError) as refused:
-                form.add_error("agent", getattr(refused, "message", "That agent name was just taken; pick another."))
+                form.add_error(
+                    "agent", getattr(refused, "message", "That agent name was just taken; pick another.")
+                )
                 return self.form_invalid(form)
         return super().form_valid(form)
 
@@ -183,7 +195,9 @@ class ConsentView(AuthorizationView):
         if form.cleaned_data["agent"] == NEW_AGENT:
             agent, _ = services.create_agent(name=form.cleaned_data["new_agent_name"], on_behalf_of=user)
             return agent
-        agent = Agent.objects.filter(name=form.cleaned_data["agent"], on_behalf_of=user, is_active=True).first()
+        agent = Agent.objects.filter(
+            name=form.cleaned_data["agent"], on_behalf_of=user, is_active=True
+        ).first()
         if agent is None:
             raise clients.ClientRefused("Pick one of your own active agents.")
         return agent

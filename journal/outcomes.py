@@ -56,7 +56,9 @@ def receipt_check(receipt_keys: Mapping[str, str], journal_raw: Any, parsed) -> 
         return False, f"unknown receipt key {parsed.receipt.key_id}"
     body = {k: v for k, v in journal_raw.items() if k != "receipt"}
     try:
-        ok = chain.signature_valid(chain.public_key_from_text(public), to_ijson(body), parsed.receipt.signature)
+        ok = chain.signature_valid(
+            chain.public_key_from_text(public), to_ijson(body), parsed.receipt.signature
+        )
     except ValueError:
         ok = False
     return ok, "" if ok else "the receipt's signature does not verify"

@@ -56,8 +56,19 @@ class PolicyGate(Protocol):
         `retry_of` is an earlier attempt of the very same call whose outcome is unknown (the retry guard:
         such a repeat is held unless a policy lets it through)."""
 
-    def hold(self, *, agent: Any, server: Any, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None,
-             decision: dict[str, Any], run_id: int, step_id: int, now: datetime) -> HeldCall:
+    def hold(
+        self,
+        *,
+        agent: Any,
+        server: Any,
+        tool: str,
+        arguments: dict[str, Any],
+        meta: dict[str, Any] | None,
+        decision: dict[str, Any],
+        run_id: int,
+        step_id: int,
+        now: datetime,
+    ) -> HeldCall:
         """The request this held call waits on (an identical call, same arguments and `_meta`, already waiting
         shares it)."""
 

@@ -2,7 +2,8 @@
 
 MCP-Rescue turns a failure into a decision (retry, back off, repair the arguments, re-authenticate, ask the
 user, stop) and leaves enforcement to the runtime. The Recorder already knows the failure's class and
-whether the server may have acted (`journal.upstream.failures.ToolServerError`), and it knows the tool: whether
+whether the server may have acted (`journal.upstream.failures.ToolServerError`), and it knows the tool:
+whether
 it only reads, whether repeating it is harmless (MCP's `idempotentHint`), whether it can be undone. The
 advice goes to the agent in `_meta["hatp/journal"]["recovery"]` and into the run record; the dangerous case
 (repeating a call that may already have acted) is enforced by the retry guard (`needs_retry_guard`, and the
@@ -37,7 +38,9 @@ class Tool:
     read_only: bool = False
     idempotent: bool = False  # MCP's idempotentHint: repeating it with the same arguments has no more effect
     reversible: bool = False  # its server declares a compensation
-    retries_allowed: bool = False  # the governing autonomy policy lets repeats after an unknown outcome through
+    retries_allowed: bool = (
+        False  # the governing autonomy policy lets repeats after an unknown outcome through
+    )
 
     @property
     def safe_to_repeat(self) -> bool:
@@ -88,58 +91,163 @@ def _acted_unknown(failure: Failure) -> bool:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("denied by a policy or an approver", lambda f, t: f.held == "denied", STOP, False,
-         "An autonomy policy or an approver said no to this call. Repeating it will be refused the same way."),
-    Rule("waiting for approval", lambda f, t: f.held == "waiting", BACKOFF, True,
-         "The call awaits an approver's decision. Make the same call again later: once approved, it goes through.",
-         lambda f: f.retry_after or HELD_BACKOFF_SECONDS),
-    Rule("approval lapsed", lambda f, t: f.held == "lapsed", RETRY, True,
-         "The approval request expired or was already used. Making the call again asks anew."),
-    Rule("answered too much to relay, and it only reads", lambda f, t: f.answered and t.read_only, REPAIR, False,
-         "The server's answer was over the Recorder's limits. Ask for less (a narrower query, a page of it)."),
-    Rule("answered, but the answer reached no one", lambda f, t: f.answered, ASK_USER, False,
-         "The server answered, so it acted, but its answer could not be relayed. Check what it did before "
-         "anything is repeated."),
-    Rule("no answer, and it only reads", lambda f, t: _acted_unknown(f) and t.read_only, RETRY, True,
-         "The server may not have answered, but the tool only reads: repeating it is harmless."),
-    Rule("no answer, and it is idempotent", lambda f, t: _acted_unknown(f) and t.idempotent, RETRY, True,
-         "The first attempt may have acted, but the tool is idempotent: the same call again has no further effect."),
-    Rule("no answer, and a policy lets repeats through", lambda f, t: _acted_unknown(f) and t.retries_allowed, RETRY,
-         True, "The first attempt may have acted; an autonomy policy lets repeats of this tool through."),
-    Rule("no answer, and it can be undone", lambda f, t: _acted_unknown(f) and t.reversible, ASK_USER, False,
-         "The first attempt may already have acted. It can be undone, but a repeat would act twice: check what "
-         "happened first. The Recorder holds a repeat for an approver."),
-    Rule("no answer, and it cannot be undone", lambda f, t: _acted_unknown(f), ASK_USER, False,
-         "The first attempt may already have acted, and the tool is neither idempotent nor reversible: a person "
-         "must check what happened before anything is repeated. The Recorder holds a repeat for an approver."),
-    Rule("it may have acted", lambda f, t: f.may_have_acted, ASK_USER, False,
-         "The call failed after the server had it, so it may have acted. Check what happened before anything is "
-         "repeated."),
-    Rule("transient, nothing reached the server", lambda f, t: f.category == "transient", BACKOFF, True,
-         "A passing failure before the server acted. Try again after a pause.",
-         lambda f: f.retry_after or DEFAULT_BACKOFF_SECONDS),
-    Rule("invalid arguments", lambda f, t: f.category == "invalid_arguments", REPAIR, False,
-         "The server (or the Recorder) refused the arguments. Fix them before calling again."),
-    Rule("not found", lambda f, t: f.category == "not_found", REPAIR, False,
-         "Something the call names does not exist. Check the names and ids before calling again."),
-    Rule("conflict", lambda f, t: f.category == "conflict", REPAIR, False,
-         "The record changed since it was read. Read it again and build the call from what is there now."),
-    Rule("authentication", lambda f, t: f.category == "authentication", REAUTHENTICATE, False,
-         "The server does not accept the credentials. Sign in again before calling."),
-    Rule("permission", lambda f, t: f.category == "permission", ASK_USER, False,
-         "The credentials may not do this. A person must grant access or do it themselves."),
-    Rule("business rule", lambda f, t: f.category == "business_rule", STOP, False,
-         "The server refused by its own rules. Repeating the call will not change that."),
-    Rule("anything else", lambda f, t: True, ASK_USER, False,
-         "The failure could not be classified. A person should read the error before the call is repeated."),
+    Rule(
+        "denied by a policy or an approver",
+        lambda f, t: f.held == "denied",
+        STOP,
+        False,
+        "An autonomy policy or an approver said no to this call. Repeating it will be refused the same way.",
+    ),
+    Rule(
+        "waiting for approval",
+        lambda f, t: f.held == "waiting",
+        BACKOFF,
+        True,
+        "The call awaits an approver's decision. Make the same call again later: once approved, it goes "
+        "through.",
+        lambda f: f.retry_after or HELD_BACKOFF_SECONDS,
+    ),
+    Rule(
+        "approval lapsed",
+        lambda f, t: f.held == "lapsed",
+        RETRY,
+        True,
+        "The approval request expired or was already used. Making the call again asks anew.",
+    ),
+    Rule(
+        "answered too much to relay, and it only reads",
+        lambda f, t: f.answered and t.read_only,
+        REPAIR,
+        False,
+        "The server's answer was over the Recorder's limits. Ask for less (a narrower query, a page of it).",
+    ),
+    Rule(
+        "answered, but the answer reached no one",
+        lambda f, t: f.answered,
+        ASK_USER,
+        False,
+        "The server answered, so it acted, but its answer could not be relayed. Check what it did before "
+        "anything is repeated.",
+    ),
+    Rule(
+        "no answer, and it only reads",
+        lambda f, t: _acted_unknown(f) and t.read_only,
+        RETRY,
+        True,
+        "The server may not have answered, but the tool only reads: repeating it is harmless.",
+    ),
+    Rule(
+        "no answer, and it is idempotent",
+        lambda f, t: _acted_unknown(f) and t.idempotent,
+        RETRY,
+        True,
+        "The first attempt may have acted, but the tool is idempotent: the same call again has no further "
+        "effect.",
+    ),
+    Rule(
+        "no answer, and a policy lets repeats through",
+        lambda f, t: _acted_unknown(f) and t.retries_allowed,
+        RETRY,
+        True,
+        "The first attempt may have acted; an autonomy policy lets repeats of this tool through.",
+    ),
+    Rule(
+        "no answer, and it can be undone",
+        lambda f, t: _acted_unknown(f) and t.reversible,
+        ASK_USER,
+        False,
+        "The first attempt may already have acted. It can be undone, but a repeat would act twice: check "
+        "what "
+        "happened first. The Recorder holds a repeat for an approver.",
+    ),
+    Rule(
+        "no answer, and it cannot be undone",
+        lambda f, t: _acted_unknown(f),
+        ASK_USER,
+        False,
+        "The first attempt may already have acted, and the tool is neither idempotent nor reversible: a "
+        "person "
+        "must check what happened before anything is repeated. The Recorder holds a repeat for an approver.",
+    ),
+    Rule(
+        "it may have acted",
+        lambda f, t: f.may_have_acted,
+        ASK_USER,
+        False,
+        "The call failed after the server had it, so it may have acted. Check what happened before anything "
+        "is "
+        "repeated.",
+    ),
+    Rule(
+        "transient, nothing reached the server",
+        lambda f, t: f.category == "transient",
+        BACKOFF,
+        True,
+        "A passing failure before the server acted. Try again after a pause.",
+        lambda f: f.retry_after or DEFAULT_BACKOFF_SECONDS,
+    ),
+    Rule(
+        "invalid arguments",
+        lambda f, t: f.category == "invalid_arguments",
+        REPAIR,
+        False,
+        "The server (or the Recorder) refused the arguments. Fix them before calling again.",
+    ),
+    Rule(
+        "not found",
+        lambda f, t: f.category == "not_found",
+        REPAIR,
+        False,
+        "Something the call names does not exist. Check the names and ids before calling again.",
+    ),
+    Rule(
+        "conflict",
+        lambda f, t: f.category == "conflict",
+        REPAIR,
+        False,
+        "The record changed since it was read. Read it again and build the call from what is there now.",
+    ),
+    Rule(
+        "authentication",
+        lambda f, t: f.category == "authentication",
+        REAUTHENTICATE,
+        False,
+        "The server does not accept the credentials. Sign in again before calling.",
+    ),
+    Rule(
+        "permission",
+        lambda f, t: f.category == "permission",
+        ASK_USER,
+        False,
+        "The credentials may not do this. A person must grant access or do it themselves.",
+    ),
+    Rule(
+        "business rule",
+        lambda f, t: f.category == "business_rule",
+        STOP,
+        False,
+        "The server refused by its own rules. Repeating the call will not change that.",
+    ),
+    Rule(
+        "anything else",
+        lambda f, t: True,
+        ASK_USER,
+        False,
+        "The failure could not be classified. A person should read the error before the call is repeated.",
+    ),
 )
 
 
 def advise(failure: Failure, tool: Tool = Tool()) -> Advice:
     """The first rule of `RULES` that matches this failure of this tool."""
     category = failure.category if failure.category in CATEGORIES else "unknown"
-    failure = Failure(category=category, may_have_acted=failure.may_have_acted, retry_after=failure.retry_after,
-                      held=failure.held, answered=failure.answered)
+    failure = Failure(
+        category=category,
+        may_have_acted=failure.may_have_acted,
+        retry_after=failure.retry_after,
+        held=failure.held,
+        answered=failure.answered,
+    )
     for rule in RULES:
         if rule.when(failure, tool):
             return Advice(category=category, action=rule.action, retryable=rule.retryable, why=rule.why,

@@ -22,7 +22,8 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 SDK_VERSION = "2.3"
 
 # (module, class or None, name): the functions, methods and attributes used below. A class's attribute is
-# looked for in its source when instances set it (`self.<name> = …` or `self.<name>: … = …`), since no class attribute carries it.
+# looked for in its source when instances set it (`self.<name> = …` or `self.<name>: … = …`), since no class
+# attribute carries it.
 PRIVATE_NAMES = (
     ("mcp.client.stdio", None, "_create_platform_compatible_process"),
     ("mcp.client.stdio", None, "_parse_line"),
@@ -62,7 +63,9 @@ def missing() -> list[str]:
 
 def _source(cls: type) -> str:
     try:
-        return "".join(inspect.getsource(klass) for klass in cls.__mro__ if klass.__module__.startswith("mcp"))
+        return "".join(
+            inspect.getsource(klass) for klass in cls.__mro__ if klass.__module__.startswith("mcp")
+        )
     except (OSError, TypeError):
         return ""
 

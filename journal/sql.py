@@ -53,8 +53,11 @@ def _update_sql(model: type[Model], vendor: str, names: tuple[str, ...], guards:
     return f"UPDATE {quote(model._meta.db_table)} SET {assignments} WHERE {conditions}"
 
 
-def update(model: type[Model], pk: int, values: dict[str, Any], *, only_if: dict[str, Any] | None = None) -> int:
-    """Set `values` on the row `pk` (and only if its columns still equal `only_if`); the number of rows changed.
+def update(
+    model: type[Model], pk: int, values: dict[str, Any], *, only_if: dict[str, Any] | None = None
+) -> int:
+    """Set `values` on the row `pk` (and only if its columns still equal `only_if`); the number of rows
+    changed.
 
     The conditional form is how a claim or a close stays exactly-once: check the count."""
     only_if = only_if or {}
@@ -129,13 +132,22 @@ def _upsert_sql(model: type[Model], vendor: str, names: tuple[str, ...], unique:
     if increment:
         column = quote(fields[increment].column)
         sets.append(f"{column} = {table}.{column} + 1")
-    return (f"INSERT INTO {table} ({', '.join(quote(fields[name].column) for name in names)}) "
-            f"VALUES {', '.join([row] * rows)} "
-            f"ON CONFLICT ({', '.join(quote(fields[name].column) for name in unique)}) DO UPDATE SET {', '.join(sets)}")
+    return (
+        f"INSERT INTO {table} ({', '.join(quote(fields[name].column) for name in names)}) "
+        f"VALUES {', '.join([row] * rows)} "
+        f"ON CONFLICT ({', '.join(quote(fields[name].column) for name in unique)}) "
+        f"DO UPDATE SET {', '.join(sets)}"
+    )
 
 
-def upsert(model: type[Model], rows: list[dict[str, Any]], *, unique: tuple[str, ...], replace: tuple[str, ...],
-           increment: str = "") -> None:
+def upsert(
+    model: type[Model],
+    rows: list[dict[str, Any]],
+    *,
+    unique: tuple[str, ...],
+    replace: tuple[str, ...],
+    increment: str = "",
+) -> None:
     """Insert `rows` (dicts with the same keys) in one statement; where a row with the same `unique` fields
     exists already, set its `replace` fields from the new row and add 1 to its `increment` field instead
     (`ON CONFLICT … DO UPDATE`, on SQLite and PostgreSQL alike)."""
@@ -145,4 +157,6 @@ def upsert(model: type[Model], rows: list[dict[str, Any]], *, unique: tuple[str,
     fields = _fields(model)
     params = [fields[name].get_db_prep_save(row[name], connection) for row in rows for name in names]
     with connection.cursor() as cursor:
-        cursor.execute(_upsert_sql(model, connection.vendor, names, unique, replace, increment, len(rows)), params)
+        cursor.execute(
+            _upsert_sql(model, connection.vendor, names, unique, replace, increment, len(rows)), params
+        )

@@ -74,7 +74,9 @@ def _no_constants(name: str) -> Any:
     raise JsonRefused(f"{name} is not a JSON number")
 
 
-def loads(text: str | bytes, *, max_bytes: int, max_depth: int = MAX_DEPTH, what: str = "the document") -> Any:
+def loads(
+    text: str | bytes, *, max_bytes: int, max_depth: int = MAX_DEPTH, what: str = "the document"
+) -> Any:
     """Parse `text` as strict JSON: at most `max_bytes` and `max_depth`, no key twice in an object."""
     size = len(text.encode("utf-8")) if isinstance(text, str) else len(text)
     if size > max_bytes:

@@ -12,7 +12,11 @@ urlpatterns = [
     path("runs/<uuid:run_id>/release/", views.run_release, name="run_release"),
     path("agents/", views.agent_list, name="agent_list"),
     path("agents/<slug:name>/", views.agent_detail, name="agent_detail"),
-    path("agents/<slug:name>/clients/<int:authorization_id>/revoke/", oauth.revoke_client, name="agent_client_revoke"),
+    path(
+        "agents/<slug:name>/clients/<int:authorization_id>/revoke/",
+        oauth.revoke_client,
+        name="agent_client_revoke",
+    ),
     path("api/runs/", api.run_list, name="api_run_list"),
     path("api/runs/<uuid:run_id>/", api.run_detail, name="api_run_detail"),
     path("api/runs/<uuid:run_id>/steps/", api.step_list, name="api_step_list"),

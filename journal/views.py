@@ -44,16 +44,46 @@ def run_detail(request, run_id):
             )
         )
         .only(
-            "number", "server_name", "tool", "status", "is_error", "error_message", "failure_class", "started_at",
-            "duration_ms", "declaration", "declaration_source", "reversibility", "undo_problems", "effect_summary",
-            "effect_resource", "effect_version", "undo_by", "receipt_verified", "receipt_problem", "run_id",
-            "arguments", "compensation_arguments", "policy_decision", "result_storage", "result_size", "result_sha256",
+            "number",
+            "server_name",
+            "tool",
+            "status",
+            "is_error",
+            "error_message",
+            "failure_class",
+            "started_at",
+            "duration_ms",
+            "declaration",
+            "declaration_source",
+            "reversibility",
+            "undo_problems",
+            "effect_summary",
+            "effect_resource",
+            "effect_version",
+            "undo_by",
+            "receipt_verified",
+            "receipt_problem",
+            "run_id",
+            "arguments",
+            "compensation_arguments",
+            "policy_decision",
+            "result_storage",
+            "result_size",
+            "result_sha256",
             "recovery",
         )
     )
     page = Paginator(steps, STEPS_PER_PAGE).get_page(request.GET.get("page"))
-    return render(request, "journal/run_detail.html", {
-        "run": run, "page": page, "now": timezone.now(), "idle_minutes": settings.RECORDER_RUN_IDLE_SECONDS // 60})
+    return render(
+        request,
+        "journal/run_detail.html",
+        {
+            "run": run,
+            "page": page,
+            "now": timezone.now(),
+            "idle_minutes": settings.RECORDER_RUN_IDLE_SECONDS // 60,
+        },
+    )
 
 
 @require_GET
@@ -91,7 +121,9 @@ def run_release(request, run_id):
     run = get_object_or_404(Run, public_id=run_id)
     if services.release_run(run_id=run.pk, by=request.user.get_username(), why="released by a person",
                             now=timezone.now()):
-        messages.success(request, "Run released: the agent's calls in it go through again. The undo plan goes on.")
+        messages.success(
+            request, "Run released: the agent's calls in it go through again. The undo plan goes on."
+        )
     else:
         messages.info(request, "This run was not halted.")
     return redirect("journal:run_detail", run_id=run.public_id)
@@ -117,7 +149,9 @@ def agent_detail(request, name):
         raise LoginRequired(request)
     agent = get_object_or_404(Agent.objects.select_related("on_behalf_of"), name=name)
     if not _visible_agents(request.user).filter(pk=agent.pk).exists():
-        raise PermissionDenied("This agent acts for someone else; its page is for them, on-call, approvers and admins.")
+        raise PermissionDenied(
+            "This agent acts for someone else; its page is for them, on-call, approvers and admins."
+        )
     authorizations = agent.client_authorizations.select_related("application", "user")
     runs = Run.objects.for_list().filter(agent=agent)[:10]
     return render(request, "journal/agent_detail.html", {

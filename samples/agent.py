@@ -3,7 +3,8 @@
     python -m samples.agent --url http://localhost:8000/mcp/ --token agt_…
 
 sales-bot, acting for Dana, reads deal D-881, marks it Won, books a kickoff with Globex, and emails their
-buyer. The first two can be undone; the email cannot. In the demo (`DEMO_STORY`) it also marks Globex a customer
+buyer. The first two can be undone; the email cannot. In the demo (`DEMO_STORY`) it also marks Globex a
+customer
 on the support desk through the desk's screens, which the desk takes back through its own screens.
 """
 
@@ -20,10 +21,22 @@ RUN_ID = "globex-kickoff"
 STORY = [
     ("crm__get_deal", {"deal_id": "D-881"}),
     ("crm__update_deal", {"deal_id": "D-881", "stage": "Won"}),
-    ("calendar__create_event", {"title": "Kickoff with Globex", "start": "2026-12-04T15:00:00+00:00",
-                                "attendees": ["dana@acme.example", "buyer@globex.example", "cto@globex.example"]}),
-    ("mail__send_email", {"to": "buyer@globex.example", "subject": "Welcome aboard, Globex",
-                          "body": "Thanks for choosing us. Your kickoff is booked for Dec 4."}),
+    (
+        "calendar__create_event",
+        {
+            "title": "Kickoff with Globex",
+            "start": "2026-12-04T15:00:00+00:00",
+            "attendees": ["dana@acme.example", "buyer@globex.example", "cto@globex.example"],
+        },
+    ),
+    (
+        "mail__send_email",
+        {
+            "to": "buyer@globex.example",
+            "subject": "Welcome aboard, Globex",
+            "body": "Thanks for choosing us. Your kickoff is booked for Dec 4.",
+        },
+    ),
 ]
 
 # The demo's telling: one change through an app's screens (`via: "ui"`) before the email.

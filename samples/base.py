@@ -74,7 +74,8 @@ class SampleServer:
     def __init__(self, state_dir: Path | None):
         self.store = Store(state_dir / f"{self.name}.json" if state_dir else None, self.initial_state())
         self.delay_ms = 0
-        # normal | rpc_error | input_required | error_5xx | garbage | hang | lie | act_then_hang (samples.app.Faults)
+        # normal | rpc_error | input_required | error_5xx | garbage | hang | lie | act_then_hang
+        # (samples.app.Faults)
         self.mode = "normal"
 
     def initial_state(self) -> dict[str, Any]:
@@ -104,10 +105,14 @@ class SampleServer:
             raise MCPError(code=-32602, message=f"Invalid params for {params.name}",
                            data={"field": "arguments", "tool": params.name})
         if self.mode == "input_required":  # 2026-07-28: ask the client for more before answering
-            return types.InputRequiredResult(result_type="input_required", request_state=f"ask-again:{params.name}")
+            return types.InputRequiredResult(
+                result_type="input_required", request_state=f"ask-again:{params.name}"
+            )
         if self.mode == "ask_name" and (ctx.session.client_capabilities is None
                                         or ctx.session.client_capabilities.elicitation is None):
-            return tool_error("This tool asks who is calling: it needs a client that can answer (elicitation).")
+            return tool_error(
+                "This tool asks who is calling: it needs a client that can answer (elicitation)."
+            )
         if self.mode == "ask_name":  # 2026-07-28: ask the user (an elicitation) before answering
             answer = (params.input_responses or {}).get("name")
             if isinstance(answer, types.ElicitResult) and params.request_state == "asked:name":
@@ -115,10 +120,22 @@ class SampleServer:
                     return tool_error("No name given.")
                 self.store.record({"op": "greeted", "name": answer.content.get("name")})
                 return text_result(f"Hello {answer.content.get('name')}")
-            return types.InputRequiredResult(result_type="input_required", request_state="asked:name", input_requests={
-                "name": types.ElicitRequest(params=types.ElicitRequestFormParams(
-                    message="Who is asking?", requested_schema={
-                        "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}))})
+            return types.InputRequiredResult(
+                result_type="input_required",
+                request_state="asked:name",
+                input_requests={
+                    "name": types.ElicitRequest(
+                        params=types.ElicitRequestFormParams(
+                            message="Who is asking?",
+                            requested_schema={
+                                "type": "object",
+                                "properties": {"name": {"type": "string"}},
+                                "required": ["name"],
+                            },
+                        )
+                    )
+                },
+            )
         handler = self.handlers().get(params.name)
         if handler is None:
             return tool_error(f"Unknown tool {params.name!r}", code="NOT_FOUND")

@@ -47,35 +47,73 @@ class Desk(HatpServer):
     def initial_state(self) -> dict[str, Any]:
         state = super().initial_state()
         state["records"] = {
-            "record/C-77": {"id": "C-77", "title": "Globex", "status": "Prospect", "owner": "dana", "trashed": False,
-                            "changedBy": "dana", "changedAt": "2026-11-20T10:00:00Z"},
-            "record/C-78": {"id": "C-78", "title": "Initech", "status": "Customer", "owner": "dana",
-                            "trashed": False, "changedBy": "dana", "changedAt": "2026-11-18T09:00:00Z"},
+            "record/C-77": {
+                "id": "C-77",
+                "title": "Globex",
+                "status": "Prospect",
+                "owner": "dana",
+                "trashed": False,
+                "changedBy": "dana",
+                "changedAt": "2026-11-20T10:00:00Z",
+            },
+            "record/C-78": {
+                "id": "C-78",
+                "title": "Initech",
+                "status": "Customer",
+                "owner": "dana",
+                "trashed": False,
+                "changedBy": "dana",
+                "changedAt": "2026-11-18T09:00:00Z",
+            },
         }
         return state
 
     def tools(self) -> list[dict[str, Any]]:
         record_id = {"id": {"type": "string"}}
         return [
-            {"name": "open_record", "description": "Open a record's screen and read it.",
-             "annotations": {"readOnlyHint": True},
-             "inputSchema": {"type": "object", "properties": record_id, "required": ["id"]}},
-            {"name": "edit_record", "description": "Edit a record's title, status or owner on its screen.",
-             "inputSchema": {"type": "object", "properties": {**record_id, **{f: {"type": "string"} for f in VISIBLE}},
-                             "required": ["id"]},
-             "_meta": self.journal_tool_meta(self.undo)},
-            {"name": "trash_record", "description": "Send a record to the trash (it can be restored from there).",
-             "inputSchema": {"type": "object", "properties": record_id, "required": ["id"]},
-             "_meta": self.journal_tool_meta(self.undo)},
-            {"name": "hatp_check", "description": "Would this undo work now, or has it happened? Changes nothing.",
-             "inputSchema": TOKEN_ARGS, "annotations": {"readOnlyHint": True}},
-            {"name": "hatp_compensate", "description": "Replay the app's own way back for a change.",
-             "inputSchema": TOKEN_ARGS},
+            {
+                "name": "open_record",
+                "description": "Open a record's screen and read it.",
+                "annotations": {"readOnlyHint": True},
+                "inputSchema": {"type": "object", "properties": record_id, "required": ["id"]},
+            },
+            {
+                "name": "edit_record",
+                "description": "Edit a record's title, status or owner on its screen.",
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {**record_id, **{f: {"type": "string"} for f in VISIBLE}},
+                    "required": ["id"],
+                },
+                "_meta": self.journal_tool_meta(self.undo),
+            },
+            {
+                "name": "trash_record",
+                "description": "Send a record to the trash (it can be restored from there).",
+                "inputSchema": {"type": "object", "properties": record_id, "required": ["id"]},
+                "_meta": self.journal_tool_meta(self.undo),
+            },
+            {
+                "name": "hatp_check",
+                "description": "Would this undo work now, or has it happened? Changes nothing.",
+                "inputSchema": TOKEN_ARGS,
+                "annotations": {"readOnlyHint": True},
+            },
+            {
+                "name": "hatp_compensate",
+                "description": "Replay the app's own way back for a change.",
+                "inputSchema": TOKEN_ARGS,
+            },
         ]
 
     def handlers(self):
-        return {"open_record": self.open_record, "edit_record": self.edit_record, "trash_record": self.trash_record,
-                "hatp_check": self.hatp_check, "hatp_compensate": self.hatp_compensate}
+        return {
+            "open_record": self.open_record,
+            "edit_record": self.edit_record,
+            "trash_record": self.trash_record,
+            "hatp_check": self.hatp_check,
+            "hatp_compensate": self.hatp_compensate,
+        }
 
     def _record(self, record_id: str) -> dict[str, Any] | None:
         return self.records.get(f"record/{record_id}")
@@ -93,7 +131,9 @@ class Desk(HatpServer):
             return tool_error(f"No record {arguments['id']} on the records screen.", code="NOT_FOUND")
         changes = {f: str(arguments[f]) for f in VISIBLE if f in arguments and str(arguments[f]) != record[f]}
         if not changes:
-            return tool_error("Nothing to change: the record already shows these values.", code="BUSINESS_RULE")
+            return tool_error(
+                "Nothing to change: the record already shows these values.", code="BUSINESS_RULE"
+            )
         before = {f: record[f] for f in changes}
         summary = f"{record['id']} " + "; ".join(f"{f}: {before[f]} → {v}" for f, v in changes.items())
         procedure = [{"screen": screen_of(record), "do": "edit", "set": before}]
@@ -104,29 +144,40 @@ class Desk(HatpServer):
         if record is None or record["trashed"]:
             return tool_error(f"No record {arguments['id']} on the records screen.", code="NOT_FOUND")
         summary = f"{record['id']} ({record['title']}) moved to the trash"
-        procedure = [{"screen": "Trash", "do": "select", "record": record["id"]}, {"do": "click", "button": "Restore"}]
+        procedure = [
+            {"screen": "Trash", "do": "select", "record": record["id"]},
+            {"do": "click", "button": "Restore"},
+        ]
         return self._changed(record, {"trashed": True}, summary, procedure)
 
-    def _changed(self, record, changes: dict[str, Any], summary: str, procedure: list) -> types.CallToolResult:
+    def _changed(
+        self, record, changes: dict[str, Any], summary: str, procedure: list
+    ) -> types.CallToolResult:
         """Apply a change made through the screens, and keep its way back behind a compensation token."""
         earlier = fingerprint_fields(record)
         record.update(changes, changedBy="agent", changedAt=rfc3339(now()))
         shown, version = fingerprint_fields(record), fingerprint(record)
-        meta = self.issue_token(resource_id=f"record/{record['id']}", undo=self.undo, revert={}, summary=summary,
-                                version=version)
+        meta = self.issue_token(
+            resource_id=f"record/{record['id']}", undo=self.undo, revert={}, summary=summary, version=version
+        )
         token = self.store.data["tokens"][meta["hatp/journal"]["compensationToken"]]
         token.update(procedure=procedure, earlier=earlier)
-        # The fingerprint's inputs go with the call, so a person sees what it covers (and the receipt signs them).
+        # The fingerprint's inputs go with the call, so a person sees what it covers (and the receipt signs
+        # them).
         journal = {key: value for key, value in meta["hatp/journal"].items() if key != "receipt"}
         journal["effect"] = {**journal["effect"], "fingerprint": shown}
-        self.store.record({"op": "change", "record": record["id"], "changes": changes, "fingerprint": version})
+        self.store.record(
+            {"op": "change", "record": record["id"], "changes": changes, "fingerprint": version}
+        )
         self.store.save()
         return text_result(summary, structured={"record": shown, "fingerprint": version},
                            meta={"hatp/journal": self.sign(journal)})
 
     # -- the undo contract, through the screens ----------------------------------------------------------
 
-    def _undo_problem(self, token: dict[str, Any] | None, arguments: dict[str, Any]) -> types.CallToolResult | None:
+    def _undo_problem(
+        self, token: dict[str, Any] | None, arguments: dict[str, Any]
+    ) -> types.CallToolResult | None:
         if token is None:
             return tool_error("No change is known by this compensation token.", code="UNDO_UNKNOWN_TOKEN")
         if now().isoformat() > token["undoBy"].replace("Z", "+00:00"):
@@ -137,16 +188,25 @@ class Desk(HatpServer):
             shown = fingerprint_fields(record)
             return tool_error(
                 f"{record['id']} shows something else now ({shown['screen']}: "
-                + ", ".join(f"{k} {v}" for k, v in shown["fields"].items()) + ").",
-                code="UNDO_CONFLICT", current={"version": fingerprint(record), "summary": record.get("lastSummary", ""),
-                                               "changedBy": record["changedBy"], "changedAt": record["changedAt"]})
+                + ", ".join(f"{k} {v}" for k, v in shown["fields"].items())
+                + ").",
+                code="UNDO_CONFLICT",
+                current={
+                    "version": fingerprint(record),
+                    "summary": record.get("lastSummary", ""),
+                    "changedBy": record["changedBy"],
+                    "changedAt": record["changedAt"],
+                },
+            )
         return None
 
     async def hatp_check(self, arguments: dict[str, Any]) -> types.CallToolResult:
         token = self.store.data["tokens"].get(arguments.get("compensationToken", ""))
         if token is not None and token["compensated"]:
             record = self.records[token["resource"]]
-            if fingerprint_fields(record) == token["earlier"]:  # the postcondition: the earlier state shows again
+            if (
+                fingerprint_fields(record) == token["earlier"]
+            ):  # the postcondition: the earlier state shows again
                 return text_result(f"Undone: {record['id']} shows its earlier state.",
                                    structured={"status": "undone", "summary": token["summary"],
                                                "shows": fingerprint_fields(record)})
@@ -158,13 +218,17 @@ class Desk(HatpServer):
         if problem is not None:
             return problem
         would = self.describe_undo(token)
-        return text_result(f"Undo would work now: {would}.", structured={"status": "ok", "would": would,
-                                                                         "wouldDo": would, "undoBy": token["undoBy"]})
+        return text_result(
+            f"Undo would work now: {would}.",
+            structured={"status": "ok", "would": would, "wouldDo": would, "undoBy": token["undoBy"]},
+        )
 
     def _compensate(self, arguments: dict[str, Any]) -> types.CallToolResult:
         token = self.store.data["tokens"].get(arguments.get("compensationToken", ""))
         if token is not None and token["compensated"]:
-            return tool_error("This change was already undone.", code="UNDO_FAILED", reason="already compensated")
+            return tool_error(
+                "This change was already undone.", code="UNDO_FAILED", reason="already compensated"
+            )
         problem = self._undo_problem(token, arguments)
         if problem is not None:
             return problem
@@ -177,8 +241,15 @@ class Desk(HatpServer):
                     record["trashed"] = False
         record.update(changedBy="undo", changedAt=rfc3339(now()), lastSummary=f"Undone: {token['summary']}")
         token["compensated"] = True
-        self.store.record({"op": "compensate", "token": arguments["compensationToken"], "record": record["id"],
-                           "procedure": token["procedure"], "idempotencyKey": arguments.get("idempotencyKey")})
+        self.store.record(
+            {
+                "op": "compensate",
+                "token": arguments["compensationToken"],
+                "record": record["id"],
+                "procedure": token["procedure"],
+                "idempotencyKey": arguments.get("idempotencyKey"),
+            }
+        )
         return text_result(f"Replayed the way back for {record['id']} on its screens.", structured={
             "ok": True, "summary": f"Undone through the app's screens: {token['summary']}",
             "version": fingerprint(record)})

@@ -49,7 +49,9 @@ class HatpServer(SampleServer):
         if path.exists():
             return Ed25519PrivateKey.from_private_bytes(base64.b64decode(path.read_text()))
         key = Ed25519PrivateKey.generate()
-        raw = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+        raw = key.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(base64.b64encode(raw).decode())
         path.chmod(0o600)
@@ -77,7 +79,10 @@ class HatpServer(SampleServer):
 
     def sign(self, journal: dict[str, Any]) -> dict[str, Any]:
         signature = self.key.sign(rfc8785.dumps(journal))
-        return {**journal, "receipt": {"keyId": self.key_id, "alg": "Ed25519", "signature": b64url(signature)}}
+        return {
+            **journal,
+            "receipt": {"keyId": self.key_id, "alg": "Ed25519", "signature": b64url(signature)},
+        }
 
     def issue_token(self, *, resource_id: str, undo: dict[str, Any], revert: dict[str, Any], summary: str,
                     version: str) -> dict[str, Any]:
@@ -105,7 +110,9 @@ class HatpServer(SampleServer):
         if token is None:
             return tool_error("No change is known by this compensation token.", code="UNDO_UNKNOWN_TOKEN")
         if token["compensated"]:
-            return tool_error("This change was already undone.", code="UNDO_FAILED", reason="already compensated")
+            return tool_error(
+                "This change was already undone.", code="UNDO_FAILED", reason="already compensated"
+            )
         if now() > datetime.fromisoformat(token["undoBy"]):
             return tool_error(f"The undo window closed at {token['undoBy']}.", code="UNDO_EXPIRED",
                               undoBy=token["undoBy"])
@@ -127,8 +134,10 @@ class HatpServer(SampleServer):
         if problem is not None:
             return problem
         token = self.store.data["tokens"][arguments["compensationToken"]]
-        return text_result(f"Undo would work now: {self.describe_undo(token)}.",
-                           structured={"ok": True, "wouldDo": self.describe_undo(token), "undoBy": token["undoBy"]})
+        return text_result(
+            f"Undo would work now: {self.describe_undo(token)}.",
+            structured={"ok": True, "wouldDo": self.describe_undo(token), "undoBy": token["undoBy"]},
+        )
 
     async def hatp_compensate(self, arguments: dict[str, Any]) -> types.CallToolResult:
         return self.once(arguments.get("idempotencyKey"), lambda: self._compensate(arguments))
@@ -145,8 +154,16 @@ class HatpServer(SampleServer):
         record["version"] = self.next_version(record["version"])
         record.update(changedBy="undo", changedAt=rfc3339(now()), lastSummary=summary)
         token["compensated"] = True
-        self.store.record({"op": "compensate", "token": token_id, "resource": token["resource"],
-                           "idempotencyKey": arguments.get("idempotencyKey"), "version": record["version"], **notes})
+        self.store.record(
+            {
+                "op": "compensate",
+                "token": token_id,
+                "resource": token["resource"],
+                "idempotencyKey": arguments.get("idempotencyKey"),
+                "version": record["version"],
+                **notes,
+            }
+        )
         return text_result(f"Undone: {summary}.", structured={
             "ok": True, "summary": summary, "version": record["version"], **notes})
 

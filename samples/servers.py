@@ -35,13 +35,29 @@ class Crm(HatpServer):
 
     def tools(self) -> list[dict[str, Any]]:
         return [
-            {"name": "get_deal", "description": "Read a deal.", "annotations": {"readOnlyHint": True},
-             "inputSchema": {"type": "object", "properties": {"deal_id": {"type": "string"}}, "required": ["deal_id"]}},
-            {"name": "update_deal", "description": "Change a deal's stage, amount, owner or close date.",
-             "inputSchema": {"type": "object", "properties": {
-                 "deal_id": {"type": "string"}, **{f: {"type": "string"} for f in self.fields}},
-                 "required": ["deal_id"]},
-             "_meta": self.journal_tool_meta({"kind": "compensate", "window": "P7D", "via": "api"})},
+            {
+                "name": "get_deal",
+                "description": "Read a deal.",
+                "annotations": {"readOnlyHint": True},
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {"deal_id": {"type": "string"}},
+                    "required": ["deal_id"],
+                },
+            },
+            {
+                "name": "update_deal",
+                "description": "Change a deal's stage, amount, owner or close date.",
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {
+                        "deal_id": {"type": "string"},
+                        **{f: {"type": "string"} for f in self.fields},
+                    },
+                    "required": ["deal_id"],
+                },
+                "_meta": self.journal_tool_meta({"kind": "compensate", "window": "P7D", "via": "api"}),
+            },
             *self.hatp_tools(),
         ]
 
@@ -75,13 +91,17 @@ class Crm(HatpServer):
         deal = self._deal(arguments["deal_id"])
         if deal is None:
             return tool_error(f"Deal {arguments['deal_id']} not found.", code="NOT_FOUND")
-        changes = {f: str(arguments[f]) for f in self.fields if f in arguments and str(arguments[f]) != deal[f]}
+        changes = {
+            f: str(arguments[f]) for f in self.fields if f in arguments and str(arguments[f]) != deal[f]
+        }
         if not changes:
             return tool_error("Nothing to change: the deal already has these values.", code="BUSINESS_RULE")
         before, summary = self._apply(deal, changes, by="agent")
         meta = self.issue_token(resource_id=f"deal/{deal['id']}", undo={"kind": "compensate", "window": "P7D",
                                 "via": "api"}, revert=before, summary=summary, version=deal["version"])
-        self.store.record({"op": "update_deal", "deal": deal["id"], "changes": changes, "version": deal["version"]})
+        self.store.record(
+            {"op": "update_deal", "deal": deal["id"], "changes": changes, "version": deal["version"]}
+        )
         self.store.save()
         return text_result(summary, structured={"deal": dict(deal)}, meta=meta)
 
@@ -121,15 +141,28 @@ class Calendar(HatpServer):
 
     def tools(self):
         return [
-            {"name": "create_event", "description": "Book a meeting and invite the attendees.",
-             "inputSchema": {"type": "object", "properties": {
-                 "title": {"type": "string"}, "start": {"type": "string", "format": "date-time"},
-                 "attendees": {"type": "array", "items": {"type": "string"}}},
-                 "required": ["title", "start", "attendees"]},
-             "_meta": self.journal_tool_meta({"kind": "compensate", "window": "P30D", "via": "api",
-                                              "sideEffect": self.side_effect})},
-            {"name": "list_events", "description": "List booked events.", "annotations": {"readOnlyHint": True},
-             "inputSchema": {"type": "object", "properties": {}}},
+            {
+                "name": "create_event",
+                "description": "Book a meeting and invite the attendees.",
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {
+                        "title": {"type": "string"},
+                        "start": {"type": "string", "format": "date-time"},
+                        "attendees": {"type": "array", "items": {"type": "string"}},
+                    },
+                    "required": ["title", "start", "attendees"],
+                },
+                "_meta": self.journal_tool_meta(
+                    {"kind": "compensate", "window": "P30D", "via": "api", "sideEffect": self.side_effect}
+                ),
+            },
+            {
+                "name": "list_events",
+                "description": "List booked events.",
+                "annotations": {"readOnlyHint": True},
+                "inputSchema": {"type": "object", "properties": {}},
+            },
             *self.hatp_tools(),
         ]
 
@@ -147,16 +180,26 @@ class Calendar(HatpServer):
         attendees = [str(a) for a in arguments["attendees"]]
         when = self._when(start)
         event_id = "E-" + secrets.token_hex(3).upper()
-        self.records[f"event/{event_id}"] = {"id": event_id, "title": title, "start": start, "attendees": attendees,
-                                             "status": "booked", "version": "v1", "changedBy": "agent",
-                                             "changedAt": rfc3339(now()), "lastSummary": ""}
+        self.records[f"event/{event_id}"] = {
+            "id": event_id,
+            "title": title,
+            "start": start,
+            "attendees": attendees,
+            "status": "booked",
+            "version": "v1",
+            "changedBy": "agent",
+            "changedAt": rfc3339(now()),
+            "lastSummary": "",
+        }
         summary = f"Booked '{title}' on {when} with {len(attendees)} attendees"
         meta = self.issue_token(resource_id=f"event/{event_id}", undo={
             "kind": "compensate", "window": "P30D", "via": "api", "sideEffect": self.side_effect},
             revert={"status": "cancelled"}, summary=summary, version="v1")
         self.store.record({"op": "create_event", "event": event_id, "title": title, "attendees": attendees})
         self.store.save()
-        return text_result(summary, structured={"eventId": event_id, "title": title, "start": start}, meta=meta)
+        return text_result(
+            summary, structured={"eventId": event_id, "title": title, "start": start}, meta=meta
+        )
 
     async def list_events(self, arguments):
         events = [r for key, r in self.records.items() if key.startswith("event/")]
@@ -168,7 +211,12 @@ class Calendar(HatpServer):
 
     def revert(self, resource_id, record, revert):
         record["status"] = "cancelled"
-        return {"notices": [{"to": attendee, "subject": f"Cancelled: {record['title']}"} for attendee in record["attendees"]]}
+        return {
+            "notices": [
+                {"to": attendee, "subject": f"Cancelled: {record['title']}"}
+                for attendee in record["attendees"]
+            ]
+        }
 
 
 class Mail(HatpServer):
@@ -214,18 +262,35 @@ class Payments(SampleServer):
 
     def tools(self):
         return [
-            {"name": "charge_payment", "description": "Charge a customer.",
-             "inputSchema": {"type": "object", "properties": {
-                 "customer": {"type": "string"}, "amount": {"type": "string"}, "currency": {"type": "string"}},
-                 "required": ["customer", "amount"]},
-             "outputSchema": {"type": "object", "properties": {
-                 "transactionId": {"type": "string"}, "amount": {"type": "string"}},
-                 "required": ["transactionId", "amount"]},
-             "annotations": {"recovery": self.recovery}},
-            {"name": "refund_payment", "description": "Refund a charge in full.",
-             "inputSchema": {"type": "object", "properties": {"transactionId": {"type": "string"}},
-                             "required": ["transactionId"]},
-             "annotations": {"idempotentHint": True}},
+            {
+                "name": "charge_payment",
+                "description": "Charge a customer.",
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {
+                        "customer": {"type": "string"},
+                        "amount": {"type": "string"},
+                        "currency": {"type": "string"},
+                    },
+                    "required": ["customer", "amount"],
+                },
+                "outputSchema": {
+                    "type": "object",
+                    "properties": {"transactionId": {"type": "string"}, "amount": {"type": "string"}},
+                    "required": ["transactionId", "amount"],
+                },
+                "annotations": {"recovery": self.recovery},
+            },
+            {
+                "name": "refund_payment",
+                "description": "Refund a charge in full.",
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {"transactionId": {"type": "string"}},
+                    "required": ["transactionId"],
+                },
+                "annotations": {"idempotentHint": True},
+            },
         ]
 
     def handlers(self):
@@ -234,7 +299,11 @@ class Payments(SampleServer):
     async def charge(self, arguments):
         txn = "txn_" + secrets.token_hex(6)
         amount = str(arguments["amount"])
-        self.store.data["charges"][txn] = {"customer": arguments["customer"], "amount": amount, "refunded": False}
+        self.store.data["charges"][txn] = {
+            "customer": arguments["customer"],
+            "amount": amount,
+            "refunded": False,
+        }
         self.store.record({"op": "charge", "transactionId": txn, "amount": amount})
         self.store.save()
         return text_result(f"Charged {amount} to {arguments['customer']}",
@@ -256,7 +325,8 @@ class Payments(SampleServer):
 
 
 class Inventory(SampleServer):
-    """mcp-compensate (ChronoMCP): `reserve_inventory` is released by `release_inventory` through parameterMapping."""
+    """mcp-compensate (ChronoMCP): `reserve_inventory` is released by `release_inventory` through
+    parameterMapping."""
 
     name = "inventory"
 
@@ -264,35 +334,71 @@ class Inventory(SampleServer):
         return {"ledger": [], "stock": {"SKU-GLOBEX-KIT": 40}, "reservations": {}, "idempotency": {}}
 
     def tools(self):
-        compensate = {"reversibility": "compensable", "compensation": {
-            "toolName": "release_inventory", "parameterMapping": {"id": "$.output.structuredContent.id"},
-            "timeoutMs": 5000, "maxRetries": 2}, "sideEffectScope": ["warehouse"], "notes": "Releases the hold."}
+        compensate = {
+            "reversibility": "compensable",
+            "compensation": {
+                "toolName": "release_inventory",
+                "parameterMapping": {"id": "$.output.structuredContent.id"},
+                "timeoutMs": 5000,
+                "maxRetries": 2,
+            },
+            "sideEffectScope": ["warehouse"],
+            "notes": "Releases the hold.",
+        }
         return [
-            {"name": "reserve_inventory", "description": "Hold stock for an order.",
-             "inputSchema": {"type": "object", "properties": {"sku": {"type": "string"}, "quantity": {"type": "integer"}},
-                             "required": ["sku", "quantity"]},
-             "_meta": {"dev.chronomcp/compensate": compensate}},
-            {"name": "release_inventory", "description": "Release a hold.",
-             "inputSchema": {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]},
-             "_meta": {"dev.chronomcp/compensate": {"reversibility": "irreversible"}}},
-            {"name": "check_stock", "description": "How many are free.",
-             "inputSchema": {"type": "object", "properties": {"sku": {"type": "string"}}, "required": ["sku"]},
-             "_meta": {"dev.chronomcp/compensate": {"reversibility": "readonly"}}},
+            {
+                "name": "reserve_inventory",
+                "description": "Hold stock for an order.",
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {"sku": {"type": "string"}, "quantity": {"type": "integer"}},
+                    "required": ["sku", "quantity"],
+                },
+                "_meta": {"dev.chronomcp/compensate": compensate},
+            },
+            {
+                "name": "release_inventory",
+                "description": "Release a hold.",
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {"id": {"type": "string"}},
+                    "required": ["id"],
+                },
+                "_meta": {"dev.chronomcp/compensate": {"reversibility": "irreversible"}},
+            },
+            {
+                "name": "check_stock",
+                "description": "How many are free.",
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {"sku": {"type": "string"}},
+                    "required": ["sku"],
+                },
+                "_meta": {"dev.chronomcp/compensate": {"reversibility": "readonly"}},
+            },
         ]
 
     def handlers(self):
-        return {"reserve_inventory": self.reserve, "release_inventory": self.release, "check_stock": self.check}
+        return {
+            "reserve_inventory": self.reserve,
+            "release_inventory": self.release,
+            "check_stock": self.check,
+        }
 
     async def reserve(self, arguments):
         sku, quantity = str(arguments["sku"]), int(arguments["quantity"])
         if self.store.data["stock"].get(sku, 0) < quantity:
-            return tool_error(f"Only {self.store.data['stock'].get(sku, 0)} of {sku} left.", code="BUSINESS_RULE")
+            return tool_error(
+                f"Only {self.store.data['stock'].get(sku, 0)} of {sku} left.", code="BUSINESS_RULE"
+            )
         self.store.data["stock"][sku] -= quantity
         reservation = "res_" + secrets.token_hex(5)
         self.store.data["reservations"][reservation] = {"sku": sku, "quantity": quantity, "released": False}
         self.store.record({"op": "reserve", "id": reservation, "sku": sku, "quantity": quantity})
         self.store.save()
-        return text_result(f"Reserved {quantity} × {sku}", structured={"id": reservation, "sku": sku, "quantity": quantity})
+        return text_result(
+            f"Reserved {quantity} × {sku}", structured={"id": reservation, "sku": sku, "quantity": quantity}
+        )
 
     async def release(self, arguments):
         key = (arguments.get("__meta") or {}).get("idempotencyKey")
@@ -324,12 +430,26 @@ class Legacy(SampleServer):
 
     def tools(self):
         return [
-            {"name": "create_ticket", "description": "Open a support ticket.",
-             "inputSchema": {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}},
+            {
+                "name": "create_ticket",
+                "description": "Open a support ticket.",
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {"title": {"type": "string"}},
+                    "required": ["title"],
+                },
+            },
             {"name": "echo", "description": "Answer with the arguments.", "inputSchema": {"type": "object"}},
-            {"name": "blob", "description": "Answer with this many characters of text.",
-             "inputSchema": {"type": "object", "properties": {"size": {"type": "integer", "minimum": 0}},
-                             "required": ["size"]}, "annotations": {"readOnlyHint": True}},
+            {
+                "name": "blob",
+                "description": "Answer with this many characters of text.",
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {"size": {"type": "integer", "minimum": 0}},
+                    "required": ["size"],
+                },
+                "annotations": {"readOnlyHint": True},
+            },
         ]
 
     def handlers(self):

@@ -62,7 +62,9 @@ class Samples:
         return httpx.get(f"{self.thread.base}/{name}/ledger").json()["ledger"]
 
     def set_mode(self, name: str, mode: str = "normal", delay_ms: int = 0) -> None:
-        httpx.post(f"{self.thread.base}/{name}/control", json={"mode": mode, "delay_ms": delay_ms}).raise_for_status()
+        httpx.post(
+            f"{self.thread.base}/{name}/control", json={"mode": mode, "delay_ms": delay_ms}
+        ).raise_for_status()
 
     def colleague_update(self, deal_id: str, changes: dict, by: str = "priya") -> dict:
         response = httpx.post(f"{self.thread.base}/crm/colleague/update_deal",

@@ -1,7 +1,8 @@
 """Outside services some tests need, as skip markers.
 
 On a laptop without the service such a test is skipped, and the reason names the service. In CI
-(REQUIRE_SERVICES=1, set by .ci/run) the markers never skip: the test runs and fails if the service is missing.
+(REQUIRE_SERVICES=1, set by .ci/run) the markers never skip: the test runs and fails if the service is
+missing.
 """
 
 import contextlib
@@ -66,7 +67,13 @@ def worker_env_for_test_database() -> dict:
     from django.db import connection
 
     db = connection.settings_dict
-    url = f"sqlite:///{db['NAME']}" if connection.vendor == "sqlite" else (
-        f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}")
+    url = (
+        f"sqlite:///{db['NAME']}"
+        if connection.vendor == "sqlite"
+        else (
+            f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST'] or 'localhost'}"
+            f":{db['PORT'] or 5432}/{db['NAME']}"
+        )
+    )
     return {**os.environ, "DJANGO_SETTINGS_MODULE": "approver.settings", "DATABASE_URL": url,
             "RECORDER_KEY_DIR": str(settings.RECORDER_KEY_DIR)}  # the test's own keys, never the user's

@@ -10,9 +10,22 @@ ROOT = Path(__file__).resolve().parent.parent
 APPS = ("journal", "approver")
 # No ORM, no clock, no Django at all: directly or through any project module they import.
 PURE = (
-    "approver.planning", "approver.policy", "approver.signing", "approver.execution", "approver.answers",
-    "journal.canonical", "journal.chain", "journal.declarations", "journal.bindings", "journal.dependencies",
-    "journal.outcomes", "journal.ports", "journal.errors", "journal.bundle", "journal.recovery", "journal.journaling",
+    "approver.planning",
+    "approver.policy",
+    "approver.signing",
+    "approver.execution",
+    "approver.answers",
+    "journal.canonical",
+    "journal.chain",
+    "journal.declarations",
+    "journal.bindings",
+    "journal.dependencies",
+    "journal.outcomes",
+    "journal.ports",
+    "journal.errors",
+    "journal.bundle",
+    "journal.recovery",
+    "journal.journaling",
 )
 # Imports inside functions that are there for another reason than a loop: Django's app loading (models
 # are ready only in `ready`), and the demo, which configures Django before it may import any model.
@@ -55,8 +68,11 @@ def imported(name: str, path: Path, *, top_level_only: bool) -> set[str]:
 
 
 def test_the_journal_imports_nothing_from_the_approval_side():
-    offending = {name: sorted(n for n in imported(name, path, top_level_only=False) if n.split(".")[0] == "approver")
-                 for name, path in modules().items() if name.split(".")[0] == "journal"}
+    offending = {
+        name: sorted(n for n in imported(name, path, top_level_only=False) if n.split(".")[0] == "approver")
+        for name, path in modules().items()
+        if name.split(".")[0] == "journal"
+    }
     assert {name: found for name, found in offending.items() if found} == {}
 
 
@@ -98,13 +114,22 @@ def test_no_function_level_import_dodges_a_loop():
     hidden = []
     for name, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and (name, node.name) not in FUNCTION_IMPORTS_ALLOWED:
-                hidden += [f"{name}.{node.name}" for sub in ast.walk(node) if isinstance(sub, ast.Import | ast.ImportFrom)]
+            if (
+                isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                and (name, node.name) not in FUNCTION_IMPORTS_ALLOWED
+            ):
+                hidden += [
+                    f"{name}.{node.name}"
+                    for sub in ast.walk(node)
+                    if isinstance(sub, ast.Import | ast.ImportFrom)
+                ]
     assert hidden == []
 
 
 def test_no_module_of_the_app_grows_past_one_concept():
-    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    long = {
+        name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
     assert long == {}
 
 

@@ -9,74 +9,178 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('approver', '0001_roles'),
-        ('journal', '0002_toolserver_updated_at'),
+        ("approver", "0001_roles"),
+        ("journal", "0002_toolserver_updated_at"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Plan',
+            name="Plan",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('public_id', models.UUIDField(default=uuid.uuid4, editable=False, unique=True)),
-                ('reason', models.TextField(blank=True)),
-                ('from_step', models.PositiveIntegerField(blank=True, null=True)),
-                ('chosen_steps', models.JSONField(blank=True, default=list)),
-                ('state', models.CharField(choices=[('draft', 'Draft'), ('checking', 'Checking'), ('ready', 'Ready for sign-off'), ('approved', 'Approved'), ('executing', 'Executing'), ('completed', 'Completed'), ('partially_completed', 'Partially completed'), ('failed', 'Failed'), ('rejected', 'Rejected'), ('expired', 'Expired'), ('cancelled', 'Cancelled'), ('superseded', 'Superseded')], default='draft', max_length=24)),
-                ('digest', models.CharField(blank=True, max_length=64)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('checks_total', models.PositiveIntegerField(default=0)),
-                ('checks_done', models.PositiveIntegerField(default=0)),
-                ('check_round', models.PositiveIntegerField(default=0)),
-                ('checked_at', models.DateTimeField(blank=True, null=True)),
-                ('compensate_count', models.PositiveIntegerField(default=0)),
-                ('cannot_undo_count', models.PositiveIntegerField(default=0)),
-                ('conflict_count', models.PositiveIntegerField(default=0)),
-                ('requested_by', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='plans', to='journal.run')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("public_id", models.UUIDField(default=uuid.uuid4, editable=False, unique=True)),
+                ("reason", models.TextField(blank=True)),
+                ("from_step", models.PositiveIntegerField(blank=True, null=True)),
+                ("chosen_steps", models.JSONField(blank=True, default=list)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("draft", "Draft"),
+                            ("checking", "Checking"),
+                            ("ready", "Ready for sign-off"),
+                            ("approved", "Approved"),
+                            ("executing", "Executing"),
+                            ("completed", "Completed"),
+                            ("partially_completed", "Partially completed"),
+                            ("failed", "Failed"),
+                            ("rejected", "Rejected"),
+                            ("expired", "Expired"),
+                            ("cancelled", "Cancelled"),
+                            ("superseded", "Superseded"),
+                        ],
+                        default="draft",
+                        max_length=24,
+                    ),
+                ),
+                ("digest", models.CharField(blank=True, max_length=64)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("checks_total", models.PositiveIntegerField(default=0)),
+                ("checks_done", models.PositiveIntegerField(default=0)),
+                ("check_round", models.PositiveIntegerField(default=0)),
+                ("checked_at", models.DateTimeField(blank=True, null=True)),
+                ("compensate_count", models.PositiveIntegerField(default=0)),
+                ("cannot_undo_count", models.PositiveIntegerField(default=0)),
+                ("conflict_count", models.PositiveIntegerField(default=0)),
+                (
+                    "requested_by",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="plans", to="journal.run"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='PlanItem',
+            name="PlanItem",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('position', models.PositiveIntegerField()),
-                ('action', models.CharField(choices=[('compensate', 'Will be undone'), ('cannot_undo', 'Cannot be undone'), ('nothing_to_undo', 'Nothing to undo'), ('already_undone', 'Already undone')], max_length=20)),
-                ('rule', models.CharField(choices=[('chosen', 'Chosen'), ('all-earlier', 'All-earlier rule'), ('inferred', 'Inferred from values'), ('declared', 'Declared')], max_length=20)),
-                ('pulled_in_by', models.PositiveIntegerField(blank=True, help_text='The step whose dependency added this one.', null=True)),
-                ('pointers', models.JSONField(blank=True, default=list)),
-                ('tool', models.CharField(blank=True, max_length=200)),
-                ('arguments', models.JSONField(blank=True, null=True)),
-                ('if_version', models.CharField(blank=True, max_length=200)),
-                ('idempotency_key', models.CharField(blank=True, max_length=100)),
-                ('dialect', models.CharField(blank=True, max_length=20)),
-                ('via', models.CharField(blank=True, max_length=10)),
-                ('side_effect', models.TextField(blank=True)),
-                ('cost', models.JSONField(blank=True, null=True)),
-                ('undo_by', models.DateTimeField(blank=True, null=True)),
-                ('needs_human', models.TextField(blank=True)),
-                ('reason', models.TextField(blank=True)),
-                ('remedy', models.TextField(blank=True)),
-                ('check_status', models.CharField(blank=True, choices=[('', 'Not checked'), ('pending', 'Waiting'), ('ok', 'Would work now'), ('conflict', 'Changed since'), ('expired', 'Window closed'), ('unavailable', 'Unavailable'), ('error', 'Error')], max_length=12)),
-                ('check_detail', models.JSONField(blank=True, default=dict)),
-                ('checked_at', models.DateTimeField(blank=True, null=True)),
-                ('outcome', models.CharField(blank=True, max_length=24)),
-                ('holds_step', models.BooleanField(default=True)),
-                ('plan', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='items', to='approver.plan')),
-                ('step', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='plan_items', to='journal.step')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("position", models.PositiveIntegerField()),
+                (
+                    "action",
+                    models.CharField(
+                        choices=[
+                            ("compensate", "Will be undone"),
+                            ("cannot_undo", "Cannot be undone"),
+                            ("nothing_to_undo", "Nothing to undo"),
+                            ("already_undone", "Already undone"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                (
+                    "rule",
+                    models.CharField(
+                        choices=[
+                            ("chosen", "Chosen"),
+                            ("all-earlier", "All-earlier rule"),
+                            ("inferred", "Inferred from values"),
+                            ("declared", "Declared"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                (
+                    "pulled_in_by",
+                    models.PositiveIntegerField(
+                        blank=True, help_text="The step whose dependency added this one.", null=True
+                    ),
+                ),
+                ("pointers", models.JSONField(blank=True, default=list)),
+                ("tool", models.CharField(blank=True, max_length=200)),
+                ("arguments", models.JSONField(blank=True, null=True)),
+                ("if_version", models.CharField(blank=True, max_length=200)),
+                ("idempotency_key", models.CharField(blank=True, max_length=100)),
+                ("dialect", models.CharField(blank=True, max_length=20)),
+                ("via", models.CharField(blank=True, max_length=10)),
+                ("side_effect", models.TextField(blank=True)),
+                ("cost", models.JSONField(blank=True, null=True)),
+                ("undo_by", models.DateTimeField(blank=True, null=True)),
+                ("needs_human", models.TextField(blank=True)),
+                ("reason", models.TextField(blank=True)),
+                ("remedy", models.TextField(blank=True)),
+                (
+                    "check_status",
+                    models.CharField(
+                        blank=True,
+                        choices=[
+                            ("", "Not checked"),
+                            ("pending", "Waiting"),
+                            ("ok", "Would work now"),
+                            ("conflict", "Changed since"),
+                            ("expired", "Window closed"),
+                            ("unavailable", "Unavailable"),
+                            ("error", "Error"),
+                        ],
+                        max_length=12,
+                    ),
+                ),
+                ("check_detail", models.JSONField(blank=True, default=dict)),
+                ("checked_at", models.DateTimeField(blank=True, null=True)),
+                ("outcome", models.CharField(blank=True, max_length=24)),
+                ("holds_step", models.BooleanField(default=True)),
+                (
+                    "plan",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="items", to="approver.plan"
+                    ),
+                ),
+                (
+                    "step",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="plan_items",
+                        to="journal.step",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['plan', 'position'],
-                'constraints': [models.UniqueConstraint(fields=('plan', 'position'), name='unique_item_position_per_plan'), models.UniqueConstraint(condition=models.Q(('holds_step', True)), fields=('step',), name='one_open_plan_per_step')],
+                "ordering": ["plan", "position"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("plan", "position"), name="unique_item_position_per_plan"
+                    ),
+                    models.UniqueConstraint(
+                        condition=models.Q(("holds_step", True)),
+                        fields=("step",),
+                        name="one_open_plan_per_step",
+                    ),
+                ],
             },
         ),
     ]

@@ -10,69 +10,164 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approver', '0003_passkeys'),
+        ("approver", "0003_passkeys"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ApprovalRules',
+            name="ApprovalRules",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('approver_role', models.CharField(default='approver', help_text='The group whose members may approve or reject plans.', max_length=80)),
-                ('quorum', models.PositiveSmallIntegerField(default=2, help_text='Distinct approvers needed before a plan may run.', validators=[django.core.validators.MinValueValidator(1)])),
-                ('valid_for', models.DurationField(default=datetime.timedelta(days=1), help_text="How long an approval counts (never past the plan's first undo deadline).")),
-                ('separation_of_duties', models.BooleanField(default=True, help_text='The person who asked for the plan and the person the agent acted for cannot approve it.')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "approver_role",
+                    models.CharField(
+                        default="approver",
+                        help_text="The group whose members may approve or reject plans.",
+                        max_length=80,
+                    ),
+                ),
+                (
+                    "quorum",
+                    models.PositiveSmallIntegerField(
+                        default=2,
+                        help_text="Distinct approvers needed before a plan may run.",
+                        validators=[django.core.validators.MinValueValidator(1)],
+                    ),
+                ),
+                (
+                    "valid_for",
+                    models.DurationField(
+                        default=datetime.timedelta(days=1),
+                        help_text="How long an approval counts (never past the plan's first undo deadline).",
+                    ),
+                ),
+                (
+                    "separation_of_duties",
+                    models.BooleanField(
+                        default=True,
+                        help_text="The person who asked for the plan and the person the agent acted for "
+                                  "cannot approve it.",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'approval rules',
-                'verbose_name_plural': 'approval rules',
+                "verbose_name": "approval rules",
+                "verbose_name_plural": "approval rules",
             },
         ),
         migrations.AddField(
-            model_name='planitem',
-            name='conflict_choice',
-            field=models.CharField(blank=True, choices=[('', 'Not chosen'), ('keep_newer', 'Keep the newer change (skip this undo)'), ('overwrite', 'Overwrite the version I saw')], max_length=12),
+            model_name="planitem",
+            name="conflict_choice",
+            field=models.CharField(
+                blank=True,
+                choices=[
+                    ("", "Not chosen"),
+                    ("keep_newer", "Keep the newer change (skip this undo)"),
+                    ("overwrite", "Overwrite the version I saw"),
+                ],
+                max_length=12,
+            ),
         ),
         migrations.CreateModel(
-            name='Approval',
+            name="Approval",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('decision', models.CharField(choices=[('approve', 'Approved'), ('reject', 'Rejected')], max_length=10)),
-                ('reason', models.TextField(blank=True)),
-                ('digest', models.CharField(max_length=64)),
-                ('choices', models.JSONField(blank=True, default=dict)),
-                ('content', models.JSONField(help_text="The plan's content as signed, to show what changed since.")),
-                ('nonce', models.CharField(max_length=64, unique=True)),
-                ('challenge', models.CharField(max_length=64)),
-                ('assertion', models.JSONField(help_text='The WebAuthn assertion as the browser sent it.')),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('expires_at', models.DateTimeField()),
-                ('approver', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('passkey', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='approvals', to='approver.passkey')),
-                ('plan', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='approvals', to='approver.plan')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "decision",
+                    models.CharField(
+                        choices=[("approve", "Approved"), ("reject", "Rejected")], max_length=10
+                    ),
+                ),
+                ("reason", models.TextField(blank=True)),
+                ("digest", models.CharField(max_length=64)),
+                ("choices", models.JSONField(blank=True, default=dict)),
+                (
+                    "content",
+                    models.JSONField(help_text="The plan's content as signed, to show what changed since."),
+                ),
+                ("nonce", models.CharField(max_length=64, unique=True)),
+                ("challenge", models.CharField(max_length=64)),
+                ("assertion", models.JSONField(help_text="The WebAuthn assertion as the browser sent it.")),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("expires_at", models.DateTimeField()),
+                (
+                    "approver",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "passkey",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="approvals",
+                        to="approver.passkey",
+                    ),
+                ),
+                (
+                    "plan",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="approvals",
+                        to="approver.plan",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['plan', 'created_at'],
+                "ordering": ["plan", "created_at"],
             },
         ),
         migrations.CreateModel(
-            name='SigningRequest',
+            name="SigningRequest",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('nonce', models.CharField(max_length=64, unique=True)),
-                ('decision', models.CharField(max_length=10)),
-                ('choices', models.JSONField(blank=True, default=dict)),
-                ('reason', models.TextField(blank=True)),
-                ('digest', models.CharField(max_length=64)),
-                ('challenge', models.CharField(help_text='base64url of the 32 bytes the passkey signs', max_length=64)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('expires_at', models.DateTimeField()),
-                ('used_at', models.DateTimeField(blank=True, null=True)),
-                ('plan', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='signing_requests', to='approver.plan')),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("nonce", models.CharField(max_length=64, unique=True)),
+                ("decision", models.CharField(max_length=10)),
+                ("choices", models.JSONField(blank=True, default=dict)),
+                ("reason", models.TextField(blank=True)),
+                ("digest", models.CharField(max_length=64)),
+                (
+                    "challenge",
+                    models.CharField(help_text="base64url of the 32 bytes the passkey signs", max_length=64),
+                ),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("expires_at", models.DateTimeField()),
+                ("used_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "plan",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="signing_requests",
+                        to="approver.plan",
+                    ),
+                ),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
     ]

@@ -4,20 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approver', '0004_approvals'),
+        ("approver", "0004_approvals"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='plan',
-            name='outcome_notified',
+            model_name="plan",
+            name="outcome_notified",
             field=models.BooleanField(default=False),
         ),
         migrations.AddField(
-            model_name='plan',
-            name='ready_notified_round',
+            model_name="plan",
+            name="ready_notified_round",
             field=models.PositiveIntegerField(default=0),
         ),
     ]

@@ -4,45 +4,44 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approver', '0005_notifications'),
+        ("approver", "0005_notifications"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='plan',
-            name='execution_summary',
+            model_name="plan",
+            name="execution_summary",
             field=models.CharField(blank=True, max_length=300),
         ),
         migrations.AddField(
-            model_name='plan',
-            name='stop_reason',
+            model_name="plan",
+            name="stop_reason",
             field=models.TextField(blank=True),
         ),
         migrations.AddField(
-            model_name='planitem',
-            name='attempts',
+            model_name="planitem",
+            name="attempts",
             field=models.PositiveSmallIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='planitem',
-            name='exec_finished_at',
+            model_name="planitem",
+            name="exec_finished_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='planitem',
-            name='exec_started_at',
+            model_name="planitem",
+            name="exec_started_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='planitem',
-            name='exec_state',
+            model_name="planitem",
+            name="exec_state",
             field=models.CharField(blank=True, max_length=10),
         ),
         migrations.AddField(
-            model_name='planitem',
-            name='outcome_detail',
+            model_name="planitem",
+            name="outcome_detail",
             field=models.JSONField(blank=True, default=dict),
         ),
     ]

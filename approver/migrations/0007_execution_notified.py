@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approver', '0006_execution'),
+        ("approver", "0006_execution"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='plan',
-            name='execution_notified',
+            model_name="plan",
+            name="execution_notified",
             field=models.BooleanField(default=False),
         ),
     ]

@@ -5,36 +5,65 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approver', '0007_execution_notified'),
-        ('journal', '0002_toolserver_updated_at'),
+        ("approver", "0007_execution_notified"),
+        ("journal", "0002_toolserver_updated_at"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='plan',
-            name='compensation_run',
-            field=models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='compensates_plan', to='journal.run'),
+            model_name="plan",
+            name="compensation_run",
+            field=models.OneToOneField(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="compensates_plan",
+                to="journal.run",
+            ),
         ),
         migrations.AddField(
-            model_name='plan',
-            name='paused_at',
+            model_name="plan",
+            name="paused_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='plan',
-            name='paused_by',
+            model_name="plan",
+            name="paused_by",
             field=models.CharField(blank=True, max_length=150),
         ),
         migrations.AddField(
-            model_name='planitem',
-            name='call_step',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='journal.step'),
+            model_name="planitem",
+            name="call_step",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="+",
+                to="journal.step",
+            ),
         ),
         migrations.AlterField(
-            model_name='plan',
-            name='state',
-            field=models.CharField(choices=[('draft', 'Draft'), ('checking', 'Checking'), ('ready', 'Ready for sign-off'), ('approved', 'Approved'), ('executing', 'Executing'), ('paused', 'Paused'), ('completed', 'Completed'), ('partially_completed', 'Partially completed'), ('failed', 'Failed'), ('rejected', 'Rejected'), ('expired', 'Expired'), ('cancelled', 'Cancelled'), ('superseded', 'Superseded')], default='draft', max_length=24),
+            model_name="plan",
+            name="state",
+            field=models.CharField(
+                choices=[
+                    ("draft", "Draft"),
+                    ("checking", "Checking"),
+                    ("ready", "Ready for sign-off"),
+                    ("approved", "Approved"),
+                    ("executing", "Executing"),
+                    ("paused", "Paused"),
+                    ("completed", "Completed"),
+                    ("partially_completed", "Partially completed"),
+                    ("failed", "Failed"),
+                    ("rejected", "Rejected"),
+                    ("expired", "Expired"),
+                    ("cancelled", "Cancelled"),
+                    ("superseded", "Superseded"),
+                ],
+                default="draft",
+                max_length=24,
+            ),
         ),
     ]

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approver', '0008_pause_and_compensation_run'),
+        ("approver", "0008_pause_and_compensation_run"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='planitem',
-            name='retry_at',
+            model_name="planitem",
+            name="retry_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
     ]

@@ -10,138 +10,343 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approver', '0009_retry_at'),
-        ('journal', '0003_policy_decisions'),
+        ("approver", "0009_retry_at"),
+        ("journal", "0003_policy_decisions"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='PolicyChange',
+            name="PolicyChange",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('seq', models.PositiveIntegerField(unique=True)),
-                ('ts', models.CharField(max_length=40)),
-                ('event', models.CharField(max_length=20)),
-                ('data', models.JSONField()),
-                ('prev_hash', models.CharField(max_length=64)),
-                ('hash', models.CharField(max_length=64)),
-                ('key_id', models.CharField(max_length=64)),
-                ('signature', models.CharField(max_length=200)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("seq", models.PositiveIntegerField(unique=True)),
+                ("ts", models.CharField(max_length=40)),
+                ("event", models.CharField(max_length=20)),
+                ("data", models.JSONField()),
+                ("prev_hash", models.CharField(max_length=64)),
+                ("hash", models.CharField(max_length=64)),
+                ("key_id", models.CharField(max_length=64)),
+                ("signature", models.CharField(max_length=200)),
             ],
             options={
-                'ordering': ['seq'],
+                "ordering": ["seq"],
             },
         ),
         migrations.AlterField(
-            model_name='signingrequest',
-            name='plan',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='signing_requests', to='approver.plan'),
+            model_name="signingrequest",
+            name="plan",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="signing_requests",
+                to="approver.plan",
+            ),
         ),
         migrations.CreateModel(
-            name='ActionRequest',
+            name="ActionRequest",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('public_id', models.UUIDField(default=uuid.uuid4, editable=False, unique=True)),
-                ('tool', models.CharField(max_length=200)),
-                ('arguments', models.JSONField()),
-                ('digest', models.CharField(help_text='SHA-256 of the JCS of {agent, server, tool, arguments}.', max_length=64)),
-                ('call_class', models.CharField(max_length=30)),
-                ('reason', models.TextField(help_text="The policy's decision, in words.")),
-                ('why', models.JSONField(blank=True, default=dict, help_text="The server's own reason and remedy.")),
-                ('policy_name', models.CharField(blank=True, max_length=100)),
-                ('approver_group', models.CharField(max_length=150)),
-                ('quorum', models.PositiveSmallIntegerField(default=1)),
-                ('state', models.CharField(choices=[('pending', 'Waiting for approval'), ('approved', 'Approved'), ('denied', 'Denied'), ('expired', 'Expired'), ('used', 'Approved and made')], default='pending', max_length=10)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('expires_at', models.DateTimeField(help_text='After this, an approval can no longer be given or used.')),
-                ('decided_at', models.DateTimeField(blank=True, null=True)),
-                ('decided_by', models.CharField(blank=True, max_length=300)),
-                ('decision_reason', models.TextField(blank=True)),
-                ('used_at', models.DateTimeField(blank=True, null=True)),
-                ('notified', models.BooleanField(default=False)),
-                ('agent', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='journal.agent')),
-                ('run', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='journal.run')),
-                ('server', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='journal.toolserver')),
-                ('step', models.ForeignKey(blank=True, help_text='The first call that was held for it.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='journal.step')),
-                ('used_step', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='journal.step')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("public_id", models.UUIDField(default=uuid.uuid4, editable=False, unique=True)),
+                ("tool", models.CharField(max_length=200)),
+                ("arguments", models.JSONField()),
+                (
+                    "digest",
+                    models.CharField(
+                        help_text="SHA-256 of the JCS of {agent, server, tool, arguments}.", max_length=64
+                    ),
+                ),
+                ("call_class", models.CharField(max_length=30)),
+                ("reason", models.TextField(help_text="The policy's decision, in words.")),
+                (
+                    "why",
+                    models.JSONField(
+                        blank=True, default=dict, help_text="The server's own reason and remedy."
+                    ),
+                ),
+                ("policy_name", models.CharField(blank=True, max_length=100)),
+                ("approver_group", models.CharField(max_length=150)),
+                ("quorum", models.PositiveSmallIntegerField(default=1)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Waiting for approval"),
+                            ("approved", "Approved"),
+                            ("denied", "Denied"),
+                            ("expired", "Expired"),
+                            ("used", "Approved and made"),
+                        ],
+                        default="pending",
+                        max_length=10,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "expires_at",
+                    models.DateTimeField(help_text="After this, an approval can no longer be given or used."),
+                ),
+                ("decided_at", models.DateTimeField(blank=True, null=True)),
+                ("decided_by", models.CharField(blank=True, max_length=300)),
+                ("decision_reason", models.TextField(blank=True)),
+                ("used_at", models.DateTimeField(blank=True, null=True)),
+                ("notified", models.BooleanField(default=False)),
+                (
+                    "agent",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="+", to="journal.agent"
+                    ),
+                ),
+                (
+                    "run",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="journal.run",
+                    ),
+                ),
+                (
+                    "server",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="+", to="journal.toolserver"
+                    ),
+                ),
+                (
+                    "step",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="The first call that was held for it.",
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="journal.step",
+                    ),
+                ),
+                (
+                    "used_step",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="journal.step",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.AddField(
-            model_name='signingrequest',
-            name='action',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='signing_requests', to='approver.actionrequest'),
+            model_name="signingrequest",
+            name="action",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="signing_requests",
+                to="approver.actionrequest",
+            ),
         ),
         migrations.CreateModel(
-            name='AutonomyPolicy',
+            name="AutonomyPolicy",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('scope', models.CharField(choices=[('everything', 'Every call'), ('agent', 'One agent'), ('server', 'One tool server'), ('tool', 'One tool')], max_length=12)),
-                ('tool', models.CharField(blank=True, max_length=200)),
-                ('decisions', models.JSONField(help_text='allow | ask | deny for each class of call (approver.policy.CLASSES).')),
-                ('approver_group', models.CharField(default='approver', help_text='The group whose members approve held calls.', max_length=150)),
-                ('quorum', models.PositiveSmallIntegerField(default=1, validators=[django.core.validators.MinValueValidator(1)])),
-                ('ask_timeout', models.PositiveIntegerField(default=60, help_text='Seconds a held call waits for approval.')),
-                ('auto_run_plans', models.BooleanField(default=False, help_text='Reversal plans whose items are all compensate-via-api, with no conflict, side effect or cost, run without a human.')),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('agent', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='journal.agent')),
-                ('server', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='journal.toolserver')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100)),
+                (
+                    "scope",
+                    models.CharField(
+                        choices=[
+                            ("everything", "Every call"),
+                            ("agent", "One agent"),
+                            ("server", "One tool server"),
+                            ("tool", "One tool"),
+                        ],
+                        max_length=12,
+                    ),
+                ),
+                ("tool", models.CharField(blank=True, max_length=200)),
+                (
+                    "decisions",
+                    models.JSONField(
+                        help_text="allow | ask | deny for each class of call (approver.policy.CLASSES)."
+                    ),
+                ),
+                (
+                    "approver_group",
+                    models.CharField(
+                        default="approver",
+                        help_text="The group whose members approve held calls.",
+                        max_length=150,
+                    ),
+                ),
+                (
+                    "quorum",
+                    models.PositiveSmallIntegerField(
+                        default=1, validators=[django.core.validators.MinValueValidator(1)]
+                    ),
+                ),
+                (
+                    "ask_timeout",
+                    models.PositiveIntegerField(
+                        default=60, help_text="Seconds a held call waits for approval."
+                    ),
+                ),
+                (
+                    "auto_run_plans",
+                    models.BooleanField(
+                        default=False,
+                        help_text="Reversal plans whose items are all compensate-via-api, with no conflict, "
+                                  "side effect or cost, run without a human.",
+                    ),
+                ),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "agent",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="journal.agent",
+                    ),
+                ),
+                (
+                    "server",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="journal.toolserver",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'autonomy policies',
-                'ordering': ['scope', 'name'],
+                "verbose_name_plural": "autonomy policies",
+                "ordering": ["scope", "name"],
             },
         ),
         migrations.AddField(
-            model_name='actionrequest',
-            name='policy',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='approver.autonomypolicy'),
+            model_name="actionrequest",
+            name="policy",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to="approver.autonomypolicy",
+            ),
         ),
         migrations.CreateModel(
-            name='ActionApproval',
+            name="ActionApproval",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('decision', models.CharField(choices=[('approve', 'Approved'), ('reject', 'Denied')], max_length=10)),
-                ('reason', models.TextField(blank=True)),
-                ('digest', models.CharField(max_length=64)),
-                ('nonce', models.CharField(max_length=64, unique=True)),
-                ('challenge', models.CharField(max_length=64)),
-                ('assertion', models.JSONField()),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('approver', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('passkey', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='action_approvals', to='approver.passkey')),
-                ('request', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='approvals', to='approver.actionrequest')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "decision",
+                    models.CharField(choices=[("approve", "Approved"), ("reject", "Denied")], max_length=10),
+                ),
+                ("reason", models.TextField(blank=True)),
+                ("digest", models.CharField(max_length=64)),
+                ("nonce", models.CharField(max_length=64, unique=True)),
+                ("challenge", models.CharField(max_length=64)),
+                ("assertion", models.JSONField()),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "approver",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "passkey",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="action_approvals",
+                        to="approver.passkey",
+                    ),
+                ),
+                (
+                    "request",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="approvals",
+                        to="approver.actionrequest",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['request', 'created_at'],
-                'constraints': [models.UniqueConstraint(fields=('request', 'approver'), name='one_decision_per_approver')],
+                "ordering": ["request", "created_at"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("request", "approver"), name="one_decision_per_approver")
+                ],
             },
         ),
         migrations.AddConstraint(
-            model_name='autonomypolicy',
-            constraint=models.UniqueConstraint(condition=models.Q(('scope', 'everything')), fields=('scope',), name='one_policy_for_everything', violation_error_message='Another policy already covers this; edit that one instead.'),
+            model_name="autonomypolicy",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("scope", "everything")),
+                fields=("scope",),
+                name="one_policy_for_everything",
+                violation_error_message="Another policy already covers this; edit that one instead.",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='autonomypolicy',
-            constraint=models.UniqueConstraint(condition=models.Q(('scope', 'agent')), fields=('agent',), name='one_policy_per_agent', violation_error_message='Another policy already covers this; edit that one instead.'),
+            model_name="autonomypolicy",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("scope", "agent")),
+                fields=("agent",),
+                name="one_policy_per_agent",
+                violation_error_message="Another policy already covers this; edit that one instead.",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='autonomypolicy',
-            constraint=models.UniqueConstraint(condition=models.Q(('scope', 'server')), fields=('server',), name='one_policy_per_server', violation_error_message='Another policy already covers this; edit that one instead.'),
+            model_name="autonomypolicy",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("scope", "server")),
+                fields=("server",),
+                name="one_policy_per_server",
+                violation_error_message="Another policy already covers this; edit that one instead.",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='autonomypolicy',
-            constraint=models.UniqueConstraint(condition=models.Q(('scope', 'tool')), fields=('server', 'tool'), name='one_policy_per_tool', violation_error_message='Another policy already covers this; edit that one instead.'),
+            model_name="autonomypolicy",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("scope", "tool")),
+                fields=("server", "tool"),
+                name="one_policy_per_tool",
+                violation_error_message="Another policy already covers this; edit that one instead.",
+            ),
         ),
         migrations.AddIndex(
-            model_name='actionrequest',
-            index=models.Index(fields=['digest', 'state'], name='approver_ac_digest_1101f2_idx'),
+            model_name="actionrequest",
+            index=models.Index(fields=["digest", "state"], name="approver_ac_digest_1101f2_idx"),
         ),
     ]

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approver', '0010_autonomy_policies'),
+        ("approver", "0010_autonomy_policies"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='plan',
-            name='approved_by_policy',
+            model_name="plan",
+            name="approved_by_policy",
             field=models.CharField(blank=True, max_length=64),
         ),
     ]

@@ -4,20 +4,23 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approver', '0011_approved_by_policy'),
+        ("approver", "0011_approved_by_policy"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='actionrequest',
-            name='meta',
-            field=models.JSONField(blank=True, help_text="The _meta sent, as approved (plus the Recorder's key).", null=True),
+            model_name="actionrequest",
+            name="meta",
+            field=models.JSONField(
+                blank=True, help_text="The _meta sent, as approved (plus the Recorder's key).", null=True
+            ),
         ),
         migrations.AlterField(
-            model_name='actionrequest',
-            name='digest',
-            field=models.CharField(help_text='SHA-256 of the JCS of {agent, server, tool, arguments, meta}.', max_length=64),
+            model_name="actionrequest",
+            name="digest",
+            field=models.CharField(
+                help_text="SHA-256 of the JCS of {agent, server, tool, arguments, meta}.", max_length=64
+            ),
         ),
     ]

@@ -4,15 +4,20 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approver', '0012_held_call_meta'),
+        ("approver", "0012_held_call_meta"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='autonomypolicy',
-            name='allow_unknown_retries',
-            field=models.BooleanField(default=False, help_text='A call repeated after its first attempt timed out or was cancelled while the server had it goes through without a human (only for tools where acting twice is harmless).', verbose_name='Let repeats after an unknown outcome through'),
+            model_name="autonomypolicy",
+            name="allow_unknown_retries",
+            field=models.BooleanField(
+                default=False,
+                help_text="A call repeated after its first attempt timed out or was cancelled while the "
+                          "server had it goes through without a human (only for tools where acting twice is "
+                          "harmless).",
+                verbose_name="Let repeats after an unknown outcome through",
+            ),
         ),
     ]

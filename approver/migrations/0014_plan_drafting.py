@@ -4,30 +4,48 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approver', '0013_policy_unknown_retries'),
+        ("approver", "0013_policy_unknown_retries"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='plan',
-            name='draft_done',
+            model_name="plan",
+            name="draft_done",
             field=models.PositiveIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='plan',
-            name='draft_total',
+            model_name="plan",
+            name="draft_total",
             field=models.PositiveIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='plan',
-            name='drafting_since',
+            model_name="plan",
+            name="drafting_since",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AlterField(
-            model_name='plan',
-            name='state',
-            field=models.CharField(choices=[('drafting', 'Drafting'), ('draft', 'Draft'), ('checking', 'Checking'), ('ready', 'Ready for sign-off'), ('approved', 'Approved'), ('executing', 'Executing'), ('paused', 'Paused'), ('completed', 'Completed'), ('partially_completed', 'Partially completed'), ('failed', 'Failed'), ('rejected', 'Rejected'), ('expired', 'Expired'), ('cancelled', 'Cancelled'), ('superseded', 'Superseded')], default='draft', max_length=24),
+            model_name="plan",
+            name="state",
+            field=models.CharField(
+                choices=[
+                    ("drafting", "Drafting"),
+                    ("draft", "Draft"),
+                    ("checking", "Checking"),
+                    ("ready", "Ready for sign-off"),
+                    ("approved", "Approved"),
+                    ("executing", "Executing"),
+                    ("paused", "Paused"),
+                    ("completed", "Completed"),
+                    ("partially_completed", "Partially completed"),
+                    ("failed", "Failed"),
+                    ("rejected", "Rejected"),
+                    ("expired", "Expired"),
+                    ("cancelled", "Cancelled"),
+                    ("superseded", "Superseded"),
+                ],
+                default="draft",
+                max_length=24,
+            ),
         ),
     ]

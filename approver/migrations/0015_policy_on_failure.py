@@ -4,15 +4,27 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approver', '0014_plan_drafting'),
+        ("approver", "0014_plan_drafting"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='autonomypolicy',
-            name='on_failure',
-            field=models.CharField(choices=[('nothing', 'Nothing: the agent gets its error'), ('propose', 'Propose an undo of the run for approvers'), ('unwind', 'Unwind the run before answering, where no human is needed (else propose)')], default='nothing', help_text="A failed call (an error from its server) stops the run: its earlier steps are undone, most recent first, from the step the agent marked as its task's start (sagaStart) or from step 1. Unwinding runs only plans these policies let run without a human.", max_length=10, verbose_name='When a call fails'),
+            model_name="autonomypolicy",
+            name="on_failure",
+            field=models.CharField(
+                choices=[
+                    ("nothing", "Nothing: the agent gets its error"),
+                    ("propose", "Propose an undo of the run for approvers"),
+                    ("unwind", "Unwind the run before answering, where no human is needed (else propose)"),
+                ],
+                default="nothing",
+                help_text="A failed call (an error from its server) stops the run: its earlier steps are "
+                          "undone, most recent first, from the step the agent marked as its task's start "
+                          "(sagaStart) or from step 1. Unwinding runs only plans these policies let run "
+                          "without a human.",
+                max_length=10,
+                verbose_name="When a call fails",
+            ),
         ),
     ]

@@ -8,6 +8,17 @@ from .plans import Plan, PlanItem, PlanQuerySet
 from .policies import ALREADY_COVERED, AutonomyPolicy, PolicyChange
 
 __all__ = [
-    "ALREADY_COVERED", "ActionApproval", "ActionRequest", "Approval", "ApprovalRules", "AutonomyPolicy", "Passkey",
-    "PasskeyQuerySet", "Plan", "PlanItem", "PlanQuerySet", "PolicyChange", "SigningRequest",
+    "ALREADY_COVERED",
+    "ActionApproval",
+    "ActionRequest",
+    "Approval",
+    "ApprovalRules",
+    "AutonomyPolicy",
+    "Passkey",
+    "PasskeyQuerySet",
+    "Plan",
+    "PlanItem",
+    "PlanQuerySet",
+    "PolicyChange",
+    "SigningRequest",
 ]

@@ -50,10 +50,14 @@ class ApprovalRules(models.Model):
                                      help_text="The group whose members may approve or reject plans.")
     quorum = models.PositiveSmallIntegerField(default=2, validators=[MinValueValidator(1)],
                                               help_text="Distinct approvers needed before a plan may run.")
-    valid_for = models.DurationField(default=timedelta(hours=24),
-                                     help_text="How long an approval counts (never past the plan's first undo deadline).")
+    valid_for = models.DurationField(
+        default=timedelta(hours=24),
+        help_text="How long an approval counts (never past the plan's first undo deadline).",
+    )
     separation_of_duties = models.BooleanField(
-        default=True, help_text="The person who asked for the plan and the person the agent acted for cannot approve it.")
+        default=True,
+        help_text="The person who asked for the plan and the person the agent acted for cannot approve it.",
+    )
 
     class Meta:
         verbose_name = verbose_name_plural = "approval rules"
@@ -70,7 +74,9 @@ class SigningRequest(models.Model):
     """A one-time challenge handed to an approver's browser: what they are about to sign."""
 
     # What is being signed: a plan, or a call held by an autonomy policy.
-    plan = models.ForeignKey(Plan, on_delete=models.CASCADE, null=True, blank=True, related_name="signing_requests")
+    plan = models.ForeignKey(
+        Plan, on_delete=models.CASCADE, null=True, blank=True, related_name="signing_requests"
+    )
     action = models.ForeignKey("ActionRequest", on_delete=models.CASCADE, null=True, blank=True,
                                related_name="signing_requests")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")

@@ -15,7 +15,8 @@ from .policies import AutonomyPolicy
 
 
 class ActionRequest(models.Model):
-    """A call the Recorder holds because its policy says `ask`: the exact call (server, tool, arguments, _meta)
+    """A call the Recorder holds because its policy says `ask`: the exact call (server, tool, arguments,
+    _meta)
     approvers sign with a passkey (`digest`), and whether its one call through has been used."""
 
     class State(models.TextChoices):
@@ -33,12 +34,18 @@ class ActionRequest(models.Model):
     server = models.ForeignKey("journal.ToolServer", on_delete=models.PROTECT, related_name="+")
     tool = models.CharField(max_length=200)
     arguments = models.JSONField()
-    meta = models.JSONField(null=True, blank=True, help_text="The _meta sent, as approved (plus the Recorder's key).")
-    digest = models.CharField(max_length=64, help_text="SHA-256 of the JCS of {agent, server, tool, arguments, meta}.")
+    meta = models.JSONField(
+        null=True, blank=True, help_text="The _meta sent, as approved (plus the Recorder's key)."
+    )
+    digest = models.CharField(
+        max_length=64, help_text="SHA-256 of the JCS of {agent, server, tool, arguments, meta}."
+    )
     call_class = models.CharField(max_length=30)
     reason = models.TextField(help_text="The policy's decision, in words.")
     why = models.JSONField(default=dict, blank=True, help_text="The server's own reason and remedy.")
-    policy = models.ForeignKey(AutonomyPolicy, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    policy = models.ForeignKey(
+        AutonomyPolicy, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
     policy_name = models.CharField(max_length=100, blank=True)
     approver_group = models.CharField(max_length=150)
     quorum = models.PositiveSmallIntegerField(default=1)
@@ -84,7 +91,9 @@ class ActionApproval(models.Model):
 
     class Meta:
         ordering = ["request", "created_at"]
-        constraints = [models.UniqueConstraint(fields=["request", "approver"], name="one_decision_per_approver")]
+        constraints = [
+            models.UniqueConstraint(fields=["request", "approver"], name="one_decision_per_approver")
+        ]
 
     def __str__(self):
         return f"{self.get_decision_display()} by {self.approver} on {self.request}"

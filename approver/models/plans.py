@@ -43,7 +43,15 @@ class Plan(models.Model):
         SUPERSEDED = "superseded", "Superseded"
 
     # Where each move starts from: the services' conditional updates and the pages' buttons read these.
-    OPEN_STATES = (State.DRAFTING, State.DRAFT, State.CHECKING, State.READY, State.APPROVED, State.EXECUTING, State.PAUSED)
+    OPEN_STATES = (
+        State.DRAFTING,
+        State.DRAFT,
+        State.CHECKING,
+        State.READY,
+        State.APPROVED,
+        State.EXECUTING,
+        State.PAUSED,
+    )
     FINISHED_STATES = (State.COMPLETED, State.PARTIALLY_COMPLETED, State.FAILED)
     CHECKABLE_STATES = (State.DRAFT, State.READY)
     CANCELLABLE_STATES = (State.DRAFTING, State.DRAFT, State.CHECKING, State.READY)
@@ -73,7 +81,8 @@ class Plan(models.Model):
     # cannot mix its answers into a newer round.
     check_round = models.PositiveIntegerField(default=0)
     checked_at = models.DateTimeField(null=True, blank=True)
-    # Which round's "ready" the approvers were told of, and whether the requester heard the outcome: claimed by
+    # Which round's "ready" the approvers were told of, and whether the requester heard the outcome: claimed
+    # by
     # a conditional update, so a notification task run twice sends once.
     ready_notified_round = models.PositiveIntegerField(default=0)
     # Execution's report line ("Reversed 2 of 3 actions; 1 cannot be undone") and why it stopped, if it did.
@@ -143,7 +152,9 @@ class PlanItem(models.Model):
     position = models.PositiveIntegerField()
     action = models.CharField(max_length=20, choices=Action.choices)
     rule = models.CharField(max_length=20, choices=Rule.choices)
-    pulled_in_by = models.PositiveIntegerField(null=True, blank=True, help_text="The step whose dependency added this one.")
+    pulled_in_by = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The step whose dependency added this one."
+    )
     pointers = models.JSONField(default=list, blank=True)
     # The compensation exactly as it would run: tool, resolved arguments, ifVersion, idempotency key.
     tool = models.CharField(max_length=200, blank=True)
@@ -171,11 +182,14 @@ class PlanItem(models.Model):
 
     conflict_choice = models.CharField(max_length=12, choices=Choice.choices, blank=True)
 
-    class Exec:  # `exec_state`'s values: "" until claimed, running while in flight, done once its outcome is kept
+    # `exec_state`'s values: "" until claimed, running while in flight, done once its outcome is kept
+    class Exec:
         NOT_STARTED, RUNNING, DONE = "", "running", "done"
 
     exec_state = models.CharField(max_length=10, blank=True)
-    outcome = models.CharField(max_length=24, blank=True)  # "compensated" makes the step "already undone" later
+    outcome = models.CharField(
+        max_length=24, blank=True
+    )  # "compensated" makes the step "already undone" later
     outcome_detail = models.JSONField(default=dict, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)
     # After a failure that is safe to repeat, the item is let go until then (Celery rings again at that time).

@@ -1,10 +1,12 @@
 """Every write on the approval side, one module per concept; views, tasks and commands call them as
 `approver.services.X`.
 
-- `plans`: ask for a reversal plan, its rounds of checks, cancel it.
+- `plans`: ask for a reversal plan, draft it, cancel it.
+- `checking`: a plan's rounds of checks against the tool servers.
 - `approvals`: the one passkey ceremony (a plan, a held call) and the transitions a decision makes.
 - `enrolment`: approvers' passkeys.
-- `executor`: run an approved plan; pause, resume, abort; the reconciler.
+- `executor`: run an approved plan, and the reconciler.
+- `controls`: pause, resume and abort a plan.
 - `outcomes`: unknown outcomes, checked again, settled by hand or tried again.
 - `policies`: autonomy policies and their signed change log.
 - `approval_rules`: who may sign and how many must, changes logged with the policies'.
@@ -41,6 +43,8 @@ from .approvals import (
     complete_signing,
     reject,
 )
+from .checking import WRITE_EVERY, finish_checks, queue_checks, record_checks, run_checks
+from .controls import abort_plan, pause_plan, resume_plan
 from .enrolment import (
     begin_enrolment,
     enroll_passkey,
@@ -51,15 +55,12 @@ from .enrolment import (
 )
 from .executor import (
     ExecutionStopped,
-    abort_plan,
     compensation_call,
     enter_executing,
     execute_plan,
-    pause_plan,
     queue_execution,
     reconcile_execution,
     recount,
-    resume_plan,
 )
 from .held_calls import (
     HeldCallGate,
@@ -73,16 +74,11 @@ from .held_calls import (
 from .outcomes import SETTLEMENTS, NotSettled, check_unknown, retry_unknown, settle_unknown
 from .plans import (
     DRAFT_STALE,
-    WRITE_EVERY,
     PlanRefused,
     ask_for_plan,
     cancel_plan,
     draft_plan,
-    finish_checks,
-    queue_checks,
-    record_checks,
     request_plan,
-    run_checks,
     step_facts,
 )
 from .policies import PolicyRefused, clean_policy, delete_policy, save_policy
@@ -90,17 +86,78 @@ from .policies import PolicyRefused, clean_policy, delete_policy, save_policy
 FINISHED_STATES = Plan.FINISHED_STATES
 
 __all__ = [
-    "rules_record", "save_approval_rules",
-    "DRAFT_STALE", "FINISHED_STATES", "POLICY_LOG", "SETTLEMENTS", "SIGNING_SECONDS", "WRITE_EVERY", "ActionRefused", "CheckResult",
-    "ExecutionStopped", "HeldCallGate", "NotSettled", "PlanRefused", "PolicyRefused", "abort_plan", "action_digest",
-    "action_refusal", "action_url", "approvals_for_bundle", "approve", "as_policy", "ask_for_plan", "begin_action_signing",
-    "begin_signing", "cancel_plan", "check_unknown", "claim_approved_action", "clean_policy", "compensation_call",
-    "complete_action_signing", "complete_signing", "conflict_positions", "content_rows", "counting_approvals",
-    "current_policies", "decide_call", "delete_policy", "draft_plan", "begin_enrolment", "enrolment_challenge", "enroll_passkey", "enter_executing", "execute_plan",
-    "expire_held_calls", "finish_checks", "held_call_state", "items_for_page", "passkey_registration_options",
-    "pause_plan", "plan_content", "plan_needs_a_human", "plan_url", "policy_record", "queue_checks",
-    "queue_execution", "recent_calls", "reconcile_execution", "record_checks", "recount", "reject",
-    "request_for_held_call", "request_plan", "resume_plan", "retry_unknown", "revoke_passkey", "run_checks",
-    "save_policy", "settle_unknown", "signing_refusal", "simulate_policy", "step_facts", "user_handle",
+    "rules_record",
+    "save_approval_rules",
+    "DRAFT_STALE",
+    "FINISHED_STATES",
+    "POLICY_LOG",
+    "SETTLEMENTS",
+    "SIGNING_SECONDS",
+    "WRITE_EVERY",
+    "ActionRefused",
+    "CheckResult",
+    "ExecutionStopped",
+    "HeldCallGate",
+    "NotSettled",
+    "PlanRefused",
+    "PolicyRefused",
+    "abort_plan",
+    "action_digest",
+    "action_refusal",
+    "action_url",
+    "approvals_for_bundle",
+    "approve",
+    "as_policy",
+    "ask_for_plan",
+    "begin_action_signing",
+    "begin_signing",
+    "cancel_plan",
+    "check_unknown",
+    "claim_approved_action",
+    "clean_policy",
+    "compensation_call",
+    "complete_action_signing",
+    "complete_signing",
+    "conflict_positions",
+    "content_rows",
+    "counting_approvals",
+    "current_policies",
+    "decide_call",
+    "delete_policy",
+    "draft_plan",
+    "begin_enrolment",
+    "enrolment_challenge",
+    "enroll_passkey",
+    "enter_executing",
+    "execute_plan",
+    "expire_held_calls",
+    "finish_checks",
+    "held_call_state",
+    "items_for_page",
+    "passkey_registration_options",
+    "pause_plan",
+    "plan_content",
+    "plan_needs_a_human",
+    "plan_url",
+    "policy_record",
+    "queue_checks",
+    "queue_execution",
+    "recent_calls",
+    "reconcile_execution",
+    "record_checks",
+    "recount",
+    "reject",
+    "request_for_held_call",
+    "request_plan",
+    "resume_plan",
+    "retry_unknown",
+    "revoke_passkey",
+    "run_checks",
+    "save_policy",
+    "settle_unknown",
+    "signing_refusal",
+    "simulate_policy",
+    "step_facts",
+    "user_handle",
     "verify_policy_log",
 ]

@@ -16,8 +16,13 @@ RULES_CHANGED = "rules_changed"
 
 def rules_record(rules: ApprovalRules) -> dict[str, Any]:
     """The rules as the change log keeps them."""
-    return {"name": "Approval rules", "approverRole": rules.approver_role, "quorum": rules.quorum,
-            "validForSeconds": int(rules.valid_for.total_seconds()), "separationOfDuties": rules.separation_of_duties}
+    return {
+        "name": "Approval rules",
+        "approverRole": rules.approver_role,
+        "quorum": rules.quorum,
+        "validForSeconds": int(rules.valid_for.total_seconds()),
+        "separationOfDuties": rules.separation_of_duties,
+    }
 
 
 def save_approval_rules(*, rules: ApprovalRules, by, now: datetime | None = None) -> ApprovalRules:

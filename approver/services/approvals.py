@@ -58,7 +58,9 @@ def _issue(*, user, keys: list[str], decision: str, reason: str, payload: Callab
     request = SigningRequest.objects.create(
         user=user, nonce=nonce, decision=decision, reason=reason, challenge=bytes_to_base64url(challenge),
         created_at=now, expires_at=now + timedelta(seconds=SIGNING_SECONDS), **subject)
-    return request, passkeys.authentication_options(rp=passkeys.this_site(), challenge=challenge, credential_ids=keys)
+    return request, passkeys.authentication_options(
+        rp=passkeys.this_site(), challenge=challenge, credential_ids=keys
+    )
 
 
 def _redeem(*, user, nonce: str, credential: Any, about: str, still_stands: Callable[[SigningRequest], Any],
@@ -71,14 +73,20 @@ def _redeem(*, user, nonce: str, credential: Any, about: str, still_stands: Call
     nonce = str(nonce)[:64]
     mine = SigningRequest.objects.filter(nonce=nonce, user=user)
     if subject is not None and mine.exclude(**{about: subject}).exists():
-        raise signing.SigningRefused(f"This signature was begun on another {_SUBJECT_WORDS[about]}; nothing was "
-                                     "signed. Start again on this page.")
+        raise signing.SigningRefused(
+            f"This signature was begun on another {_SUBJECT_WORDS[about]}; nothing was "
+            "signed. Start again on this page."
+        )
     if not mine.filter(**({about: subject} if subject is not None else {f"{about}__isnull": False}),
                        used_at__isnull=True, expires_at__gt=now).update(used_at=now):
         raise signing.SigningRefused("This signing request is unknown, already used or expired; start again.")
     request = SigningRequest.objects.get(nonce=nonce)
     answer = still_stands(request)
-    passkey = Passkey.objects.active().filter(user=user, credential_id=passkeys.credential_id_of(credential)).first()
+    passkey = (
+        Passkey.objects.active()
+        .filter(user=user, credential_id=passkeys.credential_id_of(credential))
+        .first()
+    )
     if passkey is None:
         raise signing.SigningRefused("That passkey is not one of your active passkeys.")
     try:
@@ -120,9 +128,19 @@ def begin_signing(*, plan: Plan, user, decision: str, choices: Any = None, reaso
     keys = _signing_keys(user, none_words="Enrol a passkey first: approvals are signed with it.")
     choices = signing.clean_choices(choices, conflicts=conflict_positions(plan), decision=decision)
     digest = planning.digest(plan_content(plan, choices=choices if decision == signing.APPROVE else None))
-    return _issue(user=user, keys=keys, decision=decision, reason=reason, now=now, plan=plan, choices=choices,
-                  digest=digest, payload=lambda nonce: signing.challenge_payload(
-                      plan=str(plan.public_id), digest=digest, decision=decision, choices=choices, nonce=nonce))
+    return _issue(
+        user=user,
+        keys=keys,
+        decision=decision,
+        reason=reason,
+        now=now,
+        plan=plan,
+        choices=choices,
+        digest=digest,
+        payload=lambda nonce: signing.challenge_payload(
+            plan=str(plan.public_id), digest=digest, decision=decision, choices=choices, nonce=nonce
+        ),
+    )
 
 
 def complete_signing(*, user, nonce: str, credential: Any, plan: Plan | None = None,
@@ -135,18 +153,28 @@ def complete_signing(*, user, nonce: str, credential: Any, plan: Plan | None = N
     def still_stands(request: SigningRequest) -> tuple[Plan, dict[str, Any]]:
         plan = Plan.objects.select_related("run__agent", "requested_by").get(pk=request.plan_id)
         if plan.state != Plan.State.READY:
-            raise signing.SigningRefused(f"The plan is {plan.get_state_display().lower()} now; nothing was signed.")
+            raise signing.SigningRefused(
+                f"The plan is {plan.get_state_display().lower()} now; nothing was signed."
+            )
         refusal = signing_refusal(plan=plan, user=user)
         if refusal:
             raise signing.SigningRefused(refusal)
         content = plan_content(plan, choices=request.choices if request.decision == signing.APPROVE else None)
         if planning.digest(content) != request.digest:
-            raise signing.SigningRefused("The plan changed while you were signing; read it again and sign the "
-                                         "new version.")
+            raise signing.SigningRefused(
+                "The plan changed while you were signing; read it again and sign the new version."
+            )
         return plan, content
 
     request, (plan, content), passkey, new_count = _redeem(
-        user=user, nonce=nonce, credential=credential, about="plan", still_stands=still_stands, now=now, subject=plan)
+        user=user,
+        nonce=nonce,
+        credential=credential,
+        about="plan",
+        still_stands=still_stands,
+        now=now,
+        subject=plan,
+    )
     rules = ApprovalRules.current()
     with transaction.atomic():
         locked = Plan.objects.select_for_update().get(pk=plan.pk)
@@ -156,7 +184,9 @@ def complete_signing(*, user, nonce: str, credential: Any, plan: Plan | None = N
         if request.decision == signing.APPROVE:
             for position, choice in request.choices.items():
                 plan.items.filter(position=int(position)).exclude(conflict_choice=choice).update(conflict_choice=choice)
-            plan.digest = request.digest  # the choices are now part of the plan: earlier approvals of other choices lapse
+            plan.digest = (
+                request.digest
+            )  # the choices are now part of the plan: earlier approvals of other choices lapse
         approval = Approval.objects.create(
             plan=plan, approver=user, passkey=passkey, decision=request.decision, reason=request.reason,
             digest=request.digest, choices=request.choices, content=content, nonce=request.nonce,
@@ -190,7 +220,11 @@ def approve(*, plan: Plan, approvers: list[str] | None, now: datetime) -> None:
     The caller holds the plan's row lock in a transaction; the worker is rung once it commits."""
     plan.state = Plan.State.APPROVED
     fields = ["state"]
-    data: dict[str, Any] = {"plan": str(plan.public_id), "digest": plan.digest, "approvers": sorted(approvers or [])}
+    data: dict[str, Any] = {
+        "plan": str(plan.public_id),
+        "digest": plan.digest,
+        "approvers": sorted(approvers or []),
+    }
     if approvers is None:
         plan.approved_by_policy = plan.digest
         fields.append("approved_by_policy")
@@ -221,7 +255,9 @@ def begin_action_signing(*, action: ActionRequest, user, decision: str, reason: 
         raise ActionRefused("Approve or deny.")
     if decision == signing.REJECT and not reason.strip():
         raise ActionRefused("Say why you deny it: the agent's owner reads it.")
-    keys = _signing_keys(user, none_words="Enrol a passkey first: decisions on held calls are signed with it.")
+    keys = _signing_keys(
+        user, none_words="Enrol a passkey first: decisions on held calls are signed with it."
+    )
     return _issue(user=user, keys=keys, decision=decision, reason=reason, now=now, action=action,
                   digest=action.digest, payload=lambda nonce: signing.action_payload(
                       action=str(action.public_id), digest=action.digest, decision=decision, nonce=nonce))
@@ -262,8 +298,11 @@ def complete_action_signing(*, user, nonce: str, credential: Any, action: Action
         elif approvals.count() >= locked.quorum:
             locked.state = ActionRequest.State.APPROVED
         if locked.state != ActionRequest.State.PENDING:
-            names = approvals.values_list("approver__username", flat=True) if locked.state == ActionRequest.State.APPROVED else [
-                user.get_username()]
+            names = (
+                approvals.values_list("approver__username", flat=True)
+                if locked.state == ActionRequest.State.APPROVED
+                else [user.get_username()]
+            )
             locked.decided_at, locked.decided_by = now, ", ".join(sorted(names))
             locked.save(update_fields=["state", "decided_at", "decided_by", "decision_reason"])
         if locked.run_id:

@@ -45,7 +45,9 @@ def passkey_registration_options(*, user, challenge: bytes) -> str:
         display_name=user.get_full_name() or user.get_username(), existing=existing, challenge=challenge)
 
 
-def enroll_passkey(*, user, name: str, credential: Any, challenge: bytes, now: datetime | None = None) -> Passkey:
+def enroll_passkey(
+    *, user, name: str, credential: Any, challenge: bytes, now: datetime | None = None
+) -> Passkey:
     """Keep a new passkey for `user` once its registration answers our challenge; PasskeyRefused if not."""
     name = (name or "").strip()[:100] or "Passkey"
     new = passkeys.verify_registration(rp=passkeys.this_site(), credential=credential, challenge=challenge)
@@ -60,5 +62,8 @@ def enroll_passkey(*, user, name: str, credential: Any, challenge: bytes, now: d
 
 def revoke_passkey(*, passkey: Passkey, now: datetime | None = None) -> bool:
     """A revoked passkey signs nothing more, and approvals it gave stop counting when a plan executes."""
-    return bool(Passkey.objects.filter(pk=passkey.pk, revoked_at__isnull=True).update(revoked_at=now or timezone.now()))
-
+    return bool(
+        Passkey.objects.filter(pk=passkey.pk, revoked_at__isnull=True).update(
+            revoked_at=now or timezone.now()
+        )
+    )

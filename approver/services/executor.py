@@ -40,7 +40,8 @@ def queue_execution(*, plan: Plan) -> None:
 
 
 def enter_executing(*, plan: Plan, from_states, now: datetime, only_if: dict | None = None, **fields) -> bool:
-    """The one way a plan becomes `executing` (from `from_states`): the worker taking an approved plan, a resume, an abort finishing a plan no worker runs, and a human's
+    """The one way a plan becomes `executing` (from `from_states`): the worker taking an approved plan, a
+    resume, an abort finishing a plan no worker runs, and a human's
     retry of one unknown outcome. A conditional update (on `from_states` and any `only_if` column values):
     False if the plan was not as expected. `fields` are written with the state."""
     return bool(Plan.objects.filter(pk=plan.pk, state__in=from_states, **(only_if or {})).update(
@@ -50,7 +51,9 @@ def enter_executing(*, plan: Plan, from_states, now: datetime, only_if: dict | N
 def qualifies(plan: Plan, now: datetime) -> None:
     if plan.approved_by_policy:
         # No human signed it: the policies let it run alone, and must still, for this exact content.
-        refusal = "the plan changed since" if plan.approved_by_policy != plan.digest else plan_needs_a_human(plan)
+        refusal = (
+            "the plan changed since" if plan.approved_by_policy != plan.digest else plan_needs_a_human(plan)
+        )
         if refusal:
             raise ExecutionStopped(f"The policies no longer let this plan run without a human: {refusal}")
         return
@@ -60,14 +63,25 @@ def qualifies(plan: Plan, now: datetime) -> None:
         raise ExecutionStopped(f"Only {len(counted)} of the {rules.quorum} approvals needed still hold "
                                "(expired, revoked, or the approver may no longer approve).")
     for approval in counted:  # the stored signature still covers the stored fields
-        payload = signing.challenge_payload(plan=str(plan.public_id), digest=approval.digest,
-                                            decision=approval.decision, choices=approval.choices, nonce=approval.nonce)
+        payload = signing.challenge_payload(
+            plan=str(plan.public_id),
+            digest=approval.digest,
+            decision=approval.decision,
+            choices=approval.choices,
+            nonce=approval.nonce,
+        )
         try:
-            passkeys.verify_assertion(rp=passkeys.this_site(), credential=approval.assertion,
-                                      challenge=signing.challenge(payload), public_key=approval.passkey.public_key,
-                                      sign_count=0)
+            passkeys.verify_assertion(
+                rp=passkeys.this_site(),
+                credential=approval.assertion,
+                challenge=signing.challenge(payload),
+                public_key=approval.passkey.public_key,
+                sign_count=0,
+            )
         except passkeys.PasskeyRefused:
-            raise ExecutionStopped(f"{approval.approver.get_username()}'s signature no longer verifies.") from None
+            raise ExecutionStopped(
+                f"{approval.approver.get_username()}'s signature no longer verifies."
+            ) from None
 
 
 def execute_plan(*, plan: Plan, later=None, now=timezone.now) -> Plan:
@@ -86,15 +100,22 @@ def execute_plan(*, plan: Plan, later=None, now=timezone.now) -> Plan:
     facts = {f.number: f for f in step_facts(plan.run)}
     numbers = sorted(facts)
     stops: dict[int, set[int]] = {}
-    for done in plan.items.filter(exec_state=DONE, outcome__in=execution.STOPS_DEPENDENCIES).select_related("step"):
+    for done in plan.items.filter(exec_state=DONE, outcome__in=execution.STOPS_DEPENDENCIES).select_related(
+        "step"
+    ):
         stops[done.step.number] = _dependencies(facts, done.step.number, numbers)
     while True:
-        item = plan.items.filter(exec_state=NOT_STARTED).select_related("step__server").order_by("position").first()
+        item = (
+            plan.items.filter(exec_state=NOT_STARTED)
+            .select_related("step__server")
+            .order_by("position")
+            .first()
+        )
         if item is None:
             break
         state, stop_reason = Plan.objects.filter(pk=plan.pk).values_list("state", "stop_reason").get()
         if stop_reason:
-            _stop(plan, stop_reason, now())
+            stop_what_is_left(plan, stop_reason, now())
             break
         if state != Plan.State.EXECUTING:
             return Plan.objects.get(pk=plan.pk)  # paused: resuming rings again
@@ -104,7 +125,7 @@ def execute_plan(*, plan: Plan, later=None, now=timezone.now) -> Plan:
         try:
             qualifies(plan, now())
         except ExecutionStopped as stopped:
-            _stop(plan, stopped.message, now())
+            stop_what_is_left(plan, stopped.message, now())
             break
         if not _claim(plan, item, now()):
             return Plan.objects.get(pk=plan.pk)  # another worker has an item of this plan in flight
@@ -115,13 +136,15 @@ def execute_plan(*, plan: Plan, later=None, now=timezone.now) -> Plan:
         _keep_outcome(plan, item, verdict, now())
         if verdict.outcome in execution.STOPS_DEPENDENCIES:
             stops[item.step.number] = _dependencies(facts, item.step.number, numbers)
-    return _finish(plan, now())
+    return finish_if_done(plan, now())
 
 
 def _unclaim(item: PlanItem, **fields) -> bool:
     """The one way an item in flight goes back to not started (its next claim tries it again): after a
     failure that is safe to repeat, and when the reconciler finds a repeat safe. A conditional update."""
-    return bool(PlanItem.objects.filter(pk=item.pk, exec_state=RUNNING).update(exec_state=NOT_STARTED, **fields))
+    return bool(
+        PlanItem.objects.filter(pk=item.pk, exec_state=RUNNING).update(exec_state=NOT_STARTED, **fields)
+    )
 
 
 def _let_go(item: PlanItem, verdict: execution.Verdict, now: datetime) -> None:
@@ -137,8 +160,11 @@ def _claim(plan: Plan, item: PlanItem, now: datetime) -> bool:
     item of it is in flight: one compensation at a time per plan keeps the reverse order even when two workers
     were rung for the same plan."""
     with transaction.atomic():
-        locked = list(Plan.objects.select_for_update().filter(pk=plan.pk, state=Plan.State.EXECUTING, stop_reason="")
-                      .values_list("pk", flat=True))
+        locked = list(
+            Plan.objects.select_for_update()
+            .filter(pk=plan.pk, state=Plan.State.EXECUTING, stop_reason="")
+            .values_list("pk", flat=True)
+        )
         if not locked or plan.items.filter(exec_state=RUNNING).exists():
             return False
         if not PlanItem.objects.filter(pk=item.pk, exec_state=NOT_STARTED).update(
@@ -158,13 +184,19 @@ def _run_item(plan: Plan, item: PlanItem, stops: dict[int, set[int]]) -> executi
     if item.action != PlanItem.Action.COMPENSATE:
         return execution.without_compensation(item.action, item.reason)
     if item.conflict_choice == PlanItem.Choice.KEEP_NEWER:
-        return execution.Verdict(execution.SKIPPED, {"message": "The approver chose to keep the newer change."})
+        return execution.Verdict(
+            execution.SKIPPED, {"message": "The approver chose to keep the newer change."}
+        )
     blocker = execution.stopped_by(item.step.number, stops)
     if blocker is not None:
-        return execution.Verdict(execution.SKIPPED, {"message": f"Step {blocker} was not undone and depends on "
-                                                                f"this one, so this one stays too."})
+        return execution.Verdict(
+            execution.SKIPPED,
+            {"message": f"Step {blocker} was not undone and depends on this one, so this one stays too."},
+        )
     if item.step.server is None:
-        return execution.Verdict(execution.COMPENSATION_FAILED, {"message": "The tool server is no longer registered."})
+        return execution.Verdict(
+            execution.COMPENSATION_FAILED, {"message": "The tool server is no longer registered."}
+        )
     return _attempt(plan, item, item.attempts + 1)  # this claim's attempt
 
 
@@ -177,7 +209,11 @@ def _compensation_run(plan: Plan) -> int:
         if locked.compensation_run_id is None:
             now = timezone.now()
             locked.compensation_run = journal_services.open_run(
-                agent=None, key="", now=now, label=f"Undo of {plan.run.agent_name} (plan {str(plan.public_id)[:8]})")
+                agent=None,
+                key="",
+                now=now,
+                label=f"Undo of {plan.run.agent_name} (plan {str(plan.public_id)[:8]})",
+            )
             locked.save(update_fields=["compensation_run"])
     plan.compensation_run_id = locked.compensation_run_id
     return plan.compensation_run_id
@@ -203,9 +239,19 @@ def _attempt(plan: Plan, item: PlanItem, attempt: int) -> execution.Verdict:
     run_id = _compensation_run(plan)
     started = timezone.now()
     opened = journal_services.open_step_in_run(
-        run_id=run_id, server=item.step.server, tool=item.tool, arguments=arguments, request_meta=meta, now=started,
-        who={"executor": "undo", "plan": str(plan.public_id), "attempt": attempt,
-             "undoes": {"run": str(plan.run.public_id), "step": item.step.number}})
+        run_id=run_id,
+        server=item.step.server,
+        tool=item.tool,
+        arguments=arguments,
+        request_meta=meta,
+        now=started,
+        who={
+            "executor": "undo",
+            "plan": str(plan.public_id),
+            "attempt": attempt,
+            "undoes": {"run": str(plan.run.public_id), "step": item.step.number},
+        },
+    )
     PlanItem.objects.filter(pk=item.pk).update(call_step_id=opened.step_id)
     verdict, outcome = anyio.run(_compensate, item, arguments, meta, attempt)
     journal_services.close_step(opened=opened, outcome=outcome, started=started, finished=timezone.now())
@@ -224,8 +270,9 @@ async def _compensate(item: PlanItem, arguments: dict[str, Any], meta: dict[str,
                 failure_class=exc.failure_class, message=exc.message, transient=exc.transient,
                 may_have_acted=exc.may_have_acted, repeat_is_safe=item.dialect == planning.HATP,
                 attempt=attempt)
-            return verdict, journal_services.Outcome(error_message=exc.message, failure_class=exc.failure_class,
-                                                     may_have_acted=exc.may_have_acted)
+            return verdict, journal_services.Outcome(
+                error_message=exc.message, failure_class=exc.failure_class, may_have_acted=exc.may_have_acted
+            )
         verdict = execution.read_answer(result)
         if item.via == "ui" and verdict.outcome == execution.COMPENSATED:
             verdict = await _postcondition(upstreams, endpoint, item, verdict)
@@ -234,15 +281,24 @@ async def _compensate(item: PlanItem, arguments: dict[str, Any], meta: dict[str,
 
 async def _postcondition(upstreams: Upstreams, endpoint, item: PlanItem, verdict: execution.Verdict
                          ) -> execution.Verdict:
-    """After a replay through an app's screens, ask `hatp_check` on the same token whether the record shows its
+    """After a replay through an app's screens, ask `hatp_check` on the same token whether the record shows
+    its
     earlier state (the HATP draft's postcondition)."""
     token = {"compensationToken": (item.arguments or {}).get("compensationToken")}
     try:
         check = await upstreams.call_tool(endpoint, checks.HATP_CHECK, token)
     except ToolServerError as exc:
-        return execution.Verdict(execution.OUTCOME_UNKNOWN, {**verdict.detail, "message": answers.bounded(
-            f"The way back was replayed on {endpoint.name}'s screens, but it could not be asked whether the record "
-            f"shows its earlier state ({exc.message}); check the app.")})
+        return execution.Verdict(
+            execution.OUTCOME_UNKNOWN,
+            {
+                **verdict.detail,
+                "message": answers.bounded(
+                    f"The way back was replayed on {endpoint.name}'s screens, but it could not be asked "
+                    f"whether the record "
+                    f"shows its earlier state ({exc.message}); check the app."
+                ),
+            },
+        )
     return execution.read_postcondition(verdict, check)
 
 
@@ -251,12 +307,21 @@ def _keep_outcome(plan: Plan, item: PlanItem, verdict: execution.Verdict, now: d
         PlanItem.objects.filter(pk=item.pk, exec_state=RUNNING).update(
             exec_state=DONE, outcome=verdict.outcome, outcome_detail=verdict.detail, exec_finished_at=now,
             retry_at=None)
-        journal_services.record_event(run_id=plan.run_id, event="compensation", now=now, data={
-            "plan": str(plan.public_id), "step": item.step.number, "tool": item.tool or None,
-            "arguments": item.arguments if item.action == PlanItem.Action.COMPENSATE else None,
-            "idempotencyKey": item.idempotency_key or None, "outcome": verdict.outcome, "detail": verdict.detail,
-            "call": _call_reference(plan, item),
-        })
+        journal_services.record_event(
+            run_id=plan.run_id,
+            event="compensation",
+            now=now,
+            data={
+                "plan": str(plan.public_id),
+                "step": item.step.number,
+                "tool": item.tool or None,
+                "arguments": item.arguments if item.action == PlanItem.Action.COMPENSATE else None,
+                "idempotencyKey": item.idempotency_key or None,
+                "outcome": verdict.outcome,
+                "detail": verdict.detail,
+                "call": _call_reference(plan, item),
+            },
+        )
 
 
 def _call_reference(plan: Plan, item: PlanItem) -> dict[str, Any] | None:
@@ -266,13 +331,15 @@ def _call_reference(plan: Plan, item: PlanItem) -> dict[str, Any] | None:
     return {"run": str(row[0]), "step": row[1]} if row else None
 
 
-def _stop(plan: Plan, reason: str, now: datetime) -> None:
+def stop_what_is_left(plan: Plan, reason: str, now: datetime) -> None:
     """Nothing more starts. An item waiting to be tried again failed (or, if its last try may have acted,
     nobody knows); what never started is skipped."""
     with transaction.atomic():
         for item in plan.items.filter(exec_state=NOT_STARTED, attempts__gt=0):
             tried = (item.outcome_detail or {}).get("retrying") or {}
-            outcome = execution.OUTCOME_UNKNOWN if tried.get("mayHaveActed") else execution.COMPENSATION_FAILED
+            outcome = (
+                execution.OUTCOME_UNKNOWN if tried.get("mayHaveActed") else execution.COMPENSATION_FAILED
+            )
             PlanItem.objects.filter(pk=item.pk, exec_state=NOT_STARTED).update(
                 exec_state=DONE, outcome=outcome, exec_finished_at=now, retry_at=None,
                 outcome_detail={**tried, "message": answers.bounded(
@@ -299,10 +366,13 @@ def recount(*, plan: Plan, now: datetime, **fields) -> None:
     plan.save(update_fields=["state", "execution_summary", "updated_at", *fields])
 
 
-def _finish(plan: Plan, now: datetime) -> Plan:
+def finish_if_done(plan: Plan, now: datetime) -> Plan:
     with transaction.atomic():
         locked = Plan.objects.select_for_update().get(pk=plan.pk)
-        if locked.state not in (Plan.State.EXECUTING, Plan.State.PAUSED) or plan.items.exclude(exec_state=DONE).exists():
+        if (
+            locked.state not in (Plan.State.EXECUTING, Plan.State.PAUSED)
+            or plan.items.exclude(exec_state=DONE).exists()
+        ):
             return locked  # another worker is still at it, or it is already finished
         recount(plan=locked, now=now, paused_by="", paused_at=None)
         plan.items.update(holds_step=False)
@@ -331,47 +401,3 @@ def reconcile_execution(*, older_than: datetime, now: datetime | None = None) ->
     # An approved plan whose bell was lost (a broker restarted before the worker took it) is rung too.
     return list(Plan.objects.filter(state__in=Plan.RUNNABLE_STATES, updated_at__lt=older_than)
                 .values_list("pk", flat=True))
-
-
-def abort_plan(*, plan: Plan, by, now: datetime | None = None) -> bool:
-    """Stop an approved, executing or paused plan. The executor checks before every item, so the one in
-    flight finishes and nothing after it starts; a plan no worker is running is finished here."""
-    now = now or timezone.now()
-    reason = f"Aborted by {by.get_username()}."
-    with transaction.atomic():  # the abort and its chain entry commit together
-        if not Plan.objects.filter(pk=plan.pk, state__in=Plan.STOPPABLE_STATES, stop_reason="").update(
-                stop_reason=reason, updated_at=now):
-            return False
-        journal_services.record_event(run_id=plan.run_id, event="plan_aborted", now=now, data={
-            "plan": str(plan.public_id), "by": by.get_username()})
-    if enter_executing(plan=plan, from_states=(Plan.State.APPROVED, Plan.State.PAUSED), now=now):
-        _stop(plan, reason, now)
-        _finish(plan, now)  # leaves it to the executor if an item is still in flight
-    return True
-
-
-def pause_plan(*, plan: Plan, by, now: datetime | None = None) -> bool:
-    """Hold an approved or executing plan: the item in flight finishes, nothing after it starts until someone
-    resumes (or aborts) it. Approvals are re-checked when it resumes, as before every item."""
-    now = now or timezone.now()
-    with transaction.atomic():  # the pause and its chain entry commit together
-        if not Plan.objects.filter(pk=plan.pk, state__in=Plan.RUNNABLE_STATES, stop_reason="").update(
-                state=Plan.State.PAUSED, paused_by=by.get_username(), paused_at=now, updated_at=now):
-            return False
-        journal_services.record_event(run_id=plan.run_id, event="plan_paused", now=now, data={
-            "plan": str(plan.public_id), "by": by.get_username()})
-    return True
-
-
-def resume_plan(*, plan: Plan, by, now: datetime | None = None) -> bool:
-    """Let a paused plan go on from the next item not started."""
-    now = now or timezone.now()
-    with transaction.atomic():
-        if not enter_executing(plan=plan, from_states=(Plan.State.PAUSED,), now=now, only_if={"stop_reason": ""},
-                               paused_by="", paused_at=None):
-            return False
-        journal_services.record_event(run_id=plan.run_id, event="plan_resumed", now=now, data={
-            "plan": str(plan.public_id), "by": by.get_username()})
-        queue_execution(plan=plan)
-    return True
-

@@ -43,19 +43,39 @@ def request_for_held_call(*, agent, server, tool: str, arguments: dict[str, Any]
     now = now or timezone.now()
     digest = action_digest(agent=agent.name, server=server.name, tool=tool, arguments=arguments, meta=meta)
     with transaction.atomic():
-        existing = (ActionRequest.objects.select_for_update()
-                    .filter(digest=digest, state__in=[ActionRequest.State.PENDING, ActionRequest.State.APPROVED],
-                            expires_at__gt=now).order_by("created_at").first())
+        existing = (
+            ActionRequest.objects.select_for_update()
+            .filter(
+                digest=digest,
+                state__in=[ActionRequest.State.PENDING, ActionRequest.State.APPROVED],
+                expires_at__gt=now,
+            )
+            .order_by("created_at")
+            .first()
+        )
         if existing is not None:
             return existing
         hold = decision.get("hold") or {}
         chosen = decision.get("policy") or {}
         action = ActionRequest.objects.create(
-            agent=agent, run_id=run_id, step_id=step_id, server=server, tool=tool, arguments=arguments, meta=meta,
-            digest=digest, call_class=decision.get("class", "unknown"), reason=decision.get("reason", ""),
-            why=hold.get("why") or {}, policy_id=chosen.get("id") or None, policy_name=chosen.get("name") or "",
-            approver_group=hold.get("approverGroup") or roles.APPROVER, quorum=hold.get("quorum") or 1,
-            created_at=now, expires_at=now + ApprovalRules.current().valid_for)
+            agent=agent,
+            run_id=run_id,
+            step_id=step_id,
+            server=server,
+            tool=tool,
+            arguments=arguments,
+            meta=meta,
+            digest=digest,
+            call_class=decision.get("class", "unknown"),
+            reason=decision.get("reason", ""),
+            why=hold.get("why") or {},
+            policy_id=chosen.get("id") or None,
+            policy_name=chosen.get("name") or "",
+            approver_group=hold.get("approverGroup") or roles.APPROVER,
+            quorum=hold.get("quorum") or 1,
+            created_at=now,
+            expires_at=now + ApprovalRules.current().valid_for,
+        )
         journal_services.record_event(run_id=run_id, event="action_requested", now=now, data={
             "action": str(action.public_id), "digest": digest, "tool": tool, "server": server.name,
             "reason": action.reason})
@@ -86,10 +106,18 @@ def claim_approved_action(*, action_id: int, step_id: int, now: datetime | None 
             ActionRequest.objects.filter(pk=action.pk).update(
                 state=ActionRequest.State.PENDING, decided_at=None, decided_by="", notified=False)
             if action.run_id:
-                journal_services.record_event(run_id=action.run_id, event="action_lapsed", now=now, data={
-                    "action": str(action.public_id), "counting": sorted(a.approver.get_username() for a in counted),
-                    "quorum": action.quorum, "why": "an approval no longer counts (passkey revoked, or the approver "
-                                                    "lost the role or was deactivated)"})
+                journal_services.record_event(
+                    run_id=action.run_id,
+                    event="action_lapsed",
+                    now=now,
+                    data={
+                        "action": str(action.public_id),
+                        "counting": sorted(a.approver.get_username() for a in counted),
+                        "quorum": action.quorum,
+                        "why": "an approval no longer counts (passkey revoked, or the approver "
+                        "lost the role or was deactivated)",
+                    },
+                )
             bell.ring(bell.NOTIFY_ACTION_REQUESTED, action.pk)
             return False
         return bool(ActionRequest.objects.filter(pk=action_id, state=ActionRequest.State.APPROVED)
@@ -108,8 +136,12 @@ def expire_held_calls(*, now: datetime | None = None) -> int:
                     state=ActionRequest.State.EXPIRED, decided_at=action.decided_at or now):
                 expired += 1
                 if action.run_id:
-                    journal_services.record_event(run_id=action.run_id, event="action_expired", now=now, data={
-                        "action": str(action.public_id), "was": action.state})
+                    journal_services.record_event(
+                        run_id=action.run_id,
+                        event="action_expired",
+                        now=now,
+                        data={"action": str(action.public_id), "was": action.state},
+                    )
     return expired
 
 

@@ -67,7 +67,9 @@ def check_unknown(*, plan: Plan, position: int, by, now: datetime | None = None)
     answer.update(by=by.get_username(), at=now.isoformat())
     with transaction.atomic():
         detail = {**(item.outcome_detail or {}), "checked": answer}
-        if not PlanItem.objects.filter(pk=item.pk, outcome=execution.OUTCOME_UNKNOWN).update(outcome_detail=detail):
+        if not PlanItem.objects.filter(pk=item.pk, outcome=execution.OUTCOME_UNKNOWN).update(
+            outcome_detail=detail
+        ):
             raise NotSettled("That item's outcome was settled a moment ago; reload the report.")
         journal_services.record_event(run_id=plan.run_id, event="outcome_checked", now=now, data={
             "plan": str(plan.public_id), "step": item.step.number, **answer})
@@ -96,15 +98,26 @@ def settle_unknown(*, plan: Plan, position: int, by, settlement: str, now: datet
     with transaction.atomic():
         locked = Plan.objects.select_for_update().get(pk=plan.pk)
         if locked.state not in Plan.FINISHED_STATES:
-            raise NotSettled(f"The plan is {locked.get_state_display().lower()}; settle it once it has finished.")
+            raise NotSettled(
+                f"The plan is {locked.get_state_display().lower()}; settle it once it has finished."
+            )
         detail = {**(item.outcome_detail or {}), "message": words.format(who=by.get_username()),
                   "settledBy": by.get_username(), "settledAt": now.isoformat()}
         if not PlanItem.objects.filter(pk=item.pk, outcome=execution.OUTCOME_UNKNOWN).update(
                 outcome=outcome, outcome_detail=detail):
             raise NotSettled("That item's outcome was settled a moment ago; reload the report.")
         recount(plan=locked, now=now)
-        journal_services.record_event(run_id=plan.run_id, event="outcome_settled", now=now, data={
-            "plan": str(plan.public_id), "step": item.step.number, "outcome": outcome, "by": by.get_username()})
+        journal_services.record_event(
+            run_id=plan.run_id,
+            event="outcome_settled",
+            now=now,
+            data={
+                "plan": str(plan.public_id),
+                "step": item.step.number,
+                "outcome": outcome,
+                "by": by.get_username(),
+            },
+        )
     return locked
 
 
@@ -122,8 +135,10 @@ def retry_unknown(*, plan: Plan, position: int, by, now: datetime | None = None)
         with transaction.atomic():
             locked = Plan.objects.select_for_update().get(pk=plan.pk)
             if locked.state not in Plan.FINISHED_STATES or locked.stop_reason:
-                raise NotSettled(f"The plan is {locked.get_state_display().lower()}"
-                                 f"{' and was stopped' if locked.stop_reason else ''}; it cannot run this again.")
+                raise NotSettled(
+                    f"The plan is {locked.get_state_display().lower()}"
+                    f"{' and was stopped' if locked.stop_reason else ''}; it cannot run this again."
+                )
             if not PlanItem.objects.filter(pk=item.pk, outcome=execution.OUTCOME_UNKNOWN).update(
                     exec_state=PlanItem.Exec.NOT_STARTED, outcome="", holds_step=True,
                     outcome_detail={"previous": item.outcome_detail, "retriedBy": by.get_username()}):
@@ -134,5 +149,6 @@ def retry_unknown(*, plan: Plan, position: int, by, now: datetime | None = None)
                 "idempotencyKey": item.idempotency_key})
             queue_execution(plan=plan)
     except IntegrityError:
-        raise NotSettled(f"Step {item.step.number} is in another open plan now; finish that one first.") from None
-
+        raise NotSettled(
+            f"Step {item.step.number} is in another open plan now; finish that one first."
+        ) from None

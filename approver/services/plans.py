@@ -6,26 +6,19 @@ with no transaction open; each answer is written in its own short transaction as
 
 from datetime import datetime, timedelta
 
-import anyio
-from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from journal import declarations, sql
+from journal import declarations
 from journal import services as journal_services
 from journal.errors import Refused
 from journal.models import Run, Step, StepDependency
-from journal.upstream.client import Endpoint, Upstreams
 
-from .. import checks, planning
-from ..checks import CheckResult
-from ..content import content_rows, plan_content
+from .. import planning
+from ..content import plan_content
 from ..models import Plan, PlanItem
-from ..policy_book import plan_needs_a_human
 from . import bell
-from .approvals import approve
 
 # The Step columns planning reads; a 10,000-step run is one query of these.
 _FACT_FIELDS = (
@@ -59,17 +52,30 @@ def step_facts(run: Run) -> list[planning.StepFacts]:
     for row in Step.objects.filter(run=run).order_by("number").values(*_FACT_FIELDS):
         journal = (row["request_meta"] or {}).get(declarations.HATP_KEY)
         declared = journal.get("dependsOn") if isinstance(journal, dict) else None
-        facts.append(planning.StepFacts(
-            id=row["id"], number=row["number"], server=row["server_name"], tool=row["tool"], status=row["status"],
-            reversibility=row["reversibility"], declaration=row["declaration"] or {},
-            compensation_arguments=row["compensation_arguments"], undo_problems=tuple(row["undo_problems"] or ()),
-            effect_summary=row["effect_summary"], effect_resource=row["effect_resource"],
-            effect_version=row["effect_version"], undo_by=row["undo_by"], finished_at=row["finished_at"],
-            declared_deps=tuple(n for n in declared if isinstance(n, int) and not isinstance(n, bool))
-            if isinstance(declared, list) else None,
-            inferred_deps=inferred.get(row["id"], {}), already_undone=row["id"] in undone,
-            failure_class=row["failure_class"],
-        ))
+        facts.append(
+            planning.StepFacts(
+                id=row["id"],
+                number=row["number"],
+                server=row["server_name"],
+                tool=row["tool"],
+                status=row["status"],
+                reversibility=row["reversibility"],
+                declaration=row["declaration"] or {},
+                compensation_arguments=row["compensation_arguments"],
+                undo_problems=tuple(row["undo_problems"] or ()),
+                effect_summary=row["effect_summary"],
+                effect_resource=row["effect_resource"],
+                effect_version=row["effect_version"],
+                undo_by=row["undo_by"],
+                finished_at=row["finished_at"],
+                declared_deps=tuple(n for n in declared if isinstance(n, int) and not isinstance(n, bool))
+                if isinstance(declared, list)
+                else None,
+                inferred_deps=inferred.get(row["id"], {}),
+                already_undone=row["id"] in undone,
+                failure_class=row["failure_class"],
+            )
+        )
     return facts
 
 
@@ -80,7 +86,9 @@ def ask_for_plan(*, run: Run, requested_by, reason: str = "", from_step: int | N
     shows how far the drafting got. Refused (PlanRefused) as `request_plan` is."""
     now = now or timezone.now()
     with transaction.atomic():
-        plan = _open(run=run, requested_by=requested_by, reason=reason, from_step=from_step, steps=steps, now=now)
+        plan = _open(
+            run=run, requested_by=requested_by, reason=reason, from_step=from_step, steps=steps, now=now
+        )
         bell.ring(bell.DRAFT_PLAN, plan.pk)
     return plan
 
@@ -103,12 +111,16 @@ def _open(*, run: Run, requested_by, reason: str, from_step: int | None, steps: 
           now: datetime) -> Plan:
     """Check what can be checked without reading the whole run, and open the plan as `drafting`."""
     if run.state == Run.State.IMPORTED:
-        raise PlanRefused(f"This run was imported{' from ' + run.imported_from if run.imported_from else ''}: its "
-                          "record is kept here as it came, and its actions are undone where they ran.")
+        raise PlanRefused(
+            f"This run was imported{' from ' + run.imported_from if run.imported_from else ''}: its "
+            "record is kept here as it came, and its actions are undone where they ran."
+        )
     if (from_step is None) == (not steps):
         raise PlanRefused("Say where to undo from (a step number), or which steps to undo.")
     asked = Step.objects.filter(run=run)
-    asked = asked.filter(number__gte=from_step) if from_step is not None else asked.filter(number__in=set(steps))
+    asked = (
+        asked.filter(number__gte=from_step) if from_step is not None else asked.filter(number__in=set(steps))
+    )
     known = set(asked.values_list("number", flat=True)) if steps else set()
     if from_step is not None and not asked.exists():
         raise PlanRefused(f"The run has no step {from_step}.")
@@ -183,12 +195,15 @@ def _draft(plan: Plan, *, claimed: datetime, now: datetime) -> Plan:
         except IntegrityError:
             # Another plan took one of these steps since we looked.
             _refuse_if_held(facts, pulled, mine=plan)
-            raise PlanRefused("Another plan for these steps was being made at the same moment; try again.") from None
+            raise PlanRefused(
+                "Another plan for these steps was being made at the same moment; try again."
+            ) from None
     return _finish_draft(plan, drafts, claimed=claimed, now=now)
 
 
 def _finish_draft(plan: Plan, drafts: list[planning.ItemDraft], *, claimed: datetime, now: datetime) -> Plan:
-    """Every item is written: the plan's content gets its digest, the request goes on the run's record, and the
+    """Every item is written: the plan's content gets its digest, the request goes on the run's record, and
+    the
     checks are queued."""
     compensate = sum(d.action == PlanItem.Action.COMPENSATE for d in drafts)
     with transaction.atomic():
@@ -200,12 +215,32 @@ def _finish_draft(plan: Plan, drafts: list[planning.ItemDraft], *, claimed: date
         plan.state, plan.check_round, plan.updated_at = Plan.State.CHECKING, 1, timezone.now()
         plan.draft_total = plan.draft_done = len(drafts)
         plan.digest = planning.digest(plan_content(plan))
-        plan.save(update_fields=["checks_total", "compensate_count", "cannot_undo_count", "state", "check_round",
-                                 "updated_at", "draft_total", "draft_done", "digest"])
-        journal_services.record_event(run_id=plan.run_id, event="plan", now=now, data={
-            "plan": str(plan.public_id), "requestedBy": plan.requested_by.get_username(), "reason": plan.reason,
-            "selection": plan.selection_text, "items": len(drafts), "digest": plan.digest,
-        })
+        plan.save(
+            update_fields=[
+                "checks_total",
+                "compensate_count",
+                "cannot_undo_count",
+                "state",
+                "check_round",
+                "updated_at",
+                "draft_total",
+                "draft_done",
+                "digest",
+            ]
+        )
+        journal_services.record_event(
+            run_id=plan.run_id,
+            event="plan",
+            now=now,
+            data={
+                "plan": str(plan.public_id),
+                "requestedBy": plan.requested_by.get_username(),
+                "reason": plan.reason,
+                "selection": plan.selection_text,
+                "items": len(drafts),
+                "digest": plan.digest,
+            },
+        )
         bell.ring(bell.CHECK_PLAN, plan.pk, plan.check_round)
     return plan
 
@@ -217,8 +252,11 @@ def _refuse_if_held(facts: list[planning.StepFacts], pulled: dict[int, planning.
 
 def _refuse_if_held_steps(step_ids, *, mine: Plan | None = None) -> None:
     held = (
-        PlanItem.objects.filter(step_id__in=step_ids, holds_step=True).exclude(plan=mine).select_related("plan", "step")
-        .order_by("step__number").first()
+        PlanItem.objects.filter(step_id__in=step_ids, holds_step=True)
+        .exclude(plan=mine)
+        .select_related("plan", "step")
+        .order_by("step__number")
+        .first()
     )
     if held is not None:
         raise PlanRefused(
@@ -228,143 +266,29 @@ def _refuse_if_held_steps(step_ids, *, mine: Plan | None = None) -> None:
 
 def _item_row(plan: Plan, draft: planning.ItemDraft) -> PlanItem:
     return PlanItem(
-        plan=plan, step_id=draft.step.id, position=draft.position, action=draft.action, rule=draft.pull.rule,
-        pulled_in_by=draft.pull.by, pointers=list(draft.pull.pointers), tool=draft.tool, arguments=draft.arguments,
-        if_version=draft.if_version, idempotency_key=draft.idempotency_key, dialect=draft.dialect, via=draft.via,
-        side_effect=draft.side_effect, cost=draft.cost, undo_by=draft.undo_by, needs_human=draft.needs_human,
-        reason=draft.reason, remedy=draft.remedy,
-        check_status=PlanItem.Check.PENDING if draft.action == PlanItem.Action.COMPENSATE else PlanItem.Check.NOT_NEEDED,
+        plan=plan,
+        step_id=draft.step.id,
+        position=draft.position,
+        action=draft.action,
+        rule=draft.pull.rule,
+        pulled_in_by=draft.pull.by,
+        pointers=list(draft.pull.pointers),
+        tool=draft.tool,
+        arguments=draft.arguments,
+        if_version=draft.if_version,
+        idempotency_key=draft.idempotency_key,
+        dialect=draft.dialect,
+        via=draft.via,
+        side_effect=draft.side_effect,
+        cost=draft.cost,
+        undo_by=draft.undo_by,
+        needs_human=draft.needs_human,
+        reason=draft.reason,
+        remedy=draft.remedy,
+        check_status=PlanItem.Check.PENDING
+        if draft.action == PlanItem.Action.COMPENSATE
+        else PlanItem.Check.NOT_NEEDED,
     )
-
-
-
-def queue_checks(*, plan: Plan, now: datetime | None = None, ring: bool = True) -> bool:
-    """Start a new round of checks on a draft or ready plan: every compensate item goes back to `pending`
-    and the worker is asked once the transaction commits (unless `ring` is False: the caller runs the
-    round itself). False if the plan is in no state to be checked."""
-    now = now or timezone.now()
-    with transaction.atomic():
-        claimed = Plan.objects.filter(pk=plan.pk, state__in=Plan.CHECKABLE_STATES).update(
-            state=Plan.State.CHECKING, checks_done=0, check_round=F("check_round") + 1, updated_at=now)
-        if not claimed:
-            return False
-        # Conflict choices answered the old results; a new round must be chosen on afresh.
-        plan.items.filter(action=PlanItem.Action.COMPENSATE).update(
-            check_status=PlanItem.Check.PENDING, check_detail={}, checked_at=None, conflict_choice="")
-        plan.refresh_from_db()
-        if ring:
-            bell.ring(bell.CHECK_PLAN, plan.pk, plan.check_round)
-    return True
-
-
-def record_checks(*, plan: Plan, check_round: int, results: list[tuple[int, CheckResult]],
-                  now: datetime | None = None) -> None:
-    """Keep check results as they arrive (a batch of whatever came in meanwhile, in one short
-    transaction); the plan's progress counter moves with them. Only a `pending` item of the plan's current
-    round takes a result."""
-    now = now or timezone.now()
-    with transaction.atomic():
-        if not Plan.objects.select_for_update().filter(
-                pk=plan.pk, state=Plan.State.CHECKING, check_round=check_round).exists():
-            return
-        # The hand-built conditional update of the Recorder's hot path: a batch of hundreds of answers is a
-        # few milliseconds, not a long hold on the lock (and on the interpreter) while checks are in flight.
-        done = sum(
-            sql.update(PlanItem, item_id, {"check_status": result.status, "check_detail": result.detail,
-                                           "checked_at": now}, only_if={"check_status": PlanItem.Check.PENDING})
-            for item_id, result in results
-        )
-        if done:
-            Plan.objects.filter(pk=plan.pk).update(checks_done=F("checks_done") + done, updated_at=now)
-
-
-def run_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> Plan | None:
-    """Check every item of this round still `pending` against its server, keeping results as they arrive,
-    then mark the plan ready. Safe to run twice (a worker that died is simply asked again): answered items
-    are not asked again. None when the plan has moved on from this round."""
-    now = now or timezone.now()
-    if not Plan.objects.filter(pk=plan.pk, state=Plan.State.CHECKING, check_round=check_round).exists():
-        return None
-    rows = plan.items.filter(action=PlanItem.Action.COMPENSATE, check_status=PlanItem.Check.PENDING).values(
-        "id", "dialect", "tool", "arguments", "if_version", "idempotency_key", "undo_by", "step__server__name",
-        "step__server__transport", "step__server__url", "step__server__command")
-    targets, orphans = [], []
-    endpoints: dict[tuple, Endpoint] = {}
-    for row in rows:
-        if row["step__server__name"] is None:
-            orphans.append((row["id"], CheckResult("unavailable", {"message": "The tool server is no longer registered."})))
-            continue
-        where = (row["step__server__name"], row["step__server__transport"], row["step__server__url"],
-                 row["step__server__command"])
-        endpoint = endpoints.setdefault(where, Endpoint(*where))
-        targets.append(checks.CheckTarget(
-            item_id=row["id"], endpoint=endpoint, dialect=row["dialect"], tool=row["tool"],
-            arguments=row["arguments"] or {}, if_version=row["if_version"], idempotency_key=row["idempotency_key"],
-            undo_by=row["undo_by"]))
-    if orphans:
-        record_checks(plan=plan, check_round=check_round, results=orphans, now=now)
-    anyio.run(_check_and_record, plan, check_round, targets, now)
-    return finish_checks(plan=plan, check_round=check_round)
-
-
-# Check results are written at most this often: the progress line moves several times a second, and a
-# plan of hundreds of items costs a handful of transactions instead of one per item.
-WRITE_EVERY = 0.25
-
-
-async def _check_and_record(plan: Plan, check_round: int, targets: list, now: datetime) -> None:
-    """Run the checks; a writer task keeps their results in batches, off the event loop, so a slow
-    database never holds up the servers' answers."""
-    send, receive = anyio.create_memory_object_stream(max_buffer_size=len(targets) + 1)
-    write = sync_to_async(record_checks)
-
-    async def writer():
-        async with receive:
-            async for first in receive:
-                batch = [first]
-                with anyio.move_on_after(WRITE_EVERY):
-                    async for more in receive:
-                        batch.append(more)
-                await write(plan=plan, check_round=check_round, results=batch)
-
-    async def on_result(item_id: int, result: CheckResult) -> None:
-        await send.send((item_id, result))
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(writer)
-        async with send, Upstreams(timeout=settings.TOOL_SERVER_TIMEOUT) as upstreams:
-            await checks.check_all(targets, upstreams=upstreams, now=now, per_server=settings.PLAN_CHECKS_PER_SERVER,
-                                   timeout=settings.TOOL_SERVER_TIMEOUT, on_result=on_result)
-
-
-def finish_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> Plan:
-    """Every item of the round has an answer: the plan is ready, with a digest over the new results."""
-    now = now or timezone.now()
-    with transaction.atomic():
-        plan = Plan.objects.select_for_update().select_related("run", "requested_by").get(pk=plan.pk)
-        if plan.state != Plan.State.CHECKING or plan.check_round != check_round:
-            return plan
-        rows = content_rows(plan)
-        if any(row["check_status"] == PlanItem.Check.PENDING for row in rows):
-            return plan  # a result was not kept (the writer failed); the stalled-check task asks again
-        plan.digest = planning.digest(plan_content(plan, rows))
-        plan.conflict_count = sum(row["check_status"] == PlanItem.Check.CONFLICT for row in rows)
-        plan.state, plan.checked_at, plan.updated_at = Plan.State.READY, now, now
-        plan.save(update_fields=["digest", "conflict_count", "state", "checked_at", "updated_at"])
-        counts: dict[str, int] = {}
-        for row in rows:
-            if row["check_status"]:
-                counts[row["check_status"]] = counts.get(row["check_status"], 0) + 1
-        journal_services.record_event(run_id=plan.run_id, event="check", now=now, data={
-            "plan": str(plan.public_id), "results": counts, "digest": plan.digest,
-        })
-        if not plan_needs_a_human(plan):
-            # Everything in it can be taken back through the API, unchanged since, at no cost, and the
-            # policies say such plans need no human: it runs at once, and says so in the record.
-            approve(plan=plan, approvers=None, now=now)
-            return plan
-        bell.ring(bell.NOTIFY_PLAN_READY, plan.pk, plan.check_round)
-    return plan
 
 
 

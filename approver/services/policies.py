@@ -56,14 +56,17 @@ def save_policy(*, row: AutonomyPolicy, by, now: datetime | None = None) -> Auto
     with transaction.atomic():
         before = None
         if row.pk:
-            before = policy_record(AutonomyPolicy.objects.select_for_update().select_related("agent", "server")
-                                   .get(pk=row.pk))
+            before = policy_record(
+                AutonomyPolicy.objects.select_for_update().select_related("agent", "server").get(pk=row.pk)
+            )
         row.updated_at = now
         try:
             with transaction.atomic():
                 row.save()
         except IntegrityError:
-            raise PolicyRefused({"scope": "Another policy already covers this; edit that one instead."}) from None
+            raise PolicyRefused(
+                {"scope": "Another policy already covers this; edit that one instead."}
+            ) from None
         log_change("policy_changed" if before else "policy_created", by=by, now=now, before=before,
                            after=policy_record(row))
     return row
@@ -79,14 +82,17 @@ def delete_policy(*, row: AutonomyPolicy, by, now: datetime | None = None) -> No
 
 def log_change(event: str, *, by, now: datetime, before, after) -> PolicyChange:
     """Append to the change log of the policies and the approval rules (`approval_rules`), hash-chained and
-    with its new head signed; the caller holds the transaction that makes the change. The last entry is locked while
+    with its new head signed; the caller holds the transaction that makes the change. The last entry is
+    locked while
     appending; the unique `seq` is the backstop if two admins save at the same instant."""
     last = PolicyChange.objects.select_for_update().order_by("-seq").first()
     entry = chain.make_entry(seq=(last.seq if last else 0) + 1, ts=chain.format_ts(now), event=event,
                              data={"by": by.get_username(), "before": before, "after": after},
                              prev_hash=last.hash if last else chain.GENESIS)
     key_id, private = keys.signing_key()
-    signature = chain.sign(private, chain.checkpoint_payload(run=POLICY_LOG, seq=entry["seq"], head_hash=entry["hash"]))
+    signature = chain.sign(
+        private, chain.checkpoint_payload(run=POLICY_LOG, seq=entry["seq"], head_hash=entry["hash"])
+    )
     return PolicyChange.objects.create(seq=entry["seq"], ts=entry["ts"], event=event, data=entry["data"],
                                        prev_hash=entry["prevHash"], hash=entry["hash"], key_id=key_id,
                                        signature=signature)

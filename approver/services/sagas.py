@@ -26,8 +26,9 @@ from .. import execution
 from ..content import plan_url
 from ..models import Plan
 from ..policy_book import plan_needs_a_human
+from .checking import run_checks
 from .executor import execute_plan
-from .plans import PlanRefused, request_plan, run_checks
+from .plans import PlanRefused, request_plan
 
 SAGA_START = "sagaStart"
 UNWIND_POLL_SECONDS = 0.1
@@ -59,16 +60,25 @@ def start_saga(*, run_id: int, step_id: int, mode: str, now: datetime | None = N
             "failedStep": failed.number, "mode": mode, "fromStep": start})
         try:
             with transaction.atomic():  # a refused plan leaves nothing of itself behind
-                # Requested for the agent's person: they are who the agent acted for (and so may not approve it).
-                plan = request_plan(run=run, requested_by=run.agent.on_behalf_of, reason=reason, from_step=start,
-                                    now=now)
+                # Requested for the agent's person: they are who the agent acted for (and so may not approve
+                # it).
+                plan = request_plan(
+                    run=run, requested_by=run.agent.on_behalf_of, reason=reason, from_step=start, now=now
+                )
         except PlanRefused as refused:
             journal_services.record_event(run_id=run.pk, event="saga_refused", now=timezone.now(),
                                           data={"failedStep": failed.number, "why": refused.message})
             return {"refused": refused.message}
         url = plan_url(plan, absolute=True)
-        journal_services.halt_run(run_id=run.pk, plan=str(plan.public_id), now=timezone.now(), reason=(
-            f"Step {failed.number} ({failed.namespaced_tool}) failed, and the run's task is being undone: {url}"))
+        journal_services.halt_run(
+            run_id=run.pk,
+            plan=str(plan.public_id),
+            now=timezone.now(),
+            reason=(
+                f"Step {failed.number} ({failed.namespaced_tool}) failed, and the run's task is being "
+                f"undone: {url}"
+            ),
+        )
     return {"plan": plan.pk, "url": url}
 
 
@@ -79,7 +89,11 @@ def unwind(*, plan_id: int) -> dict[str, Any]:
     plan = Plan.objects.get(pk=plan_id)
     checked = run_checks(plan=plan, check_round=plan.check_round) or Plan.objects.get(pk=plan_id)
     if checked.state != Plan.State.APPROVED:
-        why = plan_needs_a_human(checked) if checked.state == Plan.State.READY else f"the plan is {checked.state}"
+        why = (
+            plan_needs_a_human(checked)
+            if checked.state == Plan.State.READY
+            else f"the plan is {checked.state}"
+        )
         return {"plan": plan_url(checked, absolute=True), "state": checked.state,
                 "proposed": f"A person must approve this undo: {why}"}
     # The worker was rung when the plan was approved and may be at it too: each item is claimed once, so
@@ -113,5 +127,7 @@ def halting(*, plan: str) -> str | None:
     row = Plan.objects.filter(public_id=plan).values_list("state", "run__halted_reason").first()
     if row is None or row[0] not in Plan.OPEN_STATES:
         return None
-    return (f"This run is halted: {row[1]} Calls in it are refused until that plan ends or a person releases the "
-            "run from its page.")
+    return (
+        f"This run is halted: {row[1]} Calls in it are refused until that plan ends or a person releases the "
+        "run from its page."
+    )

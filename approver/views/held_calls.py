@@ -21,7 +21,9 @@ ACTIONS_PER_PAGE = 25
 @require_GET
 def action_list(request):
     require_role(request, *READERS)
-    actions = ActionRequest.objects.select_related("agent__on_behalf_of", "server").order_by("-created_at", "-id")
+    actions = ActionRequest.objects.select_related("agent__on_behalf_of", "server").order_by(
+        "-created_at", "-id"
+    )
     page = Paginator(actions, ACTIONS_PER_PAGE).get_page(request.GET.get("page"))
     return render(request, "approver/action_list.html", {"page": page, "now": timezone.now()})
 
@@ -29,8 +31,10 @@ def action_list(request):
 @require_GET
 def action_detail(request, action_id):
     require_role(request, *READERS)
-    action = get_object_or_404(ActionRequest.objects.select_related("agent__on_behalf_of", "server", "run", "step",
-                                                                     "used_step"), public_id=action_id)
+    action = get_object_or_404(
+        ActionRequest.objects.select_related("agent__on_behalf_of", "server", "run", "step", "used_step"),
+        public_id=action_id,
+    )
     return render(request, "approver/action_detail.html", {
         "action": action, "now": timezone.now(),
         "approvals": action.approvals.select_related("approver", "passkey").order_by("created_at"),
@@ -42,7 +46,8 @@ def action_detail(request, action_id):
 @require_POST
 def action_sign_begin(request, action_id):
     """A one-time challenge for approving or denying the held call exactly as it stands. Any role may reach
-    it; whether this person may decide is the held call's own rule (its policy's group, separation of duties)."""
+    it; whether this person may decide is the held call's own rule (its policy's group, separation of
+    duties)."""
     require_role(request, *roles.ALL)
     action = get_object_or_404(ActionRequest.objects.select_related("agent"), public_id=action_id)
     return signing_step(request, "decision", lambda body: challenge(*services.begin_action_signing(
@@ -65,7 +70,11 @@ def action_sign_complete(request, action_id):
         elif decided.state == ActionRequest.State.APPROVED:
             messages.success(request, "You approved the call. It goes through once, exactly as shown.")
         else:
-            messages.success(request, "You approved the call. It needs more approvals before it may go through.")
-        return JsonResponse({"ok": True, "redirect": reverse("approver:action_detail", args=[decided.public_id])})
+            messages.success(
+                request, "You approved the call. It needs more approvals before it may go through."
+            )
+        return JsonResponse(
+            {"ok": True, "redirect": reverse("approver:action_detail", args=[decided.public_id])}
+        )
 
     return signing_step(request, "signature", complete)

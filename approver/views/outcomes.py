@@ -17,7 +17,9 @@ def _settling(request, plan_id, position: int, action, done: str):
     except services.NotSettled as refused:
         messages.error(request, refused.message)
     else:
-        messages.success(request, done.format(answer=answer.get("message", "") if isinstance(answer, dict) else ""))
+        messages.success(
+            request, done.format(answer=answer.get("message", "") if isinstance(answer, dict) else "")
+        )
     return redirect(f"{services.plan_url(plan)}#item-{position}")
 
 

@@ -25,7 +25,8 @@ def passkey_list(request):
 
 @require_POST
 def passkey_options(request):
-    """The options for `navigator.credentials.create()`, with a fresh one-time challenge (the service mints it;
+    """The options for `navigator.credentials.create()`, with a fresh one-time challenge (the service mints
+    it;
     the session keeps it until the browser answers)."""
     require_role(request, roles.APPROVER)
     pending, options = services.begin_enrolment(user=request.user)

@@ -41,8 +41,11 @@ def request_undo(request, run_id):
         target = services.plan_url(refused.open_plan) if refused.open_plan else reverse(
             "journal:run_detail", args=[run.public_id])
         return redirect(target)
-    messages.success(request, f"Plan asked for: undo {plan.selection_text}. The worker drafts it, then checks every "
-                              "step with the tool servers.")
+    messages.success(
+        request,
+        f"Plan asked for: undo {plan.selection_text}. The worker drafts it, then checks every "
+        "step with the tool servers.",
+    )
     return redirect(services.plan_url(plan))
 
 
@@ -59,7 +62,9 @@ def plan_detail(request, plan_id):
     require_role(request, *READERS)
     plan = get_object_or_404(Plan.objects.for_page(), public_id=plan_id)
     if request.htmx and request.GET.get("was") == Plan.State.DRAFTING and plan.state != Plan.State.DRAFTING:
-        return HttpResponseClientRefresh()  # drafted: the whole page changes (its heading too), not the fragment
+        return (
+            HttpResponseClientRefresh()
+        )  # drafted: the whole page changes (its heading too), not the fragment
     template = "approver/plan_detail.html#checks" if request.htmx else "approver/plan_detail.html"
     return render(request, template, _plan_context(request, plan))
 
@@ -94,9 +99,16 @@ def _sign_off_context(request, plan: Plan) -> dict:
     approvals = list(plan.approvals.select_related("approver", "passkey").order_by("created_at"))
     counting = {a.pk for a in authority.counting_approvals(plan=plan, rules=rules)}
     current = services.plan_content(plan) if any(a.digest != plan.digest for a in approvals) else None
-    signed = [{"approval": a, "counts": a.pk in counting,
-               "changes": signing.content_changes(a.content, current) if current and a.digest != plan.digest else []}
-              for a in approvals]
+    signed = [
+        {
+            "approval": a,
+            "counts": a.pk in counting,
+            "changes": signing.content_changes(a.content, current)
+            if current and a.digest != plan.digest
+            else [],
+        }
+        for a in approvals
+    ]
     refusal = (lambda: authority.signing_refusal(plan=plan, user=request.user, rules=rules)) \
         if plan.state == Plan.State.READY else None
     return {"rules": rules, "signed": signed, "counting": len(counting),
@@ -127,16 +139,26 @@ def _plan_action(request, plan_id, action, done: str, refused: str):
 @require_POST
 def cancel(request, plan_id):
     require_role(request, *authority.MAY_CANCEL)
-    return _plan_action(request, plan_id, services.cancel_plan, "Plan cancelled. Its steps can go into a new plan.",
-                        "it can no longer be cancelled.")
+    return _plan_action(
+        request,
+        plan_id,
+        services.cancel_plan,
+        "Plan cancelled. Its steps can go into a new plan.",
+        "it can no longer be cancelled.",
+    )
 
 
 @require_POST
 def abort(request, plan_id):
     """Stop an approved, executing or paused plan: the item in flight finishes, nothing after it starts."""
     require_role(request, *authority.MAY_CONTROL)
-    return _plan_action(request, plan_id, services.abort_plan, "Aborted: nothing that has not started will run.",
-                        "there is nothing to abort.")
+    return _plan_action(
+        request,
+        plan_id,
+        services.abort_plan,
+        "Aborted: nothing that has not started will run.",
+        "there is nothing to abort.",
+    )
 
 
 @require_POST
@@ -151,5 +173,10 @@ def pause(request, plan_id):
 @require_POST
 def resume(request, plan_id):
     require_role(request, *authority.MAY_CONTROL)
-    return _plan_action(request, plan_id, services.resume_plan,
-                        "Resumed: the approvals are checked again before each item.", "there is nothing to resume.")
+    return _plan_action(
+        request,
+        plan_id,
+        services.resume_plan,
+        "Resumed: the approvals are checked again before each item.",
+        "there is nothing to resume.",
+    )

@@ -18,13 +18,21 @@ POLICY_CHANGES_SHOWN = 30
 def policy_list(request):
     require_role(request, roles.ADMIN)
     rows = services.current_policies()
-    return render(request, "approver/policy_list.html", {
-        "policies": [(row, services.as_policy(row)) for row in sorted(
-            rows, key=lambda r: policy.SCOPES.index(r.scope))],
-        "classes": [(klass, policy.CLASS_SHORT[klass], policy.CLASS_WORDS[klass]) for klass in policy.CLASSES],
-        "changes": PolicyChange.objects.order_by("-seq")[:POLICY_CHANGES_SHOWN],
-        "verdict": services.verify_policy_log(),
-    })
+    return render(
+        request,
+        "approver/policy_list.html",
+        {
+            "policies": [
+                (row, services.as_policy(row))
+                for row in sorted(rows, key=lambda r: policy.SCOPES.index(r.scope))
+            ],
+            "classes": [
+                (klass, policy.CLASS_SHORT[klass], policy.CLASS_WORDS[klass]) for klass in policy.CLASSES
+            ],
+            "changes": PolicyChange.objects.order_by("-seq")[:POLICY_CHANGES_SHOWN],
+            "verdict": services.verify_policy_log(),
+        },
+    )
 
 
 @require_http_methods(["GET", "POST"])

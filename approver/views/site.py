@@ -10,7 +10,8 @@ from .. import health as health_report
 
 
 def locked_out(request, response, credentials):
-    """django-axes' answer to a login while the account or the address is locked out (AXES_LOCKOUT_CALLABLE)."""
+    """django-axes' answer to a login while the account or the address is locked out
+    (AXES_LOCKOUT_CALLABLE)."""
     username = (credentials or {}).get("username") or request.POST.get("username", "")
     return render(request, "registration/locked_out.html", {
         "failure_limit": settings.AXES_FAILURE_LIMIT, "username": username[:150],

@@ -22,7 +22,13 @@ async def read_body(receive) -> bytes:
     return body
 
 
-_STREAM_ONLY_HEADERS = {b"content-type", b"content-length", b"cache-control", b"connection", b"x-accel-buffering"}
+_STREAM_ONLY_HEADERS = {
+    b"content-type",
+    b"content-length",
+    b"cache-control",
+    b"connection",
+    b"x-accel-buffering",
+}
 
 
 def _event_data(event: bytes) -> tuple[bool, bytes]:
@@ -48,11 +54,19 @@ class AnswerAsJson:
 
     async def __call__(self, scope, receive, send):
         headers = dict(scope.get("headers") or []) if scope["type"] == "http" else {}
-        if scope["type"] != "http" or scope["method"] != "POST" or headers.get(b"mcp-method") == b"subscriptions/listen":
+        if (
+            scope["type"] != "http"
+            or scope["method"] != "POST"
+            or headers.get(b"mcp-method") == b"subscriptions/listen"
+        ):
             return await self.app(scope, receive, send)
         lazy = _LazyStream(send)
         session_id = headers.get(b"mcp-session-id")
-        if session_id is None and self.sessions is not None and headers.get(b"mcp-method", b"initialize") == b"initialize":
+        if (
+            session_id is None
+            and self.sessions is not None
+            and headers.get(b"mcp-method", b"initialize") == b"initialize"
+        ):
             # Perhaps an initialize: the session it opens is written down before the agent hears of it.
             watched = _Watched(receive, lazy)
             lazy.before_answer = lambda start, answer: self._opened(scope, watched, start, answer)
@@ -68,12 +82,15 @@ class AnswerAsJson:
         finally:
             body = b"".join(watched.body)
             if (request_id := call_id(body)) is not None:
-                await self.deliveries.finished(session_id.decode("latin-1"), request_id, delivered=not watched.gone)
+                await self.deliveries.finished(
+                    session_id.decode("latin-1"), request_id, delivered=not watched.gone
+                )
             elif self.cancels is not None and (cancelled := cancelled_id(body)) is not None:
                 await self.cancels.cancelled(session_id.decode("latin-1"), cancelled)
 
-
-    async def _opened(self, scope, watched: "_Watched", start: dict, answer: bytes) -> tuple[int, bytes] | None:
+    async def _opened(
+        self, scope, watched: "_Watched", start: dict, answer: bytes
+    ) -> tuple[int, bytes] | None:
         """Write down the session an `initialize` answer opens; if that fails, what to answer instead."""
         session_id = dict(start.get("headers") or []).get(b"mcp-session-id")
         agent = (scope.get("state") or {}).get("agent")
@@ -90,10 +107,18 @@ class AnswerAsJson:
             await self.sessions.opened(session_id.decode("latin-1"), record)
         except Exception:  # the session would not be found again: so it is not opened
             logger.exception("could not write down a new agent session")
-            return 503, json.dumps({"jsonrpc": "2.0", "id": request.get("id"), "error": {
-                "code": -32603, "message": "The Recorder could not record the new session (its database did not "
-                "answer); nothing was opened. Try again.", "data": recorder_data("unavailable")}
-            }).encode()
+            return 503, json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": request.get("id"),
+                    "error": {
+                        "code": -32603,
+                        "message": "The Recorder could not record the new session (its database did not "
+                        "answer); nothing was opened. Try again.",
+                        "data": recorder_data("unavailable"),
+                    },
+                }
+            ).encode()
         return None
 
 
@@ -155,11 +180,23 @@ class _LazyStream:
                 return await self.flush(final=not message.get("more_body", False))
             self.mode = "answered"
             status, dropped = self.start["status"], _STREAM_ONLY_HEADERS
-            if self.before_answer is not None and (instead := await self.before_answer(self.start, answer)) is not None:
+            if (
+                self.before_answer is not None
+                and (instead := await self.before_answer(self.start, answer)) is not None
+            ):
                 (status, answer), dropped = instead, _STREAM_ONLY_HEADERS | {b"mcp-session-id"}
             kept = [(name, value) for name, value in self.start["headers"] if name.lower() not in dropped]
-            await self.downstream({"type": "http.response.start", "status": status, "headers": [
-                *kept, (b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]})
+            await self.downstream(
+                {
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [
+                        *kept,
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(answer)).encode()),
+                    ],
+                }
+            )
             return await self._out({"type": "http.response.body", "body": answer, "more_body": False})
         if not message.get("more_body", False):
             await self.flush(final=True)

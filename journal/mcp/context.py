@@ -80,7 +80,10 @@ def approved_meta(meta: dict[str, Any] | None, approval: str) -> dict[str, Any]:
     key, so a server that honours one never acts twice on one approval."""
     meta = dict(meta or {})
     journal = meta.get(declarations.HATP_KEY)
-    meta[declarations.HATP_KEY] = {**(journal if isinstance(journal, dict) else {}), IDEMPOTENCY_KEY: approval}
+    meta[declarations.HATP_KEY] = {
+        **(journal if isinstance(journal, dict) else {}),
+        IDEMPOTENCY_KEY: approval,
+    }
     return meta
 
 
@@ -90,8 +93,10 @@ def unsendable(arguments: dict[str, Any], meta: dict[str, Any] | None, server: s
     receives exactly what the record says (and an approver signed)."""
     for part, value in (("arguments", arguments), ("_meta", meta)):
         if (problem := ijson_problem(value)) is not None:
-            return (f"Not sent: the call's {part} are not I-JSON (RFC 7493) {problem}. Nothing was journaled or "
-                    f"sent to {server}.")
+            return (
+                f"Not sent: the call's {part} are not I-JSON (RFC 7493) {problem}. Nothing was journaled or "
+                f"sent to {server}."
+            )
     return None
 
 
@@ -111,13 +116,16 @@ _FAILURE_OF_REASON = {
 
 def recorder_data(reason: str, advice: recovery.Advice | None = None, **more: Any) -> dict[str, Any]:
     """The `data` of a JSON-RPC error of the Recorder's own: it says so (an upstream's error, relayed exactly
-    as the server sent it, never does), why, and what the agent should do (`_meta["hatp/journal"]["recovery"]`)."""
+    as the server sent it, never does), why, and what the agent should do
+    (`_meta["hatp/journal"]["recovery"]`)."""
     advice = advice or recovery.advise(_FAILURE_OF_REASON.get(reason, recovery.Failure("unknown")))
     return {"source": "recorder", "reason": reason, **more,
             "_meta": {declarations.HATP_KEY: {"recovery": advice.as_wire()}}}
 
 
-def recorder_error(code: int, message: str, *, reason: str, advice: recovery.Advice | None = None) -> MCPError:
+def recorder_error(
+    code: int, message: str, *, reason: str, advice: recovery.Advice | None = None
+) -> MCPError:
     """A JSON-RPC error of the Recorder's own (see `recorder_data`)."""
     return MCPError(code=code, message=message, data=recorder_data(reason, advice))
 

@@ -33,7 +33,8 @@ def call_id(body: bytes) -> str | None:
 
 
 def cancelled_id(body: bytes) -> str | None:
-    """The id of the request a `notifications/cancelled` body cancels (a string), or None for anything else."""
+    """The id of the request a `notifications/cancelled` body cancels (a string), or None for anything
+    else."""
     if b"notifications/cancelled" not in body:
         return None
     try:

@@ -1,4 +1,5 @@
-"""How the Recorder answers a failed call: the error result with MCP-Rescue's advice (`journal.recovery`), and,
+"""How the Recorder answers a failed call: the error result with MCP-Rescue's advice (`journal.recovery`),
+and,
 under a policy that stops the run on failure (ChronoMCP's saga mode), the plan that undoes the run's task and
 what was unwound (the approval side does both, behind `journal.ports`)."""
 
@@ -16,21 +17,28 @@ from .journal_thread import Journaled
 logger = logging.getLogger(__name__)
 
 
-def tool_error(text: str, advice: recovery.Advice, saga: dict[str, Any] | None = None) -> types.CallToolResult:
+def tool_error(
+    text: str, advice: recovery.Advice, saga: dict[str, Any] | None = None
+) -> types.CallToolResult:
     """A failed call as the Recorder answers it: the words, what the agent should do about it, and (under a
     saga policy) the plan that undoes its task and what was unwound."""
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True,
                                 _meta=advice_meta(advice, saga=saga))
 
 
-def advice_meta(advice: recovery.Advice, meta: Any = None, saga: dict[str, Any] | None = None) -> dict[str, Any]:
+def advice_meta(
+    advice: recovery.Advice, meta: Any = None, saga: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """`meta` with the advice in `hatp/journal.recovery`, and `undoPlan` / `unwound` after a saga policy
     stopped the run (keys the Recorder writes, never the server or the agent: a server's own are replaced,
     the rest of its `hatp/journal` is kept)."""
     meta = dict(meta) if isinstance(meta, dict) else {}
     journal = meta.get(declarations.HATP_KEY)
-    meta[declarations.HATP_KEY] = {**(journal if isinstance(journal, dict) else {}), "recovery": advice.as_wire(),
-                                   **(saga or {})}
+    meta[declarations.HATP_KEY] = {
+        **(journal if isinstance(journal, dict) else {}),
+        "recovery": advice.as_wire(),
+        **(saga or {}),
+    }
     return meta
 
 
@@ -68,9 +76,13 @@ async def stop_the_run(opened: services.OpenedStep, journaled: "Journaled") -> d
                                        "worker finishes it, and the plan's page says how it ends."}
         with anyio.move_on_after(settings.RECORDER_UNWIND_SECONDS):
             try:
-                saga["unwound"] = await sync_to_async(gate.unwind, thread_sensitive=False)(plan=started["plan"])
+                saga["unwound"] = await sync_to_async(gate.unwind, thread_sensitive=False)(
+                    plan=started["plan"]
+                )
             except Exception:
                 logger.exception("unwinding plan %s failed", started["plan"])
-                saga["unwound"] = {"plan": started["url"], "error": "The Recorder could not unwind the run; "
-                                                                     "the plan's page says where it stands."}
+                saga["unwound"] = {
+                    "plan": started["url"],
+                    "error": "The Recorder could not unwind the run; the plan's page says where it stands.",
+                }
     return saga

@@ -82,13 +82,19 @@ class FastCalls:
         meta = params.get("_meta")
         request_id = request.get("id")
         plain = (
-            request.get("jsonrpc") == "2.0" and request.get("method") == "tools/call"
+            request.get("jsonrpc") == "2.0"
+            and request.get("method") == "tools/call"
             and set(request) == {"jsonrpc", "id", "method", "params"}
-            and (isinstance(request_id, str) or (isinstance(request_id, int) and not isinstance(request_id, bool)))
+            and (
+                isinstance(request_id, str)
+                or (isinstance(request_id, int) and not isinstance(request_id, bool))
+            )
             and set(params) <= {"name", "arguments", "_meta"}
-            and isinstance(params.get("name"), str) and name_header == encode_header_value(params["name"])
+            and isinstance(params.get("name"), str)
+            and name_header == encode_header_value(params["name"])
             and isinstance(params.get("arguments", {}), dict)
-            and isinstance(meta, dict) and meta.get(PROTOCOL_VERSION_META_KEY) == version
+            and isinstance(meta, dict)
+            and meta.get(PROTOCOL_VERSION_META_KEY) == version
             and "progressToken" not in meta
         )
         return request if plain else None
@@ -123,7 +129,9 @@ class FastCalls:
                 await Response(json.dumps(reply, separators=(",", ":")), status_code=status,
                                media_type="application/json")(scope, receive, send)
         finally:
-            if journaled is not None:  # queued before the reply, so it is journaled before the agent's next call
+            if (
+                journaled is not None
+            ):  # queued before the reply, so it is journaled before the agent's next call
                 await journaled
         return True
 
@@ -136,14 +144,21 @@ class FastCalls:
         try:
             # On this protocol an agent cancels a call by closing its request's connection: the call is
             # then left (and journaled as cancelled), which closes the upstream request in turn.
-            # This runs on every call, so the watching costs next to nothing until a call lasts: a timer, which
+            # This runs on every call, so the watching costs next to nothing until a call lasts: a timer,
+            # which
             # only then starts a task that waits for the disconnect (a task group would cost ~0.1 ms a call).
             with anyio.CancelScope() as call:
                 watching = _Watch(receive, call)
                 try:
                     result, journaled = await self.forward(
-                        agent=agent, name=params["name"], arguments=params.get("arguments"), meta=params["_meta"],
-                        session_id=None, version=version, progress=stream.keep_alive if stream else None)
+                        agent=agent,
+                        name=params["name"],
+                        arguments=params.get("arguments"),
+                        meta=params["_meta"],
+                        session_id=None,
+                        version=version,
+                        progress=stream.keep_alive if stream else None,
+                    )
                 finally:
                     watching.stop()  # answered (or failed)
             if call.cancelled_caught:  # the agent went away: the call was left and journaled
@@ -245,6 +260,11 @@ class _HeldStream:
 
     async def finish(self, reply: dict[str, Any]) -> None:
         data = json.dumps(reply, separators=(",", ":"))
-        await self.send({"type": "http.response.body", "body": f"event: message\r\ndata: {data}\r\n\r\n".encode(),
-                         "more_body": False})
+        await self.send(
+            {
+                "type": "http.response.body",
+                "body": f"event: message\r\ndata: {data}\r\n\r\n".encode(),
+                "more_body": False,
+            }
+        )
 

@@ -123,9 +123,15 @@ class Features:
         giver = (self.given.get(owner) or {}).get(uri)
         if giver in servers:
             return servers[giver], uri
-        raise MCPError(code=RESOURCE_NOT_FOUND, message=(
-            f"Resource not found: {uri!r} is not a URI any tool server gave this session. Listed resources are "
-            f"named server{SEPARATOR}uri."), data=recorder_data("unknown_resource", uri=uri))
+        raise MCPError(
+            code=RESOURCE_NOT_FOUND,
+            message=(
+                f"Resource not found: {uri!r} is not a URI any tool server gave this session. Listed "
+                f"resources are "
+                f"named server{SEPARATOR}uri."
+            ),
+            data=recorder_data("unknown_resource", uri=uri),
+        )
 
     def _who(self, ctx) -> tuple[Any, Owner, str | None]:
         agent = agent_of(ctx)
@@ -166,7 +172,9 @@ class Features:
         """Each server with the tools it lists on `owner`'s session (its kept catalogue if that fails)."""
         live = await self._each(servers, lambda server: self.upstreams.list_tools(
             endpoint_of(server), owner=owner), "is listed with its kept tools: its live list failed")
-        return [_Listed(server.name, live[server.name]) if server.name in live else server for server in servers]
+        return [
+            _Listed(server.name, live[server.name]) if server.name in live else server for server in servers
+        ]
 
     @staticmethod
     def _for(ctx, result: dict) -> dict:
@@ -194,12 +202,15 @@ class Features:
         """One request to `server` on `owner`'s session; its JSON-RPC error comes back verbatim, any other
         failure as the Recorder's own error."""
         try:
-            return versions.from_server(await self.upstreams.request(endpoint_of(server), request, owner=owner))
+            return versions.from_server(
+                await self.upstreams.request(endpoint_of(server), request, owner=owner)
+            )
         except ToolServerError as exc:
             if exc.code is not None and not exc.transient and exc.oversized is None:
                 raise upstream_error(exc) from None
-            raise recorder_error(-32603, exc.message, reason="too_large" if exc.oversized else "upstream_failed") \
-                from None
+            raise recorder_error(
+                -32603, exc.message, reason="too_large" if exc.oversized else "upstream_failed"
+            ) from None
 
     async def read_resource(self, ctx, params: types.ReadResourceRequestParams) -> dict:
         agent, owner, session_id = self._who(ctx)
@@ -228,8 +239,15 @@ class Features:
         if not separator or name not in servers or not prompt:
             raise MCPError(code=-32602, message=f"Unknown prompt {params.name!r}: prompts are named "
                            f"server{SEPARATOR}prompt.", data=recorder_data("unknown_prompt"))
-        result = await self._forward(servers[name], owner, types.GetPromptRequest(params=types.GetPromptRequestParams(
-            name=prompt, arguments=params.arguments, _meta=forwarded_meta(ctx.meta))))
+        result = await self._forward(
+            servers[name],
+            owner,
+            types.GetPromptRequest(
+                params=types.GetPromptRequestParams(
+                    name=prompt, arguments=params.arguments, _meta=forwarded_meta(ctx.meta)
+                )
+            ),
+        )
         self.remember(owner, name, result)
         return self._for(ctx, result)
 
@@ -258,7 +276,9 @@ class Features:
         _, owner, _ = self._who(ctx)
         server, uri = self.route(owner, params.uri, await self._servers())
         if await self.listening.stateless(server) is None:
-            await self._forward(server, owner, types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri)))
+            await self._forward(
+                server, owner, types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
+            )
         self.relay.subscribed(owner, server.name, uri, params.uri)
         await self.listening.kept(owner, [server])
         return {}
@@ -267,7 +287,9 @@ class Features:
         _, owner, _ = self._who(ctx)
         server, uri = self.route(owner, params.uri, await self._servers())
         if await self.listening.stateless(server) is None:
-            await self._forward(server, owner, types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri)))
+            await self._forward(
+                server, owner, types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri))
+            )
         self.relay.unsubscribed(owner, server.name, uri)
         self.listening.keep(owner, [server])
         return {}

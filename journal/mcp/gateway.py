@@ -16,7 +16,6 @@ in; the outcome of a call is queued before its answer goes back, so it is journa
 agent does next, but the answer does not wait for the commit.
 """
 
-import asyncio
 import contextlib
 import logging
 import warnings
@@ -25,7 +24,6 @@ from typing import Any
 import mcp_types as types
 from anyio import get_cancelled_exc_class
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.utils import timezone
 from mcp.server.caching import CACHEABLE_METHODS, CacheHint
 from mcp.server.lowlevel import Server
@@ -38,7 +36,6 @@ from ..models import Agent, ToolServer
 from ..upstream.client import DEFAULT_MAX_ANSWER_BYTES, ToolServerError, Upstreams, endpoint_of
 from . import bridge, holding, versions
 from .asgi import AnswerAsJson
-from .auth import BearerAgent, transport_security
 from .bridge import Bridge
 from .bus import Bus, Cancels
 from .context import (
@@ -56,9 +53,8 @@ from .context import (
 )
 from .delivery import Deliveries
 from .failing import advice_meta, failed, stop_the_run, tool_error
-from .fast_calls import FastCalls
 from .features import Features
-from .journal_thread import Journaled, JournalThread, ServerDirectory
+from .journal_thread import JournalThread, Outcomes, ServerDirectory
 from .listening import Listening
 from .relay import Relay
 from .sessions import SessionStore, streamable_app
@@ -124,31 +120,46 @@ class Recorder:
         self.bus = Bus(bus_url)
         self.cancels = Cancels(self.bus)
         self.bridge = Bridge(orphaned=self._orphaned)
-        self.deliveries = Deliveries(lost=self.not_delivered)
+        self.outcomes = Outcomes(self.journal)
+        self.deliveries = Deliveries(lost=self.outcomes.not_delivered)
         self.sessions = SessionStore(idle_seconds=session_idle_seconds)
         self.relay = Relay(self.journal, tools_changed=self._tools_changed, bridge=self.bridge, bus=self.bus,
                            streams=self.sessions)
-        self.upstreams = Upstreams(timeout=timeout, idle_seconds=idle_seconds, max_sessions=max_sessions,
-                                   max_answer_bytes=max_answer_bytes, client_options=self.relay.client_options)
+        self.upstreams = Upstreams(
+            timeout=timeout,
+            idle_seconds=idle_seconds,
+            max_sessions=max_sessions,
+            max_answer_bytes=max_answer_bytes,
+            client_options=self.relay.client_options,
+        )
         self.listening = Listening(self.upstreams, self.relay)
         self.features = Features(journal=self.journal, upstreams=self.upstreams, relay=self.relay,
-                                 listening=self.listening, journal_outcome=self.journal_outcome)
-        with warnings.catch_warnings():  # logging is deprecated in 2026-07-28, and still relayed to older agents
+                                 listening=self.listening, journal_outcome=self.outcomes.write)
+        with (
+            warnings.catch_warnings()
+        ):  # logging is deprecated in 2026-07-28, and still relayed to older agents
             warnings.simplefilter("ignore", MCPDeprecationWarning)
             self.server = Server(
-                "agent-undo-recorder", version="0.1.0", on_list_tools=self.list_tools, on_call_tool=self.call_tool,
+                "agent-undo-recorder",
+                version="0.1.0",
+                on_list_tools=self.list_tools,
+                on_call_tool=self.call_tool,
                 # What an agent lists is read for its session and changes with the servers: never reuse it.
                 cache_hints={method: CacheHint(ttl_ms=0, scope="private") for method in CACHEABLE_METHODS},
                 on_list_resources=self.features.list_resources,
                 on_list_resource_templates=self.features.list_resource_templates,
-                on_read_resource=self.features.read_resource, on_subscribe_resource=self.features.subscribe,
-                on_unsubscribe_resource=self.features.unsubscribe, on_list_prompts=self.features.list_prompts,
-                on_get_prompt=self.features.get_prompt, on_completion=self.features.complete,
+                on_read_resource=self.features.read_resource,
+                on_subscribe_resource=self.features.subscribe,
+                on_unsubscribe_resource=self.features.unsubscribe,
+                on_list_prompts=self.features.list_prompts,
+                on_get_prompt=self.features.get_prompt,
+                on_completion=self.features.complete,
                 on_set_logging_level=self.features.set_logging_level,
                 on_subscriptions_listen=self.features.listen,
             )
         # Not JSON-only: a held call streams progress notifications (SSE) while it waits. A request that
-        # finishes quickly and emits nothing is still answered with plain JSON. Any process serves any session.
+        # finishes quickly and emits nothing is still answered with plain JSON. Any process serves any
+        # session.
         mcp_app = streamable_app(self.server, path="/mcp/", security=security, store=self.sessions,
                                  idle_seconds=session_idle_seconds, around=self.lifespan())
         # The SDK answers with an event stream; a stream that would carry only its answer goes out as JSON.
@@ -217,7 +228,8 @@ class Recorder:
         as the same JSON-RPC error. An answer that cannot reach the agent is journaled as undelivered (the
         server acted) and the agent gets a JSON-RPC error of the Recorder's own.
         The autonomy policy decides first: a denied call is answered with a tool error and never forwarded;
-        a call the policy asks about waits for approvers (`holding.hold`), reporting progress when the agent asked
+        a call the policy asks about waits for approvers (`holding.hold`), reporting progress when the agent
+        asked
         for it (`progress(done, total, message)`). When the agent's request carries a progress token, the
         server's own progress notifications about the call reach the agent the same way, on its token.
 
@@ -229,7 +241,9 @@ class Recorder:
         agent on the handshake is asked the server's embedded requests itself (`_answered`)."""
         server_name, separator, tool = name.partition(SEPARATOR)
         if not separator or not tool:
-            return tool_error(f"Unknown tool {name!r}: tools are named server{SEPARATOR}tool.", failed("not_found")), None
+            return tool_error(
+                f"Unknown tool {name!r}: tools are named server{SEPARATOR}tool.", failed("not_found")
+            ), None
         if tool in declarations.HIDDEN_TOOLS:
             return tool_error(f"{tool} is reserved for the undo service and not available to agents.",
                               failed("permission")), None
@@ -261,23 +275,48 @@ class Recorder:
         work = self._complete(opened, started, owner=owner, session=session, tool=tool, arguments=arguments,
                               meta=kept_meta, version=version, retry=retry,
                               progress=progress if progress_token(meta) is not None else None)
-        if version in versions.MODERN and self.relay.heard_capabilities(owner, meta) and not self.bridge.asking(owner):
+        if (
+            version in versions.MODERN
+            and self.relay.heard_capabilities(owner, meta)
+            and not self.bridge.asking(owner)
+        ):
             return await self.bridge.start(owner, work)  # a server that asks gets its answer by a retry
         return await work
 
-    async def _complete(self, opened: services.OpenedStep, started, *, owner, session, tool: str, arguments: dict,
-                        meta: dict | None, version: str, retry: dict | None, progress):
+    async def _complete(
+        self,
+        opened: services.OpenedStep,
+        started,
+        *,
+        owner,
+        session,
+        tool: str,
+        arguments: dict,
+        meta: dict | None,
+        version: str,
+        retry: dict | None,
+        progress,
+    ):
         """Forward the journaled call and journal what came of it (see `forward`)."""
         server_name = opened.server.name
         sent = []
         try:
             with self.relay.call(owner, session, opened):
-                # A server may wait on the agent (a person answering an elicitation): that time is not its own.
+                # A server may wait on the agent (a person answering an elicitation): that time is not its
+                # own.
                 waits = self.upstreams.timeout + bridge.ANSWER_SECONDS if self.relay.can_ask(owner) else None
                 result = await self.upstreams.call_tool(
-                    endpoint_of(opened.server), tool, arguments, meta=meta, owner=owner, timeout=waits,
+                    endpoint_of(opened.server),
+                    tool,
+                    arguments,
+                    meta=meta,
+                    owner=owner,
+                    timeout=waits,
                     progress=_relayed(progress) if progress is not None else None,
-                    sending=lambda: sent.append(True), retry=retry, capabilities=self.relay.capabilities_of(owner))
+                    sending=lambda: sent.append(True),
+                    retry=retry,
+                    capabilities=self.relay.capabilities_of(owner),
+                )
                 if result.get("resultType") == versions.INPUT_REQUIRED and version not in versions.MODERN:
                     result = await self._answered(result, owner, opened, tool, arguments, meta)
         except get_cancelled_exc_class():
@@ -285,27 +324,36 @@ class Recorder:
             # the upstream call tells the server at once: the SDK sends notifications/cancelled on a
             # handshake session, and a 2026 request's connection closes. Once the server had the call it may
             # have acted: the journal says exactly that, never leaving the step for the reconciler to guess.
-            self._journal_unawaited(opened, started, services.Outcome(may_have_acted=bool(sent), cancelled=(
-                f"The agent cancelled the call while {server_name} had it; the server may have acted." if sent
-                else f"The agent cancelled the call before it was sent to {server_name}; nothing was sent.")))
+            why = (f"The agent cancelled the call while {server_name} had it; the server may have acted."
+                   if sent else
+                   f"The agent cancelled the call before it was sent to {server_name}; nothing was sent.")
+            self.outcomes.write_unawaited(opened, started,
+                                          services.Outcome(may_have_acted=bool(sent), cancelled=why))
             raise
         except ToolServerError as exc:
-            if exc.oversized is not None:  # the server answered: it acted, but nothing of its answer is relayed
+            if (
+                exc.oversized is not None
+            ):  # the server answered: it acted, but nothing of its answer is relayed
                 message = f"{exc.message}. The server may have acted; do not repeat the call blindly."
                 advice = failed("unknown", opened.traits, may_have_acted=True, answered=True)
-                return tool_error(message, advice), self.journal_outcome(opened, started, services.Outcome(
+                return tool_error(message, advice), self.outcomes.write(opened, started, services.Outcome(
                     undelivered=message, oversized=exc.oversized, recovery=advice.as_wire()))
             advice = failed(exc.failure_class, opened.traits, may_have_acted=exc.may_have_acted,
                             retry_after=exc.retry_after)
-            journaled = self.journal_outcome(opened, started, services.Outcome(
+            journaled = self.outcomes.write(opened, started, services.Outcome(
                 error_message=exc.message, failure_class=exc.failure_class, may_have_acted=exc.may_have_acted,
                 recovery=advice.as_wire()))
             saga = await stop_the_run(opened, journaled)
             if exc.code is not None and exc.failure_class != "transient":
-                # A JSON-RPC error from the server goes back as the same JSON-RPC error; the advice is journaled.
+                # A JSON-RPC error from the server goes back as the same JSON-RPC error; the advice is
+                # journaled.
                 await journaled
                 raise upstream_error(exc) from None
-            note = " It may have acted before failing; do not repeat the call blindly." if exc.may_have_acted else ""
+            note = (
+                " It may have acted before failing; do not repeat the call blindly."
+                if exc.may_have_acted
+                else ""
+            )
             return tool_error(f"{exc.message} ({exc.failure_class}).{note}", advice, saga), journaled
         relayed = versions.from_server(result)
         self.features.remember(owner, server_name, relayed)
@@ -315,20 +363,22 @@ class Recorder:
         except (versions.Untranslatable, ValidationError, KeyError, ValueError) as exc:
             why = exc.message if isinstance(exc, versions.Untranslatable) else (
                 f"it is not a tools/call result of protocol {version}")
-            message = (f"{server_name} answered, but its answer cannot be delivered: {why}. The server may have "
-                       "acted; do not repeat the call blindly.")
+            message = (
+                f"{server_name} answered, but its answer cannot be delivered: {why}. The server may have "
+                "acted; do not repeat the call blindly."
+            )
             advice = failed("unknown", opened.traits, may_have_acted=True, answered=True)
-            await self.journal_outcome(opened, started, services.Outcome(result=relayed, undelivered=message,
+            await self.outcomes.write(opened, started, services.Outcome(result=relayed, undelivered=message,
                                                                          recovery=advice.as_wire()))
             raise recorder_error(-32603, message, reason="undelivered", advice=advice) from None
         if relayed.get("isError") is True:  # the server's own tool error: advice added, nothing else changed
             advice = failed(outcomes.classify_tool_error(relayed), opened.traits)
-            journaled = self.journal_outcome(opened, started, services.Outcome(result=relayed,
+            journaled = self.outcomes.write(opened, started, services.Outcome(result=relayed,
                                                                                recovery=advice.as_wire()))
             saga = await stop_the_run(opened, journaled)
             delivered["_meta"] = advice_meta(advice, delivered.get("_meta"), saga)
             return delivered, journaled
-        return delivered, self.journal_outcome(opened, started, services.Outcome(result=relayed))
+        return delivered, self.outcomes.write(opened, started, services.Outcome(result=relayed))
 
     async def _answered(self, result: dict, owner, opened: services.OpenedStep, tool: str, arguments: dict,
                         meta: dict | None) -> dict:
@@ -348,18 +398,29 @@ class Recorder:
                 answers[key] = answer
             retry = {"inputResponses": answers, **({"requestState": result["requestState"]}
                                                    if "requestState" in result else {})}
-            result = await self.upstreams.call_tool(endpoint_of(opened.server), tool, arguments, meta=meta, owner=owner,
-                                                    retry=retry, capabilities=self.relay.capabilities_of(owner))
+            result = await self.upstreams.call_tool(
+                endpoint_of(opened.server),
+                tool,
+                arguments,
+                meta=meta,
+                owner=owner,
+                retry=retry,
+                capabilities=self.relay.capabilities_of(owner),
+            )
             if result.get("resultType") != versions.INPUT_REQUIRED:
                 return result
         return result
 
     async def _orphaned(self, outcome) -> None:
-        """A 2026 agent was asked something in a call and never came back: the call's answer never reached it."""
+        """A 2026 agent was asked something in a call and never came back: the call's answer never reached
+        it."""
         _, journaled = outcome
         if journaled is not None:
-            await self.not_delivered(journaled, "The server asked the agent a question, and the agent never came "
-                                                "back with its answer; the server may have acted.")
+            await self.outcomes.not_delivered(
+                journaled,
+                "The server asked the agent a question, and the agent never came "
+                "back with its answer; the server may have acted.",
+            )
 
     def session_ended(self, agent: Agent, session_id: str) -> None:
         """The agent ended its MCP session: so end its upstream sessions (a stdio server's process stops), and
@@ -370,71 +431,5 @@ class Recorder:
         self.listening.forget(owner)
         self.deliveries.forget(session_id)
         self.sessions.ended(session_id)
-        self.journal.submit(forget_session, session_id=session_id)  # in every process: "Session not found" from now
-
-    def journal_outcome(self, opened: services.OpenedStep, started, outcome: services.Outcome) -> "Journaled":
-        """Queue the outcome's journal write now (so it comes before anything the agent does next) and
-        return an awaitable for it."""
-        return Journaled(self._outcome_written(self._queue_outcome(opened, started, outcome), opened), opened)
-
-    async def not_delivered(self, journaled: "Journaled", why: str) -> None:
-        """The agent went away before it had the server's answer: the step, closed as answered, says so."""
-        await journaled
-        try:
-            await self.journal.run(services.mark_undelivered, opened=journaled.opened, message=why, now=timezone.now())
-        except Exception:
-            logger.exception("could not journal that step %s of run %s was not delivered", journaled.opened.number,
-                             journaled.opened.run_id)
-
-    def _queue_outcome(self, opened: services.OpenedStep, started, outcome: services.Outcome) -> asyncio.Future:
-        return self.journal.submit(services.close_step, opened=opened, outcome=outcome, started=started,
-                                   finished=timezone.now())
-
-    def _journal_unawaited(self, opened: services.OpenedStep, started, outcome: services.Outcome) -> None:
-        """Queue the outcome's journal write from a call that is being cancelled, so cannot wait for it; a
-        failure is logged (the reconciler then marks the step), as for any outcome."""
-        written = self._queue_outcome(opened, started, outcome)
-
-        def logged(future: asyncio.Future) -> None:
-            if not future.cancelled() and future.exception() is not None:
-                logger.error("could not journal the outcome of step %s of run %s; the reconciler will mark it",
-                             opened.number, opened.run_id, exc_info=future.exception())
-
-        written.add_done_callback(logged)
-
-    @staticmethod
-    async def _outcome_written(written: asyncio.Future, opened: services.OpenedStep) -> None:
-        """The tool server has already acted, so a database failure here must not turn its answer into an
-        error (the agent would retry and act twice): the step stays `pending` in the record, and
-        `journal.reconcile_stale_steps` later marks it as acted-but-unrecorded."""
-        try:
-            await written
-        except Exception:
-            logger.exception("could not journal the outcome of step %s of run %s; the reconciler will mark it",
-                             opened.number, opened.run_id)
-
-
-
-class RecorderApp:
-    """The Recorder as one ASGI app: the agent is authenticated first (`auth.BearerAgent`), then a plain
-    2026-07-28 call takes `fast_calls` and everything else the SDK's app. `recorder` and `fast_calls` are
-    here for tests and benchmarks that tune or count them."""
-
-    def __init__(self, recorder: Recorder, *, security, fast: bool):
-        self.recorder = recorder
-        self.fast_calls = FastCalls(
-            forward=recorder.forward, not_delivered=recorder.not_delivered, sdk_app=recorder.sdk_app,
-            server_info=recorder.server.server_info_stamp, security=security) if fast else None
-        self._app = BearerAgent(recorder.sdk_app, self.fast_calls, on_session_end=recorder.session_ended)
-
-    async def __call__(self, scope, receive, send):
-        await self._app(scope, receive, send)
-
-
-def build_app() -> RecorderApp:
-    security = transport_security()
-    recorder = Recorder(timeout=settings.TOOL_SERVER_TIMEOUT, idle_seconds=settings.RECORDER_UPSTREAM_IDLE_SECONDS,
-                        max_sessions=settings.RECORDER_MAX_UPSTREAM_SESSIONS,
-                        max_answer_bytes=settings.RECORDER_MAX_RESULT_BYTES, bus_url=settings.RECORDER_BUS_URL,
-                        security=security, session_idle_seconds=settings.RECORDER_SESSION_IDLE_SECONDS)
-    return RecorderApp(recorder, security=security, fast=settings.RECORDER_FAST_CALLS)
+        # In every process: "Session not found" from now.
+        self.journal.submit(forget_session, session_id=session_id)

@@ -20,7 +20,8 @@ async def hold(journal: JournalThread, agent: Agent, opened: services.OpenedStep
                progress) -> tuple[tuple[str, recovery.Advice] | None, dict | None]:
     """Wait for approvers to decide on a held call, up to the policy's time. Returns (None, the `_meta`
     to send) once the call is approved and released (an approval lets exactly one call through, with the
-    arguments and `_meta` it covers), else ((what to tell the agent, what to advise it), None). Waiting reads the request's
+    arguments and `_meta` it covers), else ((what to tell the agent, what to advise it), None). Waiting reads
+    the request's
     state (not on the journal thread: reads never queue behind writes)."""
     gate = ports.gate()
     asked = opened.policy.get("hold") or {}
@@ -43,7 +44,8 @@ async def hold(journal: JournalThread, agent: Agent, opened: services.OpenedStep
                 "action": held.public_id, "approvedBy": standing.decided_by, "meta": sent})
             return None, sent
         if standing.state == ports.HeldState.DENIED:
-            message = f"Not done: {standing.decided_by} denied this call: “{standing.decision_reason}”. Nothing was sent."
+            message = (f"Not done: {standing.decided_by} denied this call: “{standing.decision_reason}”. "
+                       f"Nothing was sent.")
             held = "denied"
         elif standing.state == ports.HeldState.USED:
             message = f"Not done: the approval at {url} already let an identical call through; ask again."

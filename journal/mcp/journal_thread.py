@@ -1,16 +1,20 @@
-"""Where the Recorder's journal work runs: one thread with one database connection of its own, and the
-directory of enabled tool servers it reads them from."""
+"""Where the Recorder's journal work runs: one thread with one database connection of its own, the
+directory of enabled tool servers it reads them from, and the writes of calls' outcomes (`Outcomes`)."""
 
 import asyncio
 import contextlib
 import functools
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from django.db import connection
+from django.utils import timezone
 
 from .. import services, sql
 from ..models import ToolServer
+
+logger = logging.getLogger(__name__)
 
 
 class JournalThread:
@@ -36,7 +40,9 @@ class JournalThread:
 
     def submit(self, fn, /, **kwargs) -> asyncio.Future:
         """Queue `fn(**kwargs)` now; await the future for its result."""
-        return asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(self._job, fn, kwargs))
+        return asyncio.get_running_loop().run_in_executor(
+            self._executor, functools.partial(self._job, fn, kwargs)
+        )
 
     async def run(self, fn, /, **kwargs):
         return await self.submit(fn, **kwargs)
@@ -87,3 +93,52 @@ class Journaled:
         if not self.done:
             yield from self.written.__await__()
             self.done = True
+
+
+class Outcomes:
+    """A call's outcome, journaled on the journal thread: queued before the answer goes back to the agent
+    (so it comes before anything the agent does next), awaited after the reply where the caller can."""
+
+    def __init__(self, journal: JournalThread):
+        self.journal = journal
+
+    def write(self, opened: services.OpenedStep, started, outcome: services.Outcome) -> Journaled:
+        """Queue the outcome's journal write now and return an awaitable for it."""
+        return Journaled(self._written(self._queue(opened, started, outcome), opened), opened)
+
+    def write_unawaited(self, opened: services.OpenedStep, started, outcome: services.Outcome) -> None:
+        """Queue the outcome's journal write from a call that is being cancelled, so cannot wait for it; a
+        failure is logged (the reconciler then marks the step), as for any outcome."""
+        written = self._queue(opened, started, outcome)
+
+        def logged(future: asyncio.Future) -> None:
+            if not future.cancelled() and future.exception() is not None:
+                logger.error("could not journal the outcome of step %s of run %s; the reconciler will mark "
+                             "it", opened.number, opened.run_id, exc_info=future.exception())
+
+        written.add_done_callback(logged)
+
+    async def not_delivered(self, journaled: Journaled, why: str) -> None:
+        """The agent went away before it had the server's answer: the step, closed as answered, says so."""
+        await journaled
+        try:
+            await self.journal.run(services.mark_undelivered, opened=journaled.opened, message=why,
+                                   now=timezone.now())
+        except Exception:
+            logger.exception("could not journal that step %s of run %s was not delivered",
+                             journaled.opened.number, journaled.opened.run_id)
+
+    def _queue(self, opened: services.OpenedStep, started, outcome: services.Outcome) -> asyncio.Future:
+        return self.journal.submit(services.close_step, opened=opened, outcome=outcome, started=started,
+                                   finished=timezone.now())
+
+    @staticmethod
+    async def _written(written: asyncio.Future, opened: services.OpenedStep) -> None:
+        """The tool server has already acted, so a database failure here must not turn its answer into an
+        error (the agent would retry and act twice): the step stays `pending` in the record, and
+        `journal.reconcile_stale_steps` later marks it as acted-but-unrecorded."""
+        try:
+            await written
+        except Exception:
+            logger.exception("could not journal the outcome of step %s of run %s; the reconciler will mark "
+                             "it", opened.number, opened.run_id)

@@ -39,7 +39,8 @@ READY_SECONDS = 5.0  # how long an agent's listen (or subscribe) waits for the u
 class Listening:
     def __init__(self, upstreams: Upstreams, relay):
         self.upstreams, self.relay = upstreams, relay
-        # A handshake session's stream to one server: (owner, server name) -> (the URIs it asks for, its scope)
+        # A handshake session's stream to one server: (owner, server name) -> (the URIs it asks for, its
+        # scope)
         self._kept: dict[tuple[Owner, str], tuple[frozenset[str], anyio.CancelScope]] = {}
         self._group: anyio.abc.TaskGroup | None = None
 
@@ -117,8 +118,14 @@ class Listening:
         """`keep`, waiting (a little) until the streams it opened listen."""
         await _ready(self.keep(owner, servers))
 
-    async def _keep_one(self, owner: Owner, server: ToolServer, uris: frozenset[str], scope: anyio.CancelScope,
-                        ready: anyio.Event) -> None:
+    async def _keep_one(
+        self,
+        owner: Owner,
+        server: ToolServer,
+        uris: frozenset[str],
+        scope: anyio.CancelScope,
+        ready: anyio.Event,
+    ) -> None:
         with scope:
             client = await self.stateless(server)
             if client is None:
@@ -138,8 +145,18 @@ class Listening:
             for owner in {owner for owner, _ in self._kept if self.relay.sessions.get(owner) is None}:
                 self.forget(owner)
 
-    async def _pump(self, owner: Owner, server_name: str, client, *, tools: bool, prompts: bool, resources: bool,
-                    uris: Any, ready: anyio.Event) -> None:
+    async def _pump(
+        self,
+        owner: Owner,
+        server_name: str,
+        client,
+        *,
+        tools: bool,
+        prompts: bool,
+        resources: bool,
+        uris: Any,
+        ready: anyio.Event,
+    ) -> None:
         """Relay what one upstream listen stream carries, opening it again when it breaks; `ready` is set once
         it is acknowledged, or found impossible."""
         try:

@@ -45,7 +45,9 @@ ASKS = {
 }
 
 _RELAYED_NOTIFICATIONS = (
-    types.LoggingMessageNotification, types.ToolListChangedNotification, types.ResourceListChangedNotification,
+    types.LoggingMessageNotification,
+    types.ToolListChangedNotification,
+    types.ResourceListChangedNotification,
     types.PromptListChangedNotification,
 )
 
@@ -58,7 +60,8 @@ class _Call:
 
 # A notification as the event a 2026-07-28 agent's `subscriptions/listen` stream carries.
 _EVENTS = {
-    types.ToolListChangedNotification: ToolsListChanged, types.PromptListChangedNotification: PromptsListChanged,
+    types.ToolListChangedNotification: ToolsListChanged,
+    types.PromptListChangedNotification: PromptsListChanged,
     types.ResourceListChangedNotification: ResourcesListChanged,
 }
 _LISTENERS = 1024
@@ -69,7 +72,9 @@ def _answers(capabilities: types.ClientCapabilities) -> bool:
 
 
 class Relay:
-    def __init__(self, journal, tools_changed=None, bridge=None, bus=None, streams: SessionStore | None = None):
+    def __init__(
+        self, journal, tools_changed=None, bridge=None, bus=None, streams: SessionStore | None = None
+    ):
         self.journal = journal
         # Handshake sessions' GET streams, which may be in another process (`sessions.SessionStore`), and the
         # bus that reaches it; without them, a notification goes on this process's session only.
@@ -84,7 +89,9 @@ class Relay:
         self._pending_reads: set[asyncio.Task] = set()
         self.sessions: weakref.WeakValueDictionary[Owner, Any] = weakref.WeakValueDictionary()
         self.calls: dict[Owner, list[_Call]] = {}
-        self.subscriptions: dict[tuple[Owner, str, str], str] = {}  # (owner, server, its URI): the agent's URI
+        self.subscriptions: dict[
+            tuple[Owner, str, str], str
+        ] = {}  # (owner, server, its URI): the agent's URI
         # A 2026-07-28 agent's `subscriptions/listen` streams, fed from its own upstream sessions only.
         self.buses: dict[Owner, tuple[InMemorySubscriptionBus, ListenHandler]] = {}
 
@@ -184,7 +191,9 @@ class Relay:
         capabilities = session.client_params.capabilities if session is not None else self.declared[owner]
         options["declared"] = capabilities
         if capabilities.elicitation is not None:
-            options["elicitation_callback"] = self._asking(owner, server, types.ElicitRequest, types.ElicitResult)
+            options["elicitation_callback"] = self._asking(
+                owner, server, types.ElicitRequest, types.ElicitResult
+            )
         if capabilities.sampling is not None:
             options["sampling_callback"] = self._asking(owner, server, types.CreateMessageRequest,
                                                         types.CreateMessageResult)
@@ -201,7 +210,9 @@ class Relay:
                 named = self.subscriptions.get((owner, server, message.params.uri))
                 if named is None:
                     return
-                message = types.ResourceUpdatedNotification(params=types.ResourceUpdatedNotificationParams(uri=named))
+                message = types.ResourceUpdatedNotification(
+                    params=types.ResourceUpdatedNotificationParams(uri=named)
+                )
             elif not isinstance(message, _RELAYED_NOTIFICATIONS):
                 return  # progress is relayed on its call's token; transport failures are the client's own
             if isinstance(message, types.ToolListChangedNotification) and self.tools_changed is not None:
@@ -213,9 +224,14 @@ class Relay:
             session = self.sessions.get(owner)
             if session is not None:
                 await self._tell(owner, session, message)
-            elif owner in self.buses:  # a 2026-07-28 agent hears on its listen streams (no log messages there)
-                event = ResourceUpdated(uri=message.params.uri) if isinstance(message, types.ResourceUpdatedNotification) \
+            elif (
+                owner in self.buses
+            ):  # a 2026-07-28 agent hears on its listen streams (no log messages there)
+                event = (
+                    ResourceUpdated(uri=message.params.uri)
+                    if isinstance(message, types.ResourceUpdatedNotification)
                     else _EVENTS.get(type(message), lambda: None)()
+                )
                 if event is not None:
                     await self.buses[owner][0].publish(event)
 
@@ -226,8 +242,13 @@ class Relay:
         session_id = owner[1] if isinstance(owner, tuple) else None
         if self.streams is not None and self.bus is not None and self.bus.url and session_id \
                 and not self.streams.holds_stream(session_id):
-            await self.bus.publish("notify", {
-                "session": session_id, "notification": message.model_dump(by_alias=True, mode="json", exclude_none=True)})
+            await self.bus.publish(
+                "notify",
+                {
+                    "session": session_id,
+                    "notification": message.model_dump(by_alias=True, mode="json", exclude_none=True),
+                },
+            )
             return
         with contextlib.suppress(Exception):  # an agent that went away misses it; nothing else does
             await session.send_notification(message)
@@ -282,7 +303,9 @@ class Relay:
         answer: Any
         try:
             if by_answer:  # a 2026-07-28 agent: asked by the answer to its call, answering by its retry
-                got = await self.bridge.ask(owner, request.model_dump(by_alias=True, mode="json", exclude_none=True))
+                got = await self.bridge.ask(
+                    owner, request.model_dump(by_alias=True, mode="json", exclude_none=True)
+                )
                 if isinstance(got, types.ErrorData):
                     raise MCPError(code=got.code, message=got.message, data=got.data)
                 result = result_type.model_validate(got)
@@ -293,15 +316,28 @@ class Relay:
             result = exc.error
             answer = {"error": exc.error.model_dump(by_alias=True, mode="json", exclude_none=True)}
         except Exception as exc:  # noqa: BLE001 - the agent could not be asked; the server is told so
-            result = types.ErrorData(code=-32603, message=f"The agent could not be asked: {type(exc).__name__}")
+            result = types.ErrorData(
+                code=-32603, message=f"The agent could not be asked: {type(exc).__name__}"
+            )
             answer = {"error": result.model_dump(by_alias=True, mode="json", exclude_none=True)}
         if call is not None and call.step is not None:
             sent = request.model_dump(by_alias=True, mode="json", exclude_none=True)
             try:
-                await self.journal.run(services.record_event, run_id=call.step.run_id, event="relayed",
-                                       now=timezone.now(), data={"step": call.step.number, "server": server,
-                                                                 "method": sent["method"],
-                                                                 "params": sent.get("params"), "answer": answer})
+                await self.journal.run(
+                    services.record_event,
+                    run_id=call.step.run_id,
+                    event="relayed",
+                    now=timezone.now(),
+                    data={
+                        "step": call.step.number,
+                        "server": server,
+                        "method": sent["method"],
+                        "params": sent.get("params"),
+                        "answer": answer,
+                    },
+                )
             except Exception:  # the agent answered: a journal failure must not turn it into an error
-                logger.exception("could not journal a %s relayed for step %s", sent["method"], call.step.number)
+                logger.exception(
+                    "could not journal a %s relayed for step %s", sent["method"], call.step.number
+                )
         return result

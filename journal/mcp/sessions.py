@@ -130,7 +130,11 @@ class SessionStore:
 
 def record_of(agent_id: int, request: Any, answer: Any) -> SessionRecord | None:
     """The session an `initialize` request and its answer (parsed JSON-RPC messages) opened, or None."""
-    if not isinstance(request, dict) or not isinstance(answer, dict) or not isinstance(answer.get("result"), dict):
+    if (
+        not isinstance(request, dict)
+        or not isinstance(answer, dict)
+        or not isinstance(answer.get("result"), dict)
+    ):
         return None
     params = request.get("params") if isinstance(request.get("params"), dict) else {}
     version = answer["result"].get("protocolVersion")
@@ -173,9 +177,13 @@ class SharedSessions(sdk.AdoptingSessionManager):
     async def _adopt(self, session_id: str, record: SessionRecord) -> None:
         """Serve a session another process opened, as if this one had answered its `initialize`."""
         transport = StreamableHTTPServerTransport(
-            mcp_session_id=session_id, is_json_response_enabled=self.json_response, event_store=self.event_store,
-            security_settings=self.security_settings, retry_interval=self.retry_interval,
-            idle_timeout=self.session_idle_timeout)
+            mcp_session_id=session_id,
+            is_json_response_enabled=self.json_response,
+            event_store=self.event_store,
+            security_settings=self.security_settings,
+            retry_interval=self.retry_interval,
+            idle_timeout=self.session_idle_timeout,
+        )
         try:
             client_params = InitializeRequestParams(
                 protocol_version=record.protocol_version, capabilities=ClientCapabilities.model_validate(
@@ -186,9 +194,15 @@ class SharedSessions(sdk.AdoptingSessionManager):
         async def run_server(*, task_status=anyio.TASK_STATUS_IGNORED) -> None:
             async with transport.connect() as (read_stream, write_stream):
                 task_status.started()
-                dispatcher = JSONRPCDispatcher(read_stream, write_stream, inline_methods=frozenset({"initialize"}))
-                connection = Connection(dispatcher, protocol_version=record.protocol_version, session_id=session_id,
-                                        client_params=client_params)
+                dispatcher = JSONRPCDispatcher(
+                    read_stream, write_stream, inline_methods=frozenset({"initialize"})
+                )
+                connection = Connection(
+                    dispatcher,
+                    protocol_version=record.protocol_version,
+                    session_id=session_id,
+                    client_params=client_params,
+                )
                 connection.client_capabilities = client_params.capabilities if client_params else None
                 connection.initialized.set()
                 idle_scope = transport.idle_scope or anyio.CancelScope()
@@ -206,7 +220,9 @@ class SharedSessions(sdk.AdoptingSessionManager):
         logger.info("serving session %s, opened by another process", session_id[:8])
 
 
-def streamable_app(server, *, path: str, security, store: SessionStore, idle_seconds: float | None, around=None):
+def streamable_app(
+    server, *, path: str, security, store: SessionStore, idle_seconds: float | None, around=None
+):
     """The SDK server's streamable HTTP app (as `Server.streamable_http_app` builds it, without the auth it
     does not use here) on `SharedSessions`. `around`, an async context manager, is entered before the
     session manager starts and left after it stops."""

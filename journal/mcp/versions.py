@@ -29,7 +29,8 @@ class Untranslatable(ValueError):
 
 
 def without_envelope(meta: Any) -> dict[str, Any] | None:
-    """A `_meta` without the keys one hop writes for itself (the protocol envelope); None if nothing is left."""
+    """A `_meta` without the keys one hop writes for itself (the protocol envelope); None if nothing is
+    left."""
     if not isinstance(meta, Mapping):
         return None
     kept = {k: v for k, v in meta.items() if not (isinstance(k, str) and k.startswith(ENVELOPE_PREFIX))}
@@ -40,7 +41,9 @@ def from_server(result: Mapping[str, Any]) -> dict[str, Any]:
     """A server's result as the Recorder relays and journals it: exactly what the server sent, minus the
     server's own hop envelope in `_meta` (the Recorder stamps its own, on the versions that have one)."""
     relayed = dict(result)
-    if isinstance(relayed.get("_meta"), Mapping):  # anything else is the server's own mistake, relayed as sent
+    if isinstance(
+        relayed.get("_meta"), Mapping
+    ):  # anything else is the server's own mistake, relayed as sent
         meta = without_envelope(relayed["_meta"])
         if meta is None:
             del relayed["_meta"]

@@ -9,7 +9,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -18,193 +17,400 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='ToolServer',
+            name="ToolServer",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.SlugField(help_text="Prefix of its tools' names: name__tool.", max_length=60, unique=True)),
-                ('transport', models.CharField(choices=[('http', 'Streamable HTTP'), ('stdio', 'stdio')], default='http', max_length=10)),
-                ('url', models.URLField(blank=True, max_length=500)),
-                ('command', models.CharField(blank=True, help_text='For stdio: the command line to start it.', max_length=1000)),
-                ('enabled', models.BooleanField(default=True)),
-                ('catalogue', models.JSONField(blank=True, default=list)),
-                ('catalogue_fetched_at', models.DateTimeField(blank=True, null=True)),
-                ('catalogue_error', models.TextField(blank=True)),
-                ('receipt_keys', models.JSONField(blank=True, default=dict)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.SlugField(
+                        help_text="Prefix of its tools' names: name__tool.", max_length=60, unique=True
+                    ),
+                ),
+                (
+                    "transport",
+                    models.CharField(
+                        choices=[("http", "Streamable HTTP"), ("stdio", "stdio")],
+                        default="http",
+                        max_length=10,
+                    ),
+                ),
+                ("url", models.URLField(blank=True, max_length=500)),
+                (
+                    "command",
+                    models.CharField(
+                        blank=True, help_text="For stdio: the command line to start it.", max_length=1000
+                    ),
+                ),
+                ("enabled", models.BooleanField(default=True)),
+                ("catalogue", models.JSONField(blank=True, default=list)),
+                ("catalogue_fetched_at", models.DateTimeField(blank=True, null=True)),
+                ("catalogue_error", models.TextField(blank=True)),
+                ("receipt_keys", models.JSONField(blank=True, default=dict)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Agent',
+            name="Agent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.SlugField(max_length=60, unique=True)),
-                ('token_hash', models.CharField(max_length=64, unique=True)),
-                ('token_prefix', models.CharField(help_text='The first characters, to tell tokens apart.', max_length=12)),
-                ('is_active', models.BooleanField(default=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('on_behalf_of', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='agents', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.SlugField(max_length=60, unique=True)),
+                ("token_hash", models.CharField(max_length=64, unique=True)),
+                (
+                    "token_prefix",
+                    models.CharField(help_text="The first characters, to tell tokens apart.", max_length=12),
+                ),
+                ("is_active", models.BooleanField(default=True)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "on_behalf_of",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="agents",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='RecorderKey',
+            name="RecorderKey",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('origin', models.CharField(blank=True, max_length=500)),
-                ('key_id', models.CharField(max_length=40)),
-                ('public_key', models.CharField(help_text='Raw Ed25519 public key, base64url.', max_length=100)),
-                ('valid_from', models.DateTimeField(default=django.utils.timezone.now)),
-                ('valid_until', models.DateTimeField(blank=True, help_text='Set when a newer key replaces it.', null=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("origin", models.CharField(blank=True, max_length=500)),
+                ("key_id", models.CharField(max_length=40)),
+                (
+                    "public_key",
+                    models.CharField(help_text="Raw Ed25519 public key, base64url.", max_length=100),
+                ),
+                ("valid_from", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "valid_until",
+                    models.DateTimeField(
+                        blank=True, help_text="Set when a newer key replaces it.", null=True
+                    ),
+                ),
             ],
             options={
-                'ordering': ['valid_from'],
-                'constraints': [models.UniqueConstraint(fields=('origin', 'key_id'), name='unique_key_id_per_origin')],
+                "ordering": ["valid_from"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("origin", "key_id"), name="unique_key_id_per_origin")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Run',
+            name="Run",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('public_id', models.UUIDField(default=uuid.uuid4, editable=False, unique=True)),
-                ('key', models.CharField(blank=True, max_length=200)),
-                ('state', models.CharField(choices=[('active', 'Active'), ('failed', 'Has failed calls'), ('imported', 'Imported')], default='active', max_length=20)),
-                ('started_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('last_activity_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('step_count', models.PositiveIntegerField(default=0)),
-                ('reversible_count', models.PositiveIntegerField(default=0)),
-                ('irreversible_count', models.PositiveIntegerField(default=0)),
-                ('unknown_count', models.PositiveIntegerField(default=0)),
-                ('failed_count', models.PositiveIntegerField(default=0)),
-                ('head_seq', models.PositiveIntegerField(default=0)),
-                ('head_hash', models.CharField(default='GENESIS', max_length=64)),
-                ('checkpointed_seq', models.PositiveIntegerField(default=0)),
-                ('imported_from', models.CharField(blank=True, max_length=200)),
-                ('agent_label', models.CharField(blank=True, help_text='Agent name for imported runs.', max_length=200)),
-                ('agent', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='runs', to='journal.agent')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("public_id", models.UUIDField(default=uuid.uuid4, editable=False, unique=True)),
+                ("key", models.CharField(blank=True, max_length=200)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("active", "Active"),
+                            ("failed", "Has failed calls"),
+                            ("imported", "Imported"),
+                        ],
+                        default="active",
+                        max_length=20,
+                    ),
+                ),
+                ("started_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("last_activity_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("step_count", models.PositiveIntegerField(default=0)),
+                ("reversible_count", models.PositiveIntegerField(default=0)),
+                ("irreversible_count", models.PositiveIntegerField(default=0)),
+                ("unknown_count", models.PositiveIntegerField(default=0)),
+                ("failed_count", models.PositiveIntegerField(default=0)),
+                ("head_seq", models.PositiveIntegerField(default=0)),
+                ("head_hash", models.CharField(default="GENESIS", max_length=64)),
+                ("checkpointed_seq", models.PositiveIntegerField(default=0)),
+                ("imported_from", models.CharField(blank=True, max_length=200)),
+                (
+                    "agent_label",
+                    models.CharField(blank=True, help_text="Agent name for imported runs.", max_length=200),
+                ),
+                (
+                    "agent",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="runs",
+                        to="journal.agent",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-started_at', '-id'],
+                "ordering": ["-started_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='Checkpoint',
+            name="Checkpoint",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('seq', models.PositiveIntegerField()),
-                ('head_hash', models.CharField(max_length=64)),
-                ('key_id', models.CharField(max_length=40)),
-                ('signature', models.CharField(max_length=200)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='checkpoints', to='journal.run')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("seq", models.PositiveIntegerField()),
+                ("head_hash", models.CharField(max_length=64)),
+                ("key_id", models.CharField(max_length=40)),
+                ("signature", models.CharField(max_length=200)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="checkpoints",
+                        to="journal.run",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run', 'seq'],
+                "ordering": ["run", "seq"],
             },
         ),
         migrations.CreateModel(
-            name='ChainEntry',
+            name="ChainEntry",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('seq', models.PositiveIntegerField()),
-                ('ts', models.CharField(max_length=40)),
-                ('event', models.CharField(max_length=40)),
-                ('data', models.JSONField()),
-                ('prev_hash', models.CharField(max_length=64)),
-                ('hash', models.CharField(max_length=64)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='entries', to='journal.run')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("seq", models.PositiveIntegerField()),
+                ("ts", models.CharField(max_length=40)),
+                ("event", models.CharField(max_length=40)),
+                ("data", models.JSONField()),
+                ("prev_hash", models.CharField(max_length=64)),
+                ("hash", models.CharField(max_length=64)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="entries", to="journal.run"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run', 'seq'],
+                "ordering": ["run", "seq"],
             },
         ),
         migrations.CreateModel(
-            name='Step',
+            name="Step",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.PositiveIntegerField()),
-                ('server_name', models.CharField(max_length=60)),
-                ('tool', models.CharField(max_length=200)),
-                ('arguments', models.JSONField(default=dict)),
-                ('request_meta', models.JSONField(blank=True, null=True)),
-                ('status', models.CharField(choices=[('pending', 'In flight'), ('ok', 'Succeeded'), ('error', 'Failed')], default='pending', max_length=10)),
-                ('result', models.JSONField(blank=True, null=True)),
-                ('is_error', models.BooleanField(default=False)),
-                ('error_message', models.TextField(blank=True)),
-                ('failure_class', models.CharField(blank=True, choices=[('transient', 'Transient'), ('invalid_arguments', 'Invalid arguments'), ('authentication', 'Authentication'), ('permission', 'Permission'), ('not_found', 'Not found'), ('conflict', 'Conflict'), ('business_rule', 'Business rule'), ('unknown', 'Unknown')], max_length=20)),
-                ('started_at', models.DateTimeField()),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('duration_ms', models.FloatField(blank=True, null=True)),
-                ('declaration', models.JSONField(default=dict)),
-                ('declaration_source', models.CharField(blank=True, max_length=40)),
-                ('reversibility', models.CharField(choices=[('compensate', 'Reversible'), ('none', 'Cannot be undone'), ('unknown', 'Unknown'), ('read_only', 'Read-only')], default='unknown', max_length=12)),
-                ('compensation_arguments', models.JSONField(blank=True, null=True)),
-                ('undo_problems', models.JSONField(blank=True, default=list)),
-                ('effect_summary', models.CharField(blank=True, max_length=500)),
-                ('effect_resource', models.CharField(blank=True, max_length=500)),
-                ('effect_version', models.CharField(blank=True, max_length=200)),
-                ('compensation_token', models.CharField(blank=True, max_length=500)),
-                ('undo_by', models.DateTimeField(blank=True, null=True)),
-                ('receipt', models.JSONField(blank=True, null=True)),
-                ('receipt_verified', models.BooleanField(help_text='None when the call carried no receipt.', null=True)),
-                ('receipt_problem', models.CharField(blank=True, max_length=300)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='steps', to='journal.run')),
-                ('server', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='steps', to='journal.toolserver')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("number", models.PositiveIntegerField()),
+                ("server_name", models.CharField(max_length=60)),
+                ("tool", models.CharField(max_length=200)),
+                ("arguments", models.JSONField(default=dict)),
+                ("request_meta", models.JSONField(blank=True, null=True)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("pending", "In flight"), ("ok", "Succeeded"), ("error", "Failed")],
+                        default="pending",
+                        max_length=10,
+                    ),
+                ),
+                ("result", models.JSONField(blank=True, null=True)),
+                ("is_error", models.BooleanField(default=False)),
+                ("error_message", models.TextField(blank=True)),
+                (
+                    "failure_class",
+                    models.CharField(
+                        blank=True,
+                        choices=[
+                            ("transient", "Transient"),
+                            ("invalid_arguments", "Invalid arguments"),
+                            ("authentication", "Authentication"),
+                            ("permission", "Permission"),
+                            ("not_found", "Not found"),
+                            ("conflict", "Conflict"),
+                            ("business_rule", "Business rule"),
+                            ("unknown", "Unknown"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                ("started_at", models.DateTimeField()),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("duration_ms", models.FloatField(blank=True, null=True)),
+                ("declaration", models.JSONField(default=dict)),
+                ("declaration_source", models.CharField(blank=True, max_length=40)),
+                (
+                    "reversibility",
+                    models.CharField(
+                        choices=[
+                            ("compensate", "Reversible"),
+                            ("none", "Cannot be undone"),
+                            ("unknown", "Unknown"),
+                            ("read_only", "Read-only"),
+                        ],
+                        default="unknown",
+                        max_length=12,
+                    ),
+                ),
+                ("compensation_arguments", models.JSONField(blank=True, null=True)),
+                ("undo_problems", models.JSONField(blank=True, default=list)),
+                ("effect_summary", models.CharField(blank=True, max_length=500)),
+                ("effect_resource", models.CharField(blank=True, max_length=500)),
+                ("effect_version", models.CharField(blank=True, max_length=200)),
+                ("compensation_token", models.CharField(blank=True, max_length=500)),
+                ("undo_by", models.DateTimeField(blank=True, null=True)),
+                ("receipt", models.JSONField(blank=True, null=True)),
+                (
+                    "receipt_verified",
+                    models.BooleanField(help_text="None when the call carried no receipt.", null=True),
+                ),
+                ("receipt_problem", models.CharField(blank=True, max_length=300)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="steps", to="journal.run"
+                    ),
+                ),
+                (
+                    "server",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="steps",
+                        to="journal.toolserver",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run', 'number'],
+                "ordering": ["run", "number"],
             },
         ),
         migrations.CreateModel(
-            name='ResultValue',
+            name="ResultValue",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('digest', models.CharField(max_length=32)),
-                ('pointer', models.CharField(max_length=500)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='journal.run')),
-                ('step', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='journal.step')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("digest", models.CharField(max_length=32)),
+                ("pointer", models.CharField(max_length=500)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="+", to="journal.run"
+                    ),
+                ),
+                (
+                    "step",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="+", to="journal.step"
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='StepDependency',
+            name="StepDependency",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('rule', models.CharField(choices=[('inferred', 'Inferred from values'), ('declared', 'Declared')], max_length=10)),
-                ('pointers', models.JSONField(blank=True, default=list)),
-                ('depends_on', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='dependents', to='journal.step')),
-                ('step', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='dependencies', to='journal.step')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "rule",
+                    models.CharField(
+                        choices=[("inferred", "Inferred from values"), ("declared", "Declared")],
+                        max_length=10,
+                    ),
+                ),
+                ("pointers", models.JSONField(blank=True, default=list)),
+                (
+                    "depends_on",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="dependents",
+                        to="journal.step",
+                    ),
+                ),
+                (
+                    "step",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="dependencies",
+                        to="journal.step",
+                    ),
+                ),
             ],
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['agent', 'key', '-last_activity_at'], name='journal_run_agent_i_dfaa75_idx'),
+            model_name="run",
+            index=models.Index(
+                fields=["agent", "key", "-last_activity_at"], name="journal_run_agent_i_dfaa75_idx"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='run',
-            constraint=models.UniqueConstraint(condition=models.Q(('key', ''), _negated=True), fields=('agent', 'key'), name='unique_run_key_per_agent'),
+            model_name="run",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("key", ""), _negated=True),
+                fields=("agent", "key"),
+                name="unique_run_key_per_agent",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='checkpoint',
-            constraint=models.UniqueConstraint(fields=('run', 'seq'), name='unique_checkpoint_per_seq'),
+            model_name="checkpoint",
+            constraint=models.UniqueConstraint(fields=("run", "seq"), name="unique_checkpoint_per_seq"),
         ),
         migrations.AddConstraint(
-            model_name='chainentry',
-            constraint=models.UniqueConstraint(fields=('run', 'seq'), name='unique_chain_seq_per_run'),
+            model_name="chainentry",
+            constraint=models.UniqueConstraint(fields=("run", "seq"), name="unique_chain_seq_per_run"),
         ),
         migrations.AddIndex(
-            model_name='resultvalue',
-            index=models.Index(fields=['run', 'digest'], name='journal_res_run_id_829f36_idx'),
+            model_name="resultvalue",
+            index=models.Index(fields=["run", "digest"], name="journal_res_run_id_829f36_idx"),
         ),
         migrations.AddConstraint(
-            model_name='stepdependency',
-            constraint=models.UniqueConstraint(fields=('step', 'depends_on', 'rule'), name='unique_dependency_per_rule'),
+            model_name="stepdependency",
+            constraint=models.UniqueConstraint(
+                fields=("step", "depends_on", "rule"), name="unique_dependency_per_rule"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='step',
-            constraint=models.UniqueConstraint(fields=('run', 'number'), name='unique_step_number_per_run'),
+            model_name="step",
+            constraint=models.UniqueConstraint(fields=("run", "number"), name="unique_step_number_per_run"),
         ),
     ]

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('journal', '0001_initial'),
+        ("journal", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='toolserver',
-            name='updated_at',
+            model_name="toolserver",
+            name="updated_at",
             field=models.DateTimeField(auto_now=True),
         ),
     ]

@@ -4,25 +4,47 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('journal', '0002_toolserver_updated_at'),
+        ("journal", "0002_toolserver_updated_at"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='step',
-            name='policy_decision',
+            model_name="step",
+            name="policy_decision",
             field=models.JSONField(blank=True, null=True),
         ),
         migrations.AlterField(
-            model_name='step',
-            name='failure_class',
-            field=models.CharField(blank=True, choices=[('transient', 'Transient'), ('invalid_arguments', 'Invalid arguments'), ('authentication', 'Authentication'), ('permission', 'Permission'), ('not_found', 'Not found'), ('conflict', 'Conflict'), ('business_rule', 'Business rule'), ('unknown', 'Unknown'), ('policy', 'Stopped by an autonomy policy')], max_length=20),
+            model_name="step",
+            name="failure_class",
+            field=models.CharField(
+                blank=True,
+                choices=[
+                    ("transient", "Transient"),
+                    ("invalid_arguments", "Invalid arguments"),
+                    ("authentication", "Authentication"),
+                    ("permission", "Permission"),
+                    ("not_found", "Not found"),
+                    ("conflict", "Conflict"),
+                    ("business_rule", "Business rule"),
+                    ("unknown", "Unknown"),
+                    ("policy", "Stopped by an autonomy policy"),
+                ],
+                max_length=20,
+            ),
         ),
         migrations.AlterField(
-            model_name='step',
-            name='status',
-            field=models.CharField(choices=[('pending', 'In flight'), ('held', 'Held for approval'), ('ok', 'Succeeded'), ('error', 'Failed')], default='pending', max_length=10),
+            model_name="step",
+            name="status",
+            field=models.CharField(
+                choices=[
+                    ("pending", "In flight"),
+                    ("held", "Held for approval"),
+                    ("ok", "Succeeded"),
+                    ("error", "Failed"),
+                ],
+                default="pending",
+                max_length=10,
+            ),
         ),
     ]

@@ -4,15 +4,25 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('journal', '0004_step_undelivered'),
+        ("journal", "0004_step_undelivered"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='step',
-            name='status',
-            field=models.CharField(choices=[('pending', 'In flight'), ('held', 'Held for approval'), ('ok', 'Succeeded'), ('error', 'Failed'), ('undelivered', 'Acted; the agent did not get the answer'), ('cancelled', 'Cancelled by the agent')], default='pending', max_length=12),
+            model_name="step",
+            name="status",
+            field=models.CharField(
+                choices=[
+                    ("pending", "In flight"),
+                    ("held", "Held for approval"),
+                    ("ok", "Succeeded"),
+                    ("error", "Failed"),
+                    ("undelivered", "Acted; the agent did not get the answer"),
+                    ("cancelled", "Cancelled by the agent"),
+                ],
+                default="pending",
+                max_length=12,
+            ),
         ),
     ]

@@ -4,30 +4,39 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('journal', '0005_step_cancelled'),
+        ("journal", "0005_step_cancelled"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='step',
-            name='result_seq',
-            field=models.PositiveIntegerField(blank=True, help_text="The run record's entry of the result.", null=True),
+            model_name="step",
+            name="result_seq",
+            field=models.PositiveIntegerField(
+                blank=True, help_text="The run record's entry of the result.", null=True
+            ),
         ),
         migrations.AddField(
-            model_name='step',
-            name='result_sha256',
+            model_name="step",
+            name="result_sha256",
             field=models.CharField(blank=True, max_length=64),
         ),
         migrations.AddField(
-            model_name='step',
-            name='result_size',
-            field=models.PositiveBigIntegerField(blank=True, help_text='Bytes of the answer.', null=True),
+            model_name="step",
+            name="result_size",
+            field=models.PositiveBigIntegerField(blank=True, help_text="Bytes of the answer.", null=True),
         ),
         migrations.AddField(
-            model_name='step',
-            name='result_storage',
-            field=models.CharField(blank=True, choices=[('inline', 'Kept with the step'), ('journal', "Kept in the run's record only"), ('dropped', 'Over the size limit; not kept')], max_length=8),
+            model_name="step",
+            name="result_storage",
+            field=models.CharField(
+                blank=True,
+                choices=[
+                    ("inline", "Kept with the step"),
+                    ("journal", "Kept in the run's record only"),
+                    ("dropped", "Over the size limit; not kept"),
+                ],
+                max_length=8,
+            ),
         ),
     ]

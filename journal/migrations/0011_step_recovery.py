@@ -4,25 +4,24 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('journal', '0010_client_authorization'),
+        ("journal", "0010_client_authorization"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='step',
-            name='call_digest',
+            model_name="step",
+            name="call_digest",
             field=models.CharField(blank=True, db_index=True, max_length=64),
         ),
         migrations.AddField(
-            model_name='step',
-            name='may_have_acted',
+            model_name="step",
+            name="may_have_acted",
             field=models.BooleanField(default=False),
         ),
         migrations.AddField(
-            model_name='step',
-            name='recovery',
+            model_name="step",
+            name="recovery",
             field=models.JSONField(blank=True, null=True),
         ),
     ]

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('journal', '0011_step_recovery'),
+        ("journal", "0011_step_recovery"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='step',
-            name='effect_fingerprint',
+            model_name="step",
+            name="effect_fingerprint",
             field=models.JSONField(blank=True, null=True),
         ),
     ]

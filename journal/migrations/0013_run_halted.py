@@ -4,20 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('journal', '0012_step_effect_fingerprint'),
+        ("journal", "0012_step_effect_fingerprint"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='run',
-            name='halted_by_plan',
+            model_name="run",
+            name="halted_by_plan",
             field=models.CharField(blank=True, max_length=36),
         ),
         migrations.AddField(
-            model_name='run',
-            name='halted_reason',
+            model_name="run",
+            name="halted_reason",
             field=models.TextField(blank=True),
         ),
     ]

@@ -29,7 +29,9 @@ def verify_run(*, run: Run) -> chain.Verdict:
     """Check a run's chain and checkpoints. Entries are read in the order they were stored (by row id), not
     sorted by `seq`, so a reordering shows up as a wrong seq."""
     entries = (entry.as_wire() for entry in run.entries.order_by("id").iterator(chunk_size=2000))
-    checkpoints = [checkpoint.as_wire() for checkpoint in run.checkpoints.order_by("seq").select_related("run")]
+    checkpoints = [
+        checkpoint.as_wire() for checkpoint in run.checkpoints.order_by("seq").select_related("run")
+    ]
     return chain.verify(
         run=str(run.public_id), entries=entries, checkpoints=checkpoints,
         public_keys=keys.public_keys(origin=run.imported_from if run.state == Run.State.IMPORTED else ""),
@@ -55,7 +57,9 @@ def export_bundle(*, run: Run) -> dict[str, Any]:
         "format": "agent-undo/run-bundle@1",
         "run": header,
         "entries": [entry.as_wire() for entry in run.entries.order_by("seq")],
-        "checkpoints": [checkpoint.as_wire() for checkpoint in run.checkpoints.order_by("seq").select_related("run")],
+        "checkpoints": [
+            checkpoint.as_wire() for checkpoint in run.checkpoints.order_by("seq").select_related("run")
+        ],
         "publicKeys": [key.as_wire() for key in RecorderKey.objects.filter(origin=origin)],
         "approvals": ports.signed_decisions(run),  # the approval side owns them; an imported run has none
     }
@@ -94,8 +98,10 @@ def _check_origin(bundle) -> uuid.UUID:
         raise ImportRefused(f"run {public_id} is already here")
     origin = bundle.run.recorder
     if origin.rstrip("/") == settings.PUBLIC_URL.rstrip("/"):
-        raise ImportRefused(f"run.recorder: the bundle says it comes from this Recorder ({origin}); a run "
-                            "recorded here is here already, and this Recorder's keys are never taken from a file")
+        raise ImportRefused(
+            f"run.recorder: the bundle says it comes from this Recorder ({origin}); a run "
+            "recorded here is here already, and this Recorder's keys are never taken from a file"
+        )
     return public_id
 
 
@@ -106,17 +112,25 @@ def _check_coverage(bundle) -> None:
         raise ImportRefused("the bundle has no signed checkpoint, so nothing vouches for its entries")
     seqs = [checkpoint.seq for checkpoint in bundle.checkpoints]
     if seqs != sorted(set(seqs)):
-        raise ImportRefused("checkpoints: each covers a later entry than the one before; these repeat or go back")
+        raise ImportRefused(
+            "checkpoints: each covers a later entry than the one before; these repeat or go back"
+        )
     if bundle.checkpoints[-1].seq != bundle.entries[-1].seq:
-        raise ImportRefused(f"entries after seq {bundle.checkpoints[-1].seq} are not covered by a signed checkpoint")
+        raise ImportRefused(
+            f"entries after seq {bundle.checkpoints[-1].seq} are not covered by a signed checkpoint"
+        )
     first = bundle.entries[0]
     if first.event != chain.HEADER_EVENT:
-        raise ImportRefused(f"entry 1 is a {first.event!r} event, not the run header, so nothing signs who ran it "
-                            "and where (a run recorded before headers were signed cannot be imported)")
+        raise ImportRefused(
+            f"entry 1 is a {first.event!r} event, not the run header, so nothing signs who ran it "
+            "and where (a run recorded before headers were signed cannot be imported)"
+        )
     if first.data != bundle.run.model_dump():
         different = sorted(k for k, v in bundle.run.model_dump().items()
                            if not isinstance(first.data, dict) or first.data.get(k) != v)
-        raise ImportRefused(f"run: {', '.join(different) or 'the header'} differs from the signed header (entry 1)")
+        raise ImportRefused(
+            f"run: {', '.join(different) or 'the header'} differs from the signed header (entry 1)"
+        )
 
 
 def _check_pinned(bundle) -> dict[str, RecorderKey]:
@@ -127,13 +141,18 @@ def _check_pinned(bundle) -> dict[str, RecorderKey]:
     signing = {checkpoint.keyId for checkpoint in bundle.checkpoints}
     for key in bundle.publicKeys:
         if key.keyId in pinned and pinned[key.keyId].public_key != key.publicKey:
-            raise ImportRefused(f"publicKeys: {key.keyId} of {origin} differs from the key pinned when its first "
-                                "run was imported")
+            raise ImportRefused(
+                f"publicKeys: {key.keyId} of {origin} differs from the key pinned when its first "
+                "run was imported"
+            )
     if pinned and not signing <= set(pinned):
         raise ImportRefused(
-            f"publicKeys: {', '.join(sorted(signing - set(pinned)))} is not a key of {origin}: that Recorder's "
-            f"keys were pinned when its first run was imported ({', '.join(sorted(pinned))}), and a bundle cannot "
-            "add one")
+            f"publicKeys: {', '.join(sorted(signing - set(pinned)))} is not a key of {origin}: that "
+            f"Recorder's "
+            f"keys were pinned when its first run was imported ({', '.join(sorted(pinned))}), and a bundle "
+            f"cannot "
+            "add one"
+        )
     return pinned
 
 
@@ -145,23 +164,49 @@ def _store(bundle, *, public_id: uuid.UUID, pin: bool) -> Run:
     signing = {checkpoint.keyId for checkpoint in bundle.checkpoints}
     with transaction.atomic():
         run = Run.objects.create(
-            public_id=public_id, state=Run.State.IMPORTED, imported_from=origin, agent_label=bundle.run.agent,
-            started_at=aware_moment(bundle.run.startedAt), last_activity_at=bundle.entries[-1].moment,
-            head_seq=entries[-1]["seq"], head_hash=entries[-1]["hash"], checkpointed_seq=bundle.checkpoints[-1].seq,
+            public_id=public_id,
+            state=Run.State.IMPORTED,
+            imported_from=origin,
+            agent_label=bundle.run.agent,
+            started_at=aware_moment(bundle.run.startedAt),
+            last_activity_at=bundle.entries[-1].moment,
+            head_seq=entries[-1]["seq"],
+            head_hash=entries[-1]["hash"],
+            checkpointed_seq=bundle.checkpoints[-1].seq,
         )
-        ChainEntry.objects.bulk_create([
-            ChainEntry(run=run, seq=e["seq"], ts=e["ts"], event=e["event"], data=e["data"], prev_hash=e["prevHash"],
-                       hash=e["hash"]) for e in entries
-        ])
+        ChainEntry.objects.bulk_create(
+            [
+                ChainEntry(
+                    run=run,
+                    seq=e["seq"],
+                    ts=e["ts"],
+                    event=e["event"],
+                    data=e["data"],
+                    prev_hash=e["prevHash"],
+                    hash=e["hash"],
+                )
+                for e in entries
+            ]
+        )
         Checkpoint.objects.bulk_create([
             Checkpoint(run=run, seq=c.seq, head_hash=c.headHash, key_id=c.keyId, signature=c.signature)
             for c in bundle.checkpoints
         ])
         if pin:
             assert origin, "an imported key always names its Recorder"
-            RecorderKey.objects.bulk_create([
-                RecorderKey(origin=origin, key_id=key.keyId, public_key=key.publicKey, valid_from=key.window[0],
-                            valid_until=key.window[1]) for key in bundle.publicKeys if key.keyId in signing])
+            RecorderKey.objects.bulk_create(
+                [
+                    RecorderKey(
+                        origin=origin,
+                        key_id=key.keyId,
+                        public_key=key.publicKey,
+                        valid_from=key.window[0],
+                        valid_until=key.window[1],
+                    )
+                    for key in bundle.publicKeys
+                    if key.keyId in signing
+                ]
+            )
         steps = [Step(run=run, **fields) for fields in step_fields(entries, started_at=run.started_at)]
         Step.objects.bulk_create(steps)
         _recount(run, steps)
@@ -177,10 +222,14 @@ def _check_keys(bundle, *, now) -> None:
         seen.add(key.keyId)
         valid_from, valid_until = key.window
         if valid_from > now + CLOCK_SKEW:
-            raise ImportRefused(f"publicKeys: {key.keyId} is valid only from {key.validFrom}, which has not come yet")
+            raise ImportRefused(
+                f"publicKeys: {key.keyId} is valid only from {key.validFrom}, which has not come yet"
+            )
         if valid_until is not None and valid_until < valid_from:
-            raise ImportRefused(f"publicKeys: {key.keyId} stops being valid ({key.validUntil}) before it starts "
-                                f"({key.validFrom})")
+            raise ImportRefused(
+                f"publicKeys: {key.keyId} stops being valid ({key.validUntil}) before it starts "
+                f"({key.validFrom})"
+            )
 
 
 def _check_dates(bundle, *, now) -> None:
@@ -194,8 +243,10 @@ def _check_dates(bundle, *, now) -> None:
         valid_until = windows[checkpoint.keyId][1]
         head = by_seq[checkpoint.seq]
         if valid_until is not None and head.moment > valid_until + CLOCK_SKEW:
-            raise ImportRefused(f"checkpoint {checkpoint.seq} is signed by {checkpoint.keyId}, which was retired "
-                                f"({valid_until.isoformat()}) before entry {checkpoint.seq} was written ({head.ts})")
+            raise ImportRefused(
+                f"checkpoint {checkpoint.seq} is signed by {checkpoint.keyId}, which was retired "
+                f"({valid_until.isoformat()}) before entry {checkpoint.seq} was written ({head.ts})"
+            )
 
 
 def _recount(run: Run, steps: list[Step]) -> None:
@@ -220,20 +271,39 @@ def import_chronomcp_log(*, text: str, source: str) -> Run:
     with transaction.atomic():
         # A chain of ours (this Recorder signs it) around theirs: open until the last entry is in.
         run = open_run(agent=None, key=key, now=now, started_at=first_ts, label="chronomcp")
-        append_entry(run=run, event="imported", now=now, data={
-            "format": "chronomcp-audit-log", "source": source, "entries": len(parsed), "headHash": parsed[-1][1].hash})
+        append_entry(
+            run=run,
+            event="imported",
+            now=now,
+            data={
+                "format": "chronomcp-audit-log",
+                "source": source,
+                "entries": len(parsed),
+                "headHash": parsed[-1][1].hash,
+            },
+        )
         steps = []
         for line, (raw, entry) in enumerate(parsed, start=1):
             append_entry(run=run, event="chronomcp", now=now, data={"line": line, "entry": raw})
             if entry.tool:
                 arguments = entry.data.get("args", entry.data.get("arguments", entry.data))
-                steps.append(Step(
-                    run=run, number=len(steps) + 1, server_name="chronomcp", tool=entry.tool[:200],
-                    arguments=to_ijson(arguments if isinstance(arguments, dict) else {"value": arguments}),
-                    started_at=parse_ts(entry.ts, now), finished_at=parse_ts(entry.ts, now),
-                    status=Step.Status.OK, declaration_source="none", reversibility=Step.Reversibility.UNKNOWN,
-                    effect_summary=f"ChronoMCP {entry.kind}"[:500],
-                ))
+                steps.append(
+                    Step(
+                        run=run,
+                        number=len(steps) + 1,
+                        server_name="chronomcp",
+                        tool=entry.tool[:200],
+                        arguments=to_ijson(
+                            arguments if isinstance(arguments, dict) else {"value": arguments}
+                        ),
+                        started_at=parse_ts(entry.ts, now),
+                        finished_at=parse_ts(entry.ts, now),
+                        status=Step.Status.OK,
+                        declaration_source="none",
+                        reversibility=Step.Reversibility.UNKNOWN,
+                        effect_summary=f"ChronoMCP {entry.kind}"[:500],
+                    )
+                )
         Step.objects.bulk_create(steps)
         sign_checkpoint(run=run, now=now)
         _recount(run, steps)

@@ -45,7 +45,9 @@ def recorder_url(scheme: str, host: str) -> str:
 def resource_metadata_url(resource: str) -> str:
     """Where RFC 9728 metadata for `resource` is (the path-suffixed well-known URL)."""
     parts = urlsplit(resource)
-    return urlunsplit((parts.scheme, parts.netloc, "/.well-known/oauth-protected-resource" + parts.path, "", ""))
+    return urlunsplit(
+        (parts.scheme, parts.netloc, "/.well-known/oauth-protected-resource" + parts.path, "", "")
+    )
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,9 @@ def agent_for_token(token: str, *, audience: str) -> TokenVerdict:
         return TokenVerdict(None, "The token has expired; refresh it.")
     if not access.allow_scopes([SCOPE]):
         return TokenVerdict(None, f"The token lacks the '{SCOPE}' scope.")
-    if canonical_resource(audience) not in {canonical_resource(r) for r in access.resource or [] if isinstance(r, str)}:
+    if canonical_resource(audience) not in {
+        canonical_resource(r) for r in access.resource or [] if isinstance(r, str)
+    }:
         return TokenVerdict(None, f"The token was issued for another resource, not {audience}.")
     if access.user is None or not access.user.is_active:
         return TokenVerdict(None, "The person who authorised this client is no longer active.")
@@ -101,7 +105,9 @@ def authorize_client(*, application, user, agent: Agent) -> ClientAuthorization:
     it holds for that one end now: a token is one agent's, for its whole life."""
     if agent.on_behalf_of_id != user.pk or not agent.is_active:
         raise ClientRefused(f"Agent {agent.name} does not act for {user.get_username()}.")
-    existing = ClientAuthorization.objects.select_for_update().filter(application=application, user=user).first()
+    existing = (
+        ClientAuthorization.objects.select_for_update().filter(application=application, user=user).first()
+    )
     if existing is not None and existing.agent_id != agent.pk:
         _end_tokens(application=application, user=user)
     if existing is None:
@@ -120,7 +126,9 @@ def revoke_client(*, authorization: ClientAuthorization) -> None:
 
 
 def _end_tokens(*, application, user) -> None:
-    for refresh in get_refresh_token_model().objects.filter(application=application, user=user, revoked__isnull=True):
+    for refresh in get_refresh_token_model().objects.filter(
+        application=application, user=user, revoked__isnull=True
+    ):
         refresh.revoke()
     get_access_token_model().objects.filter(application=application, user=user).delete()
     get_grant_model().objects.filter(application=application, user=user).delete()

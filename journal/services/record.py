@@ -38,23 +38,37 @@ def save_moving(run: Run, *, now: datetime | None) -> None:
     sql.update(Run, run.pk, values if now is None else {**values, "last_activity_at": now})
 
 
-def open_run(*, agent: Agent | None, key: str, now: datetime, label: str = "", started_at: datetime | None = None) -> Run:
+def open_run(
+    *, agent: Agent | None, key: str, now: datetime, label: str = "", started_at: datetime | None = None
+) -> Run:
     """Create a run with its header as its first entry (inside the caller's transaction, so a run never
     exists without it): the agent (or `label` for a run that is not an agent's), its person, the start and
     this Recorder, all covered by the chain's signatures."""
     started_at = started_at or now
-    run = Run.objects.create(agent=agent, key=key, started_at=started_at, last_activity_at=now, agent_label=label)
-    append_entry(run=run, event=chain.HEADER_EVENT, now=now, data=chain.header(
-        run=str(run.public_id), agent=agent.name if agent else label,
-        on_behalf_of=agent.on_behalf_of.get_username() if agent else None, started_at=chain.format_ts(started_at),
-        recorder=settings.PUBLIC_URL))
+    run = Run.objects.create(
+        agent=agent, key=key, started_at=started_at, last_activity_at=now, agent_label=label
+    )
+    append_entry(
+        run=run,
+        event=chain.HEADER_EVENT,
+        now=now,
+        data=chain.header(
+            run=str(run.public_id),
+            agent=agent.name if agent else label,
+            on_behalf_of=agent.on_behalf_of.get_username() if agent else None,
+            started_at=chain.format_ts(started_at),
+            recorder=settings.PUBLIC_URL,
+        ),
+    )
     run.save(update_fields=["head_seq", "head_hash", "checkpointed_seq"])
     return run
 
 
 def _refuse_if_foreign(run: Run) -> None:
     if run.state == Run.State.IMPORTED:
-        raise ForeignRun(f"Run {run.pk} was imported: its record is kept as it came, and nothing here adds to it.")
+        raise ForeignRun(
+            f"Run {run.pk} was imported: its record is kept as it came, and nothing here adds to it."
+        )
 
 
 def append_entry(*, run: Run, event: str, data: Any, now: datetime) -> ChainEntry:

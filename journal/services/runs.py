@@ -21,8 +21,14 @@ class RunRefused(Refused):
     pass
 
 
-def runs_matching(runs: QuerySet, *, agent: Agent | None = None, state: str = "", since: datetime | None = None,
-                  until: datetime | None = None) -> QuerySet:
+def runs_matching(
+    runs: QuerySet,
+    *,
+    agent: Agent | None = None,
+    state: str = "",
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> QuerySet:
     """The runs of `agent` (any if None), in `state`, that were active at some time between `since` and
     `until` (a run is active from its start to its last activity)."""
     if agent is not None:
@@ -45,12 +51,18 @@ def end_run(*, run_id: int, by: str, now: datetime) -> None:
         if run.state == Run.State.IMPORTED:  # another Recorder's bundle or a ChronoMCP log: never written to
             raise RunRefused("This run was imported: nothing here changes it.")
         if run.key:
-            raise RunRefused("This run is grouped by the agent's own runId or session: the agent decides where it "
-                             "ends, by sending another runId or opening a new session.")
+            raise RunRefused(
+                "This run is grouped by the agent's own runId or session: the agent decides where it "
+                "ends, by sending another runId or opening a new session."
+            )
         if run.ended_at is not None:
             raise RunRefused("This run was already ended; the agent's later calls are in a new run.")
-        append_entry(run=run, event="ended", data={"by": by, "reason": "ended by a person: the agent's next call "
-                                                                        "starts a new run"}, now=now)
+        append_entry(
+            run=run,
+            event="ended",
+            data={"by": by, "reason": "ended by a person: the agent's next call starts a new run"},
+            now=now,
+        )
         save_moving(run, now=None)
         Run.objects.filter(pk=run_id).update(ended_at=now)
 

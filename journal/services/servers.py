@@ -1,4 +1,5 @@
-"""Tool servers: every write to their rows (the command, the admin and the demo alike) and their catalogues."""
+"""Tool servers: every write to their rows (the command, the admin and the demo alike) and their
+catalogues."""
 
 from datetime import datetime
 from typing import Any
@@ -67,7 +68,9 @@ def save_catalogue(*, server: ToolServer, tools: list[dict[str, Any]] | None, er
     server.catalogue_fetched_at = now
     server.catalogue_error = "; ".join(sorted(set(problems)))
     server.receipt_keys = pinned
-    server.save(update_fields=["catalogue", "catalogue_fetched_at", "catalogue_error", "receipt_keys", "updated_at"])
+    server.save(
+        update_fields=["catalogue", "catalogue_fetched_at", "catalogue_error", "receipt_keys", "updated_at"]
+    )
     return server
 
 

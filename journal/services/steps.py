@@ -96,8 +96,14 @@ def open_step(
 
 
 def open_step_in_run(
-    *, run_id: int, server: ToolServer, tool: str, arguments: dict[str, Any], request_meta: dict[str, Any] | None,
-    now: datetime, who: dict[str, Any],
+    *,
+    run_id: int,
+    server: ToolServer,
+    tool: str,
+    arguments: dict[str, Any],
+    request_meta: dict[str, Any] | None,
+    now: datetime,
+    who: dict[str, Any],
 ) -> OpenedStep:
     """Journal the intent of a call that is not an agent's (a compensation the executor makes) in a run
     that is already known, exactly as an agent's call is journaled: `close_step` records what came back."""
@@ -111,11 +117,19 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
     """Journal the intent (see `open_step`): the policy decides first, outside the transaction; then, with
     the run's row locked, the step row and the chain's `call` entry."""
     call = journaling.prepared(
-        arguments=arguments, request_meta=request_meta, tool_def=declared or (server.tool(tool) if server else None),
-        catalogue=server.tool_names if server else set(), agent=who.get("agent"), server_name=server_name, tool=tool)
+        arguments=arguments,
+        request_meta=request_meta,
+        tool_def=declared or (server.tool(tool) if server else None),
+        catalogue=server.tool_names if server else set(),
+        agent=who.get("agent"),
+        server_name=server_name,
+        tool=tool,
+    )
     traits, decision = call.traits, None
     if decide is not None:
-        decision = to_ijson(decide(call.declaration, retry_of=unknown_attempt(call.digest) if call.guarded else None))
+        decision = to_ijson(
+            decide(call.declaration, retry_of=unknown_attempt(call.digest) if call.guarded else None)
+        )
         if decision and decision.get("allowUnknownRetries"):
             traits = dataclasses.replace(traits, retries_allowed=True)
     status = journaling.opening_status(decision)
@@ -146,8 +160,11 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
 
 
 # What became of an earlier attempt, in the words of a held repeat's reason.
-_UNKNOWN_WORDS = {Step.Status.ERROR: "no answer came back", Step.Status.CANCELLED: "cancelled while the server had it",
-                  Step.Status.UNDELIVERED: "the server answered, but the agent never got the answer"}
+_UNKNOWN_WORDS = {
+    Step.Status.ERROR: "no answer came back",
+    Step.Status.CANCELLED: "cancelled while the server had it",
+    Step.Status.UNDELIVERED: "the server answered, but the agent never got the answer",
+}
 
 
 def unknown_attempt(digest: str) -> dict[str, Any] | None:
@@ -167,21 +184,30 @@ def unknown_attempt(digest: str) -> dict[str, Any] | None:
     if not may_have_acted:
         return None
     public_id = Run.objects.filter(pk=run_id).values_list("public_id", flat=True).first()
-    return {"step": number, "run": str(public_id), "status": status, "what": _UNKNOWN_WORDS.get(status, status)}
+    return {
+        "step": number,
+        "run": str(public_id),
+        "status": status,
+        "what": _UNKNOWN_WORDS.get(status, status),
+    }
 
 
 def release_held_step(*, opened: OpenedStep, approval: dict[str, Any], now: datetime) -> bool:
     """A held call was approved: it may now be forwarded (the step is in flight, like any other call)."""
     with transaction.atomic():
         run = locked_run("id = %s", [opened.run_id])
-        if not sql.update(Step, opened.step_id, {"status": Step.Status.PENDING}, only_if={"status": Step.Status.HELD}):
+        if not sql.update(
+            Step, opened.step_id, {"status": Step.Status.PENDING}, only_if={"status": Step.Status.HELD}
+        ):
             return False
         append_entry(run=run, event="released", now=now, data={"step": opened.number, **to_ijson(approval)})
         save_moving(run, now=None)
     return True
 
 
-def refuse_step(*, opened: OpenedStep, message: str, now: datetime, advice: dict[str, Any] | None = None) -> bool:
+def refuse_step(
+    *, opened: OpenedStep, message: str, now: datetime, advice: dict[str, Any] | None = None
+) -> bool:
     """A call the autonomy policy stopped (denied, or held and not approved in time): nothing was forwarded,
     and the record says why (and what the agent was advised to do, `advice`). Only a step still held or not
     yet forwarded is closed."""
@@ -219,8 +245,14 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
     tool = journaling.Tool(definition=opened.declared or (server.tool(step.tool) if server else None),
                            catalogue=frozenset(server.tool_names) if server else frozenset(),
                            receipt_keys=server.receipt_keys if server else {})
-    fields, result = journaling.closed_fields(outcome=outcome, tool=tool, arguments=step.arguments, started=started,
-                                              finished=finished, inline_limit=settings.RECORDER_INLINE_RESULT_BYTES)
+    fields, result = journaling.closed_fields(
+        outcome=outcome,
+        tool=tool,
+        arguments=step.arguments,
+        started=started,
+        finished=finished,
+        inline_limit=settings.RECORDER_INLINE_RESULT_BYTES,
+    )
     with transaction.atomic():
         run = locked_run("id = %s", [opened.run_id])
         if result is not None:
@@ -277,25 +309,44 @@ def _link(run: Run, step: Step) -> list[dict[str, Any]]:
     wanted = dependencies.distinctive_values(step.arguments)
     if wanted:
         digests = sorted({d for d, _ in wanted})
-        known = {value_digest: (step_id, pointer, seen) for value_digest, step_id, pointer, seen in sql.all_rows(
-            RunValue, ("digest", "step_id", "pointer", "seen"),
-            f"run_id = %s AND step_id <> %s AND digest IN ({sql.marks(len(digests))})", [run.pk, step.pk, *digests])}
+        known = {
+            value_digest: (step_id, pointer, seen)
+            for value_digest, step_id, pointer, seen in sql.all_rows(
+                RunValue,
+                ("digest", "step_id", "pointer", "seen"),
+                f"run_id = %s AND step_id <> %s AND digest IN ({sql.marks(len(digests))})",
+                [run.pk, step.pk, *digests],
+            )
+        }
         found = dependencies.choose_links(wanted, known)
         if found:
-            numbers = dict(sql.all_rows(Step, ("id", "number"), f"id IN ({sql.marks(len(found))})", list(found)))
-            StepDependency.objects.bulk_create([
-                StepDependency(step=step, depends_on_id=step_id, rule=StepDependency.Rule.INFERRED, pointers=pointers)
-                for step_id, pointers in found.items()
-            ])
-            links += [{"step": numbers[s], "rule": "inferred", "pointers": p} for s, p in sorted(found.items())]
+            numbers = dict(
+                sql.all_rows(Step, ("id", "number"), f"id IN ({sql.marks(len(found))})", list(found))
+            )
+            StepDependency.objects.bulk_create(
+                [
+                    StepDependency(
+                        step=step, depends_on_id=step_id, rule=StepDependency.Rule.INFERRED, pointers=pointers
+                    )
+                    for step_id, pointers in found.items()
+                ]
+            )
+            links += [
+                {"step": numbers[s], "rule": "inferred", "pointers": p} for s, p in sorted(found.items())
+            ]
 
     declared = ((step.request_meta or {}).get(declarations.HATP_KEY) or {}).get("dependsOn")
     if isinstance(declared, list):
-        wanted_numbers = {n for n in declared if isinstance(n, int) and not isinstance(n, bool) and 0 < n < step.number}
+        wanted_numbers = {
+            n for n in declared if isinstance(n, int) and not isinstance(n, bool) and 0 < n < step.number
+        }
         targets = dict(Step.objects.filter(run=run, number__in=wanted_numbers).values_list("number", "pk"))
-        StepDependency.objects.bulk_create([
-            StepDependency(step=step, depends_on_id=pk, rule=StepDependency.Rule.DECLARED) for pk in targets.values()
-        ])
+        StepDependency.objects.bulk_create(
+            [
+                StepDependency(step=step, depends_on_id=pk, rule=StepDependency.Rule.DECLARED)
+                for pk in targets.values()
+            ]
+        )
         links += [{"step": number, "rule": "declared"} for number in sorted(targets)]
 
     structured = step.result.get("structuredContent") if isinstance(step.result, dict) else None
@@ -310,10 +361,18 @@ def _index(run: Run, step: Step, values: dict[str, str]) -> None:
     """`step` is now the most recent step of the run whose result had each of `values` (digest: pointer)."""
     if not values:
         return
-    # One statement however many values: a new value is inserted, a known one moves to this step, seen once more.
-    sql.upsert(RunValue, [{"run_id": run.pk, "digest": value_digest, "step_id": step.pk, "pointer": pointer, "seen": 1}
-                          for value_digest, pointer in sorted(values.items())],
-               unique=("run_id", "digest"), replace=("step_id", "pointer"), increment="seen")
+    # One statement however many values: a new value is inserted, a known one moves to this step, seen once
+    # more.
+    sql.upsert(
+        RunValue,
+        [
+            {"run_id": run.pk, "digest": value_digest, "step_id": step.pk, "pointer": pointer, "seen": 1}
+            for value_digest, pointer in sorted(values.items())
+        ],
+        unique=("run_id", "digest"),
+        replace=("step_id", "pointer"),
+        increment="seen",
+    )
 
 
 def reconcile_stale_steps(*, older_than: datetime, now: datetime | None = None) -> int:
@@ -324,7 +383,9 @@ def reconcile_stale_steps(*, older_than: datetime, now: datetime | None = None) 
     now = now or timezone.now()
     closed = 0
     held_before = older_than - timedelta(seconds=ports.MAX_HOLD_SECONDS)
-    local = Step.objects.exclude(run__state=Run.State.IMPORTED)  # an imported run's record is not ours to close
+    local = Step.objects.exclude(
+        run__state=Run.State.IMPORTED
+    )  # an imported run's record is not ours to close
     for step in local.filter(status=Step.Status.HELD, started_at__lt=held_before).iterator():
         opened = OpenedStep(step_id=step.pk, run_id=step.run_id, number=step.number)
         closed += refuse_step(opened=opened, now=now, message=(

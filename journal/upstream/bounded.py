@@ -136,8 +136,10 @@ class Redirected:
     location: str
 
     def message(self, server: str) -> str:
-        return (f"{server} answered HTTP {self.status}, a redirect to {self.location or '(no location)'}; the "
-                "Recorder does not follow redirects from tool servers (register the server at its final URL)")
+        return (
+            f"{server} answered HTTP {self.status}, a redirect to {self.location or '(no location)'}; the "
+            "Recorder does not follow redirects from tool servers (register the server at its final URL)"
+        )
 
 
 class Tokens:
@@ -203,7 +205,9 @@ class BoundedTransport(httpx.AsyncBaseTransport):
         else:
             return response
         headers = [(name, value) for name, value in response.headers.raw if name.lower() != b"content-length"]
-        return httpx.Response(response.status_code, headers=headers, stream=stream, extensions=response.extensions)
+        return httpx.Response(
+            response.status_code, headers=headers, stream=stream, extensions=response.extensions
+        )
 
 
 class _JsonBody(httpx.AsyncByteStream):
@@ -212,7 +216,9 @@ class _JsonBody(httpx.AsyncByteStream):
 
     async def __aiter__(self):
         body = await read_bounded(self.inner, self.transport.limit)
-        yield self.transport.tokens.replacement(self.request_id, body) if isinstance(body, Oversized) else body
+        yield (
+            self.transport.tokens.replacement(self.request_id, body) if isinstance(body, Oversized) else body
+        )
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -230,7 +236,11 @@ class _EventsBody(httpx.AsyncByteStream):
             yield self._error_event(event) if isinstance(event, Oversized) else event
 
     def _error_event(self, oversized: Oversized) -> bytes:
-        return b"event: message\r\ndata: " + self.transport.tokens.replacement(self.request_id, oversized) + b"\r\n\r\n"
+        return (
+            b"event: message\r\ndata: "
+            + self.transport.tokens.replacement(self.request_id, oversized)
+            + b"\r\n\r\n"
+        )
 
     async def aclose(self) -> None:
         await self.inner.aclose()

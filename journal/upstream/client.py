@@ -137,8 +137,12 @@ class Upstreams:
         idle = [(c.last_used, key) for key, c in live.items() if c.busy == 0 and c.ready.is_set()]
         if not idle:
             raise ToolServerError(
-                f"{endpoint.name} was not called: the Recorder already has {len(live)} upstream sessions in use, "
-                "its limit (RECORDER_MAX_UPSTREAM_SESSIONS)", failure_class="transient", transient=True)
+                f"{endpoint.name} was not called: the Recorder already has {len(live)} upstream sessions in "
+                f"use, "
+                "its limit (RECORDER_MAX_UPSTREAM_SESSIONS)",
+                failure_class="transient",
+                transient=True,
+            )
         _, oldest = min(idle, key=lambda pair: pair[0])
         self._discard(oldest, self._connections[oldest])
 
@@ -159,8 +163,11 @@ class Upstreams:
         try:
             return await self._session(endpoint, owner)
         except TimeoutError:
-            raise ToolServerError(f"{endpoint.name} did not accept a connection in time", failure_class="transient",
-                                  transient=True) from None
+            raise ToolServerError(
+                f"{endpoint.name} did not accept a connection in time",
+                failure_class="transient",
+                transient=True,
+            ) from None
         except ToolServerError:
             raise
         except Exception as exc:
@@ -223,17 +230,30 @@ class Upstreams:
             page = await self.request(endpoint, request_type(params=params), timeout=timeout, owner=owner)
             listed = page.get(key)
             if not isinstance(listed, list):
-                raise ToolServerError(f"{endpoint.name} sent a list without a {key} array", failure_class="unknown")
+                raise ToolServerError(
+                    f"{endpoint.name} sent a list without a {key} array", failure_class="unknown"
+                )
             items.extend(item for item in listed if isinstance(item, dict))
             cursor = page.get("nextCursor")
             if not cursor:
                 return items
-        raise ToolServerError(f"{endpoint.name} sent more than {_MAX_PAGES} pages of {key}", failure_class="unknown")
+        raise ToolServerError(
+            f"{endpoint.name} sent more than {_MAX_PAGES} pages of {key}", failure_class="unknown"
+        )
 
     async def call_tool(
-        self, endpoint: Endpoint, name: str, arguments: Mapping[str, Any] | None,
-        *, meta: Mapping[str, Any] | None = None, timeout: float | None = None, progress=None, owner: Owner = None,
-        sending=None, retry: Mapping[str, Any] | None = None, capabilities: Mapping[str, Any] | None = None,
+        self,
+        endpoint: Endpoint,
+        name: str,
+        arguments: Mapping[str, Any] | None,
+        *,
+        meta: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        progress=None,
+        owner: Owner = None,
+        sending=None,
+        retry: Mapping[str, Any] | None = None,
+        capabilities: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The raw `tools/call` result, `isError` results included (they are answers, not failures). `retry`
         carries a 2026-07-28 retry's `inputResponses` and `requestState`, as the wire names them, and
@@ -256,7 +276,19 @@ class Upstreams:
                 finally:
                     connection.busy -= 1
                     connection.last_used = time.monotonic()
-        params = types.CallToolRequestParams.model_validate({
-            "name": name, "arguments": dict(arguments or {}), **({"_meta": dict(meta)} if meta else {}), **(retry or {})})
-        return await self.request(endpoint, types.CallToolRequest(params=params), timeout=timeout, progress=progress,
-                                  owner=owner, sending=sending)
+        params = types.CallToolRequestParams.model_validate(
+            {
+                "name": name,
+                "arguments": dict(arguments or {}),
+                **({"_meta": dict(meta)} if meta else {}),
+                **(retry or {}),
+            }
+        )
+        return await self.request(
+            endpoint,
+            types.CallToolRequest(params=params),
+            timeout=timeout,
+            progress=progress,
+            owner=owner,
+            sending=sending,
+        )

@@ -81,8 +81,13 @@ async def _answer_in(events, request_id: int, token: int, progress) -> Any:
         if message.get("id") == request_id and "method" not in message:
             return message
         params = message.get("params")
-        if progress is not None and message.get("method") == "notifications/progress" and isinstance(params, dict) \
-                and params.get("progressToken") == token and isinstance(params.get("progress"), int | float):
+        if (
+            progress is not None
+            and message.get("method") == "notifications/progress"
+            and isinstance(params, dict)
+            and params.get("progressToken") == token
+            and isinstance(params.get("progress"), int | float)
+        ):
             total, said = params.get("total"), params.get("message")
             await progress(params["progress"], total if isinstance(total, int | float) else None,
                            said if isinstance(said, str) else None)
@@ -127,7 +132,9 @@ class Connection:
                     target: Any = bounded_stdio_client(StdioServerParameters(command=argv[0], args=argv[1:]),
                                                        self.max_answer_bytes, self.tokens)
                 else:
-                    self.bounded = BoundedTransport(httpx.AsyncHTTPTransport(), self.max_answer_bytes, self.tokens)
+                    self.bounded = BoundedTransport(
+                        httpx.AsyncHTTPTransport(), self.max_answer_bytes, self.tokens
+                    )
                     self.http = await stack.enter_async_context(httpx.AsyncClient(
                         timeout=httpx.Timeout(self.timeout), event_hooks={"response": [self._saw]},
                         transport=self.bounded))
@@ -135,7 +142,8 @@ class Connection:
                     # with the number of open connections (httpx's pool scans them all on every request).
                     self.fast = await stack.enter_async_context(aiohttp.ClientSession(
                         connector=aiohttp.TCPConnector(limit=256), timeout=aiohttp.ClientTimeout(total=None)))
-                    # Answers are bounded by `bounded`; the SDK's own cap (1 MiB an event) would fail them sooner.
+                    # Answers are bounded by `bounded`; the SDK's own cap (1 MiB an event) would fail them
+                    # sooner.
                     target = streamable_http_client(self.endpoint.url, http_client=self.http,
                                                     max_sse_event_size=self.max_answer_bytes + CHUNK)
                 self.client = DeclaringClient(target, read_timeout_seconds=self.timeout, cache=None,
@@ -165,9 +173,16 @@ class Connection:
             and self.client.protocol_version in MODERN_PROTOCOL_VERSIONS
         )
 
-    async def call_tool_directly(self, name: str, arguments: dict[str, Any], meta: Mapping[str, Any] | None,
-                                 timeout: float, retry: Mapping[str, Any] | None = None,
-                                 capabilities: Mapping[str, Any] | None = None, progress=None) -> dict[str, Any]:
+    async def call_tool_directly(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        meta: Mapping[str, Any] | None,
+        timeout: float,
+        retry: Mapping[str, Any] | None = None,
+        capabilities: Mapping[str, Any] | None = None,
+        progress=None,
+    ) -> dict[str, Any]:
         """One tools/call as the SDK would send it on a 2026-07-28 connection (the per-request `_meta`
         envelope and the Mcp-* headers), without its per-call machinery: this is the Recorder's hot path.
 
@@ -181,11 +196,24 @@ class Connection:
         }
         request_id = next(self.request_ids)
         asked = {"progressToken": request_id} if progress is not None else {}  # a token of the Recorder's own
-        body = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
-                "params": {"name": name, "arguments": arguments, "_meta": {**(meta or {}), **asked, **envelope},
-                           **(retry or {})}}
-        headers = {"accept": "application/json, text/event-stream", "content-type": "application/json",
-                   "mcp-protocol-version": version, "mcp-method": "tools/call", "mcp-name": encode_header_value(name)}
+        body = {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "method": "tools/call",
+            "params": {
+                "name": name,
+                "arguments": arguments,
+                "_meta": {**(meta or {}), **asked, **envelope},
+                **(retry or {}),
+            },
+        }
+        headers = {
+            "accept": "application/json, text/event-stream",
+            "content-type": "application/json",
+            "mcp-protocol-version": version,
+            "mcp-method": "tools/call",
+            "mcp-name": encode_header_value(name),
+        }
         server = self.endpoint.name
         try:
             with anyio.fail_after(timeout):
@@ -193,10 +221,14 @@ class Connection:
                                           allow_redirects=False) as response:
                     status, content_type = response.status, response.headers.get("content-type", "")
                     if 300 <= status < 400:
-                        raise ToolServerError(Redirected(status, response.headers.get("location", "")).message(server),
-                                              failure_class="unknown")
+                        raise ToolServerError(
+                            Redirected(status, response.headers.get("location", "")).message(server),
+                            failure_class="unknown",
+                        )
                     chunks = response.content.iter_chunked(CHUNK)
-                    if content_type.startswith("text/event-stream"):  # progress, then the answer, as they come
+                    if content_type.startswith(
+                        "text/event-stream"
+                    ):  # progress, then the answer, as they come
                         message = await _answer_in(events_bounded(chunks, self.max_answer_bytes), request_id,
                                                    request_id, progress)
                     else:
@@ -204,28 +236,44 @@ class Connection:
                         if not isinstance(message, Oversized):
                             message = _json(message)
         except aiohttp.ClientConnectorError:
-            raise ToolServerError(f"{server} refused the connection", failure_class="transient", transient=True) from None
+            raise ToolServerError(
+                f"{server} refused the connection", failure_class="transient", transient=True
+            ) from None
         except TimeoutError:
-            raise ToolServerError(f"{server} did not answer in time", failure_class="transient", transient=True,
-                                  may_have_acted=True) from None
+            raise ToolServerError(
+                f"{server} did not answer in time",
+                failure_class="transient",
+                transient=True,
+                may_have_acted=True,
+            ) from None
         except (aiohttp.ClientError, OSError) as exc:
-            raise ToolServerError(f"{server} connection failed: {type(exc).__name__}", failure_class="transient",
-                                  transient=True, may_have_acted=True) from None
+            raise ToolServerError(
+                f"{server} connection failed: {type(exc).__name__}",
+                failure_class="transient",
+                transient=True,
+                may_have_acted=True,
+            ) from None
         if isinstance(message, Oversized):
             raise too_large(server, message)
         if isinstance(message, dict) and isinstance(message.get("error"), dict):
             error = message["error"]
             code = error.get("code") if isinstance(error.get("code"), int) else -32603
-            raise translate(MCPError(code=code, message=str(error.get("message", "")), data=error.get("data")),
-                            server=server, sent=True)
+            raise translate(
+                MCPError(code=code, message=str(error.get("message", "")), data=error.get("data")),
+                server=server,
+                sent=True,
+            )
         if status >= 400:
             failure_class, transient = http_status_class(status)
             raise ToolServerError(f"{server} answered HTTP {status}", failure_class=failure_class,
                                   transient=transient, may_have_acted=status >= 500)
         result = message.get("result") if isinstance(message, dict) else None
         if not isinstance(result, dict):
-            raise ToolServerError(f"{server} answered with something that is not valid MCP", failure_class="unknown",
-                                  may_have_acted=True)
+            raise ToolServerError(
+                f"{server} answered with something that is not valid MCP",
+                failure_class="unknown",
+                may_have_acted=True,
+            )
         try:
             _methods.validate_server_result("tools/call", version, result)
         except (ValidationError, ValueError, KeyError):
@@ -242,6 +290,10 @@ class Connection:
         status, self.last_http_error = self.last_http_error, None
         if status is not None and isinstance(exc, MCPError) and exc.error.code in (-32603, -32600, -32601):
             failure_class, transient = http_status_class(status)
-            return ToolServerError(f"{self.endpoint.name} answered HTTP {status}", failure_class=failure_class,
-                                   transient=transient, may_have_acted=sent and status >= 500)
+            return ToolServerError(
+                f"{self.endpoint.name} answered HTTP {status}",
+                failure_class=failure_class,
+                transient=transient,
+                may_have_acted=sent and status >= 500,
+            )
         return translate(exc, server=self.endpoint.name, sent=sent)

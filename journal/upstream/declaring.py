@@ -22,8 +22,13 @@ class DeclaringClient(HookedClient):
         declared = self.declared
         if declared is not None:
             def exactly(built):
-                return lambda version: built(version).model_copy(update={
-                    "elicitation": declared.elicitation, "sampling": declared.sampling, "roots": declared.roots})
+                return lambda version: built(version).model_copy(
+                    update={
+                        "elicitation": declared.elicitation,
+                        "sampling": declared.sampling,
+                        "roots": declared.roots,
+                    }
+                )
 
             wrap_capabilities(session, exactly)
         return session

@@ -23,9 +23,18 @@ class ToolServerError(Exception):
     error exactly as the server sent it (code, message and data), for whoever relays it.
     """
 
-    def __init__(self, message: str, *, failure_class: str, transient: bool = False, may_have_acted: bool = False,
-                 code: int | None = None, rpc: dict[str, Any] | None = None, oversized: Any = None,
-                 retry_after: float | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        failure_class: str,
+        transient: bool = False,
+        may_have_acted: bool = False,
+        code: int | None = None,
+        rpc: dict[str, Any] | None = None,
+        oversized: Any = None,
+        retry_after: float | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.failure_class = failure_class
@@ -41,13 +50,20 @@ def too_large(server: str, oversized) -> ToolServerError:
     """The server answered, with more than the Recorder relays: it acted, and what it sent is known only by
     its size and digest."""
     if oversized.depth:
-        what = (f"{oversized.size} bytes of JSON nested {oversized.depth} levels deep, deeper than the Recorder's "
-                f"limit of {strict_json.MESSAGE_MAX_DEPTH}")
+        what = (
+            f"{oversized.size} bytes of JSON nested {oversized.depth} levels deep, deeper than the "
+            f"Recorder's "
+            f"limit of {strict_json.MESSAGE_MAX_DEPTH}"
+        )
     else:
         what = (f"{oversized.size} bytes, over the Recorder's limit of {oversized.limit} bytes "
                 "(RECORDER_MAX_RESULT_BYTES)")
-    return ToolServerError(f"{server} answered with {what}, so its answer was not relayed (SHA-256 {oversized.sha256})",
-                           failure_class="unknown", may_have_acted=True, oversized=oversized)
+    return ToolServerError(
+        f"{server} answered with {what}, so its answer was not relayed (SHA-256 {oversized.sha256})",
+        failure_class="unknown",
+        may_have_acted=True,
+        oversized=oversized,
+    )
 
 
 # JSON-RPC codes from the MCP spec and JSON-RPC 2.0.
@@ -78,7 +94,9 @@ def http_status_class(status: int) -> tuple[str, bool]:
     return "invalid_arguments", False
 
 
-MAX_RETRY_AFTER = 3600.0  # a server's Retry-After is advice passed on to the agent: capped, never trusted blindly
+MAX_RETRY_AFTER = (
+    3600.0  # a server's Retry-After is advice passed on to the agent: capped, never trusted blindly
+)
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -127,10 +145,15 @@ def translate(exc: BaseException, *, server: str, sent: bool) -> ToolServerError
                     retry_after=retry_after_seconds(cause.response.headers.get("retry-after")),
                 )
             if isinstance(cause, httpx.ConnectError | ConnectionRefusedError):
-                return ToolServerError(f"{server} refused the connection", failure_class="transient", transient=True)
+                return ToolServerError(
+                    f"{server} refused the connection", failure_class="transient", transient=True
+                )
             if isinstance(cause, TimeoutError | httpx.TimeoutException):
                 return ToolServerError(
-                    f"{server} did not answer in time", failure_class="transient", transient=True, may_have_acted=sent
+                    f"{server} did not answer in time",
+                    failure_class="transient",
+                    transient=True,
+                    may_have_acted=sent,
                 )
             if isinstance(cause, MCPError):
                 code = cause.error.code
@@ -157,10 +180,14 @@ def translate(exc: BaseException, *, server: str, sent: bool) -> ToolServerError
                     f"{server} answered with something that is not a valid MCP result",
                     failure_class="unknown", may_have_acted=sent,
                 )
-            if isinstance(cause, httpx.TransportError | OSError | anyio.BrokenResourceError | anyio.ClosedResourceError):
+            if isinstance(
+                cause, httpx.TransportError | OSError | anyio.BrokenResourceError | anyio.ClosedResourceError
+            ):
                 return ToolServerError(
                     f"{server} connection failed: {type(cause).__name__}", failure_class="transient",
                     transient=True, may_have_acted=sent,
                 )
             cause = cause.__cause__ or cause.__context__
-    return ToolServerError(f"{server} failed: {type(exc).__name__}: {exc}", failure_class="unknown", may_have_acted=sent)
+    return ToolServerError(
+        f"{server} failed: {type(exc).__name__}: {exc}", failure_class="unknown", may_have_acted=sent
+    )

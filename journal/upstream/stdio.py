@@ -84,7 +84,9 @@ class _Lines:
             oversized, self.measure = self.measure.oversized(), None
         request_id = answered_id(self.head, self.tail)
         if request_id is None:
-            logger.warning("a stdio server wrote a line of %s, answering no request it names; dropped", oversized)
+            logger.warning(
+                "a stdio server wrote a line of %s, answering no request it names; dropped", oversized
+            )
             return b""
         return self.tokens.replacement(request_id, oversized)
 

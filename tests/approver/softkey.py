@@ -22,25 +22,43 @@ class SoftKey:
 
     def _cose_public_key(self) -> bytes:
         numbers = self.private.public_key().public_numbers()
-        return cbor2.dumps({1: 2, 3: -7, -1: 1, -2: numbers.x.to_bytes(32, "big"), -3: numbers.y.to_bytes(32, "big")})
+        return cbor2.dumps(
+            {1: 2, 3: -7, -1: 1, -2: numbers.x.to_bytes(32, "big"), -3: numbers.y.to_bytes(32, "big")}
+        )
 
     def _client_data(self, kind: str, challenge: bytes, origin: str | None) -> bytes:
-        return json.dumps({"type": kind, "challenge": bytes_to_base64url(challenge), "origin": origin or self.origin,
-                           "crossOrigin": False}).encode()
+        return json.dumps(
+            {
+                "type": kind,
+                "challenge": bytes_to_base64url(challenge),
+                "origin": origin or self.origin,
+                "crossOrigin": False,
+            }
+        ).encode()
 
     def register(self, challenge: bytes, *, origin: str | None = None, rp_id: str | None = None,
                  flags: int = UP | UV | AT) -> dict:
         """What `navigator.credentials.create()` gives, as JSON."""
         auth_data = (
-            hashlib.sha256((rp_id or self.rp_id).encode()).digest() + bytes([flags]) + self.sign_count.to_bytes(4, "big")
-            + bytes(16) + len(self.credential_id).to_bytes(2, "big") + self.credential_id + self._cose_public_key()
+            hashlib.sha256((rp_id or self.rp_id).encode()).digest()
+            + bytes([flags])
+            + self.sign_count.to_bytes(4, "big")
+            + bytes(16)
+            + len(self.credential_id).to_bytes(2, "big")
+            + self.credential_id
+            + self._cose_public_key()
         )
         attestation = cbor2.dumps({"fmt": "none", "attStmt": {}, "authData": auth_data})
         return {
-            "id": bytes_to_base64url(self.credential_id), "rawId": bytes_to_base64url(self.credential_id),
-            "type": "public-key", "clientExtensionResults": {},
-            "response": {"clientDataJSON": bytes_to_base64url(self._client_data("webauthn.create", challenge, origin)),
-                         "attestationObject": bytes_to_base64url(attestation), "transports": ["internal"]},
+            "id": bytes_to_base64url(self.credential_id),
+            "rawId": bytes_to_base64url(self.credential_id),
+            "type": "public-key",
+            "clientExtensionResults": {},
+            "response": {
+                "clientDataJSON": bytes_to_base64url(self._client_data("webauthn.create", challenge, origin)),
+                "attestationObject": bytes_to_base64url(attestation),
+                "transports": ["internal"],
+            },
         }
 
     def sign(self, challenge: bytes, *, origin: str | None = None, rp_id: str | None = None,
@@ -50,7 +68,9 @@ class SoftKey:
         auth_data = (hashlib.sha256((rp_id or self.rp_id).encode()).digest() + bytes([flags])
                      + self.sign_count.to_bytes(4, "big"))
         client_data = self._client_data("webauthn.get", challenge, origin)
-        signature = self.private.sign(auth_data + hashlib.sha256(client_data).digest(), ec.ECDSA(hashes.SHA256()))
+        signature = self.private.sign(
+            auth_data + hashlib.sha256(client_data).digest(), ec.ECDSA(hashes.SHA256())
+        )
         return {
             "id": bytes_to_base64url(self.credential_id), "rawId": bytes_to_base64url(self.credential_id),
             "type": "public-key", "clientExtensionResults": {},

@@ -18,8 +18,12 @@ REFUND = {"name": "refund_payment", "inputSchema": {
 
 
 def test_hatp_ok_keeps_the_servers_words_for_the_undo():
-    result = checks.read_hatp_answer({"content": [{"type": "text", "text": "Undo would work now."}],
-                                      "structuredContent": {"ok": True, "wouldDo": "Deal D-881 stage: Won → Proposal"}})
+    result = checks.read_hatp_answer(
+        {
+            "content": [{"type": "text", "text": "Undo would work now."}],
+            "structuredContent": {"ok": True, "wouldDo": "Deal D-881 stage: Won → Proposal"},
+        }
+    )
     assert result == checks.CheckResult("ok", {"wouldDo": "Deal D-881 stage: Won → Proposal"})
 
 

@@ -85,11 +85,24 @@ def objects(dana, on_call, approver_user):
         decision={"decision": "ask", "class": "none"}, run_id=run.pk, step_id=first.pk)
     rule = services.save_policy(row=AutonomyPolicy(name="All", scope="everything", decisions=dict(
         policy.DEFAULT_DECISIONS)), by=approver_user)
-    client = Application.objects.create(name="Desktop", client_type="public", authorization_grant_type="authorization-code",
-                                        redirect_uris="http://localhost:3030/callback")
+    client = Application.objects.create(
+        name="Desktop",
+        client_type="public",
+        authorization_grant_type="authorization-code",
+        redirect_uris="http://localhost:3030/callback",
+    )
     authorization = ClientAuthorization.objects.create(application=client, user=dana, agent=agent)
-    return {"name": agent.name, "authorization_id": authorization.pk, "run_id": run.public_id, "plan_id": plan.public_id, "passkey_id": passkey.pk, "position": 1, "number": 1,
-            "action_id": action.public_id, "policy_id": rule.pk}
+    return {
+        "name": agent.name,
+        "authorization_id": authorization.pk,
+        "run_id": run.public_id,
+        "plan_id": plan.public_id,
+        "passkey_id": passkey.pk,
+        "position": 1,
+        "number": 1,
+        "action_id": action.public_id,
+        "policy_id": rule.pk,
+    }
 
 
 def url_for(name, objects):
@@ -119,7 +132,10 @@ def test_every_url_refuses_whoever_its_rule_does_not_allow(persona, objects, req
         response = getattr(client, method)(url, content_type="application/json") if method == "post" \
             else client.get(url)
         if persona == "anonymous":
-            assert response.status_code == 302 and response.url.startswith(reverse("login")), (name, response.status_code)
+            assert response.status_code == 302 and response.url.startswith(reverse("login")), (
+                name,
+                response.status_code,
+            )
         elif role in allowed or SIGNED_IN in allowed or (persona == "dana" and OWNER in allowed):
             assert response.status_code not in (401, 403), (name, persona, response.status_code)
         else:

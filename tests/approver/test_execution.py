@@ -9,7 +9,9 @@ def test_a_hatp_compensation_that_worked_keeps_the_servers_words():
     verdict = ex.read_answer({"content": [{"type": "text", "text": "Undone."}],
                               "structuredContent": {"ok": True, "summary": "Deal D-881 stage: Won → Proposal",
                                                     "version": "v15"}})
-    assert verdict == ex.Verdict("compensated", {"summary": "Deal D-881 stage: Won → Proposal", "version": "v15"})
+    assert verdict == ex.Verdict(
+        "compensated", {"summary": "Deal D-881 stage: Won → Proposal", "version": "v15"}
+    )
 
 
 def test_a_conflict_leaves_the_newer_change_and_says_who_made_it():
@@ -18,23 +20,41 @@ def test_a_conflict_leaves_the_newer_change_and_says_who_made_it():
                                   "version": "v16", "changedBy": "priya", "changedAt": "t", "summary": "s",
                                   "extra": "dropped"}}})
     assert verdict.outcome == "conflict" and not verdict.retry
-    assert verdict.detail["current"] == {"version": "v16", "summary": "s", "changedBy": "priya", "changedAt": "t"}
+    assert verdict.detail["current"] == {
+        "version": "v16",
+        "summary": "s",
+        "changedBy": "priya",
+        "changedAt": "t",
+    }
 
 
-@pytest.mark.parametrize("result", [
-    {"isError": True, "structuredContent": {"code": "UNDO_EXPIRED"}},
-    {"isError": True, "structuredContent": {"code": "UNDO_FAILED"}, "content": [{"type": "text", "text": "no"}]},
-    {"isError": True, "structuredContent": "garbage"},
-    {"isError": True},
-])
+@pytest.mark.parametrize(
+    "result",
+    [
+        {"isError": True, "structuredContent": {"code": "UNDO_EXPIRED"}},
+        {
+            "isError": True,
+            "structuredContent": {"code": "UNDO_FAILED"},
+            "content": [{"type": "text", "text": "no"}],
+        },
+        {"isError": True, "structuredContent": "garbage"},
+        {"isError": True},
+    ],
+)
 def test_refusals_and_nonsense_fail_the_item_without_a_retry(result):
     verdict = ex.read_answer(result)
     assert verdict.outcome == "compensation_failed" and not verdict.retry and verdict.detail["message"]
 
 
 def test_a_transient_failure_before_sending_is_retried_with_backoff():
-    verdict = ex.read_failure(failure_class="transient", message="refused", transient=True, may_have_acted=False,
-                              repeat_is_safe=False, attempt=1)
+    verdict = ex.read_failure(
+        failure_class="transient",
+        message="refused",
+        transient=True,
+        may_have_acted=False,
+        repeat_is_safe=False,
+        attempt=1,
+    )
     assert verdict.retry and [ex.backoff(n) for n in (1, 2, 3)] == [1.0, 4.0, 16.0]
     last = ex.read_failure(failure_class="transient", message="refused", transient=True, may_have_acted=False,
                            repeat_is_safe=False, attempt=ex.MAX_ATTEMPTS)
@@ -72,7 +92,11 @@ def test_a_failure_stops_what_its_step_depends_on_and_nothing_else():
     earlier = [1, 2, 3, 4]
     # Step 4 declared it used step 2 only; step 3 declared nothing (so it used everything before it).
     failed = {4: ex.depends_on(4, earlier=earlier, declared=(2,), inferred=set())}
-    assert ex.stopped_by(2, failed) == 4 and ex.stopped_by(3, failed) is None and ex.stopped_by(1, failed) is None
+    assert (
+        ex.stopped_by(2, failed) == 4
+        and ex.stopped_by(3, failed) is None
+        and ex.stopped_by(1, failed) is None
+    )
     failed[3] = ex.depends_on(3, earlier=earlier, declared=None, inferred=set())
     assert ex.stopped_by(1, failed) == 3
 
@@ -86,10 +110,19 @@ def test_the_summary_line_reads_like_the_report():
 
 def test_what_an_earlier_plan_undid_is_named_apart_and_does_not_count_against_the_plan():
     outcomes = ["compensated", "irreversible", *["already_undone"] * 4]
-    assert ex.summary_line(outcomes) == "Reversed 1 of 2 actions; 1 cannot be undone; 4 already undone by an earlier plan"
+    assert (
+        ex.summary_line(outcomes)
+        == "Reversed 1 of 2 actions; 1 cannot be undone; 4 already undone by an earlier plan"
+    )
     assert ex.finished_state(outcomes, stopped=False) == "completed"
     assert ex.finished_state(["already_undone", "irreversible"], stopped=False) == "completed"
-    assert ex.finished_state(["compensated", "skipped", "already_undone"], stopped=False) == "partially_completed"
+    assert (
+        ex.finished_state(["compensated", "skipped", "already_undone"], stopped=False)
+        == "partially_completed"
+    )
     assert ex.finished_state(["compensation_failed", "already_undone"], stopped=False) == "failed"
     assert ex.finished_state(["compensated", "already_undone"], stopped=True) == "partially_completed"
-    assert {ex.OUTCOME_WORDS[o] for o in ("already_undone", "compensation_failed")} == {"Already undone", "Undo failed"}
+    assert {ex.OUTCOME_WORDS[o] for o in ("already_undone", "compensation_failed")} == {
+        "Already undone",
+        "Undo failed",
+    }

@@ -27,7 +27,10 @@ def test_login_needs_the_csrf_token(on_call):
     from django.test import Client
 
     strict = Client(enforce_csrf_checks=True)
-    assert strict.post(reverse("login"), {"username": "olivia", "password": "olivia-password-1"}).status_code == 403
+    assert (
+        strict.post(reverse("login"), {"username": "olivia", "password": "olivia-password-1"}).status_code
+        == 403
+    )
 
 
 def test_roles_exist_after_migrate(db):
@@ -65,7 +68,9 @@ def test_health_command_sees_a_real_worker_on_redis():
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "approver.settings", "REDIS_URL": REDIS_URL}
 
     def health():
-        return subprocess.run([sys.executable, "manage.py", "health"], env=env, capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, "manage.py", "health"], env=env, capture_output=True, text=True
+        )
 
     with running_worker(env, "redis-health-test"):
         poll(lambda: health().returncode == 0)

@@ -42,7 +42,9 @@ def test_the_lock_out_clears_by_itself(client, on_call):
     for n in range(settings.AXES_FAILURE_LIMIT):
         log_in(client, "olivia", f"guess-{n}")
     assert log_in(client, "olivia", "olivia-password-1").status_code == 429
-    AccessAttempt.objects.update(attempt_time=timezone.now() - settings.AXES_COOLOFF_TIME - timedelta(seconds=1))
+    AccessAttempt.objects.update(
+        attempt_time=timezone.now() - settings.AXES_COOLOFF_TIME - timedelta(seconds=1)
+    )
     assert log_in(client, "olivia", "olivia-password-1").status_code == 302
 
 
@@ -76,7 +78,9 @@ def test_admins_see_lock_outs_and_can_clear_one(client, on_call):
 def test_the_django_admin_login_is_throttled_too(client, db):
     User.objects.create_superuser("root", password="root-password-1")
     for n in range(settings.AXES_FAILURE_LIMIT):
-        client.post(reverse("admin:login"), {"username": "root", "password": f"guess-{n}"}, REMOTE_ADDR="10.0.0.3")
+        client.post(
+            reverse("admin:login"), {"username": "root", "password": f"guess-{n}"}, REMOTE_ADDR="10.0.0.3"
+        )
     response = client.post(reverse("admin:login"), {"username": "root", "password": "root-password-1"},
                            REMOTE_ADDR="10.0.0.3")
     assert response.status_code == 429

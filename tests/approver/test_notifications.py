@@ -124,7 +124,10 @@ def test_a_tool_name_with_line_breaks_cannot_stop_approvers_hearing_of_its_held_
     assert tasks.notify_action_requested(action.pk) == 1
     [message] = mail.outbox
     assert "\r" not in message.subject and "\n" not in message.subject
-    assert message.subject == "Held for approval: bot wants send Bcc: mallory@evil.example your account is locked"
+    assert (
+        message.subject
+        == "Held for approval: bot wants send Bcc: mallory@evil.example your account is locked"
+    )
     assert message.to == ["ana@acme.example", "bo@acme.example"] and not message.bcc
     assert len(received) == 1 and "\n" not in received[0]["text"].split(".")[0]
 
@@ -136,7 +139,9 @@ def test_a_failing_mail_server_does_not_stop_the_webhook_and_is_tried_again(
     monkeypatch.setattr(tasks.notify_action_requested, "delay", lambda *args: None)
     action = held_call(dana, "send_email")
     rung = []
-    monkeypatch.setattr(bell, "ring", lambda task, *args, countdown=None: rung.append((task, args, countdown)))
+    monkeypatch.setattr(
+        bell, "ring", lambda task, *args, countdown=None: rung.append((task, args, countdown))
+    )
 
     def down(*args, **kwargs):
         raise smtplib.SMTPServerDisconnected("the mail server went away")
@@ -149,7 +154,9 @@ def test_a_failing_mail_server_does_not_stop_the_webhook_and_is_tried_again(
 
     # The worker tries again later; with the mail server back, the approvers get it.
     monkeypatch.undo()
-    monkeypatch.setattr(bell, "ring", lambda task, *args, countdown=None: rung.append((task, args, countdown)))
+    monkeypatch.setattr(
+        bell, "ring", lambda task, *args, countdown=None: rung.append((task, args, countdown))
+    )
     assert tasks.retry_notice(channel, message, about, attempt) is True
     [sent] = mail.outbox
     assert sent.to == ["ana@acme.example", "bo@acme.example"] and "send_email" in sent.subject

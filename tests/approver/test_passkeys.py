@@ -55,7 +55,9 @@ def test_an_approver_enrols_a_passkey_and_sees_it_listed(approver_user, client):
     ({"rp_id": "evil.example"}, "RP ID"),
     ({"flags": UP | 0x40}, "verif"),
 ])
-def test_an_answer_for_another_site_or_without_user_verification_is_refused(approver_user, client, tamper, why):
+def test_an_answer_for_another_site_or_without_user_verification_is_refused(
+    approver_user, client, tamper, why
+):
     client.force_login(approver_user)
     challenge = base64url_to_bytes(options(client)["challenge"])
     response = enrol(client, SoftKey().register(challenge, **tamper))
@@ -68,7 +70,9 @@ def test_a_challenge_answers_once_and_only_the_one_we_issued(approver_user, clie
     challenge = base64url_to_bytes(options(client)["challenge"])
     key = SoftKey()
     answer = key.register(challenge)
-    assert enrol(client, key.register(b"x" * 32)).status_code == 400  # not our challenge (and it is now used up)
+    assert (
+        enrol(client, key.register(b"x" * 32)).status_code == 400
+    )  # not our challenge (and it is now used up)
     replay = enrol(client, answer)
     assert replay.status_code == 400 and "start again" in replay.json()["error"]
     assert not Passkey.objects.exists()
@@ -86,7 +90,9 @@ def test_malformed_answers_get_a_clear_error_not_a_crash(approver_user, client, 
 
 def test_the_same_passkey_cannot_be_enrolled_twice(approver_user):
     key = SoftKey()
-    services.enroll_passkey(user=approver_user, name="one", credential=key.register(b"c" * 32), challenge=b"c" * 32)
+    services.enroll_passkey(
+        user=approver_user, name="one", credential=key.register(b"c" * 32), challenge=b"c" * 32
+    )
     with pytest.raises(passkeys.PasskeyRefused, match="already enrolled"):
         services.enroll_passkey(user=approver_user, name="two", credential=key.register(b"d" * 32),
                                 challenge=b"d" * 32)

@@ -28,7 +28,9 @@ def test_racing_requests_for_the_same_steps_make_one_plan(dana, on_call):
     def ask(from_step: int) -> None:
         try:
             barrier.wait(timeout=30)
-            made.append(services.request_plan(run=run, requested_by=on_call, reason="race", from_step=from_step))
+            made.append(
+                services.request_plan(run=run, requested_by=on_call, reason="race", from_step=from_step)
+            )
         except services.PlanRefused as refusal:
             refused.append(refusal)
         except Exception as exc:  # collected and asserted on in the main thread

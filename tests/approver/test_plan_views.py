@@ -18,7 +18,9 @@ def undo_url(run):
 
 def test_on_call_asks_to_undo_from_a_step_and_lands_on_the_plan(globex, on_call, client):
     client.force_login(on_call)
-    response = client.post(undo_url(globex), {"from_step": 2, "reason": "sales-bot picked the wrong deal"}, follow=True)
+    response = client.post(
+        undo_url(globex), {"from_step": 2, "reason": "sales-bot picked the wrong deal"}, follow=True
+    )
     plan = Plan.objects.get()
     assert response.redirect_chain[-1][0] == reverse("approver:plan_detail", args=[plan.public_id])
     # The request opened the plan; the worker drafts it (here: by hand) while the page says so.
@@ -28,7 +30,9 @@ def test_on_call_asks_to_undo_from_a_step_and_lands_on_the_plan(globex, on_call,
     assert "Will be undone" not in drafting and "Sign-off" not in drafting
     url = reverse("approver:plan_detail", args=[plan.public_id])
     assert f'hx-get="{url}?was=drafting"' in drafting
-    assert client.get(f"{url}?was=drafting", headers={"HX-Request": "true"}).status_code == 200  # still drafting
+    assert (
+        client.get(f"{url}?was=drafting", headers={"HX-Request": "true"}).status_code == 200
+    )  # still drafting
     services.draft_plan(plan=plan)
     refresh = client.get(f"{url}?was=drafting", headers={"HX-Request": "true"})
     assert refresh.headers["HX-Refresh"] == "true"  # drafted: the browser reloads the whole page
@@ -125,7 +129,9 @@ def test_the_plan_page_costs_the_same_queries_for_few_and_many_items(globex, on_
     for n in range(36):
         source = template[n % len(template)]
         source.pk, source.position, source.holds_step = None, 100 + n, False
-        extra.append(PlanItem(**{f.attname: getattr(source, f.attname) for f in PlanItem._meta.concrete_fields}))
+        extra.append(
+            PlanItem(**{f.attname: getattr(source, f.attname) for f in PlanItem._meta.concrete_fields})
+        )
     PlanItem.objects.bulk_create(extra)
     client.force_login(on_call)
 
@@ -174,7 +180,9 @@ def test_admins_set_the_approval_rules_in_the_admin(client):
 def test_on_call_ticks_steps_and_the_plan_adds_what_depends_on_them_saying_why(globex, on_call, client):
     client.force_login(on_call)
     page = client.get(reverse("journal:run_detail", args=[globex.public_id])).content.decode()
-    assert 'form="undo-chosen"' in page and page.count('name="steps"') == 4 and "Undo the chosen steps" in page
+    assert (
+        'form="undo-chosen"' in page and page.count('name="steps"') == 4 and "Undo the chosen steps" in page
+    )
     response = client.post(undo_url(globex), {"steps": ["2"], "reason": "the deal was not won"}, follow=True)
     plan = services.draft_plan(plan=Plan.objects.get())
     assert plan.chosen_steps == [2] and plan.from_step is None and plan.selection_text == "steps 2"
@@ -187,14 +195,20 @@ def test_on_call_ticks_steps_and_the_plan_adds_what_depends_on_them_saying_why(g
     assert f"Step 3 ({items[3].why_included})" in shown.replace("&#x27;", "'")
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ({"reason": "r"}, "Tick the steps to undo, or undo from one step onwards."),
-    ({"reason": "r", "from_step": 2, "steps": ["3"]}, "Tick the steps to undo, or undo from one step onwards."),
-    ({"reason": "r", "steps": ["two"]}, "Steps are chosen by their numbers."),
-    ({"reason": "r", "steps": ["-1"]}, "Steps are chosen by their numbers."),
-    ({"reason": "r", "steps": ["9"]}, "The run has no step 9."),
-    ({"reason": "r", "steps": [str(n) for n in range(1, 502)]}, "Choose at most 500 steps at once"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"reason": "r"}, "Tick the steps to undo, or undo from one step onwards."),
+        (
+            {"reason": "r", "from_step": 2, "steps": ["3"]},
+            "Tick the steps to undo, or undo from one step onwards.",
+        ),
+        ({"reason": "r", "steps": ["two"]}, "Steps are chosen by their numbers."),
+        ({"reason": "r", "steps": ["-1"]}, "Steps are chosen by their numbers."),
+        ({"reason": "r", "steps": ["9"]}, "The run has no step 9."),
+        ({"reason": "r", "steps": [str(n) for n in range(1, 502)]}, "Choose at most 500 steps at once"),
+    ],
+)
 def test_a_bad_choice_of_steps_is_a_clear_error_and_makes_no_plan(globex, on_call, client, data, message):
     client.force_login(on_call)
     response = client.post(undo_url(globex), data, follow=True)

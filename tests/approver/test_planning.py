@@ -44,7 +44,13 @@ def test_without_better_knowledge_every_later_step_depends_on_every_earlier_one(
 
 
 def test_a_step_that_declared_its_dependencies_is_pulled_in_only_by_them():
-    steps = [step(1), step(2), step(3, declared_deps=(1,)), step(4, declared_deps=(2,)), step(5, declared_deps=())]
+    steps = [
+        step(1),
+        step(2),
+        step(3, declared_deps=(1,)),
+        step(4, declared_deps=(2,)),
+        step(5, declared_deps=()),
+    ]
     pulled = planning.closure(steps, {2})
     assert sorted(pulled) == [2, 4]
     assert pulled[4] == planning.Pull("declared", 2)
@@ -81,11 +87,17 @@ def test_a_compensation_carries_its_resolved_arguments_version_and_a_stable_idem
     assert item.idempotency_key == planning.idempotency_key(PLAN, 1) == f"undo-{PLAN}-1"
 
 
-@pytest.mark.parametrize(("overrides", "expected"), [
-    ({"undo_problems": ("a binding does not resolve: /transactionId is missing",)}, "a binding does not resolve"),
-    ({"undo_by": NOW - timedelta(minutes=1)}, "the undo window closed at"),
-    ({"compensation_arguments": None}, "no compensation could be prepared"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            {"undo_problems": ("a binding does not resolve: /transactionId is missing",)},
+            "a binding does not resolve",
+        ),
+        ({"undo_by": NOW - timedelta(minutes=1)}, "the undo window closed at"),
+        ({"compensation_arguments": None}, "no compensation could be prepared"),
+    ],
+)
 def test_a_step_that_cannot_be_undone_automatically_says_so_plainly(overrides, expected):
     [item] = planning.draft_items([step(1, **overrides)], {1: planning.Pull("chosen")}, plan_id=PLAN, now=NOW)
     assert item.action == "cannot_undo"
@@ -97,11 +109,18 @@ def test_a_step_without_a_version_is_listed_for_undo_but_flagged_for_a_human():
     facts = step(1, effect_version="", undo_problems=(NO_VERSION_PROBLEM,))
     [item] = planning.draft_items([facts], {1: planning.Pull("chosen")}, plan_id=PLAN, now=NOW)
     assert item.action == "compensate" and item.if_version == ""
-    assert item.needs_human == "No version was reported, so a later change could not be detected: a human must decide."
+    assert (
+        item.needs_human
+        == "No version was reported, so a later change could not be detected: a human must decide."
+    )
 
 
 def test_an_irreversible_step_keeps_the_servers_reason_and_remedy():
-    declaration = {"kind": "none", "reason": "delivered to external recipients", "remedy": "send a correction email"}
+    declaration = {
+        "kind": "none",
+        "reason": "delivered to external recipients",
+        "remedy": "send a correction email",
+    }
     [item] = planning.draft_items([step(1, reversibility="none", declaration=declaration)],
                                   {1: planning.Pull("chosen")}, plan_id=PLAN, now=NOW)
     assert (item.action, item.reason, item.remedy) == (
@@ -130,11 +149,29 @@ def test_reads_failures_calls_in_doubt_and_undone_steps(overrides, action):
 
 def test_the_digest_changes_with_any_change_to_the_content():
     item = planning.item_content(
-        position=1, step=1, server="crm", tool="update_deal", action="compensate", rule="chosen", pulled_in_by=None,
-        compensation={"tool": "hatp_compensate", "arguments": {"compensationToken": "ctk_1"}, "ifVersion": "v1",
-                      "idempotencyKey": "k"},
-        needs_human="", via="api", side_effect="", cost=None, undo_by=None, reason="", remedy="",
-        effect={"summary": "s", "resource": "r", "version": "v1"}, check={"status": "pending"})
+        position=1,
+        step=1,
+        server="crm",
+        tool="update_deal",
+        action="compensate",
+        rule="chosen",
+        pulled_in_by=None,
+        compensation={
+            "tool": "hatp_compensate",
+            "arguments": {"compensationToken": "ctk_1"},
+            "ifVersion": "v1",
+            "idempotencyKey": "k",
+        },
+        needs_human="",
+        via="api",
+        side_effect="",
+        cost=None,
+        undo_by=None,
+        reason="",
+        remedy="",
+        effect={"summary": "s", "resource": "r", "version": "v1"},
+        check={"status": "pending"},
+    )
     content = planning.plan_content(plan={"plan": PLAN}, items=[item])
     checked = planning.plan_content(plan={"plan": PLAN}, items=[{**item, "check": {"status": "ok"}}])
     other_args = planning.plan_content(plan={"plan": PLAN}, items=[

@@ -9,7 +9,9 @@ ALL_ASK = dict.fromkeys(policy.CLASSES, "ask")
 
 
 def everything(**decisions) -> Policy:
-    return Policy(id=1, name="Default", scope="everything", decisions={**policy.DEFAULT_DECISIONS, **decisions})
+    return Policy(
+        id=1, name="Default", scope="everything", decisions={**policy.DEFAULT_DECISIONS, **decisions}
+    )
 
 
 @pytest.mark.parametrize(("kind", "via", "dialect", "expected"), [
@@ -30,9 +32,17 @@ def test_the_most_specific_policy_wins():
     policies = [
         everything(),
         Policy(id=2, name="sales-bot", scope="agent", agent="sales-bot", decisions=ALL_ASK),
-        Policy(id=3, name="crm", scope="server", server="crm", decisions={**ALL_ASK, "compensate_api": "deny"}),
-        Policy(id=4, name="deals", scope="tool", server="crm", tool="update_deal",
-               decisions={**ALL_ASK, "compensate_api": "allow"}),
+        Policy(
+            id=3, name="crm", scope="server", server="crm", decisions={**ALL_ASK, "compensate_api": "deny"}
+        ),
+        Policy(
+            id=4,
+            name="deals",
+            scope="tool",
+            server="crm",
+            tool="update_deal",
+            decisions={**ALL_ASK, "compensate_api": "allow"},
+        ),
     ]
     call = {"agent": "sales-bot", "kind": "compensate", "via": "api", "dialect": "hatp"}
     assert policy.decide(policies, server="crm", tool="update_deal", **call).policy.id == 4
@@ -78,7 +88,10 @@ def test_reads_are_always_allowed_and_without_any_policy_calls_are_allowed():
                              "policy covers it."
     # A policy for one agent leaves the others' calls alone.
     only = Policy(id=5, name="Careful", scope="agent", agent="ops-bot", decisions=ALL_ASK)
-    assert policy.decide([only], agent="sales-bot", server="mail", tool="send_email", kind="none").decision == "allow"
+    assert (
+        policy.decide([only], agent="sales-bot", server="mail", tool="send_email", kind="none").decision
+        == "allow"
+    )
 
 
 def test_a_policy_that_does_not_say_asks():
@@ -95,10 +108,19 @@ def test_decisions_from_a_form_are_checked_for_every_class():
 
 
 def test_the_simulator_counts_each_decision_with_examples():
-    calls = [{"agent": "sales-bot", "server": "crm", "tool": "update_deal", "kind": "compensate", "via": "api",
-              "dialect": "hatp"}] * 4 + [
+    calls = [
+        {
+            "agent": "sales-bot",
+            "server": "crm",
+            "tool": "update_deal",
+            "kind": "compensate",
+            "via": "api",
+            "dialect": "hatp",
+        }
+    ] * 4 + [
         {"agent": "sales-bot", "server": "mail", "tool": "send_email", "kind": "none"},
-        {"agent": "sales-bot", "server": "crm", "tool": "get_deal", "kind": "read_only"}]
+        {"agent": "sales-bot", "server": "crm", "tool": "get_deal", "kind": "read_only"},
+    ]
     tally = policy.simulate([everything(none="deny")], calls, examples=2)
     assert {d: t["count"] for d, t in tally.items()} == {"allow": 5, "ask": 0, "deny": 1}
     assert len(tally["allow"]["examples"]) == 2
@@ -107,20 +129,36 @@ def test_the_simulator_counts_each_decision_with_examples():
 
 
 def compensation(number, **overrides):
-    return {"number": number, "action": "compensate", "via": "api", "dialect": "hatp", "check_status": "ok",
-            "side_effect": "", "cost": None, "needs_human": "", "server": "crm", "tool": "update_deal", **overrides}
+    return {
+        "number": number,
+        "action": "compensate",
+        "via": "api",
+        "dialect": "hatp",
+        "check_status": "ok",
+        "side_effect": "",
+        "cost": None,
+        "needs_human": "",
+        "server": "crm",
+        "tool": "update_deal",
+        **overrides,
+    }
 
 
 def test_a_plan_runs_without_a_human_only_when_everything_in_it_is_safe_and_the_policy_says_so():
-    alone = Policy(id=1, name="Trusting", scope="everything", decisions=policy.DEFAULT_DECISIONS, auto_run_plans=True)
+    alone = Policy(
+        id=1, name="Trusting", scope="everything", decisions=policy.DEFAULT_DECISIONS, auto_run_plans=True
+    )
     read = {"number": 1, "action": "nothing_to_undo", "server": "crm", "tool": "get_deal"}
     assert policy.plan_needs_a_human([alone], agent="sales-bot", items=[compensation(2), read]) == ""
     cases = {
         "Step 4 cannot be undone.": [compensation(2), {"number": 4, "action": "cannot_undo"}],
         "Step 2 is not undone through the API with versions checked.": [compensation(2, via="ui")],
-        "Step 3's check did not say the undo would work (conflict).": [compensation(3, check_status="conflict")],
+        "Step 3's check did not say the undo would work (conflict).": [
+            compensation(3, check_status="conflict")
+        ],
         "Step 2: undoing it has a side effect, a cost, or needs a human's judgement.": [
-            compensation(2, side_effect="attendees get a cancellation notice")],
+            compensation(2, side_effect="attendees get a cancellation notice")
+        ],
         "It undoes nothing.": [read],
     }
     for reason, items in cases.items():

@@ -13,8 +13,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def form_data(**overrides):
-    data = {"name": "Careful", "scope": "everything", "approver_group": "approver", "quorum": 1,
-            "ask_timeout": 60, "last": 200, **{f"decision_{k}": v for k, v in policy.DEFAULT_DECISIONS.items()}}
+    data = {
+        "name": "Careful",
+        "scope": "everything",
+        "approver_group": "approver",
+        "quorum": 1,
+        "ask_timeout": 60,
+        "last": 200,
+        **{f"decision_{k}": v for k, v in policy.DEFAULT_DECISIONS.items()},
+    }
     data.update(overrides)
     return data
 
@@ -39,7 +46,10 @@ def test_a_change_records_before_and_after_and_tampering_shows(client, admin_use
     client.post(reverse("approver:policy_edit", args=[row.pk]), form_data(save="1", decision_none="deny"))
     change = PolicyChange.objects.get(seq=2)
     assert change.event == "policy_changed"
-    assert (change.data["before"]["decisions"]["none"], change.data["after"]["decisions"]["none"]) == ("ask", "deny")
+    assert (change.data["before"]["decisions"]["none"], change.data["after"]["decisions"]["none"]) == (
+        "ask",
+        "deny",
+    )
     assert services.verify_policy_log().ok
     # Someone rewrites history in the database: the log names the change that no longer fits.
     PolicyChange.objects.filter(seq=1).update(data={**PolicyChange.objects.get(seq=1).data, "by": "mallory"})
@@ -54,13 +64,19 @@ def test_a_change_records_before_and_after_and_tampering_shows(client, admin_use
 
 def test_a_draft_that_does_not_hold_together_is_refused_and_nothing_is_saved(client, admin_user):
     client.force_login(admin_user)
-    page = client.post(reverse("approver:policy_new"), form_data(save="1", scope="tool", tool="")).content.decode()
-    assert "Choose the tool server this policy is for." in page and "Name the tool this policy is for." in page
+    page = client.post(
+        reverse("approver:policy_new"), form_data(save="1", scope="tool", tool="")
+    ).content.decode()
+    assert (
+        "Choose the tool server this policy is for." in page and "Name the tool this policy is for." in page
+    )
     server = crm_server()
     page = client.post(reverse("approver:policy_new"), form_data(save="1", scope="tool", server=server.pk,
                                                                  tool="drop_database")).content.decode()
     assert "crm offers no tool named &#x27;drop_database&#x27;." in page
-    page = client.post(reverse("approver:policy_new"), form_data(save="1", decision_none="sometimes")).content.decode()
+    page = client.post(
+        reverse("approver:policy_new"), form_data(save="1", decision_none="sometimes")
+    ).content.decode()
     assert "Select a valid choice" in page
     assert not AutonomyPolicy.objects.exists() and not PolicyChange.objects.exists()
     client.post(reverse("approver:policy_new"), form_data(save="1"))
@@ -81,7 +97,9 @@ def test_the_simulator_replays_recent_calls_against_the_draft(client, admin_user
     assert page.lstrip().startswith('<section id="simulation">')  # the partial only
     assert "the last 4 calls" in page
     assert "<strong>3</strong> allowed" in page and "<strong>1</strong> denied" in page
-    assert "1 call would be decided differently from today, e.g. <code>crm__purge</code> (allow → deny)" in page
+    assert (
+        "1 call would be decided differently from today, e.g. <code>crm__purge</code> (allow → deny)" in page
+    )
     assert not AutonomyPolicy.objects.exists()  # simulating saves nothing
 
 
@@ -112,7 +130,9 @@ def test_an_admin_sets_what_happens_when_a_call_fails_and_lets_repeats_through(c
     form = client.get(reverse("approver:policy_new")).content.decode()
     assert "When a call fails" in form and "Unwind the run before answering" in form
     assert "Let repeats after an unknown outcome through" in form
-    client.post(reverse("approver:policy_new"), form_data(save="1", on_failure="unwind", allow_unknown_retries="on"))
+    client.post(
+        reverse("approver:policy_new"), form_data(save="1", on_failure="unwind", allow_unknown_retries="on")
+    )
     row = AutonomyPolicy.objects.get()
     assert row.on_failure == "unwind" and row.allow_unknown_retries
     assert PolicyChange.objects.get().data["after"]["onFailure"] == "unwind"

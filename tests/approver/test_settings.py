@@ -1,4 +1,5 @@
-"""Production settings: `check --deploy` is clean, and missing secrets stop the start instead of defaulting."""
+"""Production settings: `check --deploy` is clean, and missing secrets stop the start instead of
+defaulting."""
 
 import os
 import re
@@ -23,7 +24,9 @@ def test_check_deploy_is_clean_under_production_settings(tmp_path):
 
 
 def test_production_refuses_to_start_without_a_secret_key(tmp_path):
-    result = run_manage("check", DJANGO_ENV="production", ALLOWED_HOSTS="undo.example.com", VAR_DIR=str(tmp_path))
+    result = run_manage(
+        "check", DJANGO_ENV="production", ALLOWED_HOSTS="undo.example.com", VAR_DIR=str(tmp_path)
+    )
     assert result.returncode != 0 and "SECRET_KEY" in result.stderr
 
 
@@ -39,6 +42,10 @@ def test_no_secrets_are_committed():
 
 def test_every_setting_read_from_the_environment_is_in_the_settings_table():
     root = Path(__file__).resolve().parents[2]
-    read = set(re.findall(r'(?:env_\w+|os\.environ\.get)\(\s*"([A-Z_]+)"', (root / "approver/settings.py").read_text()))
+    read = set(
+        re.findall(
+            r'(?:env_\w+|os\.environ\.get)\(\s*"([A-Z_]+)"', (root / "approver/settings.py").read_text()
+        )
+    )
     table = set(re.findall(r"^\| `([A-Z_]+)` \|", (root / "docs/settings.md").read_text(), re.M))
     assert read and read - table == set(), "docs/settings.md does not say what these do"

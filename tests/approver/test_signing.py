@@ -10,7 +10,13 @@ NOW = datetime(2026, 11, 29, 12, tzinfo=UTC)
 
 
 def test_the_challenge_binds_every_field_and_ignores_key_order():
-    base = {"plan": "p", "digest": "d" * 64, "decision": "approve", "choices": {"3": "overwrite"}, "nonce": "n"}
+    base = {
+        "plan": "p",
+        "digest": "d" * 64,
+        "decision": "approve",
+        "choices": {"3": "overwrite"},
+        "nonce": "n",
+    }
     same = signing.challenge(dict(reversed(list(base.items()))))
     assert signing.challenge(base) == same and len(same) == 32
     for key, other in [("plan", "q"), ("digest", "e" * 64), ("decision", "reject"),
@@ -20,7 +26,10 @@ def test_the_challenge_binds_every_field_and_ignores_key_order():
 
 def test_an_approval_never_outlives_the_first_undo_deadline():
     soon = NOW + timedelta(hours=2)
-    assert signing.expiry(now=NOW, valid_for=timedelta(hours=24), deadlines=[soon, NOW + timedelta(days=3)]) == soon
+    assert (
+        signing.expiry(now=NOW, valid_for=timedelta(hours=24), deadlines=[soon, NOW + timedelta(days=3)])
+        == soon
+    )
     assert signing.expiry(now=NOW, valid_for=timedelta(hours=1), deadlines=[soon]) == NOW + timedelta(hours=1)
     assert signing.expiry(now=NOW, valid_for=timedelta(hours=1), deadlines=[]) == NOW + timedelta(hours=1)
 

@@ -31,7 +31,8 @@ def chromium():
 
 
 def sign_in(page, username: str) -> None:
-    """Answer the login page the browser is on as one of the suite's personas (password `<name>-password-1`)."""
+    """Answer the login page the browser is on as one of the suite's personas (password
+    `<name>-password-1`)."""
     page.fill("input[name=username]", username)
     page.fill("input[name=password]", f"{username}-password-1")
     page.click("button[type=submit]")

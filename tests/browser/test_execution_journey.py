@@ -14,7 +14,8 @@ pytestmark = [pytest.mark.browser, needs_chromium, pytest.mark.django_db(transac
 
 @pytest.mark.parametrize("choice", ["overwrite", "keep_newer"])
 def test_the_worker_undoes_the_plan_and_the_page_reports_it(
-        globex, sample_servers, on_call, approver_user, second_approver, chromium, settings, recorder, choice):
+    globex, sample_servers, on_call, approver_user, second_approver, chromium, settings, recorder, choice
+):
     settings.WEBAUTHN_RP_ID, settings.WEBAUTHN_ORIGINS = "localhost", ["http://localhost:8000"]
     sample_servers.colleague_update("D-881", {"amount": 45000}, by="priya")
     plan = services.request_plan(run=globex, requested_by=on_call, reason="wrong customer", from_step=1)
@@ -33,7 +34,9 @@ def test_the_worker_undoes_the_plan_and_the_page_reports_it(
         page.locator("p.waiting", has_text="Waiting for a worker").wait_for(timeout=5_000)
         with running_worker(worker_env, "execution-journey"):
             report = page.locator("#report h2")
-            report.filter(has_text="Reversed").wait_for(timeout=60_000)  # live: the page polls, nobody reloads
+            report.filter(has_text="Reversed").wait_for(
+                timeout=60_000
+            )  # live: the page polls, nobody reloads
             heading = report.inner_text()
             to_do = page.locator(".to-do").inner_text()
         page.click("text=the journaled call >> nth=0")

@@ -61,7 +61,9 @@ def test_a_url_only_client_signs_in_in_the_browser_acts_as_the_picked_agent_and_
 
     async def main():
         async with async_playwright() as playwright:
-            browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            browser = await playwright.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+            )
             page = await browser.new_page()
             redirected = anyio.Event()
 
@@ -92,10 +94,16 @@ def test_a_url_only_client_signs_in_in_the_browser_acts_as_the_picked_agent_and_
 
             auth = OAuthClientProvider(
                 server_url,
-                OAuthClientMetadata(client_name="Desk Assistant", redirect_uris=[REDIRECT],
-                                    grant_types=["authorization_code", "refresh_token"], response_types=["code"],
-                                    token_endpoint_auth_method="none"),
-                storage, redirect_handler=redirect_handler, callback_handler=callback_handler,
+                OAuthClientMetadata(
+                    client_name="Desk Assistant",
+                    redirect_uris=[REDIRECT],
+                    grant_types=["authorization_code", "refresh_token"],
+                    response_types=["code"],
+                    token_endpoint_auth_method="none",
+                ),
+                storage,
+                redirect_handler=redirect_handler,
+                callback_handler=callback_handler,
             )
             async with httpx2.AsyncClient(auth=auth, timeout=30) as http:
                 async with Client(streamable_http_client(server_url, http_client=http), mode=mode,
@@ -156,14 +164,20 @@ def test_the_typescript_sdks_oauth_client_signs_in_from_a_bare_url_too(recorder,
     register_samples(sample_servers, names=("crm",))
     script = NODE_MODULES.parent / "ts_oauth_client.mjs"
     server_url = f"{recorder.base}/mcp"
-    node = subprocess.Popen(["node", str(script), server_url, REDIRECT, "crm__get_deal", json.dumps({"deal_id": "D-881"})],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    node = subprocess.Popen(
+        ["node", str(script), server_url, REDIRECT, "crm__get_deal", json.dumps({"deal_id": "D-881"})],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         asked = json.loads(node.stdout.readline())
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
             page = browser.new_page()
-            page.route(f"{REDIRECT}*", lambda route: route.fulfill(body="Signed in.", content_type="text/plain"))
+            page.route(
+                f"{REDIRECT}*", lambda route: route.fulfill(body="Signed in.", content_type="text/plain")
+            )
             page.goto(asked["authorize"])
             sign_in(page, "dana")
             page.wait_for_selector("#authorizationForm")

@@ -16,7 +16,9 @@ from tests.services import needs_chromium, running_worker, worker_env_for_test_d
 pytestmark = [pytest.mark.browser, needs_chromium, pytest.mark.django_db(transaction=True)]
 
 
-def test_on_call_undoes_from_step_1_and_reads_the_three_sections(recorder, sample_servers, dana, on_call, chromium):
+def test_on_call_undoes_from_step_1_and_reads_the_three_sections(
+    recorder, sample_servers, dana, on_call, chromium
+):
     register_samples(sample_servers)
     _, token = services.create_agent(name="sales-bot", on_behalf_of=dana)
     anyio.run(lambda: scripted.replay(f"{recorder.base}/mcp/", token, say=lambda _: None))

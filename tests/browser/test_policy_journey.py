@@ -51,8 +51,9 @@ def test_an_admin_drafts_a_policy_reads_the_simulator_and_saves_it(recorder, sam
     assert row.decisions["none"] == "deny" and PolicyChange.objects.get().data["by"] == "ada"
 
 
-def test_an_approver_signs_a_held_call_and_the_waiting_agent_goes_on(recorder, sample_servers, dana, admin_user,
-                                                                     approver_user, chromium, settings):
+def test_an_approver_signs_a_held_call_and_the_waiting_agent_goes_on(
+    recorder, sample_servers, dana, admin_user, approver_user, chromium, settings
+):
     register_samples(sample_servers)
     services.save_policy(row=AutonomyPolicy(name="Default", scope="everything", ask_timeout=60,
                                             decisions=dict(policy.DEFAULT_DECISIONS)), by=admin_user)
@@ -85,4 +86,6 @@ def test_an_approver_signs_a_held_call_and_the_waiting_agent_goes_on(recorder, s
 
     assert state == "Approved and made by ana"
     assert told[-1].startswith("  mail__send_email: Emailed 'Welcome aboard, Globex' to buyer@globex.example")
-    assert [e["to"] for e in sample_servers.ledger("mail") if e["op"] == "send_email"] == ["buyer@globex.example"]
+    assert [e["to"] for e in sample_servers.ledger("mail") if e["op"] == "send_email"] == [
+        "buyer@globex.example"
+    ]

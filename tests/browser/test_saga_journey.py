@@ -1,4 +1,5 @@
-"""A failed call stopped sales-bot's run (a saga policy): on-call finds the run halted in Chromium, follows the
+"""A failed call stopped sales-bot's run (a saga policy): on-call finds the run halted in Chromium, follows
+the
 plan that undoes it, and releases the run so the agent's calls go through again."""
 
 import pytest
@@ -13,7 +14,9 @@ from tests.services import needs_chromium
 pytestmark = [pytest.mark.browser, needs_chromium, pytest.mark.django_db(transaction=True)]
 
 
-def test_on_call_releases_a_halted_run(recorder, sample_servers, dana, on_call, admin_user, chromium, monkeypatch):
+def test_on_call_releases_a_halted_run(
+    recorder, sample_servers, dana, on_call, admin_user, chromium, monkeypatch
+):
     from approver import tasks
     from journal import services
 

@@ -53,7 +53,9 @@ def test_two_approvers_sign_with_passkeys_and_the_requester_cannot(
     run = Run.objects.get()
     plan = services.request_plan(run=run, requested_by=on_call, reason="wrong customer", from_step=1)
     plan = services.run_checks(plan=plan, check_round=plan.check_round)
-    on_call.groups.add(Group.objects.get_or_create(name=roles.APPROVER)[0])  # the requester is an approver too
+    on_call.groups.add(
+        Group.objects.get_or_create(name=roles.APPROVER)[0]
+    )  # the requester is an approver too
     base = f"http://localhost:{recorder.port}"
     settings.WEBAUTHN_RP_ID, settings.WEBAUTHN_ORIGINS = "localhost", [base]
     plan_url = f"{base}/plans/{plan.public_id}/"

@@ -15,7 +15,9 @@ from tests.services import needs_chromium, running_worker, worker_env_for_test_d
 pytestmark = [pytest.mark.browser, needs_chromium, pytest.mark.django_db(transaction=True)]
 
 
-def test_on_call_undoes_a_change_made_through_the_desks_screens(recorder, sample_servers, dana, on_call, chromium):
+def test_on_call_undoes_a_change_made_through_the_desks_screens(
+    recorder, sample_servers, dana, on_call, chromium
+):
     register_samples(sample_servers, names=("desk",))
     _, token = services.create_agent(name="desk-bot", on_behalf_of=dana)
 

@@ -29,7 +29,9 @@ def approved(globex, on_call, approver_user, second_approver, monkeypatch):
     ("lie", "outcome_unknown", 1),               # an answer that is no tool result: it may have acted
     ("hang", "compensation_failed", 4),          # timed out each time; repeats are safe with the key
 ])
-def test_each_failure_ends_the_item_in_the_right_state(approved, sample_servers, settings, mode, outcome, tries):
+def test_each_failure_ends_the_item_in_the_right_state(
+    approved, sample_servers, settings, mode, outcome, tries
+):
     settings.TOOL_SERVER_TIMEOUT = 1
     sample_servers.set_mode("calendar", mode)
     waits = []

@@ -61,9 +61,15 @@ def ledger_figures(sample_servers, plan) -> tuple[int, int, int]:
 def book_meetings(recorder, token, key: str) -> None:
     async def script(client):
         for n in range(ITEMS):
-            await client.call_tool("calendar__create_event", {
-                "title": f"{key} meeting {n}", "start": "2026-12-04T15:00:00+00:00", "attendees": ["a@acme.example"]},
-                meta={"hatp/journal": {"runId": key}})
+            await client.call_tool(
+                "calendar__create_event",
+                {
+                    "title": f"{key} meeting {n}",
+                    "start": "2026-12-04T15:00:00+00:00",
+                    "attendees": ["a@acme.example"],
+                },
+                meta={"hatp/journal": {"runId": key}},
+            )
 
     run_agent(recorder, token, script)
 

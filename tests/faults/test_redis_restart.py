@@ -23,8 +23,11 @@ from tests.journal.helpers import register_samples, settle
 from tests.services import REQUIRED, worker_env_for_test_database
 
 pytestmark = [
-    pytest.mark.faults, pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not REQUIRED and not shutil.which("redis-server"), reason="redis-server is not installed here"),
+    pytest.mark.faults,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        not REQUIRED and not shutil.which("redis-server"), reason="redis-server is not installed here"
+    ),
 ]
 RUNS = int(os.environ.get("FAULT_RUNS", "2"))
 
@@ -33,7 +36,9 @@ def redis(port: int, folder) -> subprocess.Popen:
     process = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no",
                                 "--dir", str(folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
-    while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).stdout.strip() != b"PONG":
+    while (
+        subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).stdout.strip() != b"PONG"
+    ):
         assert time.monotonic() < deadline, "redis-server did not start"
         time.sleep(0.1)
     return process
@@ -89,14 +94,19 @@ def test_restarting_redis_mid_plan_loses_and_repeats_nothing(
             sample_servers.set_mode("calendar", "normal")
             plan.refresh_from_db()
             figures = ledger_figures(sample_servers, plan)
-            twice, lost, out_of_order = (a + b for a, b in zip((twice, lost, out_of_order), figures, strict=True))
+            twice, lost, out_of_order = (
+                a + b for a, b in zip((twice, lost, out_of_order), figures, strict=True)
+            )
             assert plan.state == "completed", (plan.state, plan.stop_reason, plan.execution_summary)
     finally:
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=20)
         server.send_signal(signal.SIGKILL)
         server.wait(timeout=10)
-    print(f"\nredis-restart faults: {RUNS} plans of {ITEMS} items, Redis restarted {restarts} times ({mid_plan} mid-plan): "
-          f"{twice} compensations applied twice, {lost} lost, {out_of_order} pairs out of reverse order")
+    print(
+        f"\nredis-restart faults: {RUNS} plans of {ITEMS} items, Redis restarted {restarts} times "
+        f"({mid_plan} mid-plan): "
+        f"{twice} compensations applied twice, {lost} lost, {out_of_order} pairs out of reverse order"
+    )
     assert (twice, lost, out_of_order) == (0, 0, 0)
     assert mid_plan >= 1  # the restarts really landed while plans ran

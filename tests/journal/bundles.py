@@ -36,8 +36,13 @@ def foreign_bundle(settings, tmp_path, make, *, origin: str = OTHER) -> dict:
 def new_key(key_id: str = "rk-20991231-forged00", valid_from: str | None = None):
     private = Ed25519PrivateKey.generate()
     raw = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    wire = {"keyId": key_id, "alg": "Ed25519", "publicKey": base64.urlsafe_b64encode(raw).rstrip(b"=").decode(),
-            "validFrom": valid_from or datetime.now(UTC).isoformat(), "validUntil": None}
+    wire = {
+        "keyId": key_id,
+        "alg": "Ed25519",
+        "publicKey": base64.urlsafe_b64encode(raw).rstrip(b"=").decode(),
+        "validFrom": valid_from or datetime.now(UTC).isoformat(),
+        "validUntil": None,
+    }
     return private, wire
 
 
@@ -51,15 +56,25 @@ def resign(bundle: dict, private, wire_key: dict, *, run_id: str | None = None, 
     entries, prev = [], chain.GENESIS
     for entry in forged["entries"]:
         data = dict(forged["run"]) if entry["event"] == chain.HEADER_EVENT else entry["data"]
-        rebuilt = chain.make_entry(seq=entry["seq"], ts=entry["ts"], event=entry["event"], data=data, prev_hash=prev)
+        rebuilt = chain.make_entry(
+            seq=entry["seq"], ts=entry["ts"], event=entry["event"], data=data, prev_hash=prev
+        )
         entries.append(rebuilt)
         prev = rebuilt["hash"]
     forged["entries"] = entries
     by_seq = {e["seq"]: e["hash"] for e in entries}
     forged["checkpoints"] = [
-        {"run": forged["run"]["id"], "seq": c["seq"], "headHash": by_seq[c["seq"]], "keyId": wire_key["keyId"],
-         "signature": chain.sign(private, chain.checkpoint_payload(run=forged["run"]["id"], seq=c["seq"],
-                                                                   head_hash=by_seq[c["seq"]]))}
-        for c in forged["checkpoints"]]
+        {
+            "run": forged["run"]["id"],
+            "seq": c["seq"],
+            "headHash": by_seq[c["seq"]],
+            "keyId": wire_key["keyId"],
+            "signature": chain.sign(
+                private,
+                chain.checkpoint_payload(run=forged["run"]["id"], seq=c["seq"], head_hash=by_seq[c["seq"]]),
+            ),
+        }
+        for c in forged["checkpoints"]
+    ]
     forged["publicKeys"] = [wire_key]
     return forged

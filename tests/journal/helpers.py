@@ -12,8 +12,12 @@ from journal import services
 
 
 def register_samples(samples, names=("crm", "calendar", "mail", "payments", "inventory", "legacy")):
-    return {name: services.refresh_catalogue(server=services.register_tool_server(name=name, url=samples.url(name)))
-            for name in names}
+    return {
+        name: services.refresh_catalogue(
+            server=services.register_tool_server(name=name, url=samples.url(name))
+        )
+        for name in names
+    }
 
 
 @contextlib.asynccontextmanager
@@ -59,7 +63,9 @@ def without_advice(value: Any) -> Any:
     meta = dict(value.get("_meta") or {})
     journal = dict(meta.pop("hatp/journal", None) or {})
     advice = journal.pop("recovery", None)
-    assert isinstance(advice, dict) and advice.get("action") in recovery.ACTIONS, f"no recovery advice in {value}"
+    assert isinstance(advice, dict) and advice.get("action") in recovery.ACTIONS, (
+        f"no recovery advice in {value}"
+    )
     if journal:
         meta["hatp/journal"] = journal
     stripped = {key: item for key, item in value.items() if key != "_meta"}

@@ -47,9 +47,18 @@ def test_the_admin_cannot_type_a_command_for_a_stdio_server(client, settings, tm
     admin = User.objects.create_superuser("root", password="root-password-1")
     client.force_login(admin)
     planted = tmp_path / "planted"
-    response = client.post(reverse("admin:journal_toolserver_add"), {
-        "name": "evil", "transport": "stdio", "url": "", "command": f"sh -c 'id > {planted}'", "enabled": "on",
-        "created_at_0": "2026-11-29", "created_at_1": "10:00:00"})
+    response = client.post(
+        reverse("admin:journal_toolserver_add"),
+        {
+            "name": "evil",
+            "transport": "stdio",
+            "url": "",
+            "command": f"sh -c 'id > {planted}'",
+            "enabled": "on",
+            "created_at_0": "2026-11-29",
+            "created_at_1": "10:00:00",
+        },
+    )
     assert response.status_code == 200 and "Select a valid choice" in response.content.decode()
     assert not ToolServer.objects.exists() and not planted.exists()
 
@@ -74,9 +83,14 @@ def test_the_admin_picks_a_command_from_the_settings_allowlist_and_keeps_one_a_s
     fields = {"name": "clock", "transport": "stdio", "url": "", "enabled": "", "created_at_0": "2026-11-29",
               "created_at_1": "10:00:00"}
     assert client.post(change, {**fields, "command": "sh -c 'id'"}).status_code == 200
-    assert ToolServer.objects.get(pk=server.pk).command == clock and ToolServer.objects.get(pk=server.pk).enabled
+    assert (
+        ToolServer.objects.get(pk=server.pk).command == clock and ToolServer.objects.get(pk=server.pk).enabled
+    )
     client.post(change, {**fields, "command": clock})
-    assert ToolServer.objects.get(pk=server.pk).command == clock and not ToolServer.objects.get(pk=server.pk).enabled
+    assert (
+        ToolServer.objects.get(pk=server.pk).command == clock
+        and not ToolServer.objects.get(pk=server.pk).enabled
+    )
 
 
 def test_nobody_changes_or_deletes_the_run_record_in_the_admin_superusers_included(client, globex):
@@ -85,10 +99,15 @@ def test_nobody_changes_or_deletes_the_run_record_in_the_admin_superusers_includ
     entries = ChainEntry.objects.filter(run=globex).count()
     for model, row in (("run", globex), ("step", step), ("chainentry", entry)):
         assert client.get(reverse(f"admin:journal_{model}_changelist")).status_code == 200  # shown
-        assert client.post(reverse(f"admin:journal_{model}_delete", args=[row.pk]), {"post": "yes"}).status_code == 403
+        assert (
+            client.post(reverse(f"admin:journal_{model}_delete", args=[row.pk]), {"post": "yes"}).status_code
+            == 403
+        )
         assert client.post(reverse(f"admin:journal_{model}_change", args=[row.pk]), {}).status_code == 403
         assert client.get(reverse(f"admin:journal_{model}_add")).status_code == 403
     listed = client.post(reverse("admin:journal_run_changelist"), {
         "action": "delete_selected", "_selected_action": [globex.pk], "post": "yes"})
     assert listed.status_code in (200, 302)  # no such action is offered
-    assert Run.objects.filter(pk=globex.pk).exists() and ChainEntry.objects.filter(run=globex).count() == entries
+    assert (
+        Run.objects.filter(pk=globex.pk).exists() and ChainEntry.objects.filter(run=globex).count() == entries
+    )

@@ -9,8 +9,18 @@ from journal.bindings import (
     resolve_runtime_expression,
 )
 
-RFC6901_DOC = {"foo": ["bar", "baz"], "": 0, "a/b": 1, "c%d": 2, "e^f": 3, "g|h": 4, "i\\j": 5, 'k"l': 6, " ": 7,
-               "m~n": 8}
+RFC6901_DOC = {
+    "foo": ["bar", "baz"],
+    "": 0,
+    "a/b": 1,
+    "c%d": 2,
+    "e^f": 3,
+    "g|h": 4,
+    "i\\j": 5,
+    'k"l': 6,
+    " ": 7,
+    "m~n": 8,
+}
 
 
 @pytest.mark.parametrize(
@@ -21,16 +31,22 @@ RFC6901_DOC = {"foo": ["bar", "baz"], "": 0, "a/b": 1, "c%d": 2, "e^f": 3, "g|h"
     ],
 )
 def test_rfc6901_examples_through_response_body(pointer, expected):
-    assert resolve_runtime_expression(f"$response.body#{pointer}", request={}, response=RFC6901_DOC) == expected
+    assert (
+        resolve_runtime_expression(f"$response.body#{pointer}", request={}, response=RFC6901_DOC) == expected
+    )
 
 
 def test_tilde_escapes_are_decoded_in_order():
     # "~01" is "~1" literally, not "/": RFC 6901 decodes ~1 first, then ~0.
-    assert resolve_runtime_expression("$response.body#/~01", request={}, response={"~1": "x", "/": "y"}) == "x"
+    assert (
+        resolve_runtime_expression("$response.body#/~01", request={}, response={"~1": "x", "/": "y"}) == "x"
+    )
 
 
 def test_request_body_reads_the_arguments():
-    assert resolve_runtime_expression("$request.body#/deal_id", request={"deal_id": "D-1"}, response={}) == "D-1"
+    assert (
+        resolve_runtime_expression("$request.body#/deal_id", request={"deal_id": "D-1"}, response={}) == "D-1"
+    )
 
 
 def test_literals_pass_through():
@@ -57,7 +73,14 @@ def test_chronomcp_paths_walk_object_keys_only():
     result = {"structuredContent": {"id": "res_1", "items": [{"id": "x"}]}}
     assert resolve_chronomcp_path("$.output.structuredContent.id", request={}, response=result) == "res_1"
     assert resolve_chronomcp_path("$.input.sku", request={"sku": "S"}, response={}) == "S"
-    for bad in ["$.output.structuredContent.items.0.id", "$.output", "$.elsewhere.id", "output.id", "$.output..id", 7]:
+    for bad in [
+        "$.output.structuredContent.items.0.id",
+        "$.output",
+        "$.elsewhere.id",
+        "output.id",
+        "$.output..id",
+        7,
+    ]:
         with pytest.raises(BindingError):
             resolve_chronomcp_path(bad, request={}, response=result)
 

@@ -13,8 +13,13 @@ RUN = "3f1c2a9e-0000-4000-8000-000000000001"
 def build(n: int = 6):
     entries, prev = [], chain.GENESIS
     for seq in range(1, n + 1):
-        entry = chain.make_entry(seq=seq, ts=f"2026-11-29T10:00:0{seq}.000000Z", event="call" if seq % 2 else "result",
-                                 data={"step": (seq + 1) // 2, "value": [seq, "x" * seq]}, prev_hash=prev)
+        entry = chain.make_entry(
+            seq=seq,
+            ts=f"2026-11-29T10:00:0{seq}.000000Z",
+            event="call" if seq % 2 else "result",
+            data={"step": (seq + 1) // 2, "value": [seq, "x" * seq]},
+            prev_hash=prev,
+        )
         entries.append(entry)
         prev = entry["hash"]
     return entries
@@ -33,7 +38,9 @@ def key():
 
 
 def verify(entries, checkpoints, key):
-    return chain.verify(run=RUN, entries=entries, checkpoints=checkpoints, public_keys={"k1": key.public_key()})
+    return chain.verify(
+        run=RUN, entries=entries, checkpoints=checkpoints, public_keys={"k1": key.public_key()}
+    )
 
 
 def test_an_untouched_chain_with_a_checkpoint_is_intact(key):

@@ -48,7 +48,9 @@ def test_concurrent_calls_into_one_new_run_make_one_gapless_chain(dana, settings
     total = THREADS * CALLS_EACH
     assert run.step_count == total
     assert sorted(Step.objects.values_list("number", flat=True)) == list(range(1, total + 1))
-    assert sorted(ChainEntry.objects.values_list("seq", flat=True)) == list(range(1, 2 * total + 2))  # and the header
+    assert sorted(ChainEntry.objects.values_list("seq", flat=True)) == list(
+        range(1, 2 * total + 2)
+    )  # and the header
     services.checkpoint_run(run=run)
     verdict = services.verify_run(run=run)
     assert verdict.ok, str(verdict)

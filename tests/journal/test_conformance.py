@@ -40,7 +40,8 @@ BIN = Path(sys.executable).parent
 REFERENCE = NODE_MODULES / "@modelcontextprotocol"
 CLIENTS = ["sdk-auto", "sdk-legacy", "typescript"]
 FIXED_DATE = "2026-11-30T12:00:00+00:00"
-PAGE = "<html><head><title>Ledger</title></head><body><h1>Quarterly ledger</h1><p>All entries balance.</p></body></html>"
+PAGE = ("<html><head><title>Ledger</title></head><body><h1>Quarterly ledger</h1><p>All entries "
+        "balance.</p></body></html>")
 
 
 def git(world: Path, *args: str) -> None:
@@ -84,55 +85,98 @@ def calls(kind: str, world: Path, site: str) -> list[tuple[str, dict]]:
     root = str(world)
     return {
         "everything": [
-            ("echo", {"message": "hi"}), ("get-sum", {"a": 2, "b": 3}), ("get-sum", {"a": "not a number"}),
-            ("get-annotated-message", {"messageType": "success", "includeImage": True}), ("get-env", {}),
-            ("get-resource-links", {"count": 2}), ("get-resource-reference", {"resourceType": "Blob", "resourceId": 2}),
-            ("get-structured-content", {"location": "Chicago"}), ("get-tiny-image", {}),
-            ("gzip-file-as-resource", {"name": "hello.gz", "data": "data:text/plain;base64,aGVsbG8gd29ybGQ=",
-                                       "outputType": "resource"}),
-            ("toggle-simulated-logging", {}), ("toggle-simulated-logging", {}),
-            ("toggle-subscriber-updates", {}), ("toggle-subscriber-updates", {}),
+            ("echo", {"message": "hi"}),
+            ("get-sum", {"a": 2, "b": 3}),
+            ("get-sum", {"a": "not a number"}),
+            ("get-annotated-message", {"messageType": "success", "includeImage": True}),
+            ("get-env", {}),
+            ("get-resource-links", {"count": 2}),
+            ("get-resource-reference", {"resourceType": "Blob", "resourceId": 2}),
+            ("get-structured-content", {"location": "Chicago"}),
+            ("get-tiny-image", {}),
+            (
+                "gzip-file-as-resource",
+                {
+                    "name": "hello.gz",
+                    "data": "data:text/plain;base64,aGVsbG8gd29ybGQ=",
+                    "outputType": "resource",
+                },
+            ),
+            ("toggle-simulated-logging", {}),
+            ("toggle-simulated-logging", {}),
+            ("toggle-subscriber-updates", {}),
+            ("toggle-subscriber-updates", {}),
             ("trigger-long-running-operation", {"duration": 0.3, "steps": 3}),
             ("simulate-research-query", {"topic": "ledgers"}),
         ],
         "memory": [
-            ("create_entities", {"entities": [
-                {"name": "Ada", "entityType": "person", "observations": ["writes programs"]},
-                {"name": "Engine", "entityType": "machine", "observations": ["computes"]}]}),
-            ("create_relations", {"relations": [{"from": "Ada", "to": "Engine", "relationType": "programs"}]}),
+            (
+                "create_entities",
+                {
+                    "entities": [
+                        {"name": "Ada", "entityType": "person", "observations": ["writes programs"]},
+                        {"name": "Engine", "entityType": "machine", "observations": ["computes"]},
+                    ]
+                },
+            ),
+            (
+                "create_relations",
+                {"relations": [{"from": "Ada", "to": "Engine", "relationType": "programs"}]},
+            ),
             ("add_observations", {"observations": [{"entityName": "Ada", "contents": ["born 1815"]}]}),
-            ("read_graph", {}), ("search_nodes", {"query": "Ada"}), ("open_nodes", {"names": ["Engine"]}),
+            ("read_graph", {}),
+            ("search_nodes", {"query": "Ada"}),
+            ("open_nodes", {"names": ["Engine"]}),
             ("delete_observations", {"deletions": [{"entityName": "Ada", "observations": ["born 1815"]}]}),
-            ("delete_relations", {"relations": [{"from": "Ada", "to": "Engine", "relationType": "programs"}]}),
-            ("delete_entities", {"entityNames": ["Engine"]}), ("read_graph", {}),
+            (
+                "delete_relations",
+                {"relations": [{"from": "Ada", "to": "Engine", "relationType": "programs"}]},
+            ),
+            ("delete_entities", {"entityNames": ["Engine"]}),
+            ("read_graph", {}),
         ],
         "filesystem": [
-            ("list_allowed_directories", {}), ("list_directory", {"path": root}),
-            ("list_directory_with_sizes", {"path": root, "sortBy": "name"}), ("directory_tree", {"path": root}),
-            ("read_text_file", {"path": f"{root}/notes.txt", "head": 1}), ("read_file", {"path": f"{root}/notes.txt"}),
+            ("list_allowed_directories", {}),
+            ("list_directory", {"path": root}),
+            ("list_directory_with_sizes", {"path": root, "sortBy": "name"}),
+            ("directory_tree", {"path": root}),
+            ("read_text_file", {"path": f"{root}/notes.txt", "head": 1}),
+            ("read_file", {"path": f"{root}/notes.txt"}),
             ("read_media_file", {"path": f"{root}/pixel.png"}),
             ("read_multiple_files", {"paths": [f"{root}/notes.txt", f"{root}/sub/deep.txt"]}),
             ("write_file", {"path": f"{root}/new.txt", "content": "fresh\n"}),
             ("edit_file", {"path": f"{root}/new.txt", "edits": [{"oldText": "fresh", "newText": "edited"}]}),
             ("create_directory", {"path": f"{root}/made"}),
             ("move_file", {"source": f"{root}/new.txt", "destination": f"{root}/made/new.txt"}),
-            ("search_files", {"path": root, "pattern": "**/*.txt"}), ("get_file_info", {"path": f"{root}/notes.txt"}),
+            ("search_files", {"path": root, "pattern": "**/*.txt"}),
+            ("get_file_info", {"path": f"{root}/notes.txt"}),
             ("read_text_file", {"path": "/etc/hostname"}),  # outside the allowed directory: a tool error
         ],
         "time": [
             ("get_current_time", {"timezone": "Asia/Tokyo"}),
-            ("convert_time", {"source_timezone": "Europe/London", "time": "09:30", "target_timezone": "Asia/Tokyo"}),
-            ("convert_time", {"source_timezone": "Nowhere/Else", "time": "09:30", "target_timezone": "Asia/Tokyo"}),
+            (
+                "convert_time",
+                {"source_timezone": "Europe/London", "time": "09:30", "target_timezone": "Asia/Tokyo"},
+            ),
+            (
+                "convert_time",
+                {"source_timezone": "Nowhere/Else", "time": "09:30", "target_timezone": "Asia/Tokyo"},
+            ),
         ],
         "git": [
-            ("git_status", {"repo_path": root}), ("git_log", {"repo_path": root, "max_count": 5}),
+            ("git_status", {"repo_path": root}),
+            ("git_log", {"repo_path": root, "max_count": 5}),
             ("git_branch", {"repo_path": root, "branch_type": "local"}),
             ("git_create_branch", {"repo_path": root, "branch_name": "feature"}),
             ("git_checkout", {"repo_path": root, "branch_name": "feature"}),
-            ("git_diff_unstaged", {"repo_path": root}), ("git_add", {"repo_path": root, "files": ["a.txt"]}),
-            ("git_diff_staged", {"repo_path": root}), ("git_commit", {"repo_path": root, "message": "second"}),
-            ("git_diff", {"repo_path": root, "target": "main"}), ("git_show", {"repo_path": root, "revision": "HEAD"}),
-            ("git_reset", {"repo_path": root}), ("git_status", {"repo_path": "/nonexistent"}),
+            ("git_diff_unstaged", {"repo_path": root}),
+            ("git_add", {"repo_path": root, "files": ["a.txt"]}),
+            ("git_diff_staged", {"repo_path": root}),
+            ("git_commit", {"repo_path": root, "message": "second"}),
+            ("git_diff", {"repo_path": root, "target": "main"}),
+            ("git_show", {"repo_path": root, "revision": "HEAD"}),
+            ("git_reset", {"repo_path": root}),
+            ("git_status", {"repo_path": "/nonexistent"}),
         ],
         "fetch": [("fetch", {"url": site}), ("fetch", {"url": site, "raw": True, "max_length": 40})],
     }[kind]
@@ -140,11 +184,15 @@ def calls(kind: str, world: Path, site: str) -> list[tuple[str, dict]]:
 
 # What differs between two runs by nature: the world's own directory, clock readings (also inside a text
 # blob, which is compared decoded) and the session ids a server names.
-_CLOCK = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?([+-]\d\d:\d\d|Z)?"
-                    r"|\w{3} \w{3} \d\d \d{4} \d\d:\d\d:\d\d GMT[+-]\d{4}( \([^)]*\))?|\d{1,2}:\d\d:\d\d [AP]M")
+_CLOCK = re.compile(
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?([+-]\d\d:\d\d|Z)?"
+    r"|\w{3} \w{3} \d\d \d{4} \d\d:\d\d:\d\d GMT[+-]\d{4}( \([^)]*\))?|\d{1,2}:\d\d:\d\d [AP]M"
+)
 
 
-_SESSION = re.compile(r"session [0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # a server's session id
+_SESSION = re.compile(
+    r"session [0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+)  # a server's session id
 
 
 def _decoded(value):
@@ -191,7 +239,10 @@ def ts_calls(target: str, token: str, todo) -> list:
 
 def strip_error_data(results) -> list:
     """An error's `data` from the TypeScript client is null when absent; the SDK's leaves it out."""
-    return [{"error": {k: v for k, v in r["error"].items() if v is not None}} if "error" in r else r for r in results]
+    return [
+        {"error": {k: v for k, v in r["error"].items() if v is not None}} if "error" in r else r
+        for r in results
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -217,8 +268,12 @@ def site():
 @pytest.fixture(scope="module")
 def everything_http():
     port = free_port()
-    process = subprocess.Popen(["node", str(REFERENCE / "server-everything/dist/index.js"), "streamableHttp"],
-                               env={**os.environ, "PORT": str(port)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        ["node", str(REFERENCE / "server-everything/dist/index.js"), "streamableHttp"],
+        env={**os.environ, "PORT": str(port)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}/mcp"
     deadline = time.monotonic() + 20
     while True:
@@ -251,7 +306,9 @@ def test_every_tool_through_the_recorder_answers_as_it_does_directly(
         server = services.register_tool_server(name=name, url=everything_http)
         direct_target = everything_http
     else:
-        server = services.register_tool_server(name=name, command=" ".join(command(base, through_world, site)))
+        server = services.register_tool_server(
+            name=name, command=" ".join(command(base, through_world, site))
+        )
         direct_target = "stdio:" + " ".join(command(base, direct_world, site))
     services.refresh_catalogue(server=server)
     server.refresh_from_db()
@@ -285,7 +342,9 @@ def test_every_tool_through_the_recorder_answers_as_it_does_directly(
 def test_the_typescript_client_reads_a_resource_gets_a_prompt_and_a_five_megabyte_result(
         recorder, dana, sample_servers):
     register = services.register_tool_server
-    services.refresh_catalogue(server=register(name="everything", command=" ".join(command("everything", Path(), ""))))
+    services.refresh_catalogue(
+        server=register(name="everything", command=" ".join(command("everything", Path(), "")))
+    )
     services.refresh_catalogue(server=register(name="big", url=sample_servers.url("legacy")))
     _, token = services.create_agent(name="ts-agent", on_behalf_of=dana)
     direct = ts_calls("stdio:" + " ".join(command("everything", Path(), "")), "", [

@@ -21,35 +21,100 @@ def hatp_tool(undo):
     ("tool", "catalogue", "call", "kind", "source"),
     [
         # HATP, tool level
-        (hatp_tool({"kind": "compensate", "window": "P7D", "via": "api"}), HATP_CATALOGUE, None,
-         "compensate", "hatp/journal (tool)"),
-        (hatp_tool({"kind": "none", "reason": "delivered", "remedy": "send a correction"}), set(), None,
-         "none", "hatp/journal (tool)"),
+        (
+            hatp_tool({"kind": "compensate", "window": "P7D", "via": "api"}),
+            HATP_CATALOGUE,
+            None,
+            "compensate",
+            "hatp/journal (tool)",
+        ),
+        (
+            hatp_tool({"kind": "none", "reason": "delivered", "remedy": "send a correction"}),
+            set(),
+            None,
+            "none",
+            "hatp/journal (tool)",
+        ),
         (hatp_tool({"kind": "unknown"}), set(), None, "unknown", "hatp/journal (tool)"),
         # HATP, call level wins over tool level
-        (hatp_tool({"kind": "compensate", "window": "P7D"}), HATP_CATALOGUE, {"undo": {"kind": "none"}},
-         "none", "hatp/journal (call)"),
+        (
+            hatp_tool({"kind": "compensate", "window": "P7D"}),
+            HATP_CATALOGUE,
+            {"undo": {"kind": "none"}},
+            "none",
+            "hatp/journal (call)",
+        ),
         # SEP-3172
-        ({"name": "charge_payment", "annotations": {"recovery": SEP_RECOVERY}}, {"charge_payment", "refund_payment"},
-         None, "compensate", "annotations.recovery"),
+        (
+            {"name": "charge_payment", "annotations": {"recovery": SEP_RECOVERY}},
+            {"charge_payment", "refund_payment"},
+            None,
+            "compensate",
+            "annotations.recovery",
+        ),
         # mcp-compensate
-        ({"name": "reserve", "_meta": {"dev.chronomcp/compensate": CHRONO}}, {"reserve", "release_inventory"}, None,
-         "compensate", "dev.chronomcp/compensate"),
-        ({"name": "stock", "_meta": {"dev.chronomcp/compensate": {"reversibility": "readonly"}}}, set(), None,
-         "read_only", "dev.chronomcp/compensate"),
-        ({"name": "ship", "_meta": {"dev.chronomcp/compensate": {"reversibility": "irreversible", "notes": "shipped"}}},
-         set(), None, "none", "dev.chronomcp/compensate"),
+        (
+            {"name": "reserve", "_meta": {"dev.chronomcp/compensate": CHRONO}},
+            {"reserve", "release_inventory"},
+            None,
+            "compensate",
+            "dev.chronomcp/compensate",
+        ),
+        (
+            {"name": "stock", "_meta": {"dev.chronomcp/compensate": {"reversibility": "readonly"}}},
+            set(),
+            None,
+            "read_only",
+            "dev.chronomcp/compensate",
+        ),
+        (
+            {
+                "name": "ship",
+                "_meta": {"dev.chronomcp/compensate": {"reversibility": "irreversible", "notes": "shipped"}},
+            },
+            set(),
+            None,
+            "none",
+            "dev.chronomcp/compensate",
+        ),
         # precedence: hatp tool > chronomcp > sep3172 > readOnlyHint
-        ({"name": "x", "_meta": {"hatp/journal": {"undo": {"kind": "none"}}, "dev.chronomcp/compensate": CHRONO},
-          "annotations": {"recovery": SEP_RECOVERY}}, {"x", "release_inventory", "refund_payment"}, None,
-         "none", "hatp/journal (tool)"),
-        ({"name": "x", "_meta": {"dev.chronomcp/compensate": {"reversibility": "irreversible"}},
-          "annotations": {"recovery": SEP_RECOVERY, "readOnlyHint": True}}, {"x", "refund_payment"}, None,
-         "none", "dev.chronomcp/compensate"),
-        ({"name": "x", "annotations": {"recovery": SEP_RECOVERY, "readOnlyHint": True}}, {"x", "refund_payment"}, None,
-         "compensate", "annotations.recovery"),
+        (
+            {
+                "name": "x",
+                "_meta": {"hatp/journal": {"undo": {"kind": "none"}}, "dev.chronomcp/compensate": CHRONO},
+                "annotations": {"recovery": SEP_RECOVERY},
+            },
+            {"x", "release_inventory", "refund_payment"},
+            None,
+            "none",
+            "hatp/journal (tool)",
+        ),
+        (
+            {
+                "name": "x",
+                "_meta": {"dev.chronomcp/compensate": {"reversibility": "irreversible"}},
+                "annotations": {"recovery": SEP_RECOVERY, "readOnlyHint": True},
+            },
+            {"x", "refund_payment"},
+            None,
+            "none",
+            "dev.chronomcp/compensate",
+        ),
+        (
+            {"name": "x", "annotations": {"recovery": SEP_RECOVERY, "readOnlyHint": True}},
+            {"x", "refund_payment"},
+            None,
+            "compensate",
+            "annotations.recovery",
+        ),
         # readOnlyHint alone, and nothing at all
-        ({"name": "get", "annotations": {"readOnlyHint": True}}, set(), None, "read_only", "annotations.readOnlyHint"),
+        (
+            {"name": "get", "annotations": {"readOnlyHint": True}},
+            set(),
+            None,
+            "read_only",
+            "annotations.readOnlyHint",
+        ),
         ({"name": "get", "annotations": {"readOnlyHint": False}}, set(), None, "unknown", "none"),
         ({"name": "legacy"}, set(), None, "unknown", "none"),
     ],
@@ -60,7 +125,9 @@ def test_declaration_table(tool, catalogue, call, kind, source):
 
 
 def test_call_level_fields_fill_in_from_the_tool_level():
-    tool = hatp_tool({"kind": "compensate", "window": "P30D", "sideEffect": "attendees get a cancellation notice"})
+    tool = hatp_tool(
+        {"kind": "compensate", "window": "P30D", "sideEffect": "attendees get a cancellation notice"}
+    )
     declaration = normalise(tool, catalogue=HATP_CATALOGUE, call_journal={"undo": {
         "kind": "compensate", "undoBy": "2026-12-29T10:00:00Z"}})
     assert declaration.side_effect == "attendees get a cancellation notice"
@@ -81,8 +148,15 @@ def test_deadline_is_the_call_undo_by_or_completion_plus_window():
 
 
 def test_a_compensation_on_another_server_is_not_trusted():
-    tool = {"name": "charge", "annotations": {"recovery": {"strategy": "compensation", "compensatingOperation": {
-        "operationId": "bank__refund_everything", "parameters": {}}}}}
+    tool = {
+        "name": "charge",
+        "annotations": {
+            "recovery": {
+                "strategy": "compensation",
+                "compensatingOperation": {"operationId": "bank__refund_everything", "parameters": {}},
+            }
+        },
+    }
     declaration = normalise(tool, catalogue={"charge"})
     assert declaration.kind == "unknown"
     assert "not a tool of this server" in declaration.problems[0]
@@ -135,7 +209,10 @@ def test_malformed_hatp_declarations_are_unknown_never_a_fallthrough(undo):
     "chrono",
     [
         {"reversibility": "compensable"},
-        {"reversibility": "compensable", "compensation": {"toolName": "release_inventory", "parameterMapping": [1]}},
+        {
+            "reversibility": "compensable",
+            "compensation": {"toolName": "release_inventory", "parameterMapping": [1]},
+        },
         {"reversibility": "compensable", "compensation": {"toolName": 5, "parameterMapping": {}}},
         {"reversibility": "sometimes"},
         None,
@@ -154,7 +231,10 @@ def test_malformed_chronomcp_declarations_are_unknown(chrono):
         "compensation",
         {"strategy": "compensation"},
         {"strategy": "compensation", "compensatingOperation": {"operationId": ["refund_payment"]}},
-        {"strategy": "compensation", "compensatingOperation": {"operationId": "refund_payment", "parameters": "id"}},
+        {
+            "strategy": "compensation",
+            "compensatingOperation": {"operationId": "refund_payment", "parameters": "id"},
+        },
     ],
 )
 def test_malformed_sep3172_declarations_are_unknown(recovery):
@@ -199,8 +279,15 @@ def test_integer_versions_are_kept_as_strings():
     assert problems == [] and parsed.effect.version == "13"
 
 
-@pytest.mark.parametrize(("text", "expected"), [("P7D", timedelta(days=7)), ("PT12H", timedelta(hours=12)),
-                                                ("P2W", timedelta(weeks=2)), ("P1DT2H30M", timedelta(days=1, hours=2, minutes=30))])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("P7D", timedelta(days=7)),
+        ("PT12H", timedelta(hours=12)),
+        ("P2W", timedelta(weeks=2)),
+        ("P1DT2H30M", timedelta(days=1, hours=2, minutes=30)),
+    ],
+)
 def test_durations(text, expected):
     assert parse_duration(text) == expected
 

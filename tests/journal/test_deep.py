@@ -20,7 +20,10 @@ from .helpers import run_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-DEEP_STDIO = [sys.executable, str(Path(__file__).resolve().parent.parent / "fixtures" / "deep_stdio_server.py")]
+DEEP_STDIO = [
+    sys.executable,
+    str(Path(__file__).resolve().parent.parent / "fixtures" / "deep_stdio_server.py"),
+]
 
 
 @pytest.fixture
@@ -36,13 +39,17 @@ def post(recorder, token, body: bytes, *, modern: bool):
     headers = {"authorization": f"Bearer {token}", "content-type": "application/json",
                "accept": "application/json, text/event-stream"}
     if modern:
-        headers.update({"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": "legacy__echo"})
+        headers.update(
+            {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": "legacy__echo"}
+        )
     return httpx.post(f"{recorder.base}/mcp/", content=body, headers=headers, timeout=30)
 
 
 @pytest.mark.parametrize("depth", [900, 50_000])
 @pytest.mark.parametrize("modern", [True, False], ids=["2026-07-28", "handshake"])
-def test_arguments_nested_too_deep_get_a_json_rpc_error_and_nothing_is_journaled(recorder, token, depth, modern):
+def test_arguments_nested_too_deep_get_a_json_rpc_error_and_nothing_is_journaled(
+    recorder, token, depth, modern
+):
     meta = '"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}, ' if modern else ""
     body = (f'{{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {{{meta}"name": "legacy__echo", '
             f'"arguments": {{"x": {nested(depth)}}}}}}}').encode()
@@ -75,7 +82,8 @@ def test_arguments_at_the_limit_still_go_through(recorder, token, sample_servers
 
 
 def deepening(inner, depth: int, *, events: bool):
-    """`inner`, except that its tools/call answers are a result nested `depth` deep, as JSON or as an event."""
+    """`inner`, except that its tools/call answers are a result nested `depth` deep, as JSON or as an
+    event."""
 
     async def app(scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -86,8 +94,10 @@ def deepening(inner, depth: int, *, events: bool):
             body, more = body + message.get("body", b""), message.get("more_body", False)
         request = json.loads(body)
         if isinstance(request, dict) and request.get("method") == "tools/call":
-            answer = ('{{"jsonrpc": "2.0", "id": {}, "result": {{"content": [{{"type": "text", "text": "deep"}}], '
-                      '"structuredContent": {{"v": {}}}}}}}'.format(json.dumps(request["id"]), nested(depth))).encode()
+            answer = (
+                '{{"jsonrpc": "2.0", "id": {}, "result": {{"content": [{{"type": "text", "text": "deep"}}], '
+                '"structuredContent": {{"v": {}}}}}}}'.format(json.dumps(request["id"]), nested(depth))
+            ).encode()
             kind = b"text/event-stream" if events else b"application/json"
             wire = b"event: message\r\ndata: " + answer + b"\r\n\r\n" if events else answer
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
@@ -108,18 +118,24 @@ def deep_server(request, tmp_path):
     Recorder's direct path), on the handshake with JSON or event streams (the SDK's path), or over stdio."""
     kind = request.param
     if kind == "stdio":
-        services.refresh_catalogue(server=services.register_tool_server(name="deep", command=" ".join(DEEP_STDIO)))
+        services.refresh_catalogue(
+            server=services.register_tool_server(name="deep", command=" ".join(DEEP_STDIO))
+        )
         yield "deep__deep"
         return
     inner = modern_server.build_app() if kind == "stateless" else handshake_server.build_app(
         json_response=kind == "handshake-json")
     app = deepening(inner, 5000, events=kind != "handshake-json")
     with ServerThread(app, free_port()) as server:
-        services.refresh_catalogue(server=services.register_tool_server(name="deep", url=f"{server.base}/mcp"))
+        services.refresh_catalogue(
+            server=services.register_tool_server(name="deep", url=f"{server.base}/mcp")
+        )
         yield "deep__count" if kind == "stateless" else "deep__blob"
 
 
-@pytest.mark.parametrize("deep_server", ["stateless", "handshake-json", "handshake-sse", "stdio"], indirect=True)
+@pytest.mark.parametrize(
+    "deep_server", ["stateless", "handshake-json", "handshake-sse", "stdio"], indirect=True
+)
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 def test_a_result_nested_too_deep_is_a_tool_error_and_the_step_says_the_server_answered(
         recorder, token, deep_server, mode):

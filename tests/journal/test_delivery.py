@@ -56,6 +56,8 @@ def test_only_a_tools_call_request_has_a_call_id():
     assert call_id(b'{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {}}') == "7"
     assert call_id(b'{"jsonrpc": "2.0", "id": "x", "method": "tools/call"}') == "x"
     assert call_id(b'{"jsonrpc": "2.0", "method": "tools/call"}') is None  # a notification
-    assert call_id(b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"x": "tools/call"}}') is None
+    assert (
+        call_id(b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"x": "tools/call"}}') is None
+    )
     assert call_id(b'{"tools/call": ') is None
     assert call_id(b'[{"id": 1, "method": "tools/call"}]') is None

@@ -18,7 +18,9 @@ def test_a_value_links_to_the_most_recent_step_that_had_it():
 
 def test_a_value_most_results_had_links_nothing():
     value = dependencies.digest("Asia/Tokyo")
-    assert dependencies.choose_links([(value, "/tz")], {value: (7, "/tz", dependencies.COMMON_AFTER + 1)}) == {}
+    assert (
+        dependencies.choose_links([(value, "/tz")], {value: (7, "/tz", dependencies.COMMON_AFTER + 1)}) == {}
+    )
     assert dependencies.choose_links([(value, "/tz")], {value: (7, "/tz", dependencies.COMMON_AFTER)}) == {
         7: [{"from": "/tz", "to": "/tz"}]}
 
@@ -35,8 +37,16 @@ def echo_step(agent, number_value: str, *, extra: dict | None = None):
     server = ToolServer.objects.filter(name="legacy").first() or services.register_tool_server(
         name="legacy", url="http://127.0.0.1:9/mcp")
     arguments = {"ref": number_value, **(extra or {})}
-    opened = services.open_step(agent=agent, run_key="run:long", server=server, server_name="legacy", tool="echo",
-                                arguments=arguments, request_meta=None, now=timezone.now())
+    opened = services.open_step(
+        agent=agent,
+        run_key="run:long",
+        server=server,
+        server_name="legacy",
+        tool="echo",
+        arguments=arguments,
+        request_meta=None,
+        now=timezone.now(),
+    )
     result = {"content": [], "structuredContent": arguments}
     return services.close_step(opened=opened, outcome=services.Outcome(result=result), started=timezone.now(),
                                finished=timezone.now())
@@ -55,7 +65,9 @@ def test_in_a_long_run_each_call_links_once_and_common_values_stop_linking(dana)
     assert max(StepDependency.objects.filter(step=s).count() for s in steps) == 1
     # A value that came back once still links, to that step only.
     reuse = echo_step(agent, "ticket-3")
-    assert list(StepDependency.objects.filter(step=reuse).values_list("depends_on_id", flat=True)) == [steps[3].pk]
+    assert list(StepDependency.objects.filter(step=reuse).values_list("depends_on_id", flat=True)) == [
+        steps[3].pk
+    ]
     # The index holds one row per value, not one per step that had it.
     assert RunValue.objects.filter(run=last.run).count() == 30 + 2
     assert RunValue.objects.get(run=last.run, digest=dependencies.digest("Asia/Tokyo")).seen == 30

@@ -28,7 +28,9 @@ MODES = ["auto", "legacy"]
 
 @pytest.fixture
 def token(dana):
-    services.refresh_catalogue(server=services.register_tool_server(name="everything", command=" ".join(EVERYTHING)))
+    services.refresh_catalogue(
+        server=services.register_tool_server(name="everything", command=" ".join(EVERYTHING))
+    )
     return services.create_agent(name="bot", on_behalf_of=dana)[1]
 
 
@@ -46,7 +48,9 @@ def directly(script, **options):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_resources_and_templates_are_listed_namespaced_and_read_as_the_server_sent_them(recorder, token, mode):
+def test_resources_and_templates_are_listed_namespaced_and_read_as_the_server_sent_them(
+    recorder, token, mode
+):
     async def lists(client):
         return dumped(await client.list_resources()), dumped(await client.list_resource_templates())
 
@@ -56,8 +60,10 @@ def test_resources_and_templates_are_listed_namespaced_and_read_as_the_server_se
         f"everything__{r['uri']}" for r in direct_resources["resources"]]
     assert [{**r, "uri": r["uri"].removeprefix("everything__")} for r in resources["resources"]] == \
         direct_resources["resources"]
-    assert [{**t, "uriTemplate": t["uriTemplate"].removeprefix("everything__")} for t in templates["resourceTemplates"]] \
-        == direct_templates["resourceTemplates"]
+    assert [
+        {**t, "uriTemplate": t["uriTemplate"].removeprefix("everything__")}
+        for t in templates["resourceTemplates"]
+    ] == direct_templates["resourceTemplates"]
 
     first = direct_resources["resources"][0]["uri"]
 
@@ -65,7 +71,9 @@ def test_resources_and_templates_are_listed_namespaced_and_read_as_the_server_se
         return dumped(await client.read_resource(uri))
 
     direct = directly(lambda client: read(client, first))
-    assert run_agent(recorder, token, lambda client: read(client, f"everything__{first}"), mode=mode) == direct
+    assert (
+        run_agent(recorder, token, lambda client: read(client, f"everything__{first}"), mode=mode) == direct
+    )
     step = Step.objects.get(tool="resources/read")
     assert (step.status, step.reversibility, step.arguments) == ("ok", "read_only", {"uri": first})
 
@@ -106,21 +114,36 @@ def test_a_uri_no_server_gave_the_session_is_not_found(recorder, token, mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_prompts_and_completion_pass_through_namespaced(recorder, token, mode):
     async def direct_script(client):
-        return (dumped(await client.list_prompts()), dumped(await client.get_prompt("simple-prompt")),
-                dumped(await client.get_prompt("args-prompt", {"city": "Lisbon", "state": "PT"})),
-                dumped(await client.complete(types.PromptReference(type="ref/prompt", name="completable-prompt"),
-                                             {"name": "department", "value": "E"})))
+        return (
+            dumped(await client.list_prompts()),
+            dumped(await client.get_prompt("simple-prompt")),
+            dumped(await client.get_prompt("args-prompt", {"city": "Lisbon", "state": "PT"})),
+            dumped(
+                await client.complete(
+                    types.PromptReference(type="ref/prompt", name="completable-prompt"),
+                    {"name": "department", "value": "E"},
+                )
+            ),
+        )
 
     async def through_script(client):
-        return (dumped(await client.list_prompts()), dumped(await client.get_prompt("everything__simple-prompt")),
-                dumped(await client.get_prompt("everything__args-prompt", {"city": "Lisbon", "state": "PT"})),
-                dumped(await client.complete(types.PromptReference(type="ref/prompt",
-                                                                   name="everything__completable-prompt"),
-                                             {"name": "department", "value": "E"})))
+        return (
+            dumped(await client.list_prompts()),
+            dumped(await client.get_prompt("everything__simple-prompt")),
+            dumped(await client.get_prompt("everything__args-prompt", {"city": "Lisbon", "state": "PT"})),
+            dumped(
+                await client.complete(
+                    types.PromptReference(type="ref/prompt", name="everything__completable-prompt"),
+                    {"name": "department", "value": "E"},
+                )
+            ),
+        )
 
     direct = directly(direct_script)
     listed, *rest = run_agent(recorder, token, through_script, mode=mode)
-    assert [{**p, "name": p["name"].removeprefix("everything__")} for p in listed["prompts"]] == direct[0]["prompts"]
+    assert [{**p, "name": p["name"].removeprefix("everything__")} for p in listed["prompts"]] == direct[0][
+        "prompts"
+    ]
     assert all(p["name"].startswith("everything__") for p in listed["prompts"])
     assert rest == list(direct[1:])
     assert direct[3]["completion"]["values"] == ["Engineering"]
@@ -137,8 +160,12 @@ def test_an_agent_that_can_answer_the_servers_requests_gets_its_tools_and_answer
 
     async def sample(context, params):
         asked.append("sampling/createMessage")
-        return types.CreateMessageResult(role="assistant", content=types.TextContent(type="text", text="four"),
-                                         model="test-model", stop_reason="endTurn")
+        return types.CreateMessageResult(
+            role="assistant",
+            content=types.TextContent(type="text", text="four"),
+            model="test-model",
+            stop_reason="endTurn",
+        )
 
     async def roots(context):
         asked.append("roots/list")
@@ -154,15 +181,21 @@ def test_an_agent_that_can_answer_the_servers_requests_gets_its_tools_and_answer
 
     async def through_script(client):
         names = {tool.name.removeprefix("everything__") for tool in (await client.list_tools()).tools}
-        return names, [dumped(await client.call_tool(f"everything__{tool}", arguments)) for tool, arguments in calls]
+        return names, [
+            dumped(await client.call_tool(f"everything__{tool}", arguments)) for tool, arguments in calls
+        ]
 
     direct_names, direct = directly(direct_script, **callbacks)
     asked.clear()
     names, through = run_agent(recorder, token, through_script, mode="legacy", **callbacks)
-    assert {"trigger-elicitation-request", "trigger-sampling-request", "get-roots-list"} <= names == direct_names
+    assert (
+        {"trigger-elicitation-request", "trigger-sampling-request", "get-roots-list"} <= names == direct_names
+    )
     assert through == direct
     assert asked == ["elicitation/create", "sampling/createMessage", "roots/list"]
-    relayed = [entry.data for entry in Step.objects.first().run.entries.filter(event="relayed").order_by("seq")]
+    relayed = [
+        entry.data for entry in Step.objects.first().run.entries.filter(event="relayed").order_by("seq")
+    ]
     assert [(r["step"], r["method"]) for r in relayed] == [
         (1, "elicitation/create"), (2, "sampling/createMessage"), (3, "roots/list")]
     assert relayed[0]["answer"]["content"]["name"] == "Ada"
@@ -305,7 +338,9 @@ def test_a_servers_tool_list_change_reaches_the_agent_on_either_protocol(recorde
         return []
 
     with ServerThread(handshake_server.build_app(), free_port()) as upstream:
-        services.refresh_catalogue(server=services.register_tool_server(name="memo", url=f"{upstream.base}/mcp"))
+        services.refresh_catalogue(
+            server=services.register_tool_server(name="memo", url=f"{upstream.base}/mcp")
+        )
         assert run_agent(recorder, token, script, mode=mode, message_handler=handler) == (
             ["tools"] if mode == "legacy" else ["ToolsListChanged"])
 

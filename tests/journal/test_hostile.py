@@ -13,12 +13,17 @@ from journal.mcp.gateway import agent_tools
 from .factories import crm_server, journal_call
 
 KEY = Ed25519PrivateKey.generate()
-PUBLIC = chain.b64url(KEY.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
+PUBLIC = chain.b64url(
+    KEY.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+)
 
 
 def signed_result(journal: dict, key=KEY, key_id="crm-1") -> dict:
     receipt = {"keyId": key_id, "alg": "Ed25519", "signature": chain.sign(key, to_ijson(journal))}
-    return {"content": [{"type": "text", "text": "ok"}], "_meta": {"hatp/journal": {**journal, "receipt": receipt}}}
+    return {
+        "content": [{"type": "text", "text": "ok"}],
+        "_meta": {"hatp/journal": {**journal, "receipt": receipt}},
+    }
 
 
 JOURNAL = {"undo": {"kind": "compensate", "window": "P7D"}, "compensationToken": "ctk_1",
@@ -49,7 +54,9 @@ def test_a_receipt_over_other_content_does_not_verify(agent, crm):
 
 
 def test_a_receipt_by_an_unknown_key_does_not_verify(agent, crm):
-    step = journal_call(agent, server=crm, result=signed_result(JOURNAL, key=Ed25519PrivateKey.generate(), key_id="x"))
+    step = journal_call(
+        agent, server=crm, result=signed_result(JOURNAL, key=Ed25519PrivateKey.generate(), key_id="x")
+    )
     assert step.receipt_verified is False and "unknown receipt key" in step.receipt_problem
 
 
@@ -89,7 +96,13 @@ def test_values_beyond_ijson_are_kept_and_the_chain_still_verifies(agent, crm):
 
 
 def test_invalid_catalogue_entries_are_kept_but_never_shown_to_agents(crm):
-    tools = [*crm.catalogue, 5, {"name": 7}, {"name": "bad_schema", "inputSchema": "nope"}, {"description": "nameless"}]
+    tools = [
+        *crm.catalogue,
+        5,
+        {"name": 7},
+        {"name": "bad_schema", "inputSchema": "nope"},
+        {"description": "nameless"},
+    ]
     server = services.save_catalogue(server=crm, tools=tools)
     names = [tool.name for tool in agent_tools([server])]
     assert names == ["crm__update_deal"]

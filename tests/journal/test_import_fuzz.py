@@ -24,7 +24,8 @@ from journal.models import ChainEntry, Checkpoint, RecorderKey, Run, Step
 from .bundles import OTHER, foreign_bundle, new_key, resign
 from .factories import journal_call, make_run
 
-# The same 1,200 bundles every run, so CI is repeatable; IMPORT_FUZZ_EXAMPLES=20000 IMPORT_FUZZ_RANDOM=1 explores.
+# The same 1,200 bundles every run, so CI is repeatable; IMPORT_FUZZ_EXAMPLES=20000 IMPORT_FUZZ_RANDOM=1
+# explores.
 EXAMPLES = int(os.environ.get("IMPORT_FUZZ_EXAMPLES", "1200"))
 RANDOM = bool(os.environ.get("IMPORT_FUZZ_RANDOM"))
 
@@ -43,13 +44,26 @@ def genuine(agent_and_origin, settings, tmp_path):
     agent = agent_and_origin
 
     def story():
-        journal_call(agent, run_key="run:fuzz", tool="update_deal", arguments={"deal_id": "D-881", "n": 2**40},
-                     result={"content": [{"type": "text", "text": "Won ✓"}], "structuredContent": {"v": [1, 2.5]}})
+        journal_call(
+            agent,
+            run_key="run:fuzz",
+            tool="update_deal",
+            arguments={"deal_id": "D-881", "n": 2**40},
+            result={"content": [{"type": "text", "text": "Won ✓"}], "structuredContent": {"v": [1, 2.5]}},
+        )
         journal_call(agent, run_key="run:fuzz", tool="send_email", arguments={"to": "buyer@globex.example"},
                      error=services.Outcome(error_message="mail is down", failure_class="transient"))
-        services.open_step(agent=agent, run_key="run:fuzz", server=None, server_name="mail", tool="send_email",
-                           arguments={"to": "cto@globex.example"}, request_meta=None, now=timezone.now(),
-                           decide=lambda declaration, retry_of=None: {"decision": "ask", "reason": "irreversible"})
+        services.open_step(
+            agent=agent,
+            run_key="run:fuzz",
+            server=None,
+            server_name="mail",
+            tool="send_email",
+            arguments={"to": "cto@globex.example"},
+            request_meta=None,
+            now=timezone.now(),
+            decide=lambda declaration, retry_of=None: {"decision": "ask", "reason": "irreversible"},
+        )
         return agent.runs.get(key="run:fuzz")
 
     settings.RECORDER_CHECKPOINT_EVERY = 3
@@ -77,14 +91,39 @@ def stored() -> dict:
     if run is None:
         return {}
     return {
-        "run": (str(run.public_id), run.state, run.imported_from, run.agent_label, run.started_at, run.last_activity_at,
-                run.head_seq, run.head_hash, run.checkpointed_seq, run.step_count, run.reversible_count,
-                run.irreversible_count, run.unknown_count, run.failed_count),
+        "run": (
+            str(run.public_id),
+            run.state,
+            run.imported_from,
+            run.agent_label,
+            run.started_at,
+            run.last_activity_at,
+            run.head_seq,
+            run.head_hash,
+            run.checkpointed_seq,
+            run.step_count,
+            run.reversible_count,
+            run.irreversible_count,
+            run.unknown_count,
+            run.failed_count,
+        ),
         "entries": [e.as_wire() for e in run.entries.order_by("seq")],
         "checkpoints": [c.as_wire() for c in run.checkpoints.order_by("seq").select_related("run")],
-        "steps": list(run.steps.order_by("number").values_list(
-            "number", "server_name", "tool", "arguments", "status", "is_error", "result", "failure_class",
-            "reversibility", "started_at", "finished_at")),
+        "steps": list(
+            run.steps.order_by("number").values_list(
+                "number",
+                "server_name",
+                "tool",
+                "arguments",
+                "status",
+                "is_error",
+                "result",
+                "failure_class",
+                "reversibility",
+                "started_at",
+                "finished_at",
+            )
+        ),
         # The keys' material; their validity windows are the origin's unsigned claim, checked only for sense.
         "keys": sorted(RecorderKey.objects.values_list("origin", "key_id", "public_key")),
     }
@@ -95,8 +134,11 @@ _pinned_runs: list = []
 
 def same_content(got: dict, expected: dict) -> bool:
     """The import stored what the genuine bundle stores. A bundle may leave out a checkpoint before its last
-    (the last signs every entry before it), so the checkpoints kept must be genuine ones, the last among them."""
-    if {k: v for k, v in got.items() if k != "checkpoints"} != {k: v for k, v in expected.items() if k != "checkpoints"}:
+    (the last signs every entry before it), so the checkpoints kept must be genuine ones, the last among
+    them."""
+    if {k: v for k, v in got.items() if k != "checkpoints"} != {
+        k: v for k, v in expected.items() if k != "checkpoints"
+    }:
         return False
     kept, genuine = got.get("checkpoints", []), expected["checkpoints"]
     return bool(kept) and all(c in genuine for c in kept) and kept[-1] == genuine[-1]
@@ -128,7 +170,9 @@ def mutated(draw, bundle: dict) -> tuple[str, str]:
     document = copy.deepcopy(bundle)
     done = []
     for _ in range(draw(st.integers(1, 3))):
-        kind = draw(st.sampled_from(["replace", "delete", "insert", "swap", "repeat", "string", "number", "forge"]))
+        kind = draw(
+            st.sampled_from(["replace", "delete", "insert", "swap", "repeat", "string", "number", "forge"])
+        )
         every = [p for p in paths(document) if p]
         path = draw(st.sampled_from(every))
         parent = parent_of(document, path)
@@ -160,7 +204,9 @@ def mutated(draw, bundle: dict) -> tuple[str, str]:
                 spot = draw(st.sampled_from(strings))
                 text = parent_of(document, spot)[spot[-1]]
                 at = draw(st.integers(0, len(text)))
-                parent_of(document, spot)[spot[-1]] = text[:at] + draw(st.text(min_size=1, max_size=2)) + text[at + 1:]
+                parent_of(document, spot)[spot[-1]] = (
+                    text[:at] + draw(st.text(min_size=1, max_size=2)) + text[at + 1 :]
+                )
         elif kind == "number":
             numbers = [p for p in every if type(parent_of(document, p)[p[-1]]) is int]
             if numbers:
@@ -227,7 +273,9 @@ def test_import_run_refuses_every_tampered_bundle_cleanly_and_writes_nothing(gen
                 call_command("import_run", str(path), stdout=open("/dev/null", "w"))
             except CommandError as refusal:
                 figures["refused"] += 1
-                reasons[str(refusal).split(": ", 2)[1][:40] if ": " in str(refusal) else str(refusal)[:40]] += 1
+                reasons[
+                    str(refusal).split(": ", 2)[1][:40] if ": " in str(refusal) else str(refusal)[:40]
+                ] += 1
                 if counts() != before:
                     figures["partial writes"] += 1
                     failures.append(f"partial write after refusing ({what}): {refusal}")
@@ -240,7 +288,9 @@ def test_import_run_refuses_every_tampered_bundle_cleanly_and_writes_nothing(gen
                 else:
                     figures["accepted tampering"] += 1
                     got = stored()
-                    failures.append(f"accepted tampering ({what}): {[k for k in expected if got.get(k) != expected[k]]}")
+                    failures.append(
+                        f"accepted tampering ({what}): {[k for k in expected if got.get(k) != expected[k]]}"
+                    )
             transaction.set_rollback(True)
 
     attempt()

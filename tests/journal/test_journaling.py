@@ -18,8 +18,14 @@ CRM = frozenset({"update_deal", "hatp_check", "hatp_compensate"})
 
 
 def closed(outcome: Outcome, *, tool: Tool | None = None, inline_limit: int = 65536):
-    return journaling.closed_fields(outcome=outcome, tool=tool or Tool(), arguments={"deal_id": "D-881"}, started=STARTED,
-                                    finished=FINISHED, inline_limit=inline_limit)
+    return journaling.closed_fields(
+        outcome=outcome,
+        tool=tool or Tool(),
+        arguments={"deal_id": "D-881"},
+        started=STARTED,
+        finished=FINISHED,
+        inline_limit=inline_limit,
+    )
 
 
 def test_the_names_it_writes_are_the_models_own():
@@ -33,8 +39,16 @@ def test_the_names_it_writes_are_the_models_own():
 
 
 def test_a_successful_answer_keeps_its_result_and_the_undo_facts_the_server_gave():
-    result = {"content": [], "structuredContent": {"deal": {"id": "D-881"}}, "_meta": {"hatp/journal": {
-        "compensationToken": "ctk_1", "effect": {"summary": "Deal D-881 stage: Proposal → Won", "version": "v13"}}}}
+    result = {
+        "content": [],
+        "structuredContent": {"deal": {"id": "D-881"}},
+        "_meta": {
+            "hatp/journal": {
+                "compensationToken": "ctk_1",
+                "effect": {"summary": "Deal D-881 stage: Proposal → Won", "version": "v13"},
+            }
+        },
+    }
     fields, journaled = closed(Outcome(result=result), tool=Tool(definition=UPDATE_DEAL,
                                                                  catalogue=CRM))
     assert journaled == result
@@ -54,8 +68,12 @@ def test_a_large_result_is_kept_in_the_record_only_with_its_size_and_digest():
 
 
 def test_the_servers_tool_error_is_a_failed_step_classified_by_its_words():
-    fields, _ = closed(Outcome(result={"isError": True, "content": [{"type": "text", "text": "Deal not found"}]}))
-    assert fields["status"] == "error" and fields["is_error"] is True and fields["failure_class"] == "not_found"
+    fields, _ = closed(
+        Outcome(result={"isError": True, "content": [{"type": "text", "text": "Deal not found"}]})
+    )
+    assert (
+        fields["status"] == "error" and fields["is_error"] is True and fields["failure_class"] == "not_found"
+    )
     assert "reversibility" not in fields  # a failed call keeps the tool-level declaration
 
 
@@ -76,22 +94,38 @@ def test_an_answer_over_the_limit_keeps_only_its_size_and_digest():
     fields, journaled = closed(Outcome(oversized=Oversized(size=40_000_000, sha256="ab" * 32, limit=32),
                                        undelivered="too large"))
     assert journaled is None and fields["status"] == "undelivered" and fields["result_storage"] == "dropped"
-    assert (fields["result_size"], fields["reversibility"], fields["may_have_acted"]) == (40_000_000, "unknown", True)
+    assert (fields["result_size"], fields["reversibility"], fields["may_have_acted"]) == (
+        40_000_000,
+        "unknown",
+        True,
+    )
     assert "size limit" in fields["undo_problems"][0]
 
 
 def test_a_call_cancelled_while_the_server_had_it_may_have_acted_and_one_cancelled_before_did_nothing():
     had_it, _ = closed(Outcome(cancelled="cancelled", may_have_acted=True))
     before, _ = closed(Outcome(cancelled="cancelled before it was sent"))
-    assert (had_it["status"], had_it["reversibility"], had_it["may_have_acted"]) == ("cancelled", "unknown", True)
-    assert (before["status"], before["reversibility"], before["undo_problems"]) == ("cancelled", "read_only", [])
+    assert (had_it["status"], had_it["reversibility"], had_it["may_have_acted"]) == (
+        "cancelled",
+        "unknown",
+        True,
+    )
+    assert (before["status"], before["reversibility"], before["undo_problems"]) == (
+        "cancelled",
+        "read_only",
+        [],
+    )
     assert "may_have_acted" not in before
 
 
 def test_no_answer_is_a_failure_that_may_have_acted_only_when_the_server_had_the_call():
     acted, _ = closed(Outcome(error_message="timed out", failure_class="transient", may_have_acted=True))
     refused, _ = closed(Outcome(error_message="connection refused"))
-    assert (acted["status"], acted["failure_class"], acted["reversibility"]) == ("error", "transient", "unknown")
+    assert (acted["status"], acted["failure_class"], acted["reversibility"]) == (
+        "error",
+        "transient",
+        "unknown",
+    )
     assert (refused["failure_class"], "reversibility" in refused) == ("unknown", False)
 
 
@@ -120,10 +154,24 @@ def test_a_call_acted_when_it_answered_without_error_or_may_have():
 
 
 def test_the_intent_is_i_json_with_the_tools_declaration_and_a_digest_of_who_calls_what():
-    call = journaling.prepared(arguments={"n": 1.0}, request_meta={}, tool_def=UPDATE_DEAL,
-                               catalogue={"update_deal"}, agent="sales-bot", server_name="crm", tool="update_deal")
-    again = journaling.prepared(arguments={"n": 1.0}, request_meta=None, tool_def=UPDATE_DEAL,
-                                catalogue={"update_deal"}, agent="other-bot", server_name="crm", tool="update_deal")
+    call = journaling.prepared(
+        arguments={"n": 1.0},
+        request_meta={},
+        tool_def=UPDATE_DEAL,
+        catalogue={"update_deal"},
+        agent="sales-bot",
+        server_name="crm",
+        tool="update_deal",
+    )
+    again = journaling.prepared(
+        arguments={"n": 1.0},
+        request_meta=None,
+        tool_def=UPDATE_DEAL,
+        catalogue={"update_deal"},
+        agent="other-bot",
+        server_name="crm",
+        tool="update_deal",
+    )
     assert call.request_meta is None and call.declaration.kind == "compensate" and call.guarded
     assert call.digest != again.digest  # the retry guard finds repeats of one agent's call only
     entry = journaling.call_entry(number=3, server_name="crm", tool="update_deal", call=call,
@@ -133,8 +181,15 @@ def test_the_intent_is_i_json_with_the_tools_declaration_and_a_digest_of_who_cal
 
 
 def test_only_a_read_or_an_idempotent_tool_may_be_repeated_blindly():
-    call = journaling.prepared(arguments={}, request_meta={"k": "v"}, tool_def={"name": "echo"}, catalogue={"echo"},
-                               agent="a", server_name="legacy", tool="echo")
+    call = journaling.prepared(
+        arguments={},
+        request_meta={"k": "v"},
+        tool_def={"name": "echo"},
+        catalogue={"echo"},
+        agent="a",
+        server_name="legacy",
+        tool="echo",
+    )
     assert call.guarded and call.request_meta == {"k": "v"}
     for annotations in ({"readOnlyHint": True}, {"idempotentHint": True}):
         assert not journaling.prepared(arguments={}, request_meta=None, catalogue={"get"}, agent="a",
@@ -147,8 +202,9 @@ def test_only_a_read_or_an_idempotent_tool_may_be_repeated_blindly():
 def test_a_call_the_policy_asks_about_opens_held_and_a_halted_run_denies_naming_the_plan():
     assert journaling.opening_status({"decision": "ask"}) == "held"
     assert journaling.opening_status({"decision": "allow"}) == journaling.opening_status(None) == "pending"
-    assert journaling.halted_decision({"decision": "allow", "class": "reversible"}, why="stopped", plan="p1") == {
-        "decision": "deny", "class": "reversible", "reason": "stopped", "haltedBy": "p1"}
+    assert journaling.halted_decision(
+        {"decision": "allow", "class": "reversible"}, why="stopped", plan="p1"
+    ) == {"decision": "deny", "class": "reversible", "reason": "stopped", "haltedBy": "p1"}
 
 
 def test_the_result_entry_says_what_the_record_covers():

@@ -31,15 +31,21 @@ def upstream(request, sample_servers, tmp_path):
     kind = request.param
     if kind == "stateless-http":
         register_samples(sample_servers, names=("legacy",))
-        services.refresh_catalogue(server=services.register_tool_server(name="big", url=sample_servers.url("legacy")))
+        services.refresh_catalogue(
+            server=services.register_tool_server(name="big", url=sample_servers.url("legacy"))
+        )
         yield kind
     elif kind == "stdio":
         services.refresh_catalogue(server=services.register_tool_server(
             name="big", command=" ".join([*SLOW, str(tmp_path / "ledger")])))
         yield kind
     else:
-        with ServerThread(handshake_server.build_app(json_response=kind == "handshake-json"), free_port()) as server:
-            services.refresh_catalogue(server=services.register_tool_server(name="big", url=f"{server.base}/mcp"))
+        with ServerThread(
+            handshake_server.build_app(json_response=kind == "handshake-json"), free_port()
+        ) as server:
+            services.refresh_catalogue(
+                server=services.register_tool_server(name="big", url=f"{server.base}/mcp")
+            )
             yield kind
 
 
@@ -82,11 +88,24 @@ def test_an_answer_over_the_limit_is_a_tool_error_and_the_step_keeps_its_size_an
     assert "over the Recorder's limit of 200000 bytes (RECORDER_MAX_RESULT_BYTES)" in message
     assert "The server may have acted; do not repeat the call blindly." in message
     step = Step.objects.get()
-    assert (step.status, step.result_storage, step.result, step.error_message) == ("undelivered", "dropped", None, message)
-    assert 300_000 < step.result_size < 700_000 and len(step.result_sha256) == 64 and step.result_sha256 in message  # stdio: text and structured
+    assert (step.status, step.result_storage, step.result, step.error_message) == (
+        "undelivered",
+        "dropped",
+        None,
+        message,
+    )
+    assert (
+        300_000 < step.result_size < 700_000
+        and len(step.result_sha256) == 64
+        and step.result_sha256 in message
+    )  # stdio: text and structured
     assert step.reversibility == "unknown" and "size limit" in step.undo_problems[0]
     entry = step.run.entries.get(event="result")
-    assert (entry.data["result"], entry.data["resultDropped"], entry.data["resultSize"]) == (None, True, step.result_size)
+    assert (entry.data["result"], entry.data["resultDropped"], entry.data["resultSize"]) == (
+        None,
+        True,
+        step.result_size,
+    )
     assert step.run.failed_count == 1
 
 
@@ -111,7 +130,9 @@ def test_over_stdio_the_digest_is_of_the_line_the_server_wrote(recorder, token, 
 
 
 @pytest.mark.parametrize("upstream", ["stateless-http"], indirect=True)
-def test_pages_and_the_api_show_a_large_results_size_and_serve_it_as_a_download(recorder, token, upstream, on_call):
+def test_pages_and_the_api_show_a_large_results_size_and_serve_it_as_a_download(
+    recorder, token, upstream, on_call
+):
     blob_through(recorder, token, 200_000, "auto")
     blob_through(recorder, token, 10, "auto")
     big, small = Step.objects.order_by("run_id", "number")
@@ -120,7 +141,11 @@ def test_pages_and_the_api_show_a_large_results_size_and_serve_it_as_a_download(
     assert web.get(listing).status_code in (302, 403)  # not signed in: no steps, no results
     assert web.get(f"{listing}1/result").status_code in (302, 403)
     web.force_login(on_call)
-    item = next(i for i in web.get(f"/api/runs/{big.run.public_id}/steps/").json()["items"] if i["number"] == big.number)
+    item = next(
+        i
+        for i in web.get(f"/api/runs/{big.run.public_id}/steps/").json()["items"]
+        if i["number"] == big.number
+    )
     assert (item["result"], item["resultStorage"], item["resultSize"]) == (None, "journal", big.result_size)
     download = web.get(item["resultUrl"])
     assert download.status_code == 200 and "attachment" in download["Content-Disposition"]

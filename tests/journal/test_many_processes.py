@@ -36,7 +36,10 @@ def session_headers(opened) -> dict:
 def behind_a_balancer():
     from approver.asgi import build_application
 
-    with ServerThread(build_application(), free_port()) as first, ServerThread(build_application(), free_port()) as second:
+    with (
+        ServerThread(build_application(), free_port()) as first,
+        ServerThread(build_application(), free_port()) as second,
+    ):
         balancer = round_robin.build_app([first.base, second.base])
         with ServerThread(balancer, free_port()) as front:
             yield front, (first, second), balancer.served
@@ -53,7 +56,9 @@ def settle_all(backends) -> None:
         backend.app.recorder.journal.settle()
 
 
-def test_a_handshake_session_is_served_by_whichever_recorder_gets_each_request(recorders, sample_servers, dana):
+def test_a_handshake_session_is_served_by_whichever_recorder_gets_each_request(
+    recorders, sample_servers, dana
+):
     front, backends, served = recorders
     register_samples(sample_servers, names=("legacy",))
     _, token = services.create_agent(name="bot", on_behalf_of=dana)
@@ -64,13 +69,17 @@ def test_a_handshake_session_is_served_by_whichever_recorder_gets_each_request(r
             async with Client(streamable_http_client(f"{front.base}/mcp/", http_client=http), mode="legacy",
                               cache=None) as client:
                 tools = [tool.name for tool in (await client.list_tools()).tools]
-                answers = [(await client.call_tool("legacy__echo", {"n": n})).structured_content for n in range(12)]
+                answers = [
+                    (await client.call_tool("legacy__echo", {"n": n})).structured_content for n in range(12)
+                ]
                 return tools, answers
 
     tools, answers = anyio.run(main)
     settle_all(backends)
     assert "legacy__echo" in tools and answers == [{"n": n} for n in range(12)]
-    assert {url for url, _, _ in served} == {backend.base for backend in backends}  # both answered this session
+    assert {url for url, _, _ in served} == {
+        backend.base for backend in backends
+    }  # both answered this session
     run = Run.objects.get()
     assert list(Step.objects.filter(run=run).order_by("number").values_list("number", "status")) == [
         (n, "ok") for n in range(1, 13)]
@@ -91,20 +100,40 @@ def test_a_session_is_only_ever_its_agents_and_ends_everywhere(recorders, dana):
 
     opened = post(first.base, token, INITIALIZE)
     session = opened.headers["mcp-session-id"]
-    assert post(second.base, token, {"jsonrpc": "2.0", "method": "notifications/initialized"}, session).status_code == 202
+    assert (
+        post(
+            second.base, token, {"jsonrpc": "2.0", "method": "notifications/initialized"}, session
+        ).status_code
+        == 202
+    )
     listed = post(second.base, token, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, session)
     assert listed.status_code == 200 and "tools" in listed.json()["result"]
     # Another agent presenting the session id gets what it would get for any unknown session.
-    assert post(second.base, other, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, session).status_code == 404
-    assert post(first.base, other, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, session).status_code == 404
+    assert (
+        post(second.base, other, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, session).status_code
+        == 404
+    )
+    assert (
+        post(first.base, other, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, session).status_code
+        == 404
+    )
     # The agent ends it at one Recorder: it is gone at the other too.
-    ended = httpx2.delete(f"{second.base}/mcp/", headers={"Authorization": f"Bearer {token}", "Mcp-Session-Id": session,
-                                                          "Mcp-Protocol-Version": "2025-11-25"})
+    ended = httpx2.delete(
+        f"{second.base}/mcp/",
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Mcp-Session-Id": session,
+            "Mcp-Protocol-Version": "2025-11-25",
+        },
+    )
     assert ended.status_code == 200
     first.app.recorder.journal.settle()
     second.app.recorder.journal.settle()
     anyio.run(anyio.sleep, 1.1)  # what a process last read of a session, it trusts for a second
-    assert post(first.base, token, {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, session).status_code == 404
+    assert (
+        post(first.base, token, {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, session).status_code
+        == 404
+    )
 
 
 def test_a_session_unused_for_the_idle_time_is_gone_and_its_record_forgotten(recorders, dana, settings):
@@ -139,7 +168,9 @@ def test_a_cancellation_one_recorder_hears_stops_the_call_another_is_making(tran
     the upstream call (the server is told) and journals it. Without a bus, the call runs to its end."""
     settings.RECORDER_BUS_URL = REDIS_URL if bus else ""
     ledger = tmp_path / "ledger"
-    services.refresh_catalogue(server=services.register_tool_server(name="slow", command=" ".join([*SLOW, str(ledger)])))
+    services.refresh_catalogue(
+        server=services.register_tool_server(name="slow", command=" ".join([*SLOW, str(ledger)]))
+    )
     ledger.unlink()
     _, token = services.create_agent(name="bot", on_behalf_of=dana)
     with behind_a_balancer() as (_, (first, second), _):
@@ -150,9 +181,16 @@ def test_a_cancellation_one_recorder_hears_stops_the_call_another_is_making(tran
                 headers = session_headers(opened)
                 await http.post(f"{second.base}/mcp/", headers=headers,
                                 json={"jsonrpc": "2.0", "method": "notifications/initialized"})
-                started = await http.post(f"{first.base}/mcp/", headers=headers, json={  # the server's process is up
-                    "jsonrpc": "2.0", "id": 6, "method": "tools/call",
-                    "params": {"name": "slow__wait", "arguments": {"seconds": 0}}})
+                started = await http.post(
+                    f"{first.base}/mcp/",
+                    headers=headers,
+                    json={  # the server's process is up
+                        "jsonrpc": "2.0",
+                        "id": 6,
+                        "method": "tools/call",
+                        "params": {"name": "slow__wait", "arguments": {"seconds": 0}},
+                    },
+                )
                 assert "waited 0" in started.text
                 call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
                         "params": {"name": "slow__wait", "arguments": {"seconds": 4}}}
@@ -168,7 +206,9 @@ def test_a_cancellation_one_recorder_hears_stops_the_call_another_is_making(tran
     step = Step.objects.get(number=2)
     if bus:
         assert "cancelled" in ledger.read_text() and step.status == "cancelled"
-        assert step.error_message == "The agent cancelled the call while slow had it; the server may have acted."
+        assert (
+            step.error_message == "The agent cancelled the call while slow had it; the server may have acted."
+        )
     else:
         assert "cancelled" not in ledger.read_text() and step.status == "ok"
 
@@ -182,8 +222,13 @@ def test_what_a_server_says_outside_a_call_reaches_the_agent_on_the_stream_anoth
     what the process holding its stream hears (the README's single-process default)."""
     settings.RECORDER_BUS_URL = REDIS_URL if bus else ""
     _, token = services.create_agent(name="bot", on_behalf_of=dana)
-    with ServerThread(handshake_server.build_app(), free_port()) as upstream, behind_a_balancer() as (_, (first, second), _):
-        services.refresh_catalogue(server=services.register_tool_server(name="memo", url=f"{upstream.base}/mcp"))
+    with (
+        ServerThread(handshake_server.build_app(), free_port()) as upstream,
+        behind_a_balancer() as (_, (first, second), _),
+    ):
+        services.refresh_catalogue(
+            server=services.register_tool_server(name="memo", url=f"{upstream.base}/mcp")
+        )
 
         async def main():
             base = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
@@ -241,7 +286,9 @@ def test_requests_of_a_session_arriving_at_once_where_it_is_new_are_all_answered
             statuses = []
 
             async def one(n):
-                answer = await http.post(f"{second.base}/mcp/", json={"jsonrpc": "2.0", "id": n, "method": "tools/list"})
+                answer = await http.post(
+                    f"{second.base}/mcp/", json={"jsonrpc": "2.0", "id": n, "method": "tools/list"}
+                )
                 statuses.append(answer.status_code)
 
             async with anyio.create_task_group() as group:
@@ -268,6 +315,9 @@ def test_a_session_the_database_cannot_record_is_not_opened(recorders, dana, mon
     assert opened.status_code == 503 and "mcp-session-id" not in opened.headers
     error = opened.json()["error"]
     advice = error["data"].pop("_meta")["hatp/journal"]["recovery"]
-    assert error["data"] == {"source": "recorder", "reason": "unavailable"} and "nothing was opened" in error["message"]
+    assert (
+        error["data"] == {"source": "recorder", "reason": "unavailable"}
+        and "nothing was opened" in error["message"]
+    )
     assert advice["action"] == "backoff" and advice["retryable"] is True
     assert not AgentSession.objects.exists()

@@ -21,10 +21,14 @@ def carried_over(executor, before, after):
     executor.migrate(before)
     old = executor.loader.project_state(before).apps
     user = old.get_model("auth", "User").objects.create(username="dana")
-    agent = old.get_model("journal", "Agent").objects.create(name="bot", on_behalf_of_id=user.pk, token_hash="x")
+    agent = old.get_model("journal", "Agent").objects.create(
+        name="bot", on_behalf_of_id=user.pk, token_hash="x"
+    )
     run = old.get_model("journal", "Run").objects.create(agent=agent, key="run:r")
     Step = old.get_model("journal", "Step")
-    first, second = (Step.objects.create(run=run, number=n, tool="echo", started_at=timezone.now()) for n in (1, 2))
+    first, second = (
+        Step.objects.create(run=run, number=n, tool="echo", started_at=timezone.now()) for n in (1, 2)
+    )
     ResultValue = old.get_model("journal", "ResultValue")
     for step, pointer in ((first, "/structuredContent/a"), (first, "/structuredContent/b"),
                           (second, "/structuredContent/c")):
@@ -33,5 +37,10 @@ def carried_over(executor, before, after):
     executor = MigrationExecutor(connection)
     executor.migrate(after)
     new = executor.loader.project_state(after).apps
-    kept = {v.digest: (v.step_id, v.pointer, v.seen) for v in new.get_model("journal", "RunValue").objects.all()}
-    assert kept == {"same": (second.pk, "/structuredContent/c", 2), "once": (first.pk, "/structuredContent/d", 1)}
+    kept = {
+        v.digest: (v.step_id, v.pointer, v.seen) for v in new.get_model("journal", "RunValue").objects.all()
+    }
+    assert kept == {
+        "same": (second.pk, "/structuredContent/c", 2),
+        "once": (first.pk, "/structuredContent/d", 1),
+    }

@@ -42,9 +42,17 @@ class Flow:
     def __init__(self, host: str = "testserver", auth_method: str = "none"):
         self.host = host
         self.http = Client(HTTP_HOST=host, enforce_csrf_checks=True)  # as browsers and clients meet it
-        registered = self.http.post("/oauth/register/", content_type="application/json", data={
-            "redirect_uris": [REDIRECT], "client_name": "Desk Assistant", "grant_types": ["authorization_code",
-            "refresh_token"], "response_types": ["code"], "token_endpoint_auth_method": auth_method})
+        registered = self.http.post(
+            "/oauth/register/",
+            content_type="application/json",
+            data={
+                "redirect_uris": [REDIRECT],
+                "client_name": "Desk Assistant",
+                "grant_types": ["authorization_code", "refresh_token"],
+                "response_types": ["code"],
+                "token_endpoint_auth_method": auth_method,
+            },
+        )
         assert registered.status_code == 201, registered.content
         self.client_info = registered.json()
         self.client_id = self.client_info["client_id"]
@@ -52,20 +60,35 @@ class Flow:
         self.recorder = f"http://{host}/mcp"
 
     def authorize_url(self, **overrides) -> str:
-        params = {"response_type": "code", "client_id": self.client_id, "redirect_uri": REDIRECT, "state": "s-1",
-                  "code_challenge": self.challenge, "code_challenge_method": "S256", "scope": "mcp",
-                  "resource": self.recorder, **overrides}
+        params = {
+            "response_type": "code",
+            "client_id": self.client_id,
+            "redirect_uri": REDIRECT,
+            "state": "s-1",
+            "code_challenge": self.challenge,
+            "code_challenge_method": "S256",
+            "scope": "mcp",
+            "resource": self.recorder,
+            **overrides,
+        }
         return "/oauth/authorize/?" + urlencode({k: v for k, v in params.items() if v is not None})
 
-    def consent(self, person, *, agent: str | None = None, new_agent: str = "", allow: bool = True, **overrides):
-        """Sign in as `person`, open the consent page and answer it; the response the client's browser gets."""
+    def consent(
+        self, person, *, agent: str | None = None, new_agent: str = "", allow: bool = True, **overrides
+    ):
+        """Sign in as `person`, open the consent page and answer it; the response the client's browser
+        gets."""
         self.http.force_login(person)
         page = self.http.get(self.authorize_url(**overrides))
         if page.status_code != 200:
             return page
         form = page.context["form"]
         data = {name: form[name].value() or "" for name in form.fields if form.fields[name].widget.is_hidden}
-        data.update(agent=agent or "__new__", new_agent_name=new_agent, csrfmiddlewaretoken=str(page.context["csrf_token"]))
+        data.update(
+            agent=agent or "__new__",
+            new_agent_name=new_agent,
+            csrfmiddlewaretoken=str(page.context["csrf_token"]),
+        )
         if allow:
             data["allow"] = "on"
         return self.http.post(self.authorize_url(**overrides), data)
@@ -137,7 +160,10 @@ def test_registration_refuses_malformed_metadata_clearly():
         response = http.post("/oauth/register/", body if isinstance(body, str) else json.dumps(body),
                              content_type="application/json")
         assert response.status_code == 400, body
-        assert response.json()["error"] == "invalid_client_metadata" and problem in response.json()["error_description"]
+        assert (
+            response.json()["error"] == "invalid_client_metadata"
+            and problem in response.json()["error_description"]
+        )
     assert not Application.objects.exists()
 
 
@@ -161,7 +187,10 @@ def test_consent_picks_or_creates_the_agent_and_the_token_acts_as_it(dana):
 
     # Picking the existing agent instead ends the tokens the client held as the other one.
     second = flow.tokens_for(dana, agent="dana-desk")
-    assert clients.agent_for_token(second["access_token"], audience="http://testserver/mcp").agent.name == "dana-desk"
+    assert (
+        clients.agent_for_token(second["access_token"], audience="http://testserver/mcp").agent.name
+        == "dana-desk"
+    )
     refused = clients.agent_for_token(tokens["access_token"], audience="http://testserver/mcp")
     assert refused.agent is None and "not known" in refused.problem
     assert ClientAuthorization.objects.get().agent.name == "dana-desk"
@@ -184,7 +213,9 @@ def test_consent_offers_only_the_persons_own_agents(dana, on_call):
 def test_denying_tells_the_client_and_authorises_nothing(dana):
     flow = Flow()
     response = flow.consent(dana, new_agent="never", allow=False)
-    assert response.status_code == 302 and parse_qs(urlsplit(response.url).query)["error"] == ["access_denied"]
+    assert response.status_code == 302 and parse_qs(urlsplit(response.url).query)["error"] == [
+        "access_denied"
+    ]
     assert not Agent.objects.filter(name="never").exists() and not ClientAuthorization.objects.exists()
 
 
@@ -220,7 +251,9 @@ def test_tokens_are_only_for_this_recorder(dana):
     elsewhere = clients.agent_for_token(tokens["access_token"], audience="http://localhost:8000/mcp")
     assert elsewhere.agent is None and "issued for another resource" in elsewhere.problem
     # The same Recorder with a trailing slash is the same audience.
-    assert clients.agent_for_token(tokens["access_token"], audience="HTTP://TESTSERVER/mcp/").agent.name == "a2"
+    assert (
+        clients.agent_for_token(tokens["access_token"], audience="HTTP://TESTSERVER/mcp/").agent.name == "a2"
+    )
 
 
 def test_refresh_rotates_and_a_replayed_refresh_token_ends_the_family(dana):
@@ -229,7 +262,9 @@ def test_refresh_rotates_and_a_replayed_refresh_token_ends_the_family(dana):
     renewed = flow.token(grant_type="refresh_token", refresh_token=first["refresh_token"])
     assert renewed.status_code == 200, renewed.content
     second = renewed.json()
-    assert second["access_token"] != first["access_token"] and second["refresh_token"] != first["refresh_token"]
+    assert (
+        second["access_token"] != first["access_token"] and second["refresh_token"] != first["refresh_token"]
+    )
     audience = "http://testserver/mcp"
     assert clients.agent_for_token(second["access_token"], audience=audience).agent.name == "a1"
     assert clients.agent_for_token(first["access_token"], audience=audience).agent is None

@@ -34,13 +34,25 @@ MODES = ["auto", "legacy"]
 
 # Tools whose answer depends only on their arguments, so a direct call and one through the Recorder agree.
 CALLS = {
-    "everything": [("echo", {"message": "hi"}), ("get-sum", {"a": 1, "b": 2}),
-                   ("get-structured-content", {"location": "Chicago"}), ("get-tiny-image", {}),
-                   ("get-annotated-message", {"messageType": "success", "includeImage": True}),
-                   ("get-resource-links", {"count": 2}),
-                   ("get-sum", {"a": "not a number"})],
-    "time": [("convert_time", {"source_timezone": "Europe/London", "time": "09:30", "target_timezone": "Asia/Tokyo"}),
-             ("convert_time", {"source_timezone": "Nowhere/Else", "time": "09:30", "target_timezone": "Asia/Tokyo"})],
+    "everything": [
+        ("echo", {"message": "hi"}),
+        ("get-sum", {"a": 1, "b": 2}),
+        ("get-structured-content", {"location": "Chicago"}),
+        ("get-tiny-image", {}),
+        ("get-annotated-message", {"messageType": "success", "includeImage": True}),
+        ("get-resource-links", {"count": 2}),
+        ("get-sum", {"a": "not a number"}),
+    ],
+    "time": [
+        (
+            "convert_time",
+            {"source_timezone": "Europe/London", "time": "09:30", "target_timezone": "Asia/Tokyo"},
+        ),
+        (
+            "convert_time",
+            {"source_timezone": "Nowhere/Else", "time": "09:30", "target_timezone": "Asia/Tokyo"},
+        ),
+    ],
     "legacy": [("echo", {"text": "hi"}), ("echo", {})],
 }
 
@@ -95,7 +107,9 @@ def assert_journaled(results, server: str):
 @needs_node
 @pytest.mark.parametrize("mode", MODES)
 def test_an_agent_on_either_protocol_reaches_a_2025_stdio_server_as_it_would_directly(recorder, token, mode):
-    services.refresh_catalogue(server=services.register_tool_server(name="everything", command=" ".join(EVERYTHING)))
+    services.refresh_catalogue(
+        server=services.register_tool_server(name="everything", command=" ".join(EVERYTHING))
+    )
     direct = call_directly(stdio(EVERYTHING), mode, CALLS["everything"])
     assert without_advice(call_through(recorder, token, mode, "everything", CALLS["everything"])) == direct
     assert direct[0]["content"] == [{"type": "text", "text": "Echo: hi"}] and direct[-1]["isError"]
@@ -118,8 +132,9 @@ def test_an_agent_on_either_protocol_reaches_a_streamable_http_server_as_it_woul
 
     async def direct_main():
         async with httpx2.AsyncClient(timeout=30) as http:
-            async with Client(streamable_http_client(sample_servers.url("legacy"), http_client=http), mode=mode,
-                              cache=None) as client:
+            async with Client(
+                streamable_http_client(sample_servers.url("legacy"), http_client=http), mode=mode, cache=None
+            ) as client:
                 return [same(await client.call_tool(tool, arguments)) for tool, arguments in CALLS["legacy"]]
 
     direct = anyio.run(direct_main)
@@ -136,7 +151,9 @@ def test_an_upstream_json_rpc_error_arrives_verbatim(recorder, sample_servers, t
         -32602, "Invalid params for get_deal", {"field": "arguments", "tool": "get_deal"})
 
 
-def test_an_answer_the_agents_protocol_cannot_carry_is_journaled_as_undelivered(recorder, sample_servers, token):
+def test_an_answer_the_agents_protocol_cannot_carry_is_journaled_as_undelivered(
+    recorder, sample_servers, token
+):
     """A 2026 server asks for more input (`input_required`); a 2025 agent has no way to read that. The agent
     gets an error of the Recorder's own (its `data` says so), and the journal says the answer was not
     delivered, keeping what the server sent."""
@@ -158,7 +175,9 @@ def test_an_answer_the_agents_protocol_cannot_carry_is_journaled_as_undelivered(
 @needs_node
 @pytest.mark.parametrize("mode", MODES)
 def test_the_servers_progress_reaches_the_agent_on_its_own_token(recorder, token, mode):
-    services.refresh_catalogue(server=services.register_tool_server(name="everything", command=" ".join(EVERYTHING)))
+    services.refresh_catalogue(
+        server=services.register_tool_server(name="everything", command=" ".join(EVERYTHING))
+    )
     call = ("trigger-long-running-operation", {"duration": 1, "steps": 3})
 
     def collecting(seen):
@@ -171,7 +190,9 @@ def test_the_servers_progress_reaches_the_agent_on_its_own_token(recorder, token
             return same(await client.call_tool(*call, progress_callback=collecting(seen)))
 
     async def script(client, seen):
-        return same(await client.call_tool(f"everything__{call[0]}", call[1], progress_callback=collecting(seen)))
+        return same(
+            await client.call_tool(f"everything__{call[0]}", call[1], progress_callback=collecting(seen))
+        )
 
     direct_seen, through_seen = [], []
     direct = anyio.run(direct_main, direct_seen)
@@ -186,12 +207,16 @@ SLOW = [sys.executable, str(Path(__file__).resolve().parent.parent / "fixtures" 
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_an_agents_cancellation_reaches_the_server_and_the_step_says_it_was_cancelled(recorder, token, mode, tmp_path):
+def test_an_agents_cancellation_reaches_the_server_and_the_step_says_it_was_cancelled(
+    recorder, token, mode, tmp_path
+):
     """notifications/cancelled on the handshake, the request's connection closing on 2026-07-28: either way
     the Recorder leaves the upstream call at once (the server is told), and journals the step as cancelled
     while the server had it, so it may have acted; the reconciler never has to guess."""
     ledger = tmp_path / "ledger"
-    services.refresh_catalogue(server=services.register_tool_server(name="slow", command=" ".join([*SLOW, str(ledger)])))
+    services.refresh_catalogue(
+        server=services.register_tool_server(name="slow", command=" ".join([*SLOW, str(ledger)]))
+    )
     ledger.unlink()  # reading the catalogue started (and stopped) a process of its own
 
     async def script(client):
@@ -207,7 +232,9 @@ def test_an_agents_cancellation_reaches_the_server_and_the_step_says_it_was_canc
     assert run_agent(recorder, token, script, mode=mode) == "started\ncancelled\n"
     first, second = Step.objects.order_by("number")
     assert first.status == "ok" and second.status == "cancelled"
-    assert second.error_message == "The agent cancelled the call while slow had it; the server may have acted."
+    assert (
+        second.error_message == "The agent cancelled the call while slow had it; the server may have acted."
+    )
     assert second.reversibility == "unknown" and "may or may not have acted" in second.undo_problems[0]
     assert second.run.entries.filter(event="result", data__status="cancelled").count() == 1
 
@@ -216,8 +243,13 @@ def ts_client(target: str, token: str, calls) -> dict:
     """The official TypeScript SDK's client (tests/conformance/ts_client.mjs) making `calls`; each result
     without the envelope its hop stamps."""
     script = NODE_MODULES.parent / "ts_client.mjs"
-    done = subprocess.run(["node", str(script), target, token, json.dumps(calls)], capture_output=True, text=True,
-                          timeout=120, check=True)
+    done = subprocess.run(
+        ["node", str(script), target, token, json.dumps(calls)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     answer = json.loads(done.stdout)
     for result in answer["results"]:
         meta = versions.without_envelope(result.pop("_meta", None))
@@ -227,9 +259,13 @@ def ts_client(target: str, token: str, calls) -> dict:
 
 
 @needs_node
-def test_the_typescript_sdks_client_gets_through_the_recorder_what_it_gets_directly(recorder, sample_servers, token):
+def test_the_typescript_sdks_client_gets_through_the_recorder_what_it_gets_directly(
+    recorder, sample_servers, token
+):
     register_samples(sample_servers, names=("legacy",))
-    services.refresh_catalogue(server=services.register_tool_server(name="everything", command=" ".join(EVERYTHING)))
+    services.refresh_catalogue(
+        server=services.register_tool_server(name="everything", command=" ".join(EVERYTHING))
+    )
     direct_everything = ts_client("stdio:" + " ".join(EVERYTHING), "", CALLS["everything"])
     direct_legacy = ts_client(sample_servers.url("legacy"), "", CALLS["legacy"])
     through = ts_client(f"{recorder.base}/mcp/", token, [
@@ -265,7 +301,9 @@ def test_a_call_cancelled_before_it_reached_the_server_says_nothing_was_sent(rec
     """The agent gives up while the Recorder is still starting the server's process: the call never left,
     so the step says so, and there is nothing to undo."""
     ledger = tmp_path / "ledger"
-    services.refresh_catalogue(server=services.register_tool_server(name="slow", command=" ".join([*SLOW, str(ledger)])))
+    services.refresh_catalogue(
+        server=services.register_tool_server(name="slow", command=" ".join([*SLOW, str(ledger)]))
+    )
 
     async def script(client):
         with anyio.move_on_after(0.2):  # the server's process takes about a second to start
@@ -290,16 +328,20 @@ def test_an_answer_the_agent_left_before_getting_is_journaled_as_undelivered(rec
     is there to get it. The step says the answer was not delivered, and keeps it."""
     register_samples(sample_servers, names=("legacy",))
     call_through(recorder, token, "auto", "legacy", [("echo", {})])  # the Recorder's session with it is open
-    sample_servers.set_mode("legacy", "normal", delay_ms=20)  # answered before the Recorder watches for a hang-up
+    sample_servers.set_mode(
+        "legacy", "normal", delay_ms=20
+    )  # answered before the Recorder watches for a hang-up
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
         "name": "legacy__create_ticket", "arguments": {"title": "left"}, "_meta": {
             "io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
             "io.modelcontextprotocol/clientCapabilities": {}}}}).encode()
-    head = (f"POST /mcp/ HTTP/1.1\r\nHost: 127.0.0.1:{recorder.port}\r\nAuthorization: Bearer {token}\r\n"
-            "Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n"
-            "Mcp-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: legacy__create_ticket\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    head = (
+        f"POST /mcp/ HTTP/1.1\r\nHost: 127.0.0.1:{recorder.port}\r\nAuthorization: Bearer {token}\r\n"
+        "Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n"
+        "Mcp-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: legacy__create_ticket\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
     with socket.create_connection(("127.0.0.1", recorder.port)) as raw:
         raw.sendall(head + body)
     for _ in range(100):
@@ -326,8 +368,9 @@ def asking_for_a_name(sample_servers):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_server_that_asks_for_more_input_gets_the_agents_answer_on_either_protocol(recorder, sample_servers, token,
-                                                                                      mode):
+def test_a_server_that_asks_for_more_input_gets_the_agents_answer_on_either_protocol(
+    recorder, sample_servers, token, mode
+):
     """A 2026 server answers `input_required` with an elicitation. A 2026 agent gets that result and calls
     again with its answer, which reaches the server as sent; an agent on the handshake is asked the
     elicitation itself, and the Recorder calls again with its answer. Either way the agent is greeted."""
@@ -349,7 +392,9 @@ def test_a_server_that_asks_for_more_input_gets_the_agents_answer_on_either_prot
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_stateless_server_is_told_each_call_what_the_agent_can_answer(recorder, sample_servers, token, mode):
+def test_a_stateless_server_is_told_each_call_what_the_agent_can_answer(
+    recorder, sample_servers, token, mode
+):
     """The sample server asks only a client that declared elicitation, as the protocol has it: through the
     Recorder's one shared connection it learns, call by call, what each agent declared."""
     asking_for_a_name(sample_servers)
@@ -363,8 +408,9 @@ def test_a_stateless_server_is_told_each_call_what_the_agent_can_answer(recorder
 
 
 @pytest.mark.parametrize("delay_ms", [20, 800])
-def test_an_answer_a_handshake_agent_left_before_getting_is_journaled_as_undelivered(recorder, sample_servers, token,
-                                                                                      delay_ms):
+def test_an_answer_a_handshake_agent_left_before_getting_is_journaled_as_undelivered(
+    recorder, sample_servers, token, delay_ms
+):
     """The same on the handshake: the agent's session is open, it posts a call and hangs up at once, before
     the server answers or while the answer is on its way. Hanging up is not cancelling on the handshake
     (that takes `notifications/cancelled`), so the server acts, and the step says its answer went nowhere."""
@@ -374,8 +420,19 @@ def test_an_answer_a_handshake_agent_left_before_getting_is_journaled_as_undeliv
     headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
     url = f"http://127.0.0.1:{recorder.port}/mcp/"
     with httpx2.Client(headers=headers) as http:
-        opened = http.post(url, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+        opened = http.post(
+            url,
+            json={
+                "jsonrpc": "2.0",
+                "id": 0,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-11-25",
+                    "capabilities": {},
+                    "clientInfo": {"name": "raw", "version": "1"},
+                },
+            },
+        )
         session = opened.headers["mcp-session-id"]
         http.post(url, headers={"Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-11-25"},
                   json={"jsonrpc": "2.0", "method": "notifications/initialized"})
@@ -401,9 +458,13 @@ def test_an_answer_a_handshake_agent_left_before_getting_is_journaled_as_undeliv
 def test_the_typescript_sdks_client_gets_progress_and_cancels_through_the_recorder(recorder, token, tmp_path):
     """The official TypeScript SDK's client (on the handshake) asks for progress and gets the server's on
     its own token; it cancels a call (`notifications/cancelled`), the server is told and the step says so."""
-    services.refresh_catalogue(server=services.register_tool_server(name="everything", command=" ".join(EVERYTHING)))
+    services.refresh_catalogue(
+        server=services.register_tool_server(name="everything", command=" ".join(EVERYTHING))
+    )
     ledger = tmp_path / "ledger"
-    services.refresh_catalogue(server=services.register_tool_server(name="slow", command=" ".join([*SLOW, str(ledger)])))
+    services.refresh_catalogue(
+        server=services.register_tool_server(name="slow", command=" ".join([*SLOW, str(ledger)]))
+    )
     ledger.unlink()
     long_running = {"name": "trigger-long-running-operation", "arguments": {"duration": 1, "steps": 3}}
     direct = ts_client("stdio:" + " ".join(EVERYTHING), "", [["#progress", long_running]])["results"][0]

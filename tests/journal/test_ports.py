@@ -51,7 +51,9 @@ def test_without_a_gate_every_call_is_forwarded_and_journaled_without_a_decision
     assert services.export_bundle(run=step.run)["approvals"] == []
 
 
-def test_with_the_approval_sides_gate_the_same_call_is_refused(deny_everything, recorder, sample_servers, dana):
+def test_with_the_approval_sides_gate_the_same_call_is_refused(
+    deny_everything, recorder, sample_servers, dana
+):
     register_samples(sample_servers, names=("crm",))
     _, token = services.create_agent(name="sales-bot", on_behalf_of=dana)
 

@@ -40,8 +40,11 @@ def test_globex_story_is_journaled_with_the_right_undo_facts(recorder, sample_se
         event = await client.call_tool("calendar__create_event", {
             "title": "Kickoff with Globex", "start": "2026-12-04T15:00:00+00:00",
             "attendees": ["dana@acme.example", "buyer@globex.example"]}, meta=meta)
-        mail = await client.call_tool("mail__send_email", {
-            "to": "buyer@globex.example", "subject": "Welcome aboard", "body": "See you on the 4th"}, meta=meta)
+        mail = await client.call_tool(
+            "mail__send_email",
+            {"to": "buyer@globex.example", "subject": "Welcome aboard", "body": "See you on the 4th"},
+            meta=meta,
+        )
         return deal, event, mail
 
     deal, event, mail = run_agent(recorder, agent_token, script)
@@ -51,10 +54,18 @@ def test_globex_story_is_journaled_with_the_right_undo_facts(recorder, sample_se
 
     run = Run.objects.get(key="run:globex-1")
     steps = list(run.steps.order_by("number"))
-    assert [s.namespaced_tool for s in steps] == ["crm__update_deal", "calendar__create_event", "mail__send_email"]
+    assert [s.namespaced_tool for s in steps] == [
+        "crm__update_deal",
+        "calendar__create_event",
+        "mail__send_email",
+    ]
 
     crm, calendar, email = steps
-    assert (crm.reversibility, crm.declaration_source, crm.undo_problems) == ("compensate", "hatp/journal (call)", [])
+    assert (crm.reversibility, crm.declaration_source, crm.undo_problems) == (
+        "compensate",
+        "hatp/journal (call)",
+        [],
+    )
     assert crm.effect_version == "v13" and crm.effect_resource == "crm://acme/deal/D-881"
     assert crm.compensation_arguments == {"compensationToken": crm.compensation_token}
     assert crm.receipt_verified is True
@@ -70,8 +81,12 @@ def test_globex_story_is_journaled_with_the_right_undo_facts(recorder, sample_se
     events = list(ChainEntry.objects.filter(run=run).values_list("event", flat=True))
     assert events == ["run"] + ["call", "result"] * 3
     services.checkpoint_run(run=run)
-    verdict = chain.verify(run=str(run.public_id), entries=[e.as_wire() for e in run.entries.order_by("seq")],
-                           checkpoints=[c.as_wire() for c in run.checkpoints.all()], public_keys=keys.public_keys())
+    verdict = chain.verify(
+        run=str(run.public_id),
+        entries=[e.as_wire() for e in run.entries.order_by("seq")],
+        checkpoints=[c.as_wire() for c in run.checkpoints.all()],
+        public_keys=keys.public_keys(),
+    )
     assert verdict.ok, str(verdict)
     assert Checkpoint.objects.filter(run=run).count() == 1
 
@@ -85,8 +100,12 @@ def test_sep3172_and_chronomcp_bindings_resolve_and_links_are_inferred(recorder,
 
     async def script(client):
         meta = {"hatp/journal": {"runId": "bindings"}}
-        charge = await client.call_tool("payments__charge_payment", {"customer": "globex", "amount": "2500.00"}, meta=meta)
-        hold = await client.call_tool("inventory__reserve_inventory", {"sku": "SKU-GLOBEX-KIT", "quantity": 3}, meta=meta)
+        charge = await client.call_tool(
+            "payments__charge_payment", {"customer": "globex", "amount": "2500.00"}, meta=meta
+        )
+        hold = await client.call_tool(
+            "inventory__reserve_inventory", {"sku": "SKU-GLOBEX-KIT", "quantity": 3}, meta=meta
+        )
         # The agent reuses the transaction id in a later call: the Recorder should link the two.
         await client.call_tool("legacy__echo", {"note": charge.structured_content["transactionId"]},
                                meta={"hatp/journal": {"runId": "bindings", "dependsOn": [2]}})
@@ -107,7 +126,9 @@ def test_sep3172_and_chronomcp_bindings_resolve_and_links_are_inferred(recorder,
     assert (2, "declared") in links
 
 
-def test_upstream_failures_reach_the_agent_faithfully_and_are_classified(recorder, sample_servers, agent_token):
+def test_upstream_failures_reach_the_agent_faithfully_and_are_classified(
+    recorder, sample_servers, agent_token
+):
     servers = register_samples(sample_servers, names=("crm", "legacy"))
     services.register_tool_server(name="gone", url="http://127.0.0.1:9/mcp")
     dead = servers["legacy"]
@@ -187,7 +208,9 @@ def test_a_server_that_cannot_be_reached_in_time_did_not_act(recorder, sample_se
     assert Run.objects.get().unknown_count == 0
 
 
-def test_a_server_that_never_answers_times_out_and_may_have_acted(recorder, sample_servers, agent_token, settings):
+def test_a_server_that_never_answers_times_out_and_may_have_acted(
+    recorder, sample_servers, agent_token, settings
+):
     register_samples(sample_servers, names=("crm",))
     recorder.app.recorder.upstreams.timeout = 1.0
 
@@ -267,7 +290,9 @@ def test_third_party_stdio_servers_work_through_the_recorder_and_their_writes_ar
 
     async def script(client):
         meta = {"hatp/journal": {"runId": "third-party"}}
-        added = await client.call_tool("git__git_add", {"repo_path": str(repo), "files": ["notes.txt"]}, meta=meta)
+        added = await client.call_tool(
+            "git__git_add", {"repo_path": str(repo), "files": ["notes.txt"]}, meta=meta
+        )
         status = await client.call_tool("git__git_status", {"repo_path": str(repo)}, meta=meta)
         now = await client.call_tool("clock__get_current_time", {"timezone": "Europe/Paris"}, meta=meta)
         return added, status, now
@@ -279,7 +304,10 @@ def test_third_party_stdio_servers_work_through_the_recorder_and_their_writes_ar
     git_add, git_status, clock_now = Step.objects.filter(run__key="run:third-party").order_by("number")
     # Nothing declares an undo for git_add: unknown, never safe. Reads say so with readOnlyHint.
     assert (git_add.reversibility, git_add.declaration_source) == ("unknown", "none")
-    assert (git_status.reversibility, git_status.declaration_source) == ("read_only", "annotations.readOnlyHint")
+    assert (git_status.reversibility, git_status.declaration_source) == (
+        "read_only",
+        "annotations.readOnlyHint",
+    )
     assert clock_now.reversibility == "read_only" and clock_now.status == "ok"
     assert Run.objects.get(key="run:third-party").unknown_count == 1
 
@@ -318,7 +346,9 @@ def test_the_fast_path_answers_plain_calls_exactly_as_the_sdk_would(sample_serve
         settings.RECORDER_FAST_CALLS = fast
         application = build_application()
         with ServerThread(application, free_port()) as recorder:
-            answers[fast] = run_agent(recorder, agent_token, _story({"hatp/journal": {"runId": f"fast-{fast}"}}))
+            answers[fast] = run_agent(
+                recorder, agent_token, _story({"hatp/journal": {"runId": f"fast-{fast}"}})
+            )
             if fast:
                 assert application.fast_calls.answered == 5
             else:
@@ -341,9 +371,14 @@ def test_unusual_requests_fall_back_to_the_sdk(recorder, sample_servers, agent_t
     import httpx
 
     register_samples(sample_servers, names=("crm",))
-    headers = {"Authorization": f"Bearer {agent_token}", "Accept": "application/json, text/event-stream",
-               "Content-Type": "application/json", "Mcp-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call",
-               "Mcp-Name": "crm__get_deal"}
+    headers = {
+        "Authorization": f"Bearer {agent_token}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "Mcp-Protocol-Version": "2026-07-28",
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": "crm__get_deal",
+    }
     envelope = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
                 "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
                 "io.modelcontextprotocol/clientCapabilities": {}}
@@ -354,7 +389,9 @@ def test_unusual_requests_fall_back_to_the_sdk(recorder, sample_servers, agent_t
     assert recorder.app.fast_calls.answered == 1
 
     # The Mcp-Name header disagrees with the body: the SDK refuses it, as it always would.
-    mismatch = httpx.post(f"{recorder.base}/mcp/", json=plain, headers={**headers, "Mcp-Name": "crm__update_deal"})
+    mismatch = httpx.post(
+        f"{recorder.base}/mcp/", json=plain, headers={**headers, "Mcp-Name": "crm__update_deal"}
+    )
     assert mismatch.status_code == 400 and "error" in mismatch.json()
     # A request from a page on another origin is refused by the SDK's origin check.
     foreign = httpx.post(f"{recorder.base}/mcp/", json=plain, headers={**headers, "Origin": "https://evil.example"})
@@ -364,8 +401,9 @@ def test_unusual_requests_fall_back_to_the_sdk(recorder, sample_servers, agent_t
 
 
 @pytest.mark.parametrize("fast", [True, False])
-def test_when_the_intent_cannot_be_journaled_nothing_is_forwarded(sample_servers, agent_token, settings, monkeypatch,
-                                                                   fast):
+def test_when_the_intent_cannot_be_journaled_nothing_is_forwarded(
+    sample_servers, agent_token, settings, monkeypatch, fast
+):
     from approver.asgi import build_application
     from tests.conftest import ServerThread, free_port
 
@@ -428,7 +466,9 @@ def test_the_answer_does_not_wait_for_the_outcome_commit_but_the_next_call_does(
         ("call", 1), ("result", 1), ("call", 2), ("result", 2)]
 
 
-def test_a_disabled_server_or_a_new_catalogue_counts_from_the_next_call(recorder, sample_servers, agent_token):
+def test_a_disabled_server_or_a_new_catalogue_counts_from_the_next_call(
+    recorder, sample_servers, agent_token
+):
     servers = register_samples(sample_servers, names=("legacy",))
     meta = {"hatp/journal": {"runId": "directory"}}
 

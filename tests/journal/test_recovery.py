@@ -20,16 +20,55 @@ CASES = [
     ("denied by a policy or an approver", Failure("policy", held="denied"), WRITE, "stop", False, None),
     ("waiting for approval", Failure("policy", held="waiting"), WRITE, "backoff", True, 30),
     ("approval lapsed", Failure("policy", held="lapsed"), WRITE, "retry", True, None),
-    ("answered too much to relay, and it only reads", Failure("unknown", may_have_acted=True, answered=True), READ,
-     "repair_arguments", False, None),
-    ("answered, but the answer reached no one", Failure("unknown", may_have_acted=True, answered=True), IDEMPOTENT,
-     "ask_user", False, None),
+    (
+        "answered too much to relay, and it only reads",
+        Failure("unknown", may_have_acted=True, answered=True),
+        READ,
+        "repair_arguments",
+        False,
+        None,
+    ),
+    (
+        "answered, but the answer reached no one",
+        Failure("unknown", may_have_acted=True, answered=True),
+        IDEMPOTENT,
+        "ask_user",
+        False,
+        None,
+    ),
     ("no answer, and it only reads", Failure("transient", may_have_acted=True), READ, "retry", True, None),
-    ("no answer, and it is idempotent", Failure("transient", may_have_acted=True), IDEMPOTENT, "retry", True, None),
-    ("no answer, and a policy lets repeats through", Failure("unknown", may_have_acted=True), ALLOWED, "retry", True,
-     None),
-    ("no answer, and it can be undone", Failure("transient", may_have_acted=True), REVERSIBLE, "ask_user", False, None),
-    ("no answer, and it cannot be undone", Failure("transient", may_have_acted=True), WRITE, "ask_user", False, None),
+    (
+        "no answer, and it is idempotent",
+        Failure("transient", may_have_acted=True),
+        IDEMPOTENT,
+        "retry",
+        True,
+        None,
+    ),
+    (
+        "no answer, and a policy lets repeats through",
+        Failure("unknown", may_have_acted=True),
+        ALLOWED,
+        "retry",
+        True,
+        None,
+    ),
+    (
+        "no answer, and it can be undone",
+        Failure("transient", may_have_acted=True),
+        REVERSIBLE,
+        "ask_user",
+        False,
+        None,
+    ),
+    (
+        "no answer, and it cannot be undone",
+        Failure("transient", may_have_acted=True),
+        WRITE,
+        "ask_user",
+        False,
+        None,
+    ),
     ("it may have acted", Failure("permission", may_have_acted=True), WRITE, "ask_user", False, None),
     ("transient, nothing reached the server", Failure("transient"), WRITE, "backoff", True, 2),
     ("invalid arguments", Failure("invalid_arguments"), WRITE, "repair_arguments", False, None),
@@ -50,7 +89,9 @@ def test_every_row_of_the_table_has_a_case():
     assert [case[0] for case in CASES] == [rule.name for rule in recovery.RULES]
 
 
-@pytest.mark.parametrize(("row", "failure", "tool", "action", "retryable", "after"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("row", "failure", "tool", "action", "retryable", "after"), CASES, ids=[c[0] for c in CASES]
+)
 def test_each_row_decides_its_case(row, failure, tool, action, retryable, after):
     assert deciding_row(failure, tool) == row
     advice = recovery.advise(failure, tool)
@@ -78,10 +119,17 @@ def test_an_unknown_category_is_read_as_unknown():
     assert advice.category == "unknown" and advice.action == "ask_user"
 
 
-@pytest.mark.parametrize(("kind", "idempotent", "guarded"), [
-    ("read_only", False, False), ("compensate", True, False), ("compensate", False, True), ("none", False, True),
-    ("unknown", False, True), ("unknown", True, False),
-])
+@pytest.mark.parametrize(
+    ("kind", "idempotent", "guarded"),
+    [
+        ("read_only", False, False),
+        ("compensate", True, False),
+        ("compensate", False, True),
+        ("none", False, True),
+        ("unknown", False, True),
+        ("unknown", True, False),
+    ],
+)
 def test_the_retry_guard_covers_tools_that_are_neither_read_only_nor_idempotent(kind, idempotent, guarded):
     assert recovery.needs_retry_guard(kind=kind, idempotent=idempotent) is guarded
 
@@ -99,4 +147,8 @@ def test_retry_after_reads_seconds_and_http_dates_and_caps_them():
     later = datetime.now(UTC) + timedelta(seconds=90)
     assert 80 <= retry_after_seconds(format_datetime(later, usegmt=True)) <= 90
     assert retry_after_seconds(format_datetime(datetime.now(UTC) - timedelta(days=1), usegmt=True)) == 0.0
-    assert retry_after_seconds("soon") is None and retry_after_seconds(None) is None and retry_after_seconds("") is None
+    assert (
+        retry_after_seconds("soon") is None
+        and retry_after_seconds(None) is None
+        and retry_after_seconds("") is None
+    )

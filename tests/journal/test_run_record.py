@@ -206,10 +206,20 @@ def test_a_bundle_from_another_recorder_imports_and_verifies(foreign, tmp_path):
 
 
 def refuses(path, pattern):
-    before = (Run.objects.count(), ChainEntry.objects.count(), Step.objects.count(), RecorderKey.objects.count())
+    before = (
+        Run.objects.count(),
+        ChainEntry.objects.count(),
+        Step.objects.count(),
+        RecorderKey.objects.count(),
+    )
     with pytest.raises(CommandError, match=pattern):
         call_command("import_run", str(path))
-    after = (Run.objects.count(), ChainEntry.objects.count(), Step.objects.count(), RecorderKey.objects.count())
+    after = (
+        Run.objects.count(),
+        ChainEntry.objects.count(),
+        Step.objects.count(),
+        RecorderKey.objects.count(),
+    )
     assert before == after, "a refused import wrote something"
 
 
@@ -228,9 +238,15 @@ def refuses(path, pattern):
         # The header is signed (finding 10): relabelling it, or giving it a date nobody can read, is refused.
         (lambda b: b["run"].update(agent="mallory"), "agent differs from the signed header"),
         (lambda b: b["run"].update(onBehalfOf="mallory"), "onBehalfOf differs from the signed header"),
-        (lambda b: b["run"].update(recorder="https://undo.third.example"), "recorder differs from the signed header"),
+        (
+            lambda b: b["run"].update(recorder="https://undo.third.example"),
+            "recorder differs from the signed header",
+        ),
         (lambda b: b["run"].update(startedAt="yesterday"), r"run\.startedAt.*not an ISO 8601"),
-        (lambda b: b["publicKeys"][0].update(validFrom="garbage"), r"publicKeys\.0\.validFrom.*not an ISO 8601"),
+        (
+            lambda b: b["publicKeys"][0].update(validFrom="garbage"),
+            r"publicKeys\.0\.validFrom.*not an ISO 8601",
+        ),
         (lambda b: b["publicKeys"][0].update(validFrom="2026-11-01T00:00:00"), "has no UTC offset"),
         (lambda b: b["entries"][3].update(ts="Tuesday"), r"entries\.3\.ts.*not a chain timestamp"),
         (lambda b: b["run"].update(recorder=""), r"run\.recorder.*not the URL of a Recorder"),
@@ -243,7 +259,9 @@ def test_malformed_or_tampered_bundles_are_refused_whole(foreign, tmp_path, muta
 
 def test_a_duplicate_key_in_the_header_is_refused(foreign, tmp_path):
     """Finding 10: `"agent": "mallory"` after the real one relabelled an imported run."""
-    text = json.dumps(foreign).replace('"agent": "sales-bot",', '"agent": "sales-bot", "agent": "mallory",', 1)
+    text = json.dumps(foreign).replace(
+        '"agent": "sales-bot",', '"agent": "sales-bot", "agent": "mallory",', 1
+    )
     assert text.count('"mallory"') == 1
     path = tmp_path / "bundle.json"
     path.write_text(text)
@@ -311,15 +329,28 @@ def test_nothing_local_writes_to_an_imported_run(agent, settings, tmp_path):
 
     def held_at_export():
         make_run(agent, steps=2, run_key="run:held")
-        services.open_step(agent=agent, run_key="run:held", server=None, server_name="crm", tool="update_deal",
-                           arguments={"deal_id": "D-9"}, request_meta=None, now=timezone.now(),
-                           decide=lambda declaration, retry_of=None: {"decision": "ask", "reason": "irreversible"})
+        services.open_step(
+            agent=agent,
+            run_key="run:held",
+            server=None,
+            server_name="crm",
+            tool="update_deal",
+            arguments={"deal_id": "D-9"},
+            request_meta=None,
+            now=timezone.now(),
+            decide=lambda declaration, retry_of=None: {"decision": "ask", "reason": "irreversible"},
+        )
         return agent.runs.get(key="run:held")
 
     bundle = foreign_bundle(settings, tmp_path, held_at_export)
     call_command("import_run", str(write(tmp_path, bundle)), stdout=open("/dev/null", "w"))
     imported = Run.objects.get()
-    before = (imported.head_seq, imported.head_hash, imported.state, list(imported.steps.values_list("status")))
+    before = (
+        imported.head_seq,
+        imported.head_hash,
+        imported.state,
+        list(imported.steps.values_list("status")),
+    )
     assert imported.steps.get(number=3).status == Step.Status.HELD
     far_future = timezone.now() + timedelta(days=30)
     assert services.reconcile_stale_steps(older_than=far_future, now=far_future) == 0
@@ -332,12 +363,19 @@ def test_nothing_local_writes_to_an_imported_run(agent, settings, tmp_path):
     with pytest.raises(PlanRefused, match="imported from https://undo.other.example"):
         request_plan(run=imported, requested_by=_persona("olga", "on-call"), reason="x", from_step=1)
     imported.refresh_from_db()
-    assert (imported.head_seq, imported.head_hash, imported.state, list(imported.steps.values_list("status"))) == before
+    assert (
+        imported.head_seq,
+        imported.head_hash,
+        imported.state,
+        list(imported.steps.values_list("status")),
+    ) == before
     assert verify(imported)[0] == 0
 
 
 @pytest.mark.parametrize("kind", ["bundle", "chronomcp"])
-def test_ending_an_imported_run_from_its_page_is_refused_and_writes_nothing(foreign, tmp_path, client, on_call, kind):
+def test_ending_an_imported_run_from_its_page_is_refused_and_writes_nothing(
+    foreign, tmp_path, client, on_call, kind
+):
     source = write(tmp_path, foreign) if kind == "bundle" else FIXTURES / "chronomcp-audit.jsonl"
     call_command("import_run", str(source), stdout=open("/dev/null", "w"))
     imported = Run.objects.get()

@@ -19,6 +19,13 @@ def test_the_installed_sdk_is_the_minor_version_the_names_were_written_against()
 
 
 def test_a_name_the_sdk_lacks_is_reported(monkeypatch):
-    monkeypatch.setattr(sdk, "PRIVATE_NAMES", (*sdk.PRIVATE_NAMES, ("mcp.client.stdio", None, "_no_such_thing"),
-                                               ("mcp.client.client", "Client", "_nor_this")))
+    monkeypatch.setattr(
+        sdk,
+        "PRIVATE_NAMES",
+        (
+            *sdk.PRIVATE_NAMES,
+            ("mcp.client.stdio", None, "_no_such_thing"),
+            ("mcp.client.client", "Client", "_nor_this"),
+        ),
+    )
     assert sdk.missing() == ["mcp.client.stdio._no_such_thing", "mcp.client.client.Client._nor_this"]

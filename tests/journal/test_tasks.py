@@ -32,8 +32,16 @@ def test_a_call_whose_answer_was_never_recorded_is_closed_as_unknown_once(dana):
 
     agent, _ = services.create_agent(name="sales-bot", on_behalf_of=dana)
     long_ago = datetime(2026, 11, 1, tzinfo=UTC)
-    opened = services.open_step(agent=agent, run_key="run:crashed", server=None, server_name="crm",
-                                tool="update_deal", arguments={"deal_id": "D-881"}, request_meta=None, now=long_ago)
+    opened = services.open_step(
+        agent=agent,
+        run_key="run:crashed",
+        server=None,
+        server_name="crm",
+        tool="update_deal",
+        arguments={"deal_id": "D-881"},
+        request_meta=None,
+        now=long_ago,
+    )
     fresh = services.open_step(agent=agent, run_key="run:crashed", server=None, server_name="crm",
                                tool="get_deal", arguments={}, request_meta=None, now=timezone.now())
     assert reconcile_stale_steps() == 1

@@ -25,9 +25,17 @@ OLDER = ["2025-03-26", "2025-06-18", "2025-11-25"]
 EVERYTHING = ["node", str(NODE_MODULES / "@modelcontextprotocol/server-everything/dist/index.js"), "stdio"]
 TIME = [str(Path(sys.executable).parent / "mcp-server-time")]
 CALLS = {
-    "everything": [("get-structured-content", {"location": "Chicago"}), ("get-resource-links", {"count": 1}),
-                   ("get-sum", {"a": 1, "b": 2})],
-    "time": [("convert_time", {"source_timezone": "Europe/London", "time": "09:30", "target_timezone": "Asia/Tokyo"})],
+    "everything": [
+        ("get-structured-content", {"location": "Chicago"}),
+        ("get-resource-links", {"count": 1}),
+        ("get-sum", {"a": 1, "b": 2}),
+    ],
+    "time": [
+        (
+            "convert_time",
+            {"source_timezone": "Europe/London", "time": "09:30", "target_timezone": "Asia/Tokyo"},
+        )
+    ],
 }
 
 
@@ -47,16 +55,25 @@ class RawAgent:
 
     def __init__(self, url: str, token: str, version: str, capabilities: dict | None = None):
         self.url, self.version, self.ids = url, version, 0
-        self.http = httpx.Client(timeout=30, headers={"Accept": "application/json, text/event-stream",
-                                                      **({"Authorization": f"Bearer {token}"} if token else {})})
+        self.http = httpx.Client(
+            timeout=30,
+            headers={
+                "Accept": "application/json, text/event-stream",
+                **({"Authorization": f"Bearer {token}"} if token else {}),
+            },
+        )
         answer = self.rpc("initialize", {"protocolVersion": version, "capabilities": capabilities or {},
                                          "clientInfo": {"name": "raw", "version": "1"}})
         self.negotiated = answer["result"]["protocolVersion"]
-        self.http.post(self.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}).raise_for_status()
+        self.http.post(
+            self.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}
+        ).raise_for_status()
 
     def rpc(self, method: str, params: dict) -> dict:
         self.ids += 1
-        response = self.http.post(self.url, json={"jsonrpc": "2.0", "id": self.ids, "method": method, "params": params})
+        response = self.http.post(
+            self.url, json={"jsonrpc": "2.0", "id": self.ids, "method": method, "params": params}
+        )
         if "mcp-session-id" in response.headers:
             self.http.headers["mcp-session-id"] = response.headers["mcp-session-id"]
             if self.version != "2025-03-26":
@@ -73,7 +90,9 @@ def direct_stdio(argv: list[str], version: str, calls) -> tuple[str, list]:
                                text=True)
 
     def rpc(request_id, method, params):
-        process.stdin.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}) + "\n")
+        process.stdin.write(
+            json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}) + "\n"
+        )
         process.stdin.flush()
         while True:
             message = json.loads(process.stdout.readline())
@@ -81,8 +100,11 @@ def direct_stdio(argv: list[str], version: str, calls) -> tuple[str, list]:
                 return message
 
     try:
-        negotiated = rpc(0, "initialize", {"protocolVersion": version, "capabilities": {},
-                                           "clientInfo": {"name": "raw", "version": "1"}})["result"]["protocolVersion"]
+        negotiated = rpc(
+            0,
+            "initialize",
+            {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}},
+        )["result"]["protocolVersion"]
         process.stdin.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}) + "\n")
         process.stdin.flush()
         return negotiated, [rpc(n + 1, "tools/call", {"name": tool, "arguments": arguments})["result"]
@@ -128,7 +150,9 @@ def test_a_server_on_any_handshake_version_serves_every_agent(recorder, token, v
     """The server answers the Recorder's initialize with an older version, as an older server does; agents
     on the 2026 protocol and on each handshake version all reach it."""
     with ServerThread(handshake_server.build_app(version=version), free_port()) as upstream:
-        services.refresh_catalogue(server=services.register_tool_server(name="memo", url=f"{upstream.base}/mcp"))
+        services.refresh_catalogue(
+            server=services.register_tool_server(name="memo", url=f"{upstream.base}/mcp")
+        )
         answers = []
         for agent_version in OLDER:
             agent = RawAgent(f"{recorder.base}/mcp/", token, agent_version)
@@ -143,7 +167,10 @@ def test_a_server_on_any_handshake_version_serves_every_agent(recorder, token, v
             return (await client.call_tool("memo__recall", {})).content[0].text
 
         answers.append({"content": [{"text": run_agent(recorder, token, stateless, mode="auto")}]})
-    assert [a["content"][0]["text"] for a in answers] == [*OLDER, "2026-07-28"]  # a session each, upstream too
+    assert [a["content"][0]["text"] for a in answers] == [
+        *OLDER,
+        "2026-07-28",
+    ]  # a session each, upstream too
     assert Step.objects.filter(status="ok").count() == 2 * len(OLDER) + 2
 
 
@@ -152,12 +179,23 @@ def test_each_upstream_session_declares_exactly_what_its_agent_declared(recorder
     server sees those capabilities through the Recorder, as it would directly, and nothing more."""
     declared = {"elicitation": {"form": {}}, "roots": {}}
     with ServerThread(handshake_server.build_app(), free_port()) as upstream:
-        services.refresh_catalogue(server=services.register_tool_server(name="memo", url=f"{upstream.base}/mcp"))
+        services.refresh_catalogue(
+            server=services.register_tool_server(name="memo", url=f"{upstream.base}/mcp")
+        )
         seen = []
-        for url, name, key in ((f"{upstream.base}/mcp", "capabilities", ""), (f"{recorder.base}/mcp/", "memo__capabilities", token)):
+        for url, name, key in (
+            (f"{upstream.base}/mcp", "capabilities", ""),
+            (f"{recorder.base}/mcp/", "memo__capabilities", token),
+        ):
             agent = RawAgent(url, key, "2025-11-25", capabilities=declared)
             try:
-                seen.append(json.loads(agent.rpc("tools/call", {"name": name, "arguments": {}})["result"]["content"][0]["text"]))
+                seen.append(
+                    json.loads(
+                        agent.rpc("tools/call", {"name": name, "arguments": {}})["result"]["content"][0][
+                            "text"
+                        ]
+                    )
+                )
             finally:
                 agent.close()
     assert seen[1] == seen[0] == declared

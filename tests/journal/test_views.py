@@ -129,7 +129,9 @@ def test_a_bad_filter_value_shows_no_runs_rather_than_failing(client, agent, on_
     assert response.status_code == 200 and "No runs yet" in response.content.decode()
 
 
-def test_api_returns_steps_with_undo_facts_and_the_openapi_document_describes_them(client, agent, crm, on_call):
+def test_api_returns_steps_with_undo_facts_and_the_openapi_document_describes_them(
+    client, agent, crm, on_call
+):
     journal_call(agent, server=crm, result=HATP_RESULT)
     run = Run.objects.get()
     client.force_login(on_call)

@@ -37,8 +37,23 @@ def recorder_processes(workers: int, log):
     port = free_port()
     env = {**worker_env_for_test_database(), "RECORDER_BUS_URL": REDIS_URL, "LOG_LEVEL": "INFO"}
     env.pop("REDIS_URL", None)
-    web = subprocess.Popen([sys.executable, "-m", "uvicorn", "approver.asgi:application", "--workers", str(workers),
-                            "--port", str(port), "--log-level", "warning"], env=env, stdout=log, stderr=log)
+    web = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "approver.asgi:application",
+            "--workers",
+            str(workers),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -59,8 +74,10 @@ async def agent_calls(url: str, token: str, mode: str, name: str, calls: int) ->
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60,
                                   limits=httpx2.Limits(max_keepalive_connections=0)) as http:
         async with Client(streamable_http_client(url, http_client=http), mode=mode, cache=None) as client:
-            return [(await client.call_tool("legacy__create_ticket", {"title": f"{name}-{n}"})).structured_content
-                    for n in range(calls)]
+            return [
+                (await client.call_tool("legacy__create_ticket", {"title": f"{name}-{n}"})).structured_content
+                for n in range(calls)
+            ]
 
 
 @needs_redis
@@ -71,8 +88,14 @@ def test_workers_serve_any_request_of_any_session_and_journal_every_call_once(
     monkeypatch.setattr(tasks.notify_action_requested, "delay", lambda *args: None)
     register_samples(sample_servers, names=("legacy", "mail"))
     set_policy(admin_user, unknown="allow")  # sending an email (it cannot be undone) asks a person first
-    agents = [(f"bot-{n}", services.create_agent(name=f"bot-{n}", on_behalf_of=dana)[1], "legacy" if n % 2 else "auto")
-              for n in range(AGENTS)]
+    agents = [
+        (
+            f"bot-{n}",
+            services.create_agent(name=f"bot-{n}", on_behalf_of=dana)[1],
+            "legacy" if n % 2 else "auto",
+        )
+        for n in range(AGENTS)
+    ]
     _, mailer = services.create_agent(name="mailer", on_behalf_of=dana)
     log_path = tmp_path / "workers.log"
     with open(log_path, "w") as log, recorder_processes(3, log) as (url, _):
@@ -81,7 +104,9 @@ def test_workers_serve_any_request_of_any_session_and_journal_every_call_once(
         async def send_mail():
             async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {mailer}"}, timeout=60,
                                           limits=httpx2.Limits(max_keepalive_connections=0)) as http:
-                async with Client(streamable_http_client(url, http_client=http), mode="legacy", cache=None) as client:
+                async with Client(
+                    streamable_http_client(url, http_client=http), mode="legacy", cache=None
+                ) as client:
                     mailed["result"] = await client.call_tool("mail__send_email", EMAIL)
 
         mail = threading.Thread(target=anyio.run, args=(send_mail,))
@@ -110,7 +135,9 @@ def test_workers_serve_any_request_of_any_session_and_journal_every_call_once(
     steps = Step.objects.filter(tool="create_ticket")
     assert steps.count() == AGENTS * CALLS and set(steps.values_list("status", flat=True)) == {"ok"}
     for run in Run.objects.all():
-        assert list(run.entries.order_by("seq").values_list("seq", flat=True)) == list(range(1, run.head_seq + 1))
+        assert list(run.entries.order_by("seq").values_list("seq", flat=True)) == list(
+            range(1, run.head_seq + 1)
+        )
         assert services.verify_run(run=run).ok, run
     # A handshake session was served by more than the worker that opened it.
     assert "opened by another process" in log_path.read_text()
@@ -119,7 +146,11 @@ def test_workers_serve_any_request_of_any_session_and_journal_every_call_once(
 def workers_of(master: int) -> list[int]:
     """uvicorn's worker processes (not multiprocessing's resource tracker)."""
     found = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout.split()
-    return [int(pid) for pid in found if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")]
+    return [
+        int(pid)
+        for pid in found
+        if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    ]
 
 
 @needs_redis
@@ -130,8 +161,14 @@ def test_a_killed_worker_costs_only_the_requests_it_held_and_nothing_is_journale
     goes through, and every call the server acted on is journaled exactly once (a call the dead worker had
     in hand, or had answered but not yet committed, stays `pending` for the reconciler, never doubled)."""
     register_samples(sample_servers, names=("legacy",))
-    agents = [(f"bot-{n}", services.create_agent(name=f"bot-{n}", on_behalf_of=dana)[1], "legacy" if n % 2 else "auto")
-              for n in range(AGENTS)]
+    agents = [
+        (
+            f"bot-{n}",
+            services.create_agent(name=f"bot-{n}", on_behalf_of=dana)[1],
+            "legacy" if n % 2 else "auto",
+        )
+        for n in range(AGENTS)
+    ]
     errors, answered, done = [], [], [0]
 
     async def agent(name, token, mode):
@@ -140,12 +177,16 @@ def test_a_killed_worker_costs_only_the_requests_it_held_and_nothing_is_journale
             try:
                 async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60,
                                               limits=httpx2.Limits(max_keepalive_connections=0)) as http:
-                    async with Client(streamable_http_client(url, http_client=http), mode=mode, cache=None) as client:
+                    async with Client(
+                        streamable_http_client(url, http_client=http), mode=mode, cache=None
+                    ) as client:
                         while n < CALLS * 2:
                             n += 1
                             done[0] += 1
                             try:
-                                result = await client.call_tool("legacy__create_ticket", {"title": f"{name}-{n}"})
+                                result = await client.call_tool(
+                                    "legacy__create_ticket", {"title": f"{name}-{n}"}
+                                )
                                 answered.append(result.structured_content["ticket"])
                             except Exception as exc:  # noqa: BLE001 - what the agent saw, asserted on below
                                 errors.append(f"{name}: {type(exc).__name__}")
@@ -187,5 +228,7 @@ def test_a_killed_worker_costs_only_the_requests_it_held_and_nothing_is_journale
     assert steps.count() == len(ok) + pending and pending <= AGENTS
     assert ok <= tickets and len(tickets) <= len(ok) + pending  # acted once per journaled call, never twice
     for run in Run.objects.all():
-        assert list(run.entries.order_by("seq").values_list("seq", flat=True)) == list(range(1, run.head_seq + 1))
+        assert list(run.entries.order_by("seq").values_list("seq", flat=True)) == list(
+            range(1, run.head_seq + 1)
+        )
         assert services.verify_run(run=run).ok, run

@@ -9,7 +9,9 @@ from journal.upstream.client import Endpoint, Upstreams
 def call(samples, server: str, tool: str, arguments: dict, meta: dict | None = None) -> dict:
     async def main():
         async with Upstreams(timeout=10) as upstreams:
-            return await upstreams.call_tool(Endpoint(server, "http", samples.url(server)), tool, arguments, meta=meta)
+            return await upstreams.call_tool(
+                Endpoint(server, "http", samples.url(server)), tool, arguments, meta=meta
+            )
 
     return anyio.run(main)
 
@@ -90,14 +92,21 @@ def test_cancelling_the_kickoff_sends_the_attendees_notices(sample_servers):
         "attendees": ["dana@acme.example", "buyer@globex.example"]})
     assert journal(booked)["undo"]["sideEffect"] == "attendees get a cancellation notice"
     assert journal(booked)["undo"]["window"] == "P30D"
-    done = call(sample_servers, "calendar", "hatp_compensate", {"compensationToken": journal(booked)["compensationToken"]})
+    done = call(
+        sample_servers,
+        "calendar",
+        "hatp_compensate",
+        {"compensationToken": journal(booked)["compensationToken"]},
+    )
     assert "Cancel 'Kickoff with Globex' on Dec 4" in done["content"][0]["text"]
     cancel = [e for e in sample_servers.ledger("calendar") if e["op"] == "compensate"][0]
     assert [n["to"] for n in cancel["notices"]] == ["dana@acme.example", "buyer@globex.example"]
 
 
 def test_mail_says_it_cannot_be_undone_and_what_to_do(sample_servers):
-    sent = call(sample_servers, "mail", "send_email", {"to": "buyer@globex.example", "subject": "Hi", "body": "x"})
+    sent = call(
+        sample_servers, "mail", "send_email", {"to": "buyer@globex.example", "subject": "Hi", "body": "x"}
+    )
     assert journal(sent)["undo"] == {"kind": "none", "reason": "delivered to external recipients",
                                      "remedy": "send a correction email"}
     assert "compensationToken" not in journal(sent)
@@ -115,9 +124,19 @@ def test_payments_refund_by_transaction_id_honours_the_idempotency_key(sample_se
 
 def test_inventory_release_undoes_a_reservation(sample_servers):
     hold = call(sample_servers, "inventory", "reserve_inventory", {"sku": "SKU-GLOBEX-KIT", "quantity": 5})
-    assert call(sample_servers, "inventory", "check_stock", {"sku": "SKU-GLOBEX-KIT"})["structuredContent"]["free"] == 35
+    assert (
+        call(sample_servers, "inventory", "check_stock", {"sku": "SKU-GLOBEX-KIT"})["structuredContent"][
+            "free"
+        ]
+        == 35
+    )
     call(sample_servers, "inventory", "release_inventory", {"id": hold["structuredContent"]["id"]})
-    assert call(sample_servers, "inventory", "check_stock", {"sku": "SKU-GLOBEX-KIT"})["structuredContent"]["free"] == 40
+    assert (
+        call(sample_servers, "inventory", "check_stock", {"sku": "SKU-GLOBEX-KIT"})["structuredContent"][
+            "free"
+        ]
+        == 40
+    )
 
 
 def test_state_survives_a_restart(tmp_path):

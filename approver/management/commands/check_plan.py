@@ -14,7 +14,9 @@ class Command(BaseCommand):
 
     def handle(self, plan, **options):
         try:
-            found = Plan.objects.filter(public_id=uuid.UUID(plan)).select_related("run", "requested_by").first()
+            found = (
+                Plan.objects.filter(public_id=uuid.UUID(plan)).select_related("run", "requested_by").first()
+            )
         except ValueError:
             raise CommandError(f"{plan!r} is not a plan id (a UUID, as shown in the plan's URL).") from None
         if found is None:
@@ -34,6 +36,8 @@ class Command(BaseCommand):
                 current = detail.get("current") or {}
                 words = (f"changed since: agent left {item.if_version}, now {current.get('version')}"
                          f" by {current.get('changedBy') or 'someone'} at {current.get('changedAt') or '?'}")
-            self.stdout.write(f"{item.position}. step {item.step.number} {item.step.server_name}__{item.step.tool}: "
-                              f"{item.check_status} {words}".rstrip())
+            self.stdout.write(
+                f"{item.position}. step {item.step.number} {item.step.server_name}__{item.step.tool}: "
+                f"{item.check_status} {words}".rstrip()
+            )
         self.stdout.write(f"Plan {checked.get_state_display().lower()}; digest {checked.digest}")

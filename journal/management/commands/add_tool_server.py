@@ -11,8 +11,15 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("name", help="Short name; its tools appear to agents as NAME__tool.")
         parser.add_argument("url", nargs="?", default="", help="Streamable HTTP endpoint, e.g. http://localhost:8100/crm/mcp")
-        parser.add_argument("--command", dest="stdio_command", default="", help='stdio: the command line, e.g. "uvx mcp-server-time"')
-        parser.add_argument("--update", action="store_true", help="Change the URL or command of an existing server.")
+        parser.add_argument(
+            "--command",
+            dest="stdio_command",
+            default="",
+            help='stdio: the command line, e.g. "uvx mcp-server-time"',
+        )
+        parser.add_argument(
+            "--update", action="store_true", help="Change the URL or command of an existing server."
+        )
 
     def handle(self, name, url, stdio_command, update, **options):
         if bool(url) == bool(stdio_command):
@@ -26,7 +33,9 @@ class Command(BaseCommand):
             else:
                 server = services.register_tool_server(name=name, url=url, command=stdio_command)
         except ValidationError as exc:
-            raise CommandError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())) from None
+            raise CommandError(
+                "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
+            ) from None
         server = services.refresh_catalogue(server=server)
         if server.catalogue_error:
             self.stderr.write(self.style.WARNING(server.catalogue_error))

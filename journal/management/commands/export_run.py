@@ -9,7 +9,8 @@ from ._runs import find_run
 
 
 class Command(BaseCommand):
-    help = "Write a run's record (entries, signed checkpoints, public keys) as a bundle anyone can verify offline."
+    help = ("Write a run's record (entries, signed checkpoints, public keys) as a bundle anyone can verify "
+            "offline.")
 
     def add_arguments(self, parser):
         parser.add_argument("run", help="The run's id (UUID).")

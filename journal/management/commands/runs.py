@@ -19,8 +19,10 @@ def _moment(text: str | None, option: str) -> datetime | None:
 
 
 class Command(BaseCommand):
-    help = ("List runs, newest first: by agent, state and the time they were active (a run is active from its "
-            "first call to its last). Times without a zone are in the server's (TIME_ZONE).")
+    help = (
+        "List runs, newest first: by agent, state and the time they were active (a run is active from its "
+        "first call to its last). Times without a zone are in the server's (TIME_ZONE)."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--agent", help="Only this agent's runs (its name).")
@@ -49,7 +51,9 @@ class Command(BaseCommand):
         self.stdout.write(f"{'run':<36}  {'agent':<20}  {'started':<16}  {'last call':<16}  {'steps':>5}  "
                           f"{'state':<8}  grouped by")
         for run in listed:
-            grouped = run.key.split(":", 1)[0] if run.key else ("idle rule, ended" if run.ended_at else "idle rule")
+            grouped = (
+                run.key.split(":", 1)[0] if run.key else ("idle rule, ended" if run.ended_at else "idle rule")
+            )
             if run.imported_from:
                 grouped = f"imported from {run.imported_from}"
             self.stdout.write(

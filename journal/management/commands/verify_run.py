@@ -8,7 +8,9 @@ from ._runs import find_run
 
 
 class Command(BaseCommand):
-    help = "Check a run's hash chain and signed checkpoints. Exits 0 when intact, 1 naming the first bad entry."
+    help = (
+        "Check a run's hash chain and signed checkpoints. Exits 0 when intact, 1 naming the first bad entry."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("run", help="The run's id (UUID).")

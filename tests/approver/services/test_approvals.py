@@ -40,7 +40,9 @@ def conflicted_plan(globex, on_call, sample_servers) -> Plan:
 
 
 def sign(plan, user, key, decision="approve", choices=None, reason="", **tamper):
-    request, options = services.begin_signing(plan=plan, user=user, decision=decision, choices=choices, reason=reason)
+    request, options = services.begin_signing(
+        plan=plan, user=user, decision=decision, choices=choices, reason=reason
+    )
     assert base64url_to_bytes(request.challenge) == signing.challenge(signing.challenge_payload(
         plan=str(plan.public_id), digest=request.digest, decision=decision, choices=request.choices,
         nonce=request.nonce))
@@ -48,11 +50,15 @@ def sign(plan, user, key, decision="approve", choices=None, reason="", **tamper)
 
 
 def approve(plan, user, key, choices=None, **tamper) -> Approval:
-    request, assertion = sign(plan, user, key, choices=choices if choices is not None else {"3": "overwrite"}, **tamper)
+    request, assertion = sign(
+        plan, user, key, choices=choices if choices is not None else {"3": "overwrite"}, **tamper
+    )
     return services.complete_signing(user=user, nonce=request.nonce, credential=assertion)
 
 
-def test_two_approvers_sign_the_exact_plan_and_it_is_approved(conflicted_plan, approver_user, second_approver):
+def test_two_approvers_sign_the_exact_plan_and_it_is_approved(
+    conflicted_plan, approver_user, second_approver
+):
     ana, bo = enrolled(approver_user), enrolled(second_approver)
     first = approve(conflicted_plan, approver_user, ana)
     conflicted_plan.refresh_from_db()
@@ -67,7 +73,10 @@ def test_two_approvers_sign_the_exact_plan_and_it_is_approved(conflicted_plan, a
     approve(conflicted_plan, second_approver, bo)
     conflicted_plan.refresh_from_db()
     assert conflicted_plan.state == "approved"
-    assert {a.approver for a in services.counting_approvals(plan=conflicted_plan)} == {approver_user, second_approver}
+    assert {a.approver for a in services.counting_approvals(plan=conflicted_plan)} == {
+        approver_user,
+        second_approver,
+    }
     events = [e.event for e in conflicted_plan.run.entries.order_by("seq")]
     assert events[-3:] == ["approval", "approval", "plan_approved"]
 
@@ -80,7 +89,9 @@ def test_every_conflict_needs_a_choice_and_only_conflicts_take_one(conflicted_pl
         services.begin_signing(plan=conflicted_plan, user=approver_user, decision="approve",
                                choices={"3": "overwrite", "2": "keep_newer"})
     with pytest.raises(signing.SigningRefused, match="keep the newer change or to overwrite"):
-        services.begin_signing(plan=conflicted_plan, user=approver_user, decision="approve", choices={"3": "yolo"})
+        services.begin_signing(
+            plan=conflicted_plan, user=approver_user, decision="approve", choices={"3": "yolo"}
+        )
 
 
 def test_the_requester_and_the_person_the_agent_acted_for_cannot_approve(conflicted_plan, on_call, dana):
@@ -90,10 +101,14 @@ def test_the_requester_and_the_person_the_agent_acted_for_cannot_approve(conflic
         user = type(user).objects.get(pk=user.pk)  # fresh role cache
         enrolled(user)
         with pytest.raises(signing.SigningRefused, match="separation of duties"):
-            services.begin_signing(plan=conflicted_plan, user=user, decision="approve", choices={"3": "overwrite"})
+            services.begin_signing(
+                plan=conflicted_plan, user=user, decision="approve", choices={"3": "overwrite"}
+            )
     ApprovalRules.objects.create(pk=1, separation_of_duties=False)
     fresh = type(on_call).objects.get(pk=on_call.pk)
-    assert services.begin_signing(plan=conflicted_plan, user=fresh, decision="approve", choices={"3": "overwrite"})
+    assert services.begin_signing(
+        plan=conflicted_plan, user=fresh, decision="approve", choices={"3": "overwrite"}
+    )
 
 
 def test_a_tampered_assertion_is_refused_and_the_nonce_is_spent(conflicted_plan, approver_user):
@@ -103,7 +118,10 @@ def test_a_tampered_assertion_is_refused_and_the_nonce_is_spent(conflicted_plan,
     signature[-1] ^= 1
     from webauthn.helpers import bytes_to_base64url
 
-    forged = {**assertion, "response": {**assertion["response"], "signature": bytes_to_base64url(bytes(signature))}}
+    forged = {
+        **assertion,
+        "response": {**assertion["response"], "signature": bytes_to_base64url(bytes(signature))},
+    }
     with pytest.raises(signing.SigningRefused, match="signature was not accepted"):
         services.complete_signing(user=approver_user, nonce=request.nonce, credential=forged)
     with pytest.raises(signing.SigningRefused, match="already used"):
@@ -141,7 +159,9 @@ def test_an_assertion_for_another_plan_is_refused(conflicted_plan, approver_user
     assert not Approval.objects.exists()
 
 
-def test_a_cloned_authenticator_with_a_stale_counter_is_refused(conflicted_plan, approver_user, second_approver):
+def test_a_cloned_authenticator_with_a_stale_counter_is_refused(
+    conflicted_plan, approver_user, second_approver
+):
     key = enrolled(approver_user)
     approve(conflicted_plan, approver_user, key)  # counter now 1
     with pytest.raises(signing.SigningRefused, match="not accepted"):
@@ -170,7 +190,9 @@ def test_a_change_to_the_plan_voids_earlier_approvals(conflicted_plan, approver_
     assert conflicted_plan.state == "approved"
 
 
-def test_a_plan_checked_again_after_signing_needs_signing_again(conflicted_plan, approver_user, sample_servers):
+def test_a_plan_checked_again_after_signing_needs_signing_again(
+    conflicted_plan, approver_user, sample_servers
+):
     key = enrolled(approver_user)
     approve(conflicted_plan, approver_user, key)
     sample_servers.colleague_update("D-881", {"amount": 50000}, by="priya")
@@ -202,7 +224,9 @@ def test_rejecting_needs_a_reason_ends_the_plan_and_frees_its_steps(conflicted_p
     key = enrolled(approver_user)
     with pytest.raises(signing.SigningRefused, match="Say why"):
         services.begin_signing(plan=conflicted_plan, user=approver_user, decision="reject")
-    request, assertion = sign(conflicted_plan, approver_user, key, decision="reject", reason="the deal is fine")
+    request, assertion = sign(
+        conflicted_plan, approver_user, key, decision="reject", reason="the deal is fine"
+    )
     services.complete_signing(user=approver_user, nonce=request.nonce, credential=assertion)
     conflicted_plan.refresh_from_db()
     assert conflicted_plan.state == "rejected" and not conflicted_plan.items.filter(holds_step=True).exists()
@@ -211,7 +235,9 @@ def test_rejecting_needs_a_reason_ends_the_plan_and_frees_its_steps(conflicted_p
 
 def test_an_approver_without_a_passkey_is_told_to_enrol(conflicted_plan, approver_user):
     with pytest.raises(signing.SigningRefused, match="Enrol a passkey"):
-        services.begin_signing(plan=conflicted_plan, user=approver_user, decision="approve", choices={"3": "overwrite"})
+        services.begin_signing(
+            plan=conflicted_plan, user=approver_user, decision="approve", choices={"3": "overwrite"}
+        )
 
 
 def test_the_readme_verifier_checks_approvals_in_an_exported_bundle(conflicted_plan, approver_user, tmp_path):
@@ -236,7 +262,9 @@ def test_the_readme_verifier_checks_approvals_in_an_exported_bundle(conflicted_p
     assert bad.returncode != 0 and "signed something else" in bad.stderr
 
 
-def test_a_signature_begun_on_one_plan_is_not_completed_on_another(conflicted_plan, approver_user, on_call, globex):
+def test_a_signature_begun_on_one_plan_is_not_completed_on_another(
+    conflicted_plan, approver_user, on_call, globex
+):
     key = enrolled(approver_user)
     request, assertion = sign(conflicted_plan, approver_user, key, choices={"3": "overwrite"})
     assert services.cancel_plan(plan=conflicted_plan, by=on_call)

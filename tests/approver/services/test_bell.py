@@ -39,7 +39,9 @@ def test_a_bell_rolled_back_with_its_transaction_never_rings(monkeypatch):
 
 def test_a_later_bell_is_a_countdown(monkeypatch):
     rung = []
-    monkeypatch.setattr(tasks.execute_plan, "apply_async", lambda args, countdown: rung.append((args, countdown)))
+    monkeypatch.setattr(
+        tasks.execute_plan, "apply_async", lambda args, countdown: rung.append((args, countdown))
+    )
     bell.ring(bell.EXECUTE_PLAN, 7, countdown=12.5)
     bell.ring(bell.EXECUTE_PLAN, 8, countdown=-1)  # a moment already past rings at once
     assert rung == [((7,), 12.5), ((8,), 0.0)]

@@ -68,13 +68,17 @@ def test_a_draft_a_dead_worker_left_is_started_again_from_nothing(globex, on_cal
     assert tasks.requeue_stalled_checks() == 0
 
     monkeypatch.setattr(plan_services, "_item_row", made)
-    Plan.objects.filter(pk=plan.pk).update(updated_at=timezone.now() - services.DRAFT_STALE - timedelta(seconds=1))
+    Plan.objects.filter(pk=plan.pk).update(
+        updated_at=timezone.now() - services.DRAFT_STALE - timedelta(seconds=1)
+    )
     assert tasks.requeue_stalled_checks() == 1 and rung[-1] == ("draft", plan.pk)
     assert tasks.draft_plan(plan.pk) == "checking"
     assert sorted(plan.items.values_list("step__number", flat=True)) == [1, 2, 3, 4]
 
 
-def test_a_plan_cancelled_while_drafting_stops_and_holds_no_step(globex, on_call, approver_user, rung, monkeypatch):
+def test_a_plan_cancelled_while_drafting_stops_and_holds_no_step(
+    globex, on_call, approver_user, rung, monkeypatch
+):
     plan = services.ask_for_plan(run=globex, requested_by=on_call, reason="r", from_step=1)
     monkeypatch.setattr(plan_services, "DRAFT_BATCH", 2)
     made = plan_services._item_row
@@ -96,10 +100,16 @@ def test_a_step_another_plan_took_meanwhile_ends_the_draft_saying_which(globex, 
     first = services.request_plan(run=globex, requested_by=on_call, reason="first", steps=[3])
     cancelled = services.draft_plan(plan=wide)
     assert cancelled.state == "cancelled" and not cancelled.items.exists()
-    assert cancelled.stop_reason == "Step 3 is already in an open plan (checking); finish or cancel that plan first."
+    assert (
+        cancelled.stop_reason
+        == "Step 3 is already in an open plan (checking); finish or cancel that plan first."
+    )
     client.force_login(on_call)
     page = client.get(f"/plans/{cancelled.public_id}/").content.decode()
-    assert "Cancelled: Step 3 is already in an open plan" in page and first.items.filter(holds_step=True).count() == 2
+    assert (
+        "Cancelled: Step 3 is already in an open plan" in page
+        and first.items.filter(holds_step=True).count() == 2
+    )
 
 
 def test_what_the_request_refuses_at_once_makes_no_plan(globex, on_call, rung):

@@ -51,13 +51,19 @@ def ops(sample_servers, name):
 
 def test_an_approved_plan_is_undone_most_recent_first(approved, sample_servers):
     plan = run_plan(approved("overwrite"))
-    assert plan.state == "completed" and plan.execution_summary == "Reversed 2 of 3 actions; 1 cannot be undone"
+    assert (
+        plan.state == "completed" and plan.execution_summary == "Reversed 2 of 3 actions; 1 cannot be undone"
+    )
     outcomes = [(i.step.tool, i.outcome) for i in plan.items.order_by("position").select_related("step")]
     assert outcomes == [("send_email", "irreversible"), ("create_event", "compensated"),
                         ("update_deal", "compensated"), ("get_deal", "no_compensation")]
     # The calendar cancelled the kickoff (and told the attendees) before the deal went back.
     [cancel], [deal] = ops(sample_servers, "calendar"), ops(sample_servers, "crm")
-    assert [n["to"] for n in cancel["notices"]] == ["dana@acme.example", "buyer@globex.example", "cto@globex.example"]
+    assert [n["to"] for n in cancel["notices"]] == [
+        "dana@acme.example",
+        "buyer@globex.example",
+        "cto@globex.example",
+    ]
     assert deal["version"] == "v15"
     assert deal["idempotencyKey"] == plan.items.get(step__tool="update_deal").idempotency_key
     events = [e.data.get("step") for e in plan.run.entries.filter(event="compensation").order_by("seq")]
@@ -114,7 +120,9 @@ def test_a_server_that_fails_gets_the_item_failed_and_what_it_depends_on_is_kept
     assert plan.state == "failed"
 
 
-def test_a_worker_killed_after_the_server_acted_is_picked_up_and_nothing_is_done_twice(approved, sample_servers):
+def test_a_worker_killed_after_the_server_acted_is_picked_up_and_nothing_is_done_twice(
+    approved, sample_servers
+):
     import anyio
     from django.utils import timezone
 
@@ -136,7 +144,9 @@ def test_a_worker_killed_after_the_server_acted_is_picked_up_and_nothing_is_done
     anyio.run(dead_workers_call)
     Plan.objects.filter(pk=plan.pk).update(updated_at=timezone.now() - timezone.timedelta(hours=1))
     # ...then it died. The reconciler rings again; the new worker repeats with the same key.
-    assert services.reconcile_execution(older_than=timezone.now() - timezone.timedelta(minutes=5)) == [plan.pk]
+    assert services.reconcile_execution(older_than=timezone.now() - timezone.timedelta(minutes=5)) == [
+        plan.pk
+    ]
     plan = run_plan(plan)
     assert plan.state == "completed"
     assert len(ops(sample_servers, "calendar")) == 1 and len(ops(sample_servers, "crm")) == 1
@@ -205,7 +215,9 @@ def test_an_approved_plan_whose_bell_was_lost_is_rung_again(approved):
 
     plan = approved("overwrite")  # rung, but say the broker lost the message
     Plan.objects.filter(pk=plan.pk).update(updated_at=timezone.now() - timezone.timedelta(hours=1))
-    assert services.reconcile_execution(older_than=timezone.now() - timezone.timedelta(minutes=5)) == [plan.pk]
+    assert services.reconcile_execution(older_than=timezone.now() - timezone.timedelta(minutes=5)) == [
+        plan.pk
+    ]
 
 
 def test_compensation_calls_are_journaled_as_a_run_linked_to_the_plan(approved, sample_servers):
@@ -216,11 +228,18 @@ def test_compensation_calls_are_journaled_as_a_run_linked_to_the_plan(approved, 
     calls = list(undo_run.steps.order_by("number").values_list("server_name", "tool", "status"))
     assert calls == [("calendar", "hatp_compensate", "ok"), ("crm", "hatp_compensate", "ok")]
     header = undo_run.entries.get(seq=1)
-    assert header.event == "run" and header.data["agent"].startswith("Undo of ") and header.data["onBehalfOf"] is None
+    assert (
+        header.event == "run"
+        and header.data["agent"].startswith("Undo of ")
+        and header.data["onBehalfOf"] is None
+    )
     first_call = undo_run.entries.get(seq=2)
     assert first_call.event == "call" and first_call.data["plan"] == str(plan.public_id)
     assert first_call.data["undoes"] == {"run": str(plan.run.public_id), "step": 3}
-    assert first_call.data["arguments"]["idempotencyKey"] == plan.items.get(step__tool="create_event").idempotency_key
+    assert (
+        first_call.data["arguments"]["idempotencyKey"]
+        == plan.items.get(step__tool="create_event").idempotency_key
+    )
     assert journal_services.verify_run(run=undo_run).ok
     # The plan's own run points at each call, in its chain.
     event = plan.items.get(step__tool="create_event")
@@ -229,7 +248,9 @@ def test_compensation_calls_are_journaled_as_a_run_linked_to_the_plan(approved, 
     assert kept.data["call"] == {"run": str(undo_run.public_id), "step": event.call_step.number}
 
 
-def test_a_paused_plan_starts_nothing_until_it_is_resumed(approved, sample_servers, approver_user, monkeypatch):
+def test_a_paused_plan_starts_nothing_until_it_is_resumed(
+    approved, sample_servers, approver_user, monkeypatch
+):
     plan = approved("overwrite")
     keep = executor._keep_outcome
 
@@ -240,7 +261,12 @@ def test_a_paused_plan_starts_nothing_until_it_is_resumed(approved, sample_serve
     monkeypatch.setattr(executor, "_keep_outcome", pause_after_the_first)
     paused = run_plan(plan)
     assert paused.state == "paused" and paused.paused_by == "ana"
-    assert list(paused.items.order_by("position").values_list("exec_state", flat=True)) == ["done", "", "", ""]
+    assert list(paused.items.order_by("position").values_list("exec_state", flat=True)) == [
+        "done",
+        "",
+        "",
+        "",
+    ]
     assert ops(sample_servers, "calendar") == []
     # A bell for a paused plan (the reconciler, a duplicate) does nothing.
     monkeypatch.setattr(executor, "_keep_outcome", keep)
@@ -250,7 +276,9 @@ def test_a_paused_plan_starts_nothing_until_it_is_resumed(approved, sample_serve
     assert services.resume_plan(plan=plan, by=approver_user)
     done = run_plan(plan)
     assert done.state == "completed" and len(ops(sample_servers, "calendar")) == 1
-    events = list(plan.run.entries.filter(event__in=["plan_paused", "plan_resumed"]).values_list("event", flat=True))
+    events = list(
+        plan.run.entries.filter(event__in=["plan_paused", "plan_resumed"]).values_list("event", flat=True)
+    )
     assert events == ["plan_paused", "plan_resumed"]
 
 
@@ -273,7 +301,12 @@ def test_a_second_worker_waits_while_an_item_of_the_plan_is_in_flight(approved, 
     PlanItem.objects.filter(pk=first.pk).update(exec_state="running", exec_started_at=timezone.now())
     # Rung twice: this worker must not start item 2 while item 1 is still with another worker.
     assert run_plan(plan).state == "executing"
-    assert list(plan.items.order_by("position").values_list("exec_state", flat=True)) == ["running", "", "", ""]
+    assert list(plan.items.order_by("position").values_list("exec_state", flat=True)) == [
+        "running",
+        "",
+        "",
+        "",
+    ]
     assert ops(sample_servers, "calendar") == []
 
 
@@ -385,8 +418,9 @@ def test_a_plan_the_policy_let_run_alone_stops_if_the_policy_changes_before_it_r
                                 "“Trusting” does not let plans run without a human.")
 
 
-def test_a_second_plan_names_what_the_first_undid_and_completes(approved, on_call, approver_user, second_approver,
-                                                                client):
+def test_a_second_plan_names_what_the_first_undid_and_completes(
+    approved, on_call, approver_user, second_approver, client
+):
     first = run_plan(approved("overwrite"))
     assert first.state == "completed"
     second = services.request_plan(run=first.run, requested_by=on_call, reason="again", from_step=1)
@@ -397,9 +431,16 @@ def test_a_second_plan_names_what_the_first_undid_and_completes(approved, on_cal
         approve(second, user, enrolled(user), choices={})
     second = run_plan(Plan.objects.get(pk=second.pk))
     assert second.state == "completed"
-    assert second.execution_summary == "Reversed 0 of 1 action; 1 cannot be undone; 2 already undone by an earlier plan"
-    assert set(second.items.filter(action="already_undone").values_list("outcome", flat=True)) == {"already_undone"}
+    assert (
+        second.execution_summary
+        == "Reversed 0 of 1 action; 1 cannot be undone; 2 already undone by an earlier plan"
+    )
+    assert set(second.items.filter(action="already_undone").values_list("outcome", flat=True)) == {
+        "already_undone"
+    }
     client.force_login(on_call)
     page = client.get(f"/plans/{second.public_id}/").content.decode()
-    assert "Completed: Reversed 0 of 1 action; 1 cannot be undone; 2 already undone by an earlier plan" in page
+    assert (
+        "Completed: Reversed 0 of 1 action; 1 cannot be undone; 2 already undone by an earlier plan" in page
+    )
     assert "1 with nothing to undo, 2 already undone</summary>" in page and "skipped" not in page.lower()

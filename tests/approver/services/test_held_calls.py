@@ -30,8 +30,13 @@ def sales_bot(recorder, sample_servers, dana, monkeypatch):
 
 
 def set_policy(admin, *, scope="everything", ask_timeout=30, quorum=1, **decisions) -> AutonomyPolicy:
-    row = AutonomyPolicy(name=f"{scope} policy", scope=scope, decisions={**policy.DEFAULT_DECISIONS, **decisions},
-                         ask_timeout=ask_timeout, quorum=quorum)
+    row = AutonomyPolicy(
+        name=f"{scope} policy",
+        scope=scope,
+        decisions={**policy.DEFAULT_DECISIONS, **decisions},
+        ask_timeout=ask_timeout,
+        quorum=quorum,
+    )
     return services.save_policy(row=row, by=admin)
 
 
@@ -86,8 +91,9 @@ def test_allow_forwards_and_the_decision_is_journaled(recorder, sales_bot, sampl
     assert entry.data["policy"]["policy"]["name"] == "everything policy"
 
 
-def test_deny_answers_with_a_tool_error_naming_the_policy_and_forwards_nothing(recorder, sales_bot, sample_servers,
-                                                                              admin_user):
+def test_deny_answers_with_a_tool_error_naming_the_policy_and_forwards_nothing(
+    recorder, sales_bot, sample_servers, admin_user
+):
     _, token = sales_bot
     set_policy(admin_user, none="deny")
     result = call(recorder, token, "mail__send_email", EMAIL)
@@ -96,7 +102,9 @@ def test_deny_answers_with_a_tool_error_naming_the_policy_and_forwards_nothing(r
     assert "denied by policy “everything policy” (every call)" in text and "Nothing was sent to mail" in text
     assert sent_emails(sample_servers) == []
     step = Step.objects.get(tool="send_email")
-    assert (step.status, step.failure_class) == ("error", "policy") and step.policy_decision["decision"] == "deny"
+    assert (step.status, step.failure_class) == ("error", "policy") and step.policy_decision[
+        "decision"
+    ] == "deny"
     assert journal_services.verify_run(run=step.run).ok
 
 
@@ -175,8 +183,16 @@ def test_the_most_specific_policy_governs_the_recorder(recorder, sales_bot, samp
     _, token = sales_bot
     set_policy(admin_user, none="deny", unknown="deny")
     mail = ToolServer.objects.get(name="mail")
-    services.save_policy(row=AutonomyPolicy(name="Mail", scope="tool", server=mail, tool="send_email",
-                                            decisions={**policy.DEFAULT_DECISIONS, "none": "allow"}), by=admin_user)
+    services.save_policy(
+        row=AutonomyPolicy(
+            name="Mail",
+            scope="tool",
+            server=mail,
+            tool="send_email",
+            decisions={**policy.DEFAULT_DECISIONS, "none": "allow"},
+        ),
+        by=admin_user,
+    )
     assert not call(recorder, token, "mail__send_email", EMAIL).is_error
     ticket = call(recorder, token, "legacy__create_ticket", {"title": "hello"})  # declares nothing: unknown
     assert ticket.is_error and "does not say whether it can be undone" in ticket.content[0].text
@@ -195,11 +211,26 @@ def hold_email(agent):
         return services.decide_call(agent_name=agent.name, server_name="mail", tool="send_email",
                                     declaration=declaration)
 
-    opened = journal_services.open_step(agent=agent, run_key="run:held", server=mail, server_name="mail",
-                                        tool="send_email", arguments=EMAIL, request_meta=None, now=timezone.now(),
-                                        decide=decide_now)
-    action = services.request_for_held_call(agent=agent, server=mail, tool="send_email", arguments=EMAIL,
-                                            decision=opened.policy, run_id=opened.run_id, step_id=opened.step_id)
+    opened = journal_services.open_step(
+        agent=agent,
+        run_key="run:held",
+        server=mail,
+        server_name="mail",
+        tool="send_email",
+        arguments=EMAIL,
+        request_meta=None,
+        now=timezone.now(),
+        decide=decide_now,
+    )
+    action = services.request_for_held_call(
+        agent=agent,
+        server=mail,
+        tool="send_email",
+        arguments=EMAIL,
+        decision=opened.policy,
+        run_id=opened.run_id,
+        step_id=opened.step_id,
+    )
     return opened, action
 
 
@@ -231,7 +262,9 @@ def test_a_denial_needs_a_reason_and_a_tampered_signature_is_refused(held_email,
 
     _, action = held_email
     key = SoftKey()
-    services.enroll_passkey(user=approver_user, name="key", credential=key.register(b"e" * 32), challenge=b"e" * 32)
+    services.enroll_passkey(
+        user=approver_user, name="key", credential=key.register(b"e" * 32), challenge=b"e" * 32
+    )
     with pytest.raises(services.ActionRefused, match="Say why you deny it"):
         services.begin_action_signing(action=action, user=approver_user, decision="reject")
     request, _ = services.begin_action_signing(action=action, user=approver_user, decision="approve")
@@ -264,19 +297,24 @@ def test_the_run_page_shows_the_decision_and_a_held_call_left_by_a_dead_recorder
     opened, action = held_email
     client.force_login(on_call)
     page = client.get(reverse("journal:run_detail", args=[action.run.public_id])).content.decode()
-    assert "Held for approval: mail__send_email cannot be undone (delivered to external recipients): a human " \
-           "must approve it first by policy “everything policy” (every call)." in page
+    assert (
+        "Held for approval: mail__send_email cannot be undone (delivered to external recipients): a human "
+        "must approve it first by policy “everything policy” (every call)." in page
+    )
     assert "Waiting for an approver now." in page
     # The Recorder died while it held the call: past the longest hold, the reconciler closes it as never sent.
     later = timezone.now() + timezone.timedelta(hours=3)
     assert journal_services.reconcile_stale_steps(older_than=later, now=later) == 1
     step = Step.objects.get(pk=opened.step_id)
-    assert (step.status, step.failure_class) == ("error", "policy") and "never forwarded" in step.error_message
+    assert (step.status, step.failure_class) == (
+        "error",
+        "policy",
+    ) and "never forwarded" in step.error_message
 
 
-def test_a_long_hold_keeps_the_agents_connection_alive_and_delivers_the_answer(recorder, sales_bot, sample_servers,
-                                                                              admin_user, approver_user,
-                                                                              monkeypatch):
+def test_a_long_hold_keeps_the_agents_connection_alive_and_delivers_the_answer(
+    recorder, sales_bot, sample_servers, admin_user, approver_user, monkeypatch
+):
     """The agent's HTTP client gives up after 2 s of silence; the hold lasts longer. The Recorder answers the
     waiting call as an event stream with keep-alive comments, then the result."""
     import anyio
@@ -292,7 +330,9 @@ def test_a_long_hold_keeps_the_agents_connection_alive_and_delivers_the_answer(r
 
     async def impatient_client():
         async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=2) as http:
-            async with Client(streamable_http_client(f"{recorder.base}/mcp/", http_client=http), cache=None) as c:
+            async with Client(
+                streamable_http_client(f"{recorder.base}/mcp/", http_client=http), cache=None
+            ) as c:
                 return await c.call_tool("mail__send_email", EMAIL)
 
     thread, box = in_background(lambda: anyio.run(impatient_client))
@@ -323,8 +363,12 @@ def test_the_readme_verifier_checks_a_held_calls_signed_decision(held_email, app
     assert good.stdout.strip().endswith("2 signed approvals")
     # Claim the approval covered other arguments: the digest no longer matches what was signed.
     bundle = json.loads(path.read_text())
-    bundle["approvals"][0]["digest"] = services.action_digest(agent="sales-bot", server="mail", tool="send_email",
-                                                              arguments={**EMAIL, "to": "everyone@globex.example"})
+    bundle["approvals"][0]["digest"] = services.action_digest(
+        agent="sales-bot",
+        server="mail",
+        tool="send_email",
+        arguments={**EMAIL, "to": "everyone@globex.example"},
+    )
     path.write_text(json.dumps(bundle))
     bad = subprocess.run([sys.executable, script, path], capture_output=True, text=True)
     assert bad.returncode != 0 and "signed something else" in bad.stderr
@@ -343,9 +387,16 @@ def test_a_held_call_nobody_decided_in_time_expires(held_email):
     assert action.run.entries.filter(event="action_expired").count() == 1
     # An identical call after that waits on a new request.
     agent = action.agent
-    fresh = services.request_for_held_call(agent=agent, server=action.server, tool=action.tool,
-                                           arguments=action.arguments, decision={"decision": "ask", "class": "none"},
-                                           run_id=action.run_id, step_id=action.step_id, now=later)
+    fresh = services.request_for_held_call(
+        agent=agent,
+        server=action.server,
+        tool=action.tool,
+        arguments=action.arguments,
+        decision={"decision": "ask", "class": "none"},
+        run_id=action.run_id,
+        step_id=action.step_id,
+        now=later,
+    )
     assert fresh.pk != action.pk and fresh.state == "pending"
 
 
@@ -359,7 +410,10 @@ def test_the_policy_names_the_group_that_decides_on_held_calls(sales_bot, admin_
     services.save_policy(row=row, by=admin_user)
     _, action = hold_email(agent)
     assert action.approver_group == "on-call"
-    assert services.action_refusal(action=action, user=approver_user) == "Only members of on-call decide on held calls."
+    assert (
+        services.action_refusal(action=action, user=approver_user)
+        == "Only members of on-call decide on held calls."
+    )
     key = SoftKey()
     services.enroll_passkey(user=on_call, name="key", credential=key.register(b"e" * 32), challenge=b"e" * 32)
     client.force_login(on_call)
@@ -375,7 +429,9 @@ def test_the_nav_tells_the_deciding_group_how_many_calls_wait(held_email, client
 
     client.force_login(approver_user)
     page = client.get(reverse("journal:run_list")).content.decode()
-    assert 'Held calls <span class="badge waiting" title="Waiting for a decision by your group">1</span>' in page
+    assert (
+        'Held calls <span class="badge waiting" title="Waiting for a decision by your group">1</span>' in page
+    )
     client.force_login(on_call)  # not the deciding group: no badge
     assert 'class="badge waiting"' not in client.get(reverse("journal:run_list")).content.decode()
 
@@ -396,12 +452,15 @@ def test_a_broker_that_is_down_does_not_fail_a_held_call_and_the_approvers_are_t
     assert action.state == "pending" and not action.notified  # held, and on record, though nobody was told
     rung = []
     monkeypatch.setattr(tasks.notify_action_requested, "delay", lambda *args: rung.append(args))
-    ActionRequest.objects.filter(pk=action.pk).update(created_at=timezone.now() - timezone.timedelta(minutes=2))
+    ActionRequest.objects.filter(pk=action.pk).update(
+        created_at=timezone.now() - timezone.timedelta(minutes=2)
+    )
     tasks.expire_held_calls()
     assert rung == [(action.pk,)]
 
 
-# -- an approval covers exactly what goes out (issue 14, findings 3 to 5) -------------------------------------
+# -- an approval covers exactly what goes out (issue 14, findings 3 to 5)
+# -------------------------------------
 
 
 def raw_call(recorder, token, name: str, arguments_json: str, meta_json: str = "") -> dict:
@@ -409,8 +468,11 @@ def raw_call(recorder, token, name: str, arguments_json: str, meta_json: str = "
     write: a big integer, a lone surrogate, 1e999, NaN); the tool result as a dict."""
     import httpx2
 
-    meta = '{"io.modelcontextprotocol/protocolVersion": "2026-07-28"%s}' % (", " + meta_json if meta_json else "")
-    body = f'{{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {{"name": "{name}", "arguments": {arguments_json}, "_meta": {meta}}}}}'
+    meta = '{"io.modelcontextprotocol/protocolVersion": "2026-07-28"%s}' % (
+        ", " + meta_json if meta_json else ""
+    )
+    body = (f'{{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {{"name": "{name}", '
+            f'"arguments": {arguments_json}, "_meta": {meta}}}}}')
     response = httpx2.post(f"{recorder.base}/mcp/", content=body.encode(), timeout=30, headers={
         "authorization": f"Bearer {token}", "content-type": "application/json", "accept": "application/json",
         "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": name})
@@ -438,7 +500,8 @@ def approved_then_timed_out(recorder, token, approver_user, arguments, **call_me
 ])
 def test_an_approval_of_the_normalised_value_does_not_let_the_raw_one_through(
         recorder, sales_bot, sample_servers, admin_user, approver_user, shown, sent):
-    """Finding 3: approving {"account": "9007199254740993"} (the string shown) let {"account": 9007199254740993}
+    """Finding 3: approving {"account": "9007199254740993"} (the string shown) let {"account":
+    9007199254740993}
     through, and the journal recorded the string the server never received."""
     import json
 
@@ -465,7 +528,9 @@ def test_an_approval_covers_the_calls_meta_and_the_recorder_sets_its_idempotency
     _, token = sales_bot
     set_policy(admin_user, ask_timeout=1)
     action = approved_then_timed_out(recorder, token, approver_user, EMAIL)
-    extra = raw_call(recorder, token, "mail__send_email", json_text(EMAIL), '"vendor.example/flags": {"bcc": "all"}')
+    extra = raw_call(
+        recorder, token, "mail__send_email", json_text(EMAIL), '"vendor.example/flags": {"bcc": "all"}'
+    )
     assert extra["isError"] and "awaits approval" in extra["content"][0]["text"]
     assert sent_emails(sample_servers) == []
     other = ActionRequest.objects.get(state="pending")

@@ -71,7 +71,9 @@ def test_a_human_settles_an_unknown_outcome_and_the_report_is_counted_again(answ
     plan, event = answer_lost
     with pytest.raises(services.NotSettled):
         services.settle_unknown(plan=plan, position=event.position, by=on_call, settlement="perhaps")
-    settled = services.settle_unknown(plan=plan, position=event.position, by=on_call, settlement="took_effect")
+    settled = services.settle_unknown(
+        plan=plan, position=event.position, by=on_call, settlement="took_effect"
+    )
     assert settled.state == "partially_completed"
     assert settled.execution_summary == "Reversed 1 of 3 actions; 1 cannot be undone; 1 skipped"
     event.refresh_from_db()

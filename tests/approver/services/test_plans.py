@@ -29,7 +29,12 @@ def test_undo_from_step_1_lists_the_story_in_reverse_with_the_email_it_cannot_un
     plan = services.request_plan(run=globex, requested_by=on_call, reason="wrong customer", from_step=1)
     assert items(plan) == [(4, "send_email", "cannot_undo"), (3, "create_event", "compensate"),
                            (2, "update_deal", "compensate"), (1, "get_deal", "nothing_to_undo")]
-    assert (plan.state, plan.checks_total, plan.compensate_count, plan.cannot_undo_count) == ("checking", 2, 2, 1)
+    assert (plan.state, plan.checks_total, plan.compensate_count, plan.cannot_undo_count) == (
+        "checking",
+        2,
+        2,
+        1,
+    )
     email, event, deal, _ = services.items_for_page(plan)
     assert email.reason == "delivered to external recipients" and email.remedy.startswith("send a correction")
     assert event.tool == deal.tool == "hatp_compensate"
@@ -37,7 +42,11 @@ def test_undo_from_step_1_lists_the_story_in_reverse_with_the_email_it_cannot_un
     assert event.side_effect == "attendees get a cancellation notice"
     # The request is on the run's record.
     entry = globex.entries.order_by("-seq").first()
-    assert (entry.event, entry.data["plan"], entry.data["digest"]) == ("plan", str(plan.public_id), plan.digest)
+    assert (entry.event, entry.data["plan"], entry.data["digest"]) == (
+        "plan",
+        str(plan.public_id),
+        plan.digest,
+    )
 
 
 def test_checks_pass_against_the_servers_and_the_plan_becomes_ready(globex, on_call, sample_servers):
@@ -72,7 +81,9 @@ def test_checks_can_run_again_and_new_results_change_the_digest(globex, on_call,
     assert checked(plan).digest != first
 
 
-def test_a_server_that_fails_or_an_expired_window_gets_a_result_not_a_hang(globex, on_call, sample_servers, settings):
+def test_a_server_that_fails_or_an_expired_window_gets_a_result_not_a_hang(
+    globex, on_call, sample_servers, settings
+):
     settings.TOOL_SERVER_TIMEOUT = 2
     plan = services.request_plan(run=globex, requested_by=on_call, reason="r", from_step=2)
     event = plan.items.get(step__tool="create_event")
@@ -90,7 +101,9 @@ def test_a_server_that_fails_or_an_expired_window_gets_a_result_not_a_hang(globe
 
 def test_an_unknown_token_is_an_error_with_its_class(globex, on_call):
     plan = services.request_plan(run=globex, requested_by=on_call, reason="r", from_step=2)
-    PlanItem.objects.filter(plan=plan, step__tool="update_deal").update(arguments={"compensationToken": "ctk_forged"})
+    PlanItem.objects.filter(plan=plan, step__tool="update_deal").update(
+        arguments={"compensationToken": "ctk_forged"}
+    )
     checked(plan)
     deal = plan.items.get(step__tool="update_deal")
     assert deal.check_status == "error" and deal.check_detail["failureClass"] == "not_found"
@@ -107,8 +120,12 @@ def test_sep3172_and_mcp_compensate_items_are_checked_against_the_current_catalo
 
     async def script(client):
         meta = {"hatp/journal": {"runId": "shop"}}
-        await client.call_tool("payments__charge_payment", {"customer": "globex", "amount": "2500.00"}, meta=meta)
-        await client.call_tool("inventory__reserve_inventory", {"sku": "SKU-GLOBEX-KIT", "quantity": 3}, meta=meta)
+        await client.call_tool(
+            "payments__charge_payment", {"customer": "globex", "amount": "2500.00"}, meta=meta
+        )
+        await client.call_tool(
+            "inventory__reserve_inventory", {"sku": "SKU-GLOBEX-KIT", "quantity": 3}, meta=meta
+        )
 
     run_agent(recorder, token, script)
     run = Step.objects.get(tool="charge_payment").run
@@ -152,7 +169,9 @@ def test_the_api_returns_the_content_exactly_as_digested(globex, on_call, client
 
 
 def test_undo_and_check_plan_commands(globex, on_call, capsys):
-    call_command("undo", str(globex.public_id), "--from-step", "2", "--reason", "wrong deal", "--as", "olivia")
+    call_command(
+        "undo", str(globex.public_id), "--from-step", "2", "--reason", "wrong deal", "--as", "olivia"
+    )
     out = capsys.readouterr().out.splitlines()
     plan = Plan.objects.get()
     assert out[0] == f"Plan {plan.public_id}"

@@ -81,8 +81,9 @@ def test_a_timeout_on_a_tool_that_cannot_be_taken_back_advises_asking_the_user(r
     ("legacy", "legacy__blob", {"size": 3}),  # readOnlyHint
     ("payments", "payments__refund_payment", {"transactionId": "txn_nope"}),  # idempotentHint
 ])
-def test_a_timeout_on_a_read_or_an_idempotent_tool_advises_retrying(recorder, bot, sample_servers, server, tool,
-                                                                    arguments):
+def test_a_timeout_on_a_read_or_an_idempotent_tool_advises_retrying(
+    recorder, bot, sample_servers, server, tool, arguments
+):
     _, token = bot
     result = lost_answer(recorder, token, sample_servers, server, tool, arguments)
     assert advice(result)["action"] == "retry" and advice(result)["retryable"] is True
@@ -91,7 +92,10 @@ def test_a_timeout_on_a_read_or_an_idempotent_tool_advises_retrying(recorder, bo
 def test_a_servers_own_tool_error_arrives_as_sent_with_advice_added(recorder, bot, sample_servers):
     _, token = bot
     result = call(recorder, token, "crm__update_deal", {"deal_id": "D-404", "stage": "Won"})
-    assert result["content"][0]["text"] == "Deal D-404 not found." and result["structuredContent"]["code"] == "NOT_FOUND"
+    assert (
+        result["content"][0]["text"] == "Deal D-404 not found."
+        and result["structuredContent"]["code"] == "NOT_FOUND"
+    )
     assert advice(result) == {**advice(result), "category": "not_found", "action": "repair_arguments",
                               "retryable": False}
     assert Step.objects.get().recovery == advice(result)
@@ -122,21 +126,35 @@ def test_the_recorders_own_errors_carry_advice(recorder, bot, sample_servers, ad
     denied = call(recorder, token, "legacy__create_ticket", TICKET)
     assert advice(denied)["action"] == "stop" and advice(denied)["category"] == "policy"
     assert Step.objects.get(tool="create_ticket").recovery == advice(denied)
-    deep = httpx.post(f"{recorder.base}/mcp/", headers={
-        "authorization": f"Bearer {token}", "content-type": "application/json",
-        "accept": "application/json, text/event-stream"},
-        content=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": ' + b"[" * 80 + b"]" * 80 + b"}")
+    deep = httpx.post(
+        f"{recorder.base}/mcp/",
+        headers={
+            "authorization": f"Bearer {token}",
+            "content-type": "application/json",
+            "accept": "application/json, text/event-stream",
+        },
+        content=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": '
+        + b"[" * 80
+        + b"]" * 80
+        + b"}",
+    )
     data = deep.json()["error"]["data"]
-    assert data["source"] == "recorder" and data["_meta"]["hatp/journal"]["recovery"]["action"] == "repair_arguments"
+    assert (
+        data["source"] == "recorder"
+        and data["_meta"]["hatp/journal"]["recovery"]["action"] == "repair_arguments"
+    )
 
 
 # -- the retry guard ---------------------------------------------------------------------------------------
 
 
-def test_a_repeat_after_an_unknown_outcome_is_held_and_runs_once_approved(recorder, bot, sample_servers, admin_user,
-                                                                          approver_user):
+def test_a_repeat_after_an_unknown_outcome_is_held_and_runs_once_approved(
+    recorder, bot, sample_servers, admin_user, approver_user
+):
     _, token = bot
-    set_policy(admin_user, ask_timeout=2, unknown="allow")  # such calls are allowed: the guard still holds a repeat
+    set_policy(
+        admin_user, ask_timeout=2, unknown="allow"
+    )  # such calls are allowed: the guard still holds a repeat
     lost_answer(recorder, token, sample_servers, "legacy", "legacy__create_ticket", TICKET)
     repeat = call(recorder, token, "legacy__create_ticket", TICKET)
     assert repeat["isError"] and "may already have acted" in repeat["content"][0]["text"]
@@ -147,7 +165,8 @@ def test_a_repeat_after_an_unknown_outcome_is_held_and_runs_once_approved(record
     first = Step.objects.get(number=1)
     assert Step.objects.get(number=2).policy_decision["retryOf"]["run"] == str(first.run.public_id)
 
-    # The held-call page links the first attempt; an approver signs; the agent's next repeat goes through once.
+    # The held-call page links the first attempt; an approver signs; the agent's next repeat goes through
+    # once.
     page = WebClient()
     page.force_login(approver_user)
     shown = page.get(f"/actions/{action.public_id}/").content.decode()
@@ -162,15 +181,19 @@ def test_a_repeat_after_an_unknown_outcome_is_held_and_runs_once_approved(record
     assert ActionRequest.objects.count() == 1
 
 
-def test_a_repeat_that_was_refused_does_not_hide_the_attempt_that_may_have_acted(recorder, bot, sample_servers,
-                                                                                 admin_user, approver_user):
+def test_a_repeat_that_was_refused_does_not_hide_the_attempt_that_may_have_acted(
+    recorder, bot, sample_servers, admin_user, approver_user
+):
     _, token = bot
     set_policy(admin_user, ask_timeout=5, unknown="allow")
     lost_answer(recorder, token, sample_servers, "legacy", "legacy__create_ticket", TICKET)
     thread, box = in_background(lambda: call(recorder, token, "legacy__create_ticket", TICKET))
     decide(held(), approver_user, "reject", reason="check the first one by hand")
     thread.join(10)
-    assert "denied this call" in box["result"]["content"][0]["text"] and advice(box["result"])["action"] == "stop"
+    assert (
+        "denied this call" in box["result"]["content"][0]["text"]
+        and advice(box["result"])["action"] == "stop"
+    )
     again = call(recorder, token, "legacy__create_ticket", TICKET)
     assert "may already have acted" in again["content"][0]["text"] and len(tickets(sample_servers)) == 1
 
@@ -183,7 +206,9 @@ def test_other_arguments_reads_and_idempotent_tools_are_not_held(recorder, bot, 
     assert not other.get("isError")
     lost_answer(recorder, token, sample_servers, "legacy", "legacy__blob", {"size": 2})
     assert not call(recorder, token, "legacy__blob", {"size": 2}).get("isError")
-    lost_answer(recorder, token, sample_servers, "payments", "payments__refund_payment", {"transactionId": "t1"})
+    lost_answer(
+        recorder, token, sample_servers, "payments", "payments__refund_payment", {"transactionId": "t1"}
+    )
     refund = call(recorder, token, "payments__refund_payment", {"transactionId": "t1"})
     assert refund["structuredContent"]["code"] == "NOT_FOUND"  # it reached the server
     assert not ActionRequest.objects.exists()
@@ -197,7 +222,9 @@ def test_a_policy_may_let_repeats_of_a_tool_through(recorder, bot, sample_server
     first = lost_answer(recorder, token, sample_servers, "legacy", "legacy__create_ticket", TICKET)
     assert advice(first)["action"] == "retry"  # the advice says what the policy allows
     repeat = call(recorder, token, "legacy__create_ticket", TICKET)
-    assert not repeat.get("isError") and len(tickets(sample_servers)) == 2 and not ActionRequest.objects.exists()
+    assert (
+        not repeat.get("isError") and len(tickets(sample_servers)) == 2 and not ActionRequest.objects.exists()
+    )
 
 
 def test_without_any_policy_the_guard_still_holds_a_repeat(recorder, bot, sample_servers, settings):

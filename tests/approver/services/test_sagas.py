@@ -1,5 +1,7 @@
-"""A failed call under a saga policy stops the run (ChronoMCP's saga mode), through the Recorder and the sample
-servers: "propose" opens the plan that undoes the task and tells the agent where it is; "unwind" runs that plan
+"""A failed call under a saga policy stops the run (ChronoMCP's saga mode), through the Recorder and the
+sample
+servers: "propose" opens the plan that undoes the task and tells the agent where it is; "unwind" runs that
+plan
 before the agent hears of its failure when no human is needed, and falls back to "propose" otherwise; the run
 refuses further calls until the plan ends or a person releases it. The servers' ledgers say what happened."""
 
@@ -60,7 +62,9 @@ def test_propose_opens_the_plan_tells_the_agent_and_halts_the_run_until_released
     assert failed["isError"] and failed["structuredContent"]["code"] == "NOT_FOUND"
     plan = Plan.objects.get()
     assert journal_of(failed)["undoPlan"].endswith(f"/plans/{plan.public_id}/")
-    assert journal_of(failed)["recovery"]["action"] == "repair_arguments" and "unwound" not in journal_of(failed)
+    assert journal_of(failed)["recovery"]["action"] == "repair_arguments" and "unwound" not in journal_of(
+        failed
+    )
     assert plan.requested_by == dana and plan.from_step == 1 and plan.state == "checking"
     assert "step 2 (crm__update_deal) failed" in plan.reason
     run = Run.objects.get()
@@ -87,7 +91,9 @@ def test_propose_opens_the_plan_tells_the_agent_and_halts_the_run_until_released
     assert journal_services.verify_run(run=run).ok
 
 
-def test_unwind_runs_the_plan_before_the_agent_hears_of_its_failure(recorder, bot, sample_servers, admin_user):
+def test_unwind_runs_the_plan_before_the_agent_hears_of_its_failure(
+    recorder, bot, sample_servers, admin_user
+):
     saga_policy(admin_user, "unwind", auto_run_plans=True)
     story = [("crm__update_deal", {"deal_id": "D-881", "stage": "Won"}),
              ("crm__update_deal", {"deal_id": "D-882", "amount": "15000"}), MISSING]
@@ -114,7 +120,9 @@ def test_unwind_falls_back_to_propose_when_a_human_is_needed(recorder, bot, samp
     unwound = journal_of(failed)["unwound"]
     assert unwound["state"] == "ready" and "Step 2 cannot be undone" in unwound["proposed"]
     assert compensations(sample_servers, "crm") == [] and Plan.objects.get().state == "ready"
-    assert Run.objects.get(key="run:task-1").halted_by_plan  # it waits for approvers, and the run waits with it
+    assert Run.objects.get(
+        key="run:task-1"
+    ).halted_by_plan  # it waits for approvers, and the run waits with it
 
 
 def test_the_plan_starts_where_the_agent_marked_its_task_and_nothing_earlier_is_touched(
@@ -128,7 +136,9 @@ def test_the_plan_starts_where_the_agent_marked_its_task_and_nothing_earlier_is_
     assert [c["resource"] for c in compensations(sample_servers, "crm")] == ["deal/D-882"]
 
 
-def test_an_upstream_json_rpc_error_stays_verbatim_and_still_stops_the_run(recorder, bot, sample_servers, admin_user):
+def test_an_upstream_json_rpc_error_stays_verbatim_and_still_stops_the_run(
+    recorder, bot, sample_servers, admin_user
+):
     saga_policy(admin_user, "propose")
     calls(recorder, bot, [("crm__update_deal", {"deal_id": "D-881", "stage": "Won"})])
     sample_servers.set_mode("crm", "rpc_error")
@@ -137,7 +147,9 @@ def test_an_upstream_json_rpc_error_stays_verbatim_and_still_stops_the_run(recor
         from mcp import MCPError
 
         with pytest.raises(MCPError) as raised:
-            await client.call_tool("crm__update_deal", {"deal_id": "D-882"}, meta={"hatp/journal": {"runId": "task-1"}})
+            await client.call_tool(
+                "crm__update_deal", {"deal_id": "D-882"}, meta={"hatp/journal": {"runId": "task-1"}}
+            )
         return raised.value.error
 
     error = run_agent(recorder, bot, script)
@@ -146,7 +158,9 @@ def test_an_upstream_json_rpc_error_stays_verbatim_and_still_stops_the_run(recor
 
 
 def test_without_a_saga_policy_a_failure_is_just_an_error(recorder, bot, sample_servers, admin_user):
-    services.save_policy(row=AutonomyPolicy(name="Plain", scope="everything", decisions=ALLOW_ALL), by=admin_user)
+    services.save_policy(
+        row=AutonomyPolicy(name="Plain", scope="everything", decisions=ALLOW_ALL), by=admin_user
+    )
     failed = calls(recorder, bot, [("crm__update_deal", {"deal_id": "D-881", "stage": "Won"}), MISSING])[1]
     assert "undoPlan" not in journal_of(failed) and not Plan.objects.exists()
     assert not Run.objects.get().halted_by_plan

@@ -25,7 +25,9 @@ def desk_run(recorder, sample_servers, dana, monkeypatch):
 
     async def script(client):
         await client.call_tool("desk__open_record", {"id": "C-77"})
-        edited = await client.call_tool("desk__edit_record", {"id": "C-77", "status": "Customer", "owner": "bo"})
+        edited = await client.call_tool(
+            "desk__edit_record", {"id": "C-77", "status": "Customer", "owner": "bo"}
+        )
         trashed = await client.call_tool("desk__trash_record", {"id": "C-78"})
         return edited, trashed
 

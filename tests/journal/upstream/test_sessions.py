@@ -15,11 +15,11 @@ from journal.upstream.client import Endpoint, ToolServerError, Upstreams
 from tests.conftest import ServerThread, free_port
 from tests.fixtures import handshake_server
 
-from .helpers import register_samples, run_agent
+from ..helpers import register_samples, run_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SLOW = [sys.executable, str(Path(__file__).resolve().parent.parent / "fixtures" / "slow_stdio_server.py")]
+SLOW = [sys.executable, str(Path(__file__).resolve().parents[2] / "fixtures" / "slow_stdio_server.py")]
 
 
 def wait_for(predicate, seconds: float = 10.0) -> bool:
@@ -35,7 +35,9 @@ def wait_for(predicate, seconds: float = 10.0) -> bool:
 def slow(tmp_path):
     """The slow stdio server, registered; its ledger says when each of its processes started and stopped."""
     ledger = tmp_path / "ledger"
-    services.refresh_catalogue(server=services.register_tool_server(name="slow", command=" ".join([*SLOW, str(ledger)])))
+    services.refresh_catalogue(
+        server=services.register_tool_server(name="slow", command=" ".join([*SLOW, str(ledger)]))
+    )
     ledger.unlink()  # reading the catalogue started (and stopped) a process of its own
     return ledger
 
@@ -50,7 +52,11 @@ def pids(recorder, token: str, *, mode: str, calls: int = 2) -> list[str]:
 def test_two_agents_get_a_process_each_and_an_agents_calls_stay_in_its_own(recorder, dana, slow):
     _, ada = services.create_agent(name="ada", on_behalf_of=dana)
     _, bob = services.create_agent(name="bob", on_behalf_of=dana)
-    first, second, again = pids(recorder, ada, mode="auto"), pids(recorder, bob, mode="auto"), pids(recorder, ada, mode="auto")
+    first, second, again = (
+        pids(recorder, ada, mode="auto"),
+        pids(recorder, bob, mode="auto"),
+        pids(recorder, ada, mode="auto"),
+    )
     assert len(set(first)) == len(set(second)) == 1  # one process serves all of an agent's calls
     assert first[0] != second[0]
     assert again == first  # a stateless (2026-07-28) agent's calls are one session for the Recorder
@@ -69,7 +75,9 @@ def test_each_handshake_session_gets_its_own_process_stopped_when_the_session_en
 def test_a_handshake_servers_session_state_is_never_another_agents(recorder, dana):
     port = free_port()
     with ServerThread(handshake_server.build_app(), port) as upstream:
-        services.refresh_catalogue(server=services.register_tool_server(name="memo", url=f"{upstream.base}/mcp"))
+        services.refresh_catalogue(
+            server=services.register_tool_server(name="memo", url=f"{upstream.base}/mcp")
+        )
         _, ada = services.create_agent(name="ada", on_behalf_of=dana)
         _, bob = services.create_agent(name="bob", on_behalf_of=dana)
 

@@ -14,7 +14,7 @@ from journal.models import Step
 from tests.conftest import ServerThread, free_port
 from tests.fixtures import handshake_server, modern_server
 
-from .helpers import run_agent
+from ..helpers import run_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -76,8 +76,12 @@ def redirecting(inner, target: str, methods: set[str] | None, status: int = 307,
 def test_a_catalogue_read_that_is_redirected_fails_naming_the_target_and_nothing_follows_it(
         transactional_db, internal, status, where):
     target, hits = internal if where == "elsewhere" else (SAME_ORIGIN, [])
-    with ServerThread(redirecting(handshake_server.build_app(), target, None, status, hits), free_port()) as shady:
-        server = services.refresh_catalogue(server=services.register_tool_server(name="shady", url=f"{shady.base}/mcp"))
+    with ServerThread(
+        redirecting(handshake_server.build_app(), target, None, status, hits), free_port()
+    ) as shady:
+        server = services.refresh_catalogue(
+            server=services.register_tool_server(name="shady", url=f"{shady.base}/mcp")
+        )
     assert f"answered HTTP {status}, a redirect to {target}" in server.catalogue_error
     assert "does not follow redirects" in server.catalogue_error
     assert hits == []
@@ -91,7 +95,9 @@ def test_a_call_answered_with_a_redirect_is_a_failed_call_naming_the_target(
     target, hits = internal if where == "elsewhere" else (SAME_ORIGIN, [])
     _, token = services.create_agent(name="bot", on_behalf_of=dana)
     with ServerThread(redirecting(server_app(), target, {"tools/call"}, 307, hits), free_port()) as shady:
-        services.refresh_catalogue(server=services.register_tool_server(name="shady", url=f"{shady.base}/mcp"))
+        services.refresh_catalogue(
+            server=services.register_tool_server(name="shady", url=f"{shady.base}/mcp")
+        )
 
         async def script(client):
             return await client.call_tool("shady__announce", {})

@@ -12,7 +12,7 @@ from django.utils import timezone
 from journal import services
 from journal.models import Run
 
-from .helpers import register_samples, run_agent
+from ..helpers import register_samples, run_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -27,7 +27,9 @@ def calls(recorder, token, *run_ids):
     run_agent(recorder, token, script, mode="auto")
 
 
-def test_a_stateless_agents_calls_are_grouped_by_its_run_id_else_by_time(recorder, sample_servers, dana, on_call):
+def test_a_stateless_agents_calls_are_grouped_by_its_run_id_else_by_time(
+    recorder, sample_servers, dana, on_call
+):
     register_samples(sample_servers, names=("legacy",))
     _, token = services.create_agent(name="clock", on_behalf_of=dana)
     calls(recorder, token, "task-1", None, "task-1", None)
@@ -58,7 +60,10 @@ def test_a_stateless_agents_calls_are_grouped_by_its_run_id_else_by_time(recorde
 
     # A run grouped by the agent's runId is the agent's to end; ending twice is refused too.
     refused = web.post(f"/runs/{keyed.public_id}/end/", HTTP_X_CSRFTOKEN=token_value, follow=True)
-    assert b"the agent decides where it ends" in refused.content and Run.objects.get(pk=keyed.pk).ended_at is None
+    assert (
+        b"the agent decides where it ends" in refused.content
+        and Run.objects.get(pk=keyed.pk).ended_at is None
+    )
     again = web.post(f"/runs/{later.public_id}/end/", HTTP_X_CSRFTOKEN=token_value, follow=True)
     assert b"already ended" in again.content
 

@@ -1,0 +1,186 @@
+"""The checks of a plan: each compensate item asked of its tool server, changing nothing, whether its undo
+would work now, in rounds (a new round when someone presses "Check again"); results are kept as they arrive,
+and the plan is ready, with a digest over them, once every item has its answer."""
+
+from datetime import datetime
+
+import anyio
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from journal import services as journal_services
+from journal import sql
+from journal.upstream.client import Endpoint, Upstreams
+
+from .. import checks, planning
+from ..checks import CheckResult
+from ..content import content_rows, plan_content
+from ..models import Plan, PlanItem
+from ..policy_book import plan_needs_a_human
+from . import bell
+from .approvals import approve
+
+
+def queue_checks(*, plan: Plan, now: datetime | None = None, ring: bool = True) -> bool:
+    """Start a new round of checks on a draft or ready plan: every compensate item goes back to `pending`
+    and the worker is asked once the transaction commits (unless `ring` is False: the caller runs the
+    round itself). False if the plan is in no state to be checked."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        claimed = Plan.objects.filter(pk=plan.pk, state__in=Plan.CHECKABLE_STATES).update(
+            state=Plan.State.CHECKING, checks_done=0, check_round=F("check_round") + 1, updated_at=now)
+        if not claimed:
+            return False
+        # Conflict choices answered the old results; a new round must be chosen on afresh.
+        plan.items.filter(action=PlanItem.Action.COMPENSATE).update(
+            check_status=PlanItem.Check.PENDING, check_detail={}, checked_at=None, conflict_choice="")
+        plan.refresh_from_db()
+        if ring:
+            bell.ring(bell.CHECK_PLAN, plan.pk, plan.check_round)
+    return True
+
+
+def record_checks(*, plan: Plan, check_round: int, results: list[tuple[int, CheckResult]],
+                  now: datetime | None = None) -> None:
+    """Keep check results as they arrive (a batch of whatever came in meanwhile, in one short
+    transaction); the plan's progress counter moves with them. Only a `pending` item of the plan's current
+    round takes a result."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        if not Plan.objects.select_for_update().filter(
+                pk=plan.pk, state=Plan.State.CHECKING, check_round=check_round).exists():
+            return
+        # The hand-built conditional update of the Recorder's hot path: a batch of hundreds of answers is a
+        # few milliseconds, not a long hold on the lock (and on the interpreter) while checks are in flight.
+        done = sum(
+            sql.update(
+                PlanItem,
+                item_id,
+                {"check_status": result.status, "check_detail": result.detail, "checked_at": now},
+                only_if={"check_status": PlanItem.Check.PENDING},
+            )
+            for item_id, result in results
+        )
+        if done:
+            Plan.objects.filter(pk=plan.pk).update(checks_done=F("checks_done") + done, updated_at=now)
+
+
+def run_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> Plan | None:
+    """Check every item of this round still `pending` against its server, keeping results as they arrive,
+    then mark the plan ready. Safe to run twice (a worker that died is simply asked again): answered items
+    are not asked again. None when the plan has moved on from this round."""
+    now = now or timezone.now()
+    if not Plan.objects.filter(pk=plan.pk, state=Plan.State.CHECKING, check_round=check_round).exists():
+        return None
+    rows = plan.items.filter(action=PlanItem.Action.COMPENSATE, check_status=PlanItem.Check.PENDING).values(
+        "id",
+        "dialect",
+        "tool",
+        "arguments",
+        "if_version",
+        "idempotency_key",
+        "undo_by",
+        "step__server__name",
+        "step__server__transport",
+        "step__server__url",
+        "step__server__command",
+    )
+    targets, orphans = [], []
+    endpoints: dict[tuple, Endpoint] = {}
+    for row in rows:
+        if row["step__server__name"] is None:
+            orphans.append(
+                (
+                    row["id"],
+                    CheckResult("unavailable", {"message": "The tool server is no longer registered."}),
+                )
+            )
+            continue
+        where = (row["step__server__name"], row["step__server__transport"], row["step__server__url"],
+                 row["step__server__command"])
+        endpoint = endpoints.setdefault(where, Endpoint(*where))
+        targets.append(
+            checks.CheckTarget(
+                item_id=row["id"],
+                endpoint=endpoint,
+                dialect=row["dialect"],
+                tool=row["tool"],
+                arguments=row["arguments"] or {},
+                if_version=row["if_version"],
+                idempotency_key=row["idempotency_key"],
+                undo_by=row["undo_by"],
+            )
+        )
+    if orphans:
+        record_checks(plan=plan, check_round=check_round, results=orphans, now=now)
+    anyio.run(_check_and_record, plan, check_round, targets, now)
+    return finish_checks(plan=plan, check_round=check_round)
+
+
+# Check results are written at most this often: the progress line moves several times a second, and a
+# plan of hundreds of items costs a handful of transactions instead of one per item.
+WRITE_EVERY = 0.25
+
+
+async def _check_and_record(plan: Plan, check_round: int, targets: list, now: datetime) -> None:
+    """Run the checks; a writer task keeps their results in batches, off the event loop, so a slow
+    database never holds up the servers' answers."""
+    send, receive = anyio.create_memory_object_stream(max_buffer_size=len(targets) + 1)
+    write = sync_to_async(record_checks)
+
+    async def writer():
+        async with receive:
+            async for first in receive:
+                batch = [first]
+                with anyio.move_on_after(WRITE_EVERY):
+                    async for more in receive:
+                        batch.append(more)
+                await write(plan=plan, check_round=check_round, results=batch)
+
+    async def on_result(item_id: int, result: CheckResult) -> None:
+        await send.send((item_id, result))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(writer)
+        async with send, Upstreams(timeout=settings.TOOL_SERVER_TIMEOUT) as upstreams:
+            await checks.check_all(
+                targets,
+                upstreams=upstreams,
+                now=now,
+                per_server=settings.PLAN_CHECKS_PER_SERVER,
+                timeout=settings.TOOL_SERVER_TIMEOUT,
+                on_result=on_result,
+            )
+
+
+def finish_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> Plan:
+    """Every item of the round has an answer: the plan is ready, with a digest over the new results."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        plan = Plan.objects.select_for_update().select_related("run", "requested_by").get(pk=plan.pk)
+        if plan.state != Plan.State.CHECKING or plan.check_round != check_round:
+            return plan
+        rows = content_rows(plan)
+        if any(row["check_status"] == PlanItem.Check.PENDING for row in rows):
+            return plan  # a result was not kept (the writer failed); the stalled-check task asks again
+        plan.digest = planning.digest(plan_content(plan, rows))
+        plan.conflict_count = sum(row["check_status"] == PlanItem.Check.CONFLICT for row in rows)
+        plan.state, plan.checked_at, plan.updated_at = Plan.State.READY, now, now
+        plan.save(update_fields=["digest", "conflict_count", "state", "checked_at", "updated_at"])
+        counts: dict[str, int] = {}
+        for row in rows:
+            if row["check_status"]:
+                counts[row["check_status"]] = counts.get(row["check_status"], 0) + 1
+        journal_services.record_event(run_id=plan.run_id, event="check", now=now, data={
+            "plan": str(plan.public_id), "results": counts, "digest": plan.digest,
+        })
+        if not plan_needs_a_human(plan):
+            # Everything in it can be taken back through the API, unchanged since, at no cost, and the
+            # policies say such plans need no human: it runs at once, and says so in the record.
+            approve(plan=plan, approvers=None, now=now)
+            return plan
+        bell.ring(bell.NOTIFY_PLAN_READY, plan.pk, plan.check_round)
+    return plan
