@@ -38,7 +38,7 @@ docs: $(STAMP)
 	@mkdir -p var; NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict > var/docs.log 2>&1 \
 		|| { cat var/docs.log; exit 1; }; echo "docs: built (mkdocs build --strict)"
 
-test: $(STAMP) $(NODE_STAMP) docs
+test: $(STAMP) $(NODE_STAMP) lint docs
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@mkdir -p var; status=0; \
 	VAR_DIR=$(CURDIR)/var/test-2 $(PY) -m pytest $(SECOND_HALF) > var/test-second-half.log 2>&1 & second=$$!; \

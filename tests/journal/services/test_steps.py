@@ -24,7 +24,8 @@ def agent(dana):
 
 def opened(agent, server=None, **kwargs):
     return services.open_step(agent=agent, run_key="run:task", server=server, server_name="crm",
-                              tool="update_deal", arguments={"deal_id": "D-881"}, request_meta=None, now=AT, **kwargs)
+                              tool="update_deal", arguments={"deal_id": "D-881"}, request_meta=None, now=AT,
+                              **kwargs)
 
 
 def events(run_id):
@@ -78,7 +79,8 @@ def test_a_call_the_policy_holds_opens_held_and_a_refusal_closes_it_without_forw
 
 def test_the_reconciler_closes_a_step_whose_answer_was_never_recorded_as_unknown(agent):
     step = opened(agent)
-    assert services.reconcile_stale_steps(older_than=AT + timedelta(minutes=5), now=AT + timedelta(minutes=5)) == 1
+    later = AT + timedelta(minutes=5)
+    assert services.reconcile_stale_steps(older_than=later, now=later) == 1
     row = Step.objects.get(pk=step.step_id)
     assert (row.status, row.may_have_acted, row.reversibility) == ("error", True, "unknown")
-    assert services.reconcile_stale_steps(older_than=AT + timedelta(minutes=5)) == 0  # safe to run twice
+    assert services.reconcile_stale_steps(older_than=later) == 0  # safe to run twice
