@@ -150,7 +150,7 @@ class SampleServer:
 
     def once(self, key: str | None, action: Callable[[], types.CallToolResult]) -> types.CallToolResult:
         """Run `action` at most once per idempotency key: a replayed key returns the first outcome and
-        changes nothing (DESIGN.md). Without a key the action simply runs."""
+        changes nothing (docs/design.md). Without a key the action simply runs."""
         remembered = self.store.data.setdefault("idempotency", {})
         if key and key in remembered:
             return types.CallToolResult.model_validate(remembered[key])

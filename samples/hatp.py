@@ -1,5 +1,5 @@
 """The HATP journal dialect on the server side: per-call `_meta`, signed receipts, `hatp_check` and
-`hatp_compensate` with `ifVersion`, `idempotencyKey` and the UNDO_* error codes (DESIGN.md)."""
+`hatp_compensate` with `ifVersion`, `idempotencyKey` and the UNDO_* error codes (docs/design.md)."""
 
 import base64
 import secrets

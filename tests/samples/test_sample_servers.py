@@ -1,4 +1,4 @@
-"""The sample servers keep the undo contract of DESIGN.md, over real MCP: the later issues rely on it."""
+"""The sample servers keep the undo contract of docs/design.md, over real MCP: the later issues rely on it."""
 
 import anyio
 import pytest
