@@ -32,7 +32,8 @@ $(NODE_STAMP): tests/conformance/package-lock.json
 # half's output follows the first's. With PYTEST_ARGS (one file, say), it is one run, as before.
 SECOND_HALF := tests/journal/test_conformance.py tests/journal/test_pairings.py tests/journal/test_features.py \
 	tests/journal/test_versions_pairings.py tests/journal/test_large_results.py tests/journal/upstream/test_sessions.py \
-	tests/journal/test_recorder.py tests/journal/test_oauth.py tests/journal/test_hostile.py tests/browser
+	tests/journal/test_recorder.py tests/journal/test_oauth.py tests/journal/test_hostile.py tests/journal/test_agent_meta.py \
+	tests/browser
 # The documentation site: a broken link or a missing page fails the build (and so the tests).
 docs: $(STAMP)
 	@mkdir -p var; NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict > var/docs.log 2>&1 \

@@ -37,17 +37,29 @@ def header_safe(value: str, limit: int = SUBJECT_LENGTH) -> str:
     return cleaned if len(cleaned) <= limit else cleaned[: limit - 1] + "…"
 
 
+def one_line(value: str, limit: int = 300) -> str:
+    """An agent's or a server's words (a tool name, a reason) as they go into a message: on one line, so
+    they cannot add lines of their own ("Approve or deny: https://…") under ours."""
+    return header_safe(str(value), limit)
+
+
+def slack_escaped(text: str) -> str:
+    """Text as Slack reads it literally: `&`, `<` and `>` escaped, so no `<!channel>` or `<url|label>` that an
+    agent wrote turns into a mention or a disguised link."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def _link(plan: Plan) -> str:
     return f"{settings.PUBLIC_URL.rstrip('/')}{plan_url(plan)}"
 
 
 def summary(plan: Plan) -> str:
-    who = plan.run.agent_name + (
+    who = one_line(plan.run.agent_name) + (
         f" for {plan.run.agent.on_behalf_of.get_username()}" if plan.run.agent_id else ""
     )
     return (f"Undo {plan.compensate_count} action{'s' if plan.compensate_count != 1 else ''} by {who}: "
             f"{plan.cannot_undo_count} cannot be undone, {plan.conflict_count} changed since. "
-            f"Asked by {plan.requested_by.get_username()}: “{plan.reason}”.")
+            f"Asked by {plan.requested_by.get_username()}: “{one_line(plan.reason, 500)}”.")
 
 
 def approvers_to_tell(plan: Plan) -> list:
@@ -71,10 +83,10 @@ def action_requested(action: ActionRequest) -> int:
         get_user_model().objects.filter(is_active=True, groups__name=action.approver_group).exclude(email="")
     )
     recipients = [u.email for u in users.distinct() if not authority.action_refusal(action=action, user=u)]
-    args = ", ".join(f"{k}={v!r}" for k, v in sorted(action.arguments.items()))[:500]
-    text = (f"{action.agent.name} (for {action.agent.on_behalf_of.get_username()}) is waiting to call "
-            f"{action.server.name}__{action.tool}({args}).\n{action.reason}\nApprove or deny: "
-            f"{action_url(action)}")
+    args = one_line(", ".join(f"{k}={v!r}" for k, v in sorted(action.arguments.items())), 500)
+    who = f"{one_line(action.agent.name)} (for {action.agent.on_behalf_of.get_username()})"
+    text = (f"{who} is waiting to call {one_line(action.server.name)}__{one_line(action.tool)}({args}).\n"
+            f"{one_line(action.reason, 500)}\nApprove or deny: {action_url(action)}")
     return _tell_approvers(
         recipients, f"Held for approval: {action.agent.name} wants {action.tool}", text, action
     )
@@ -83,7 +95,7 @@ def action_requested(action: ActionRequest) -> int:
 def _tell_approvers(recipients: list[str], subject: str, text: str, about) -> int:
     sent = email(subject, text, recipients, about=str(about)) if recipients else 0
     if settings.APPROVAL_WEBHOOK_URL:
-        webhook(f"{header_safe(subject)}. {text}", about=str(about))
+        webhook(slack_escaped(f"{header_safe(subject)}. {text}"), about=str(about))
     return sent
 
 

@@ -87,9 +87,36 @@ def prepared(
         request_meta=to_ijson(request_meta) if request_meta else None,
         declaration=declaration,
         traits=traits,
-        digest=sha256_hex({"agent": agent, "server": server_name, "tool": tool, "arguments": arguments}),
+        digest=sha256_hex({"agent": agent, "server": server_name, "tool": tool,
+                           "arguments": declared_arguments(arguments, tool_def)}),
         guarded=recovery.needs_retry_guard(kind=declaration.kind, idempotent=traits.idempotent),
     )
+
+
+def agent_journal(request_meta: Any) -> dict[str, Any]:
+    """What the agent sent under `_meta["hatp/journal"]`, or {} when it sent no object there: the agent
+    controls every byte of it, so nothing that reads it assumes a shape."""
+    journal = request_meta.get(declarations.HATP_KEY) if isinstance(request_meta, dict) else None
+    return journal if isinstance(journal, dict) else {}
+
+
+def declared_dependencies(request_meta: Any, *, before: int) -> set[int]:
+    """The earlier steps the agent declared this call depends on (`dependsOn`: step numbers below `before`);
+    anything else it sent there is ignored."""
+    declared = agent_journal(request_meta).get("dependsOn")
+    if not isinstance(declared, list):
+        return set()
+    return {n for n in declared if isinstance(n, int) and not isinstance(n, bool) and 0 < n < before}
+
+
+def declared_arguments(arguments: dict[str, Any], tool_def: dict[str, Any] | None) -> dict[str, Any]:
+    """The arguments the tool's input schema declares (all of them when it declares none): what the retry
+    guard finds repeats by, so adding an argument the tool ignores does not make a call new."""
+    schema = tool_def.get("inputSchema") if isinstance(tool_def, dict) else None
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(properties, dict) or not properties:
+        return arguments
+    return {key: value for key, value in arguments.items() if key in properties}
 
 
 def opening_status(decision: dict[str, Any] | None) -> str:

@@ -10,7 +10,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from journal import declarations
+from journal import journaling
 from journal import services as journal_services
 from journal.errors import Refused
 from journal.models import Run, Step, StepDependency
@@ -50,8 +50,7 @@ def step_facts(run: Run) -> list[planning.StepFacts]:
     )
     facts = []
     for row in Step.objects.filter(run=run).order_by("number").values(*_FACT_FIELDS):
-        journal = (row["request_meta"] or {}).get(declarations.HATP_KEY)
-        declared = journal.get("dependsOn") if isinstance(journal, dict) else None
+        declared = journaling.agent_journal(row["request_meta"]).get("dependsOn")
         facts.append(
             planning.StepFacts(
                 id=row["id"],

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from journal import declarations
+from journal import journaling
 from journal import services as journal_services
 from journal.models import Run, Step
 
@@ -38,8 +38,7 @@ def task_start(run: Run, failed: Step) -> int:
     """Where the failed call's task began: the latest earlier step the agent marked `sagaStart`, else 1."""
     for number, meta in (Step.objects.filter(run=run, number__lte=failed.number).order_by("-number")
                          .values_list("number", "request_meta")):
-        journal = meta.get(declarations.HATP_KEY) if isinstance(meta, dict) else None
-        if isinstance(journal, dict) and journal.get(SAGA_START) is True:
+        if journaling.agent_journal(meta).get(SAGA_START) is True:
             return number
     return 1
 

@@ -85,7 +85,9 @@ class AnswerAsJson:
                 await self.deliveries.finished(
                     session_id.decode("latin-1"), request_id, delivered=not watched.gone
                 )
-            elif self.cancels is not None and (cancelled := cancelled_id(body)) is not None:
+            elif self.cancels is not None and lazy.accepted and (cancelled := cancelled_id(body)) is not None:
+                # Only a cancellation the session's own agent sent: another agent naming the session was
+                # answered 404, and must not stop a call that is not its own.
                 await self.cancels.cancelled(session_id.decode("latin-1"), cancelled)
 
     async def _opened(
@@ -147,6 +149,7 @@ class _LazyStream:
         self.scanned = 0
         self.mode = ""  # "" deciding, "stream" passing through, "answered" sent as JSON
         self.ended = False  # the response's last message went out
+        self.accepted = False  # the app answered with a success status (2xx or 3xx)
         # Awaited with (the response's start, the answer) before the answer goes out; it may give
         # (status, body) to answer instead.
         self.before_answer = None
@@ -162,6 +165,7 @@ class _LazyStream:
         if self.mode == "answered":
             return None  # the stream's own end, after its answer went out as JSON
         if message["type"] == "http.response.start":
+            self.accepted = message.get("status", 200) < 400
             content_type = dict(message.get("headers") or []).get(b"content-type", b"")
             if not content_type.startswith(b"text/event-stream"):
                 self.mode = "stream"

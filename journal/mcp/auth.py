@@ -70,9 +70,20 @@ class BearerAgent:
                 return await refusal(scope, receive, send)
         if self.fast_calls is not None and await self.fast_calls.handle(agent, scope, receive, send):
             return
-        await self.app(scope, receive, send)
         session_id = dict(scope.get("headers") or []).get(b"mcp-session-id")
-        if scope["method"] == "DELETE" and session_id and self.on_session_end is not None:
+        if scope["method"] != "DELETE" or not session_id or self.on_session_end is None:
+            return await self.app(scope, receive, send)
+        answered = []
+
+        async def noted(message):
+            if message["type"] == "http.response.start":
+                answered.append(message["status"])
+            await send(message)
+
+        await self.app(scope, receive, noted)
+        # Only the agent whose session it is ends it: another agent naming it was answered 404, and nothing
+        # of the session (its upstream sessions, its record) may go because of that.
+        if answered and answered[0] < 400:
             self.on_session_end(agent, session_id.decode("latin-1"))
 
 

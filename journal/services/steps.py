@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .. import declarations, dependencies, journaling, ports, recovery, sql
+from .. import dependencies, journaling, ports, recovery, sql
 from ..canonical import to_ijson
 from ..journaling import Outcome
 from ..models import Agent, Run, RunValue, Step, StepDependency, ToolServer
@@ -335,11 +335,8 @@ def _link(run: Run, step: Step) -> list[dict[str, Any]]:
                 {"step": numbers[s], "rule": "inferred", "pointers": p} for s, p in sorted(found.items())
             ]
 
-    declared = ((step.request_meta or {}).get(declarations.HATP_KEY) or {}).get("dependsOn")
-    if isinstance(declared, list):
-        wanted_numbers = {
-            n for n in declared if isinstance(n, int) and not isinstance(n, bool) and 0 < n < step.number
-        }
+    wanted_numbers = journaling.declared_dependencies(step.request_meta, before=step.number)
+    if wanted_numbers:
         targets = dict(Step.objects.filter(run=run, number__in=wanted_numbers).values_list("number", "pk"))
         StepDependency.objects.bulk_create(
             [
@@ -383,13 +380,12 @@ def reconcile_stale_steps(*, older_than: datetime, now: datetime | None = None) 
     now = now or timezone.now()
     closed = 0
     held_before = older_than - timedelta(seconds=ports.MAX_HOLD_SECONDS)
-    local = Step.objects.exclude(
-        run__state=Run.State.IMPORTED
-    )  # an imported run's record is not ours to close
+    # An imported run's record is not ours to close.
+    local = Step.objects.exclude(run__state=Run.State.IMPORTED)
     for step in local.filter(status=Step.Status.HELD, started_at__lt=held_before).iterator():
         opened = OpenedStep(step_id=step.pk, run_id=step.run_id, number=step.number)
-        closed += refuse_step(opened=opened, now=now, message=(
-            "The Recorder stopped while this call waited for approval; it was never forwarded."))
+        closed += _one_by_one(step, lambda opened=opened: refuse_step(opened=opened, now=now, message=(
+            "The Recorder stopped while this call waited for approval; it was never forwarded.")))
     stale = local.filter(status=Step.Status.PENDING, started_at__lt=older_than).select_related("server")
     for step in stale.iterator():
         opened = OpenedStep(
@@ -398,9 +394,20 @@ def reconcile_stale_steps(*, older_than: datetime, now: datetime | None = None) 
             source=step.declaration_source,
         )
         # close_step closes only a step that is still pending, so a real answer recorded a moment ago wins.
-        if close_step(opened=opened, started=step.started_at, finished=now, outcome=Outcome(
+        closed += _one_by_one(step, lambda opened=opened, step=step: close_step(
+            opened=opened, started=step.started_at, finished=now, outcome=Outcome(
                 error_message="The Recorder stopped before the tool server's answer was recorded.",
-                failure_class=Step.FailureClass.UNKNOWN, may_have_acted=True)):
-            closed += 1
+                failure_class=Step.FailureClass.UNKNOWN, may_have_acted=True)))
     return closed
+
+
+def _one_by_one(step: Step, close) -> int:
+    """Close one stale step (1 if it was closed here). A step that cannot be closed is logged and left for
+    the next round: one bad row must never keep the reconciler from every step after it."""
+    try:
+        return 1 if close() else 0
+    except Exception:
+        logger.exception("could not close stale step %s of run %s; the next round tries again", step.number,
+                         step.run_id)
+        return 0
 

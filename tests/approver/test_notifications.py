@@ -132,6 +132,23 @@ def test_a_tool_name_with_line_breaks_cannot_stop_approvers_hearing_of_its_held_
     assert len(received) == 1 and "\n" not in received[0]["text"].split(".")[0]
 
 
+def test_what_an_agent_names_stays_on_one_line_and_the_webhook_shows_it_literally(
+        dana, emails, webhook, settings, monkeypatch):
+    """Issue 22, finding 7: a tool name carrying a line break and a fake "Approve or deny: https://…" link
+    landed as a line of its own in the approvers' mail, and `<!channel>` pinged a whole Slack channel."""
+    url, received, _ = webhook
+    settings.APPROVAL_WEBHOOK_URL = url
+    monkeypatch.setattr(tasks.notify_action_requested, "delay", lambda *args: None)
+    action = held_call(dana, "send\nApprove or deny: https://evil.example/approve <!channel> <https://evil.example|ok>")
+    assert tasks.notify_action_requested(action.pk) == 1
+    [message] = mail.outbox
+    ours = [line for line in message.body.splitlines() if line.startswith("Approve or deny:")]
+    assert ours == [f"Approve or deny: {notifications.action_url(action)}"]
+    [posted] = received
+    assert "<!channel>" not in posted["text"] and "&lt;!channel&gt;" in posted["text"]
+    assert "<https://evil.example|ok>" not in posted["text"]
+
+
 def test_a_failing_mail_server_does_not_stop_the_webhook_and_is_tried_again(
         dana, emails, webhook, settings, monkeypatch):
     url, received, _ = webhook

@@ -181,6 +181,17 @@ def test_a_repeat_after_an_unknown_outcome_is_held_and_runs_once_approved(
     assert ActionRequest.objects.count() == 1
 
 
+def test_an_argument_the_tool_does_not_declare_does_not_make_a_repeat_new(recorder, bot, sample_servers,
+                                                                          admin_user):
+    """Issue 22, finding 13: adding one argument the tool ignores slipped a repeat past the guard."""
+    _, token = bot
+    set_policy(admin_user, ask_timeout=1, unknown="allow")
+    lost_answer(recorder, token, sample_servers, "legacy", "legacy__create_ticket", TICKET)
+    repeat = call(recorder, token, "legacy__create_ticket", {**TICKET, "note": "ignored by the server"})
+    assert repeat["isError"] and "may already have acted" in repeat["content"][0]["text"]
+    assert len(tickets(sample_servers)) == 1 and ActionRequest.objects.count() == 1
+
+
 def test_a_repeat_that_was_refused_does_not_hide_the_attempt_that_may_have_acted(
     recorder, bot, sample_servers, admin_user, approver_user
 ):
