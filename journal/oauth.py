@@ -1,6 +1,5 @@
 """MCP authorization for clients that take only a URL: the Recorder is an OAuth 2.1 protected resource and
-this
-app its authorization server, both from django-oauth-toolkit (RFC 8414 and 9728 metadata, RFC 7591
+this app its authorization server, both from django-oauth-toolkit (RFC 8414 and 9728 metadata, RFC 7591
 registration, authorization code with PKCE S256, rotating refresh tokens, RFC 8707 audience).
 
 What is ours: the `resource` every token is bound to is this Recorder's URL (any other is `invalid_target`),
@@ -9,12 +8,12 @@ acts for that person; `journal.services.clients` keeps the link and checks it on
 """
 
 import json
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from django import forms
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.db import IntegrityError
+from django.db import IntegrityError, transaction
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.utils.decorators import method_decorator
@@ -176,19 +175,28 @@ class ConsentView(AuthorizationView):
         return {**context, "recorder_url": request_recorder_url(self.request)}
 
     def form_valid(self, form):
+        """The agent chosen (or created), the client authorised as it, and the code issued, in one
+        transaction: a request the toolkit then refuses (a redirect URI or a PKCE challenge tampered with in
+        the form) rolls all of it back, so nothing is left behind and no old token ends for it."""
         # Every token is bound to this Recorder (RFC 8707), asked for or not, and to nothing else.
         form.cleaned_data["resource"] = request_recorder_url(self.request)
-        if form.cleaned_data.get("allow"):
-            application = get_object_or_404(get_application_model(), client_id=form.cleaned_data["client_id"])
-            try:
-                agent = self._chosen_agent(form)
-                clients.authorize_client(application=application, user=self.request.user, agent=agent)
-            except (clients.ClientRefused, IntegrityError) as refused:
-                form.add_error(
-                    "agent", getattr(refused, "message", "That agent name was just taken; pick another.")
-                )
-                return self.form_invalid(form)
-        return super().form_valid(form)
+        if not form.cleaned_data.get("allow"):
+            return super().form_valid(form)
+        application = get_object_or_404(get_application_model(), client_id=form.cleaned_data["client_id"])
+        try:
+            with transaction.atomic():
+                clients.authorize_client(application=application, user=self.request.user,
+                                         agent=self._chosen_agent(form))
+                response = super().form_valid(form)
+                if not _issued_a_code(response):
+                    raise _Refused(response)
+        except _Refused as refused:
+            return refused.response
+        except (clients.ClientRefused, IntegrityError) as refused:
+            form.add_error("agent", getattr(refused, "message",
+                                            "That agent name was just taken; pick another."))
+            return self.form_invalid(form)
+        return response
 
     def _chosen_agent(self, form) -> Agent:
         user = self.request.user
@@ -201,6 +209,20 @@ class ConsentView(AuthorizationView):
         if agent is None:
             raise clients.ClientRefused("Pick one of your own active agents.")
         return agent
+
+
+class _Refused(Exception):
+    """The toolkit refused the request: what it answered, once the transaction is rolled back."""
+
+    def __init__(self, response):
+        super().__init__("the authorization request was refused")
+        self.response = response
+
+
+def _issued_a_code(response) -> bool:
+    """Whether the toolkit's answer sends the browser back to the client with an authorization code."""
+    query = parse_qs(urlsplit(getattr(response, "url", "") or "").query)
+    return "code" in query and "error" not in query
 
 
 def may_manage(user, agent: Agent) -> bool:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from django.test import Client
 from django.utils import timezone
-from oauth2_provider.models import AccessToken, Application, RefreshToken
+from oauth2_provider.models import AccessToken, Application, Grant, RefreshToken
 
 from journal import services
 from journal.models import Agent, ClientAuthorization, Step
@@ -324,6 +324,22 @@ def test_the_recorder_journals_an_oauth_clients_calls_under_its_agent_and_revoki
     assert not AccessToken.objects.filter(scope="mcp").exists()
     assert not RefreshToken.objects.filter(revoked__isnull=True).exists()
     assert flow.token(grant_type="refresh_token", refresh_token=tokens["refresh_token"]).status_code == 400
+
+
+def test_a_consent_the_toolkit_refuses_creates_no_agent_and_authorises_nothing(dana):
+    """Issue 22, finding 11: the agent was created and the client authorised before the request was
+    validated, so a tampered form (here, a redirect URI the client never registered) left both behind."""
+    flow = Flow()
+    flow.http.force_login(dana)
+    page = flow.http.get(flow.authorize_url())
+    form = page.context["form"]
+    data = {name: form[name].value() or "" for name in form.fields if form.fields[name].widget.is_hidden}
+    data.update(agent="__new__", new_agent_name="fresh", allow="on", redirect_uri="https://evil.example/cb",
+                csrfmiddlewaretoken=str(page.context["csrf_token"]))
+    answer = flow.http.post(flow.authorize_url(), data)
+    assert "evil.example" not in answer.get("Location", "")
+    assert not Agent.objects.filter(name="fresh").exists() and not ClientAuthorization.objects.exists()
+    assert not Grant.objects.exists()
 
 
 def test_a_deactivated_agent_or_person_ends_the_clients_tokens(dana):
