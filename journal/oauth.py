@@ -148,6 +148,14 @@ class ConsentView(AuthorizationView):
     template_name = "journal/oauth_authorize.html"
     form_class = AgentAllowForm
 
+    def get(self, request, *args, **kwargs):
+        # The page is never skipped: `approval_prompt=auto` would let a client that was once authorised get a
+        # code without the person seeing the page again, naming the agent and where the code goes.
+        if "approval_prompt" in request.GET:
+            request.GET = request.GET.copy()
+            request.GET["approval_prompt"] = "force"
+        return super().get(request, *args, **kwargs)
+
     def get_form_kwargs(self):
         return {**super().get_form_kwargs(), "agents": clients.agents_for(self.request.user)}
 
@@ -172,7 +180,13 @@ class ConsentView(AuthorizationView):
         if "application" not in context and "form" in context:  # the form shown again, with its errors
             client_id = context["form"].data.get("client_id", "")
             context["application"] = get_application_model().objects.filter(client_id=client_id).first()
-        return {**context, "recorder_url": request_recorder_url(self.request)}
+        application, form = context.get("application"), context.get("form")
+        has_redirect = form is not None and "redirect_uri" in form.fields
+        redirect_uri = form["redirect_uri"].value() if has_redirect else ""
+        source = getattr(application, "registration_source", "")
+        return {**context, "recorder_url": request_recorder_url(self.request),
+                "redirect_host": urlsplit(redirect_uri or "").netloc,
+                "self_registered": source == get_application_model().RegistrationSource.DCR}
 
     def form_valid(self, form):
         """The agent chosen (or created), the client authorised as it, and the code issued, in one

@@ -326,6 +326,20 @@ def test_the_recorder_journals_an_oauth_clients_calls_under_its_agent_and_revoki
     assert flow.token(grant_type="refresh_token", refresh_token=tokens["refresh_token"]).status_code == 400
 
 
+def test_the_consent_page_names_where_the_code_goes_and_that_the_client_is_unverified_and_is_never_skipped(
+        dana):
+    """Issue 22, finding 6: the page showed only the client's chosen name ("Claude Desktop (official)"), and
+    `approval_prompt=auto` skipped it altogether for a client authorised once before."""
+    flow = Flow()
+    flow.tokens_for(dana, new_agent="a1")
+    flow.http.force_login(dana)
+    page = flow.http.get(flow.authorize_url(approval_prompt="auto"))
+    assert page.status_code == 200  # the page, not a redirect with a code
+    shown = page.content.decode()
+    assert "Unverified client" in shown and "registered itself" in shown
+    assert "sends the code to <strong><code>127.0.0.1:53682</code></strong>" in shown
+
+
 def test_a_consent_the_toolkit_refuses_creates_no_agent_and_authorises_nothing(dana):
     """Issue 22, finding 11: the agent was created and the client authorised before the request was
     validated, so a tampered form (here, a redirect URI the client never registered) left both behind."""
