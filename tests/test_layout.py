@@ -29,7 +29,8 @@ PURE = (
 )
 # Imports inside functions that are there for another reason than a loop: Django's app loading (models
 # are ready only in `ready`), and the demo, which configures Django before it may import any model.
-FUNCTION_IMPORTS_ALLOWED = {("approver.apps", "ready"), *(("approver.demo", name) for name in (
+FUNCTION_IMPORTS_ALLOWED = {("approver.apps", "ready"), ("journal.apps", "ready"), *(
+    ("approver.demo", name) for name in (
     "setup_django", "ensure_users", "ensure_tool_servers", "ensure_agent", "ensure_policy", "replay_globex",
     "wait_for_worker"))}
 MAX_LINES = 450

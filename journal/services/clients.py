@@ -142,3 +142,17 @@ def forget_unused_clients(*, older_than) -> int:
         registration_source=Application.RegistrationSource.DCR, created__lt=older_than
     ).exclude(pk__in=ClientAuthorization.objects.values("application_id"))
     return unused.delete()[1].get(Application._meta.label, 0)
+
+
+def end_tokens_of_inactive(*, user=None, agent: Agent | None = None) -> int:
+    """A person or an agent was deactivated: the tokens and codes of every client acting for them end now,
+    refresh tokens included, so neither a refresh nor a later reactivation brings any back. The
+    authorisation stays (a person may authorise the client again). Returns how many authorisations."""
+    whose = {"user": user} if user is not None else {"agent": agent}
+    authorizations = ClientAuthorization.objects.filter(**whose)
+    count = 0
+    with transaction.atomic():
+        for authorization in authorizations.select_related("application", "user"):
+            _end_tokens(application=authorization.application, user=authorization.user)
+            count += 1
+    return count

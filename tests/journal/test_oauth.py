@@ -363,9 +363,27 @@ def test_a_deactivated_agent_or_person_ends_the_clients_tokens(dana):
     Agent.objects.filter(name="a1").update(is_active=False)
     assert "deactivated" in clients.agent_for_token(tokens["access_token"], audience=audience).problem
     Agent.objects.filter(name="a1").update(is_active=True)
-    dana.is_active = False
-    dana.save()
+    # A bulk update saves no row (so the tokens are not ended at once): the check on every request stops them.
+    type(dana).objects.filter(pk=dana.pk).update(is_active=False)
     assert "no longer active" in clients.agent_for_token(tokens["access_token"], audience=audience).problem
+
+
+@pytest.mark.parametrize("who", ["agent", "person"])
+def test_deactivating_ends_the_clients_tokens_for_good_refresh_included(dana, who):
+    """Issue 22, finding 9: deactivating only suspended a client's tokens: its refresh still answered 200,
+    and every token worked again once the person or agent was active again."""
+    flow = Flow()
+    tokens = flow.tokens_for(dana, new_agent="a1")
+    subject = Agent.objects.get(name="a1") if who == "agent" else dana
+    subject.is_active = False
+    subject.save()
+    refreshed = flow.token(grant_type="refresh_token", refresh_token=tokens["refresh_token"])
+    assert refreshed.status_code == 400 and refreshed.json()["error"] == "invalid_grant"
+    subject.is_active = True
+    subject.save()
+    verdict = clients.agent_for_token(tokens["access_token"], audience="http://testserver/mcp")
+    assert verdict.agent is None
+    assert flow.token(grant_type="refresh_token", refresh_token=tokens["refresh_token"]).status_code == 400
 
 
 def test_an_expired_token_is_refused_with_a_hint_to_refresh(dana):
