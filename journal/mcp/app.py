@@ -2,6 +2,7 @@
 
 from django.conf import settings
 
+from . import bus
 from .auth import BearerAgent, transport_security
 from .fast_calls import FastCalls
 from .gateway import Recorder
@@ -31,6 +32,7 @@ def build_app() -> RecorderApp:
         max_sessions=settings.RECORDER_MAX_UPSTREAM_SESSIONS,
         max_answer_bytes=settings.RECORDER_MAX_RESULT_BYTES,
         bus_url=settings.RECORDER_BUS_URL,
+        bus_key=bus.bus_key(settings.SECRET_KEY),
         security=security,
         session_idle_seconds=settings.RECORDER_SESSION_IDLE_SECONDS,
     )

@@ -4,11 +4,18 @@ cancellation of a call another process is making (`Cancels`).
 Over Redis pub/sub when RECORDER_BUS_URL is set (it defaults to REDIS_URL); without it, a message reaches
 this process only, which is all one process needs. A message that cannot be published (Redis down) is
 logged and handled here, so nothing a single process could do is lost.
+
+Anyone who can reach the Redis server can publish on its channels, so every message is signed (HMAC-SHA256
+with a key the processes derive from their shared SECRET_KEY, `bus_key`) and dated: a message that is not
+signed with that key, or is older than MAX_AGE_SECONDS, is dropped and logged, never handled.
 """
 
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,13 +25,24 @@ import redis.asyncio as redis
 logger = logging.getLogger(__name__)
 
 CHANNEL = "agent-undo:recorder"
+MAX_AGE_SECONDS = 60.0  # a signed message older than this (a replay) is dropped
+
+
+def bus_key(secret_key: str) -> bytes:
+    """The key every Recorder process signs its bus messages with, derived from the shared SECRET_KEY."""
+    return hmac.new(secret_key.encode(), b"agent-undo: the Recorders' bus", hashlib.sha256).digest()
+
+
+def _mac(key: bytes, body: str) -> str:
+    return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
 
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class Bus:
-    def __init__(self, url: str = ""):
+    def __init__(self, url: str = "", key: bytes = b""):
         self.url = url
+        self.key = key or bus_key("")  # a process of its own (no bus URL) still signs what it hears
         self.handlers: dict[str, Handler] = {}
         self._redis = None
         self._group: anyio.abc.TaskGroup | None = None
@@ -53,7 +71,8 @@ class Bus:
                 await self._redis.aclose()
 
     async def publish(self, kind: str, data: dict[str, Any]) -> None:
-        message = json.dumps({"kind": kind, "data": data})
+        body = json.dumps({"kind": kind, "data": data, "at": time.time()})
+        message = json.dumps({"body": body, "mac": _mac(self.key, body)})
         if self._redis is not None:
             try:
                 await self._redis.publish(CHANNEL, message)
@@ -79,12 +98,31 @@ class Bus:
 
     async def _dispatch(self, raw: bytes | str) -> None:
         try:
-            message = json.loads(raw)
+            message = self._verified(raw)
+            if message is None:
+                return
             handler = self.handlers.get(message["kind"])
             if handler is not None:
                 await handler(message["data"])
         except Exception:
             logger.exception("a message on the Recorder's bus could not be handled")
+
+
+    def _verified(self, raw: bytes | str) -> dict[str, Any] | None:
+        """The message, if a Recorder process signed it with the shared key within MAX_AGE_SECONDS."""
+        try:
+            signed = json.loads(raw)
+            body, mac = signed["body"], signed["mac"]
+            ok = isinstance(body, str) and isinstance(mac, str) \
+                and hmac.compare_digest(_mac(self.key, body), mac)
+            message = json.loads(body) if ok else None
+        except (ValueError, TypeError, KeyError):
+            message = None
+        if not isinstance(message, dict) or not isinstance(message.get("at"), int | float) \
+                or abs(time.time() - message["at"]) > MAX_AGE_SECONDS:
+            logger.warning("dropped a message on the Recorder's bus that no Recorder signed (or a stale one)")
+            return None
+        return message
 
 
 class Cancels:

@@ -114,10 +114,10 @@ class Recorder:
     (an async context manager) opens and closes what the parts hold open."""
 
     def __init__(self, *, timeout: float, idle_seconds: float | None = None, max_sessions: int | None = None,
-                 max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES, bus_url: str = "", security=None,
-                 session_idle_seconds: float | None = None):
+                 max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES, bus_url: str = "", bus_key: bytes = b"",
+                 security=None, session_idle_seconds: float | None = None):
         self.journal = JournalThread()
-        self.bus = Bus(bus_url)
+        self.bus = Bus(bus_url, key=bus_key)
         self.cancels = Cancels(self.bus)
         self.bridge = Bridge(orphaned=self._orphaned)
         self.outcomes = Outcomes(self.journal)
