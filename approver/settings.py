@@ -103,11 +103,22 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "journal.access.LoginRequiredMiddleware",
     # Last, as django-axes asks: it answers a locked-out login with the lock-out page.
     "axes.middleware.AxesMiddleware",
 ]
+
+# Every page loads its script and style from this site only, and no page has inline script or style: an
+# agent's or a server's words shown on a page can never run or restyle it, and no other site may frame it.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"], "script-src": ["'self'"], "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"], "connect-src": ["'self'"], "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"], "base-uri": ["'none'"], "object-src": ["'none'"],
+    },
+}
 
 ROOT_URLCONF = "approver.urls"
 

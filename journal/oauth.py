@@ -159,6 +159,19 @@ class ConsentView(AuthorizationView):
     def get_form_kwargs(self):
         return {**super().get_form_kwargs(), "agents": clients.agents_for(self.request.user)}
 
+    def render_to_response(self, context, **kwargs):
+        """The page, whose form may send the browser on to the client's redirect URI (and only there): the
+        Content-Security-Policy's `form-action` names that origin, which browsers check on redirects too."""
+        response = super().render_to_response(context, **kwargs)
+        form, application = context.get("form"), context.get("application")
+        has_redirect = form is not None and "redirect_uri" in form.fields
+        redirect_uri = (form["redirect_uri"].value() or "") if has_redirect else ""
+        registered = (application.redirect_uris or "").split() if application is not None else []
+        parts = urlsplit(redirect_uri)
+        if redirect_uri in registered and parts.scheme in ("http", "https") and parts.netloc:
+            response._csp_update = {"form-action": [f"{parts.scheme}://{parts.netloc}"]}
+        return response
+
     def validate_authorization_request(self, request):
         scopes, credentials = super().validate_authorization_request(request)  # client and redirect_uri first
         recorder = request_recorder_url(request)

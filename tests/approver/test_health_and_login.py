@@ -77,3 +77,13 @@ def test_health_command_sees_a_real_worker_on_redis():
         result = health()
     assert result.returncode == 0, result.stdout + result.stderr
     assert '"broker": "ok", "worker": "ok"' in result.stdout
+
+
+def test_every_page_sends_a_strict_content_security_policy(client, on_call):
+    """Issue 22, finding 17: no page said where its script and style may come from."""
+    client.force_login(on_call)
+    for url in ("/login/", "/runs/", "/plans/"):
+        policy = client.get(url)["Content-Security-Policy"]
+        directives = dict(part.strip().split(" ", 1) for part in policy.split(";") if part.strip())
+        assert directives["script-src"] == "'self'" and directives["style-src"] == "'self'", policy
+        assert directives["frame-ancestors"] == "'none'" and "unsafe" not in policy
