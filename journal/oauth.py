@@ -90,7 +90,7 @@ class OnlyAuthorizationCode:
             isinstance(uri, str) and not self.safe_redirect(uri) for uri in uris
         ):
             return ("redirect_uris: use https, or http only to the client's own machine (loopback: "
-                    "localhost, 127.0.0.1, [::1]).")
+                    "localhost, 127.0.0.1, [::1]), with no user name or password in it and no backslash.")
         name = data.get("client_name", "")
         if not isinstance(name, str) or len(name) > self.MAX_NAME_LENGTH or any(ord(c) < 32 for c in name):
             return (f"client_name must be text of at most {self.MAX_NAME_LENGTH} characters, without control "
@@ -100,7 +100,14 @@ class OnlyAuthorizationCode:
 
     @staticmethod
     def safe_redirect(uri: str) -> bool:
+        """No userinfo (`https://trusted.example@evil.example/` reads as the first host and goes to the
+        second) and no backslash (which browsers and URL parsers split differently); plain http only to
+        loopback."""
+        if "\\" in uri:
+            return False
         parts = urlsplit(uri)  # other schemes than http are the toolkit's to judge (it allows https only)
+        if "@" in parts.netloc:
+            return False
         return parts.scheme != "http" or parts.hostname in ("localhost", "127.0.0.1", "::1")
 
 

@@ -167,6 +167,16 @@ def test_registration_refuses_malformed_metadata_clearly():
     assert not Application.objects.exists()
 
 
+@pytest.mark.parametrize("uri", ["https://trusted.example@evil.example/cb", "https://user:pw@x.example/cb",
+                                 "https://trusted.example\\@evil.example/cb", "http://127.0.0.1\\evil.example/cb"])
+def test_registration_refuses_redirect_uris_with_userinfo_or_backslashes(uri):
+    """Issue 22: a redirect URI that reads as one host and goes to another is refused when it registers."""
+    response = Client().post("/oauth/register/", json.dumps({"redirect_uris": [uri]}),
+                             content_type="application/json")
+    assert response.status_code == 400 and "no user name or password" in response.json()["error_description"]
+    assert not Application.objects.exists()
+
+
 def test_consent_picks_or_creates_the_agent_and_the_token_acts_as_it(dana):
     services.create_agent(name="dana-desk", on_behalf_of=dana)
     flow = Flow()
