@@ -20,7 +20,14 @@ class Application:
 
     def __init__(self):
         self.recorder_app = build_app()  # its MCP session manager can be started once only
-        self.recorder, self.fast_calls = self.recorder_app.recorder, self.recorder_app.fast_calls
+
+    @property
+    def recorder(self):
+        return self.recorder_app.recorder
+
+    @property
+    def fast_calls(self):
+        return self.recorder_app.fast_calls
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":

@@ -170,12 +170,8 @@ class ConsentView(AuthorizationView):
         """The page, whose form may send the browser on to the client's redirect URI (and only there): the
         Content-Security-Policy's `form-action` names that origin, which browsers check on redirects too."""
         response = super().render_to_response(context, **kwargs)
-        form, application = context.get("form"), context.get("application")
-        has_redirect = form is not None and "redirect_uri" in form.fields
-        redirect_uri = (form["redirect_uri"].value() or "") if has_redirect else ""
-        registered = (application.redirect_uris or "").split() if application is not None else []
-        parts = urlsplit(redirect_uri)
-        if redirect_uri in registered and parts.scheme in ("http", "https") and parts.netloc:
+        parts = urlsplit(context.get("redirect_uri", ""))
+        if parts.scheme in ("http", "https") and parts.netloc:
             response._csp_update = {"form-action": [f"{parts.scheme}://{parts.netloc}"]}
         return response
 
@@ -200,12 +196,11 @@ class ConsentView(AuthorizationView):
         if "application" not in context and "form" in context:  # the form shown again, with its errors
             client_id = context["form"].data.get("client_id", "")
             context["application"] = get_application_model().objects.filter(client_id=client_id).first()
-        application, form = context.get("application"), context.get("form")
-        has_redirect = form is not None and "redirect_uri" in form.fields
-        redirect_uri = form["redirect_uri"].value() if has_redirect else ""
+        application = context.get("application")
+        redirect_uri = _registered_redirect(context.get("form"), application)
         source = getattr(application, "registration_source", "")
-        return {**context, "recorder_url": request_recorder_url(self.request),
-                "redirect_host": urlsplit(redirect_uri or "").netloc,
+        return {**context, "recorder_url": request_recorder_url(self.request), "redirect_uri": redirect_uri,
+                "redirect_host": urlsplit(redirect_uri).netloc,
                 "self_registered": source == get_application_model().RegistrationSource.DCR}
 
     def form_valid(self, form):
@@ -243,6 +238,13 @@ class ConsentView(AuthorizationView):
         if agent is None:
             raise clients.ClientRefused("Pick one of your own active agents.")
         return agent
+
+
+def _registered_redirect(form, application) -> str:
+    """The redirect URI the form sends the code to, if the client registered it (else "")."""
+    uri = (form["redirect_uri"].value() or "") if form is not None and "redirect_uri" in form.fields else ""
+    registered = (application.redirect_uris or "").split() if application is not None else []
+    return uri if uri in registered else ""
 
 
 class _Refused(Exception):

@@ -4,7 +4,7 @@ from typing import Any
 
 from mcp import MCPError
 
-from .. import declarations, recovery
+from .. import declarations, journaling, recovery
 from ..canonical import ijson_problem
 from ..models import Agent, ToolServer
 from ..upstream.client import ToolServerError
@@ -138,8 +138,7 @@ def upstream_error(exc: ToolServerError) -> MCPError:
 
 def run_key(meta: Any, session_id: str | None) -> str:
     """Which run a call joins: the agent's runId, else its MCP session, else none (the idle rule)."""
-    journal = meta.get(declarations.HATP_KEY) if isinstance(meta, dict) else None
-    run_id = journal.get(RUN_ID_KEY) if isinstance(journal, dict) else None
+    run_id = journaling.agent_journal(meta).get(RUN_ID_KEY)
     if isinstance(run_id, str) and run_id.strip():
         return "run:" + run_id.strip()[:190]
     return "session:" + session_id[:180] if session_id else ""

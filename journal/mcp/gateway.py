@@ -58,7 +58,6 @@ from .journal_thread import JournalThread, Outcomes, ServerDirectory
 from .listening import Listening
 from .relay import Relay
 from .sessions import SessionStore, streamable_app
-from .sessions import forget as forget_session
 
 logger = logging.getLogger(__name__)
 
@@ -432,4 +431,4 @@ class Recorder:
         self.deliveries.forget(session_id)
         self.sessions.ended(session_id)
         # In every process: "Session not found" from now.
-        self.journal.submit(forget_session, session_id=session_id)
+        self.journal.submit(services.forget_agent_session, session_id=session_id)

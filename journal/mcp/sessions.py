@@ -67,10 +67,6 @@ def _touch(session_id: str) -> None:
     services.touch_agent_session(session_id=session_id, now=timezone.now())
 
 
-def forget(session_id: str) -> None:
-    services.forget_agent_session(session_id=session_id)
-
-
 class SessionStore:
     def __init__(self, idle_seconds: float | None = None):
         self.idle_seconds = idle_seconds

@@ -43,6 +43,14 @@ def run_agent(recorder, token: str, script, *, mode: str = "auto", **options) ->
         settle(recorder)
 
 
+def post_stateless_call(recorder, token: str, name: str, body: str) -> httpx2.Response:
+    """A `tools/call` request body, sent exactly as written, on the stateless 2026-07-28 protocol (what no SDK
+    would send: a malformed `_meta`, a big integer, a lone surrogate)."""
+    return httpx2.post(f"{recorder.base}/mcp/", content=body.encode(), timeout=30, headers={
+        "authorization": f"Bearer {token}", "content-type": "application/json", "accept": "application/json",
+        "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": name})
+
+
 def settle(recorder) -> None:
     """Wait until the Recorder served by `recorder` (a ServerThread) has run every queued journal write."""
     recorder.app.recorder.journal.settle()

@@ -8,7 +8,6 @@ import json
 import os
 from datetime import timedelta
 
-import httpx2
 import pytest
 from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
@@ -18,7 +17,7 @@ from journal import services
 from journal.models import Agent, Run, Step
 from journal.services import steps as step_services
 
-from .helpers import register_samples, settle
+from .helpers import post_stateless_call, register_samples, settle
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,9 +37,7 @@ def raw_call(recorder, token: str, name: str, arguments: dict, meta: dict, *, ok
     meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", **meta}
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
             "params": {"name": name, "arguments": arguments, "_meta": meta}}
-    response = httpx2.post(f"{recorder.base}/mcp/", json=body, timeout=30, headers={
-        "authorization": f"Bearer {token}", "accept": "application/json",
-        "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": name})
+    response = post_stateless_call(recorder, token, name, json.dumps(body))
     settle(recorder)
     if ok:
         assert response.status_code == 200, response.text

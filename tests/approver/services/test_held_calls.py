@@ -11,7 +11,7 @@ from approver import policy, services, tasks
 from approver.models import ActionRequest, AutonomyPolicy
 from journal import services as journal_services
 from journal.models import Step, ToolServer
-from tests.journal.helpers import register_samples, run_agent
+from tests.journal.helpers import post_stateless_call, register_samples, run_agent
 
 from ..softkey import SoftKey
 from .test_approvals import relying_party  # noqa: F401 - fixture
@@ -466,16 +466,12 @@ def test_a_broker_that_is_down_does_not_fail_a_held_call_and_the_approvers_are_t
 def raw_call(recorder, token, name: str, arguments_json: str, meta_json: str = "") -> dict:
     """A tools/call on the stateless protocol, its arguments written as JSON text (what an SDK would not
     write: a big integer, a lone surrogate, 1e999, NaN); the tool result as a dict."""
-    import httpx2
-
     meta = '{"io.modelcontextprotocol/protocolVersion": "2026-07-28"%s}' % (
         ", " + meta_json if meta_json else ""
     )
     body = (f'{{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {{"name": "{name}", '
             f'"arguments": {arguments_json}, "_meta": {meta}}}}}')
-    response = httpx2.post(f"{recorder.base}/mcp/", content=body.encode(), timeout=30, headers={
-        "authorization": f"Bearer {token}", "content-type": "application/json", "accept": "application/json",
-        "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": name})
+    response = post_stateless_call(recorder, token, name, body)
     assert response.status_code == 200, response.text
     return response.json()["result"]
 
