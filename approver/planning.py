@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from journal import idempotency
 from journal.canonical import sha256_hex
 from journal.declarations import NO_VERSION_PROBLEM
 
@@ -146,28 +147,30 @@ def reverse_completion_order(steps: list[StepFacts]) -> list[StepFacts]:
     return sorted(steps, key=key, reverse=True)
 
 
-def idempotency_key(plan_id: str, step_number: int) -> str:
-    """Stable for the plan's life, so a retried compensation is the same request to the server."""
-    return f"undo-{plan_id}-{step_number}"
+def idempotency_key(plan_id: str, step_number: int, secret: bytes) -> str:
+    """Stable for the plan's life, so a retried compensation is the same request to the server, and
+    unguessable without `secret` (`journal.idempotency`): an agent told the plan's id cannot send it first."""
+    return idempotency.recorder_key(secret, "undo", plan_id, step_number)
 
 
 def draft_items(
-    steps: list[StepFacts], pulled: dict[int, Pull], *, plan_id: str, now: datetime
+    steps: list[StepFacts], pulled: dict[int, Pull], *, plan_id: str, key_secret: bytes, now: datetime
 ) -> list[ItemDraft]:
     in_plan = [s for s in steps if s.number in pulled]
     return [
-        _item(step, position, pulled[step.number], plan_id=plan_id, now=now)
+        _item(step, position, pulled[step.number], key=idempotency_key(plan_id, step.number, key_secret),
+              now=now)
         for position, step in enumerate(reverse_completion_order(in_plan), start=1)
     ]
 
 
-def _item(step: StepFacts, position: int, pull: Pull, *, plan_id: str, now: datetime) -> ItemDraft:
+def _item(step: StepFacts, position: int, pull: Pull, *, key: str, now: datetime) -> ItemDraft:
     base = {"step": step, "position": position, "pull": pull}
     settled = _without_compensation(step)
     if settled is not None:
         action, reason, remedy = settled
         return ItemDraft(**base, action=action, reason=reason, remedy=remedy)
-    return _compensating(step, base, plan_id=plan_id, now=now)
+    return _compensating(step, base, key=key, now=now)
 
 
 def _without_compensation(step: StepFacts) -> tuple[str, str, str] | None:
@@ -204,7 +207,7 @@ def _without_compensation(step: StepFacts) -> tuple[str, str, str] | None:
     return None
 
 
-def _compensating(step: StepFacts, base: dict[str, Any], *, plan_id: str, now: datetime) -> ItemDraft:
+def _compensating(step: StepFacts, base: dict[str, Any], *, key: str, now: datetime) -> ItemDraft:
     """A step its server says it can compensate: the compensation, or why it cannot run automatically."""
     declaration = step.declaration or {}
     # Without a version the undo can still run, but a later change could not be detected: it is listed
@@ -242,7 +245,7 @@ def _compensating(step: StepFacts, base: dict[str, Any], *, plan_id: str, now: d
         dialect=compensation.get("dialect", ""),
         arguments=step.compensation_arguments,
         if_version=step.effect_version,
-        idempotency_key=idempotency_key(plan_id, step.number),
+        idempotency_key=key,
         needs_human=needs_human,
     )
 

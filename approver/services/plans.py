@@ -6,11 +6,12 @@ with no transaction open; each answer is written in its own short transaction as
 
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from journal import journaling
+from journal import idempotency, journaling
 from journal import services as journal_services
 from journal.errors import Refused
 from journal.models import Run, Step, StepDependency
@@ -180,7 +181,8 @@ def _draft(plan: Plan, *, claimed: datetime, now: datetime) -> Plan:
     except planning.PlanningError as exc:
         raise PlanRefused(str(exc)) from None
     _refuse_if_held(facts, pulled)
-    drafts = planning.draft_items(facts, pulled, plan_id=str(plan.public_id), now=now)
+    drafts = planning.draft_items(facts, pulled, plan_id=str(plan.public_id),
+                                  key_secret=idempotency.secret(settings.SECRET_KEY), now=now)
     mine = Plan.objects.filter(pk=plan.pk, state=Plan.State.DRAFTING, drafting_since=claimed)
     mine.update(draft_total=len(drafts))
     for start in range(0, len(drafts), DRAFT_BATCH):

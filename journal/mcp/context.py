@@ -4,7 +4,7 @@ from typing import Any
 
 from mcp import MCPError
 
-from .. import declarations, journaling, recovery
+from .. import declarations, idempotency, journaling, recovery
 from ..canonical import ijson_problem
 from ..models import Agent, ToolServer
 from ..upstream.client import ToolServerError
@@ -58,8 +58,7 @@ def forwarded_meta(meta: Any) -> dict[str, Any] | None:
 
 # The keys of `_meta["hatp/journal"]` that are the Recorder's own on a held call: which run it joins is
 # decided before it is held, and its idempotency key is the approval's (`held_call_meta`).
-IDEMPOTENCY_KEY = "idempotencyKey"
-_RECORDER_KEYS = (RUN_ID_KEY, IDEMPOTENCY_KEY)
+_RECORDER_KEYS = (RUN_ID_KEY, idempotency.KEY)
 
 
 def held_call_meta(meta: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -82,7 +81,7 @@ def approved_meta(meta: dict[str, Any] | None, approval: str) -> dict[str, Any]:
     journal = meta.get(declarations.HATP_KEY)
     meta[declarations.HATP_KEY] = {
         **(journal if isinstance(journal, dict) else {}),
-        IDEMPOTENCY_KEY: approval,
+        idempotency.KEY: approval,
     }
     return meta
 

@@ -31,7 +31,7 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp_types import methods as _methods
 from pydantic import ValidationError
 
-from .. import declarations, keys, outcomes, ports, services
+from .. import declarations, idempotency, keys, outcomes, ports, services
 from ..models import Agent, ToolServer
 from ..upstream.client import DEFAULT_MAX_ANSWER_BYTES, ToolServerError, Upstreams, endpoint_of
 from . import bridge, holding, versions
@@ -250,7 +250,9 @@ class Recorder:
         if retry and (resumed := self.bridge.resume(owner, retry)) is not None:
             return await resumed  # the agent answers what the server asked in a call still in flight
         arguments = dict(arguments or {})
-        kept_meta = forwarded_meta(meta)
+        # The agent's own idempotency key goes on in its namespace: it can be neither another agent's key nor
+        # one of the Recorder's (journal.idempotency).
+        kept_meta = idempotency.namespaced_meta(forwarded_meta(meta), agent.pk)
         if (refusal := unsendable(arguments, kept_meta, server_name)) is not None:
             return tool_error(refusal, failed("invalid_arguments")), None
         started = timezone.now()

@@ -5,9 +5,10 @@ import asyncio
 import contextlib
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.utils import timezone
 
-from .. import ports, recovery, services
+from .. import idempotency, ports, recovery, services
 from ..models import Agent
 from .context import approved_meta, held_call_meta
 from .failing import failed
@@ -39,7 +40,8 @@ async def hold(journal: JournalThread, agent: Agent, opened: services.OpenedStep
         waited = timeout - max(deadline - loop.time(), 0.0)
         if standing.state == ports.HeldState.APPROVED and await journal.run(
                 gate.claim, held_id=held.id, step_id=opened.step_id):
-            sent = approved_meta(meta, f"held-call:{held.public_id}")
+            secret = idempotency.secret(settings.SECRET_KEY)
+            sent = approved_meta(meta, idempotency.recorder_key(secret, "held-call", held.public_id))
             await journal.run(services.release_held_step, opened=opened, now=timezone.now(), approval={
                 "action": held.public_id, "approvedBy": standing.decided_by, "meta": sent})
             return None, sent

@@ -10,6 +10,8 @@ from journal.declarations import NO_VERSION_PROBLEM
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 PLAN = "0b5e7a1c-0000-4000-8000-000000000001"
+SECRET = b"the secret the idempotency keys are derived with"
+KEYS = {"plan_id": PLAN, "key_secret": SECRET}
 
 HATP_COMPENSATION = {"tool": "hatp_compensate", "dialect": "hatp", "bindings": {}}
 
@@ -76,15 +78,24 @@ def test_asking_for_a_step_the_run_does_not_have_is_refused():
 def test_items_come_in_reverse_completion_order():
     # Step 2 finished after step 3 (they ran concurrently): it is undone first.
     steps = [step(1), step(2, finished_at=NOW), step(3, finished_at=NOW - timedelta(seconds=5))]
-    items = planning.draft_items(steps, planning.closure(steps, {1}), plan_id=PLAN, now=NOW)
+    items = planning.draft_items(steps, planning.closure(steps, {1}), **KEYS, now=NOW)
     assert [(i.position, i.step.number) for i in items] == [(1, 2), (2, 3), (3, 1)]
 
 
 def test_a_compensation_carries_its_resolved_arguments_version_and_a_stable_idempotency_key():
-    [item] = planning.draft_items([step(1)], {1: planning.Pull("chosen")}, plan_id=PLAN, now=NOW)
+    [item] = planning.draft_items([step(1)], {1: planning.Pull("chosen")}, **KEYS, now=NOW)
     assert item.action == "compensate" and item.tool == "hatp_compensate" and item.dialect == "hatp"
     assert item.arguments == {"compensationToken": "ctk_1"} and item.if_version == "v1"
-    assert item.idempotency_key == planning.idempotency_key(PLAN, 1) == f"undo-{PLAN}-1"
+    assert item.idempotency_key == planning.idempotency_key(PLAN, 1, SECRET)
+    assert item.idempotency_key.startswith(f"undo:{PLAN}:1:")
+
+
+def test_a_compensations_idempotency_key_cannot_be_guessed_from_the_plan_and_step():
+    # An agent is told a plan's id (a saga's undoPlan): a key it could work out, it could send first and
+    # turn the compensation into a replay of its own call (issue 22, finding 16).
+    key = planning.idempotency_key(PLAN, 1, SECRET)
+    assert key != f"undo-{PLAN}-1" and key != planning.idempotency_key(PLAN, 1, b"another secret")
+    assert len(key.rsplit(":", 1)[1]) == 32 and len(key) <= 100
 
 
 @pytest.mark.parametrize(
@@ -99,7 +110,7 @@ def test_a_compensation_carries_its_resolved_arguments_version_and_a_stable_idem
     ],
 )
 def test_a_step_that_cannot_be_undone_automatically_says_so_plainly(overrides, expected):
-    [item] = planning.draft_items([step(1, **overrides)], {1: planning.Pull("chosen")}, plan_id=PLAN, now=NOW)
+    [item] = planning.draft_items([step(1, **overrides)], {1: planning.Pull("chosen")}, **KEYS, now=NOW)
     assert item.action == "cannot_undo"
     assert item.reason.startswith("Not automatically undoable: ") and expected in item.reason
     assert item.tool == "" and item.arguments is None  # nothing that could be run by mistake
@@ -107,7 +118,7 @@ def test_a_step_that_cannot_be_undone_automatically_says_so_plainly(overrides, e
 
 def test_a_step_without_a_version_is_listed_for_undo_but_flagged_for_a_human():
     facts = step(1, effect_version="", undo_problems=(NO_VERSION_PROBLEM,))
-    [item] = planning.draft_items([facts], {1: planning.Pull("chosen")}, plan_id=PLAN, now=NOW)
+    [item] = planning.draft_items([facts], {1: planning.Pull("chosen")}, **KEYS, now=NOW)
     assert item.action == "compensate" and item.if_version == ""
     assert (
         item.needs_human
@@ -122,14 +133,14 @@ def test_an_irreversible_step_keeps_the_servers_reason_and_remedy():
         "remedy": "send a correction email",
     }
     [item] = planning.draft_items([step(1, reversibility="none", declaration=declaration)],
-                                  {1: planning.Pull("chosen")}, plan_id=PLAN, now=NOW)
+                                  {1: planning.Pull("chosen")}, **KEYS, now=NOW)
     assert (item.action, item.reason, item.remedy) == (
         "cannot_undo", "delivered to external recipients", "send a correction email")
 
 
 def test_an_undeclared_step_is_unknown_never_safe():
     [item] = planning.draft_items([step(1, reversibility="unknown", declaration={"kind": "unknown"})],
-                                  {1: planning.Pull("chosen")}, plan_id=PLAN, now=NOW)
+                                  {1: planning.Pull("chosen")}, **KEYS, now=NOW)
     assert item.action == "cannot_undo" and "says nothing about undoing" in item.reason
     assert "by hand" in item.remedy
 
@@ -143,7 +154,7 @@ def test_an_undeclared_step_is_unknown_never_safe():
     ({"already_undone": True}, "already_undone"),
 ])
 def test_reads_failures_calls_in_doubt_and_undone_steps(overrides, action):
-    [item] = planning.draft_items([step(1, **overrides)], {1: planning.Pull("chosen")}, plan_id=PLAN, now=NOW)
+    [item] = planning.draft_items([step(1, **overrides)], {1: planning.Pull("chosen")}, **KEYS, now=NOW)
     assert item.action == action and item.reason
 
 
@@ -183,9 +194,9 @@ def test_the_digest_changes_with_any_change_to_the_content():
 
 def test_a_call_held_or_stopped_by_a_policy_has_nothing_to_undo():
     held = step(1, status="held", reversibility="none")
-    [item] = planning.draft_items([held], {1: planning.Pull("chosen")}, plan_id=PLAN, now=NOW)
+    [item] = planning.draft_items([held], {1: planning.Pull("chosen")}, **KEYS, now=NOW)
     assert item.action == "nothing_to_undo" and "Held for approval and not made" in item.reason
     # Refused by a policy: never forwarded, even when nobody can say what the tool does.
     refused = step(1, status="error", reversibility="unknown", failure_class="policy")
-    [item] = planning.draft_items([refused], {1: planning.Pull("chosen")}, plan_id=PLAN, now=NOW)
+    [item] = planning.draft_items([refused], {1: planning.Pull("chosen")}, **KEYS, now=NOW)
     assert item.action == "nothing_to_undo" and "never sent" in item.reason

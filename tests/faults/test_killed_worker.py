@@ -50,10 +50,10 @@ def wait_until_working(plan, worker, timeout: float = 30.0) -> None:
 
 def ledger_figures(sample_servers, plan) -> tuple[int, int, int]:
     """From the calendar's own ledger: (compensations applied twice, lost, consecutive pairs not in
-    reverse order) for this plan, whose idempotency keys end in the step number."""
+    reverse order) for this plan, whose idempotency keys name the step."""
     cancelled = [e for e in sample_servers.ledger("calendar") if e["op"] == "compensate"
-                 and e.get("idempotencyKey", "").startswith(f"undo-{plan.public_id}-")]
-    steps = [int(e["idempotencyKey"].rsplit("-", 1)[1]) for e in cancelled]
+                 and e.get("idempotencyKey", "").startswith(f"undo:{plan.public_id}:")]
+    steps = [int(e["idempotencyKey"].split(":")[2]) for e in cancelled]
     return (len(steps) - len(set(steps)), ITEMS - len(set(steps)),
             sum(1 for a, b in zip(steps, steps[1:], strict=False) if a <= b))
 

@@ -58,6 +58,27 @@ def test_an_agents_change_is_journaled_with_its_undo_whatever_hatp_journal_it_se
     assert services.verify_run(run=step.run).ok
 
 
+def test_an_agents_idempotency_key_is_its_own_never_another_agents_or_the_recorders(recorder, sample_servers,
+                                                                                    dana):
+    # Issue 22, finding 16: a server that honours idempotency keys answered the second agent's email with the
+    # first one's outcome, and sent nothing, because both sent the same key (here, the shape of a key the
+    # Recorder uses for an approved held call).
+    register_samples(sample_servers, names=("mail",))
+    agents = [services.create_agent(name=name, on_behalf_of=dana) for name in ("sales-bot", "support-bot")]
+    for (agent, token), to in zip(agents, ("buyer@globex.example", "cfo@initech.example"), strict=True):
+        answer = raw_call(recorder, token, "mail__send_email", {"to": to, "subject": "Hi", "body": "Hello."},
+                          {"hatp/journal": {"idempotencyKey": "held-call:0b5e7a1c"}})
+        assert answer["result"].get("isError") is not True, answer
+    sent = [entry for entry in sample_servers.ledger("mail") if entry["op"] == "send_email"]
+    assert [(e["to"], e["idempotencyKey"]) for e in sent] == [
+        ("buyer@globex.example", f"agent-{agents[0][0].pk}:held-call:0b5e7a1c"),
+        ("cfo@initech.example", f"agent-{agents[1][0].pk}:held-call:0b5e7a1c"),
+    ]
+    # The record says what the server was sent.
+    assert [s.request_meta["hatp/journal"]["idempotencyKey"] for s in Step.objects.order_by("id")] == [
+        e["idempotencyKey"] for e in sent]
+
+
 def test_the_reconciler_closes_every_stale_step_whatever_the_agent_sent(recorder, token):
     now = timezone.now()
     for journal in (["x"], {"dependsOn": [1]}):

@@ -6,9 +6,11 @@ import threading
 import time
 
 import pytest
+from django.conf import settings
 
 from approver import policy, services, tasks
 from approver.models import ActionRequest, AutonomyPolicy
+from journal import idempotency
 from journal import services as journal_services
 from journal.models import Step, ToolServer
 from tests.journal.helpers import post_stateless_call, register_samples, run_agent
@@ -538,10 +540,13 @@ def test_an_approval_covers_the_calls_meta_and_the_recorder_sets_its_idempotency
                       '"hatp/journal": {"idempotencyKey": "key-of-an-earlier-email", "runId": "batch-7"}')
     assert not chosen["isError"], chosen
     [email] = sent_emails(sample_servers)
-    assert email["idempotencyKey"] == f"held-call:{action.public_id}"
+    # The approval's key names it and carries a MAC nobody without the secret key can work out (issue 22,
+    # finding 16): an agent told the held call's id cannot send that key first.
+    key = idempotency.recorder_key(idempotency.secret(settings.SECRET_KEY), "held-call", action.public_id)
+    assert email["idempotencyKey"] == key and key.startswith(f"held-call:{action.public_id}:")
     action.refresh_from_db()
     released = action.used_step.run.entries.get(event="released", data__step=action.used_step.number)
-    assert released.data["meta"] == {"hatp/journal": {"idempotencyKey": f"held-call:{action.public_id}"}}
+    assert released.data["meta"] == {"hatp/journal": {"idempotencyKey": key}}
 
 
 def json_text(value) -> str:
