@@ -160,6 +160,16 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# People's passwords: Django's default hasher, first. Last, the OAuth client secrets' (journal.hashers).
+PASSWORD_HASHERS = [
+    "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2SHA1PasswordHasher",
+    "django.contrib.auth.hashers.Argon2PasswordHasher",
+    "django.contrib.auth.hashers.BCryptSHA256PasswordHasher",
+    "django.contrib.auth.hashers.ScryptPasswordHasher",
+    "journal.hashers.ClientSecretHasher",
+]
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -221,6 +231,14 @@ else:
     # The filesystem transport expects its folders to exist.
     for _folder in ("queue", "control", "processed"):
         (BROKER_DIR / _folder).mkdir(parents=True, exist_ok=True)
+# The cache holds the per-address counts of the OAuth endpoints (journal.throttling): in Redis, shared by
+# every process, when REDIS_URL is set; else in each process's memory (the demo runs one process).
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                          "KEY_PREFIX": "agent-undo"}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+RATELIMIT_FAIL_OPEN = True  # a cache that answers nothing lets requests on (journal.throttling)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -316,6 +334,13 @@ OAUTH2_PROVIDER = {
         "IMPLICIT_GRANT", "PASSWORD_GRANT", "PKCE_METHOD", "ACCESS_TOKEN_TRANSPORT", "AUTHZ_RESPONSE_ISS",
         "TOKEN_STORAGE", "REFRESH_TOKEN", "REDIRECT_URI_MATCHING", "PKCE_REQUIRED")},
 }
+# The toolkit keeps client secrets hashed; a generated secret needs no slow password hash (journal.hashers).
+OAUTH2_PROVIDER["CLIENT_SECRET_HASHER"] = "sha256-client-secret"
+# Anyone may register a client and ask for tokens, unsigned-in: both are limited per address
+# (journal.throttling), and registrations nobody authorised are kept to a number (the oldest go first).
+OAUTH_REGISTRATIONS_PER_HOUR = env_int("OAUTH_REGISTRATIONS_PER_HOUR", 20)
+OAUTH_TOKEN_REQUESTS_PER_MINUTE = env_int("OAUTH_TOKEN_REQUESTS_PER_MINUTE", 30)
+OAUTH_MAX_PENDING_CLIENTS = env_int("OAUTH_MAX_PENDING_CLIENTS", 500)
 # That gate's warning: http redirect URIs are allowed, for loopback only (see ALLOWED_REDIRECT_URI_SCHEMES).
 SILENCED_SYSTEM_CHECKS = ["oauth2_provider.W008"]
 # The toolkit's own models (named, because migrations that refer to them ask for the setting).

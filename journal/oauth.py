@@ -11,6 +11,7 @@ import json
 from urllib.parse import parse_qs, urlsplit
 
 from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
@@ -27,10 +28,11 @@ from oauth2_provider.views import (
     DynamicClientRegistrationManagementView,
     DynamicClientRegistrationView,
     OAuthProtectedResourceMetadataView,
+    TokenView,
 )
 from oauthlib.oauth2.rfc6749.errors import CustomOAuth2Error
 
-from . import roles, services
+from . import roles, services, throttling
 from .access import LoginRequired
 from .models import Agent, ClientAuthorization
 from .services import clients
@@ -111,12 +113,33 @@ class OnlyAuthorizationCode:
         return parts.scheme != "http" or parts.hostname in ("localhost", "127.0.0.1", "::1")
 
 
-# Clients register with no cookie and no form: like the toolkit's own views, these take no CSRF token.
-@method_decorator(csrf_exempt, name="dispatch")
-class Registration(OnlyAuthorizationCode, DynamicClientRegistrationView):
-    pass
+class Registration(throttling.Throttled, OnlyAuthorizationCode, DynamicClientRegistrationView):
+    """Open registration (MCP clients register themselves before anyone signs in), limited per address, and
+    with at most OAUTH_MAX_PENDING_CLIENTS registrations nobody has authorised yet: beyond that, the oldest
+    of them is forgotten, so a flood can neither grow the table nor lock an honest client out."""
+
+    throttle_group = "oauth-register"
+
+    def limit(self):
+        return settings.OAUTH_REGISTRATIONS_PER_HOUR, "h"
+
+    def post(self, request, *args, **kwargs):
+        response = super().post(request, *args, **kwargs)
+        if response.status_code == 201:
+            clients.forget_pending_beyond(settings.OAUTH_MAX_PENDING_CLIENTS)
+        return response
 
 
+class Token(throttling.Throttled, TokenView):
+    """The token endpoint, limited per address (each request may check a client secret)."""
+
+    throttle_group = "oauth-token"
+
+    def limit(self):
+        return settings.OAUTH_TOKEN_REQUESTS_PER_MINUTE, "m"
+
+
+# Clients register with no cookie and no form: like the toolkit's own views, this takes no CSRF token.
 @method_decorator(csrf_exempt, name="dispatch")
 class RegistrationManagement(OnlyAuthorizationCode, DynamicClientRegistrationManagementView):
     pass

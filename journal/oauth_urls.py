@@ -16,7 +16,7 @@ urlpatterns = [
     re_path(r"^\.well-known/oauth-protected-resource/mcp/?$", oauth.ProtectedResourceMetadata.as_view(),
             name="oauth-resource-metadata-recorder"),
     path("oauth/authorize/", oauth.ConsentView.as_view(), name="authorize"),
-    path("oauth/token/", toolkit.TokenView.as_view(), name="token"),
+    path("oauth/token/", oauth.Token.as_view(), name="token"),
     path("oauth/revoke/", toolkit.RevokeTokenView.as_view(), name="revoke-token"),
     path("oauth/register/", oauth.Registration.as_view(), name="dcr-register"),
     path("oauth/register/<str:client_id>/", oauth.RegistrationManagement.as_view(),

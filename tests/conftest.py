@@ -78,6 +78,15 @@ def _isolated_keys(settings, tmp_path):
     settings.RECORDER_KEY_DIR = tmp_path / "recorder-keys"
 
 
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    """Each test starts with no per-address counts (journal.throttling): the test client's address is always
+    127.0.0.1, and the suite registers far more OAuth clients than one address may in an hour."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
 @pytest.fixture
 def sample_servers(tmp_path):
     from samples.app import build_app

@@ -144,6 +144,19 @@ def forget_unused_clients(*, older_than) -> int:
     return unused.delete()[1].get(Application._meta.label, 0)
 
 
+def forget_pending_beyond(keep: int) -> int:
+    """Keep at most `keep` dynamically registered clients nobody has authorised: forget the oldest beyond
+    that (a registration flood cannot grow the table, and the newest registration, an honest client's that
+    is signing in now, is always kept). Returns how many were forgotten."""
+    Application = get_application_model()
+    pending = Application.objects.filter(registration_source=Application.RegistrationSource.DCR).exclude(
+        pk__in=ClientAuthorization.objects.values("application_id"))
+    beyond = list(pending.order_by("-created", "-pk").values_list("pk", flat=True)[max(keep, 1):])
+    if not beyond:
+        return 0
+    return Application.objects.filter(pk__in=beyond).delete()[1].get(Application._meta.label, 0)
+
+
 def end_tokens_of_inactive(*, user=None, agent: Agent | None = None) -> int:
     """A person or an agent was deactivated: the tokens and codes of every client acting for them end now,
     refresh tokens included, so neither a refresh nor a later reactivation brings any back. The

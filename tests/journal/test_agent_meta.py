@@ -65,7 +65,7 @@ def test_an_agents_idempotency_key_is_its_own_never_another_agents_or_the_record
     # Recorder uses for an approved held call).
     register_samples(sample_servers, names=("mail",))
     agents = [services.create_agent(name=name, on_behalf_of=dana) for name in ("sales-bot", "support-bot")]
-    for (agent, token), to in zip(agents, ("buyer@globex.example", "cfo@initech.example"), strict=True):
+    for (_, token), to in zip(agents, ("buyer@globex.example", "cfo@initech.example"), strict=True):
         answer = raw_call(recorder, token, "mail__send_email", {"to": to, "subject": "Hi", "body": "Hello."},
                           {"hatp/journal": {"idempotencyKey": "held-call:0b5e7a1c"}})
         assert answer["result"].get("isError") is not True, answer

@@ -431,3 +431,59 @@ def test_the_beat_task_forgets_unused_registrations(dana):
     Application.objects.filter(client_id=unused.client_id).update(created=timezone.now() - timedelta(days=2))
     assert forget_unused_oauth_clients() == 1
     assert list(Application.objects.values_list("client_id", flat=True)) == [fresh.client_id]
+
+
+# Issue 22, finding 2: an anonymous CPU flood through OAuth. Each registration hashed a generated secret with
+# PBKDF2 (a third of a second of CPU, public clients included), a wrong secret cost as much, neither endpoint
+# was limited, and registrations nobody authorised piled up for a day.
+
+def register(address: str = "127.0.0.1", auth_method: str = "none"):
+    return Client(REMOTE_ADDR=address).post("/oauth/register/", content_type="application/json", data={
+        "redirect_uris": [REDIRECT], "client_name": "Desk Assistant",
+        "token_endpoint_auth_method": auth_method})
+
+
+def test_registration_is_limited_per_address_and_says_when_to_come_back(settings):
+    settings.OAUTH_REGISTRATIONS_PER_HOUR = 3
+    assert [register("203.0.113.7").status_code for _ in range(3)] == [201, 201, 201]
+    refused = register("203.0.113.7")
+    assert refused.status_code == 429 and refused.json()["error"] == "too_many_requests"
+    assert "At most 3 of these an hour" in refused.json()["error_description"]
+    assert 0 < int(refused["Retry-After"]) <= 3600
+    assert Application.objects.count() == 3
+    assert register("198.51.100.9").status_code == 201  # another address is counted on its own
+
+
+def test_the_token_endpoint_is_limited_per_address(settings, dana):
+    settings.OAUTH_TOKEN_REQUESTS_PER_MINUTE = 4
+    flow = Flow(auth_method="client_secret_post")
+    wrong = {"client_id": flow.client_id, "client_secret": "wrong", "grant_type": "authorization_code",
+             "code": "x", "redirect_uri": REDIRECT, "code_verifier": flow.verifier}
+    attacker = Client(REMOTE_ADDR="203.0.113.7")
+    assert [attacker.post("/oauth/token/", wrong).status_code for _ in range(4)] == [401] * 4
+    refused = attacker.post("/oauth/token/", wrong)
+    assert refused.status_code == 429 and int(refused["Retry-After"]) <= 60
+    # The client itself, elsewhere, still gets its tokens.
+    code = flow.code_from(flow.consent(dana, new_agent="a1"))
+    assert flow.exchange(code, client_secret=flow.client_info["client_secret"]).status_code == 200
+
+
+def test_a_public_client_is_kept_with_no_secret_and_a_confidential_ones_without_a_password_hash(dana):
+    public = register(auth_method="none")
+    assert public.status_code == 201 and "client_secret" not in public.json()
+    kept = Application.objects.get(client_id=public.json()["client_id"])
+    assert kept.client_secret == "" and not kept.hash_client_secret
+    confidential = register(auth_method="client_secret_basic").json()
+    stored = Application.objects.get(client_id=confidential["client_id"]).client_secret
+    # Salted SHA-256 of the generated 128-character secret (journal.hashers), never PBKDF2.
+    assert stored.startswith("sha256-client-secret$") and confidential["client_secret"] not in stored
+    # And the public client still signs in (PKCE is its proof).
+    Flow().tokens_for(dana, new_agent="a1")
+
+
+def test_registrations_nobody_authorised_are_kept_to_a_number_the_oldest_forgotten_first(settings, dana):
+    settings.OAUTH_MAX_PENDING_CLIENTS = 2
+    used = Flow()
+    used.tokens_for(dana, new_agent="a1")
+    ids = [register(f"198.51.100.{n}").json()["client_id"] for n in range(4)]
+    assert set(Application.objects.values_list("client_id", flat=True)) == {used.client_id, *ids[-2:]}
