@@ -317,6 +317,8 @@ OAUTH2_PROVIDER = {
     "ROTATE_REFRESH_TOKEN": True,
     "REFRESH_TOKEN_REUSE_PROTECTION": True,
     "PKCE_REQUIRED": True,
+    # The toolkit's validator, and a replayed authorization code ends every token it gave.
+    "OAUTH2_VALIDATOR_CLASS": "journal.oauth_validator.RecorderValidator",
     "DCR_ENABLED": True,
     # MCP clients register themselves before anyone signs in (RFC 7591 open registration); a registration
     # nobody authorises is removed after a day (journal.forget_unused_oauth_clients).

@@ -123,6 +123,23 @@ class ClientAuthorization(models.Model):
         return f"{self.application_id} as {self.agent_id} for {self.user_id}"
 
 
+class RedeemedCode(models.Model):
+    """An OAuth authorization code that was exchanged for tokens, kept as its SHA-256 with what it gave: a
+    second exchange of it means it leaked, and ends every token it gave (RFC 6749 section 4.1.2,
+    `services.clients.code_replayed`). Kept as long as the refresh tokens it gave could live."""
+
+    code_digest = models.CharField(max_length=64, unique=True)
+    application = models.ForeignKey(
+        oauth2_settings.APPLICATION_MODEL, on_delete=models.CASCADE, related_name="+"
+    )
+    access_token_checksum = models.CharField(max_length=64)
+    token_family = models.UUIDField(null=True, blank=True)  # the refresh tokens rotated from it
+    redeemed_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self):
+        return f"code {self.code_digest[:8]} of {self.application_id}"
+
+
 class RunQuerySet(models.QuerySet):
     def for_list(self):
         return self.select_related("agent", "agent__on_behalf_of")

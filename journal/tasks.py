@@ -45,5 +45,9 @@ def forget_idle_sessions() -> int:
 
 @shared_task(name="journal.forget_unused_oauth_clients")
 def forget_unused_oauth_clients() -> int:
-    """Remove OAuth clients that registered themselves a day ago or more and were never authorised."""
-    return clients.forget_unused_clients(older_than=timezone.now() - timedelta(days=1))
+    """Remove OAuth clients that registered themselves a day ago or more and were never authorised, and the
+    exchanged codes whose tokens could no longer be alive."""
+    now = timezone.now()
+    refresh_life = timedelta(seconds=settings.OAUTH2_PROVIDER["REFRESH_TOKEN_EXPIRE_SECONDS"])
+    clients.forget_redeemed_codes(older_than=now - refresh_life)
+    return clients.forget_unused_clients(older_than=now - timedelta(days=1))

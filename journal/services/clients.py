@@ -9,6 +9,7 @@ once in every Recorder process.
 """
 
 import hashlib
+import logging
 from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
@@ -23,7 +24,9 @@ from oauth2_provider.models import (
     get_refresh_token_model,
 )
 
-from ..models import Agent, ClientAuthorization
+from ..models import Agent, ClientAuthorization, RedeemedCode
+
+logger = logging.getLogger(__name__)
 
 SCOPE = "mcp"
 LAST_USED_EVERY = timedelta(minutes=1)
@@ -142,6 +145,40 @@ def forget_unused_clients(*, older_than) -> int:
         registration_source=Application.RegistrationSource.DCR, created__lt=older_than
     ).exclude(pk__in=ClientAuthorization.objects.values("application_id"))
     return unused.delete()[1].get(Application._meta.label, 0)
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def code_redeemed(*, code: str, application, access_token: str) -> None:
+    """An authorization code was exchanged for `access_token` (and its refresh token): remember what it
+    gave, by digests only, so a replay can end it (`code_replayed`)."""
+    checksum = _digest(access_token)
+    refresh = get_refresh_token_model().objects.filter(access_token__token_checksum=checksum).first()
+    RedeemedCode.objects.get_or_create(code_digest=_digest(code), defaults={
+        "application": application, "access_token_checksum": checksum,
+        "token_family": refresh.token_family if refresh is not None else None})
+
+
+def code_replayed(*, code: str, application) -> bool:
+    """Someone presented a code that was already exchanged: it leaked, so every token it gave ends now, the
+    refresh tokens rotated from it included (RFC 6749 section 4.1.2, RFC 9700 section 4.5). Whether it was
+    such a code (an unknown or expired one is not)."""
+    redeemed = RedeemedCode.objects.filter(code_digest=_digest(code), application=application).first()
+    if redeemed is None:
+        return False
+    with transaction.atomic():
+        get_refresh_token_model().revoke_family(redeemed.token_family)
+        get_access_token_model().objects.filter(token_checksum=redeemed.access_token_checksum).delete()
+    logger.warning("An authorization code of client %s was presented again: its tokens are ended.",
+                   application.client_id)
+    return True
+
+
+def forget_redeemed_codes(*, older_than) -> int:
+    """Forget codes whose tokens could no longer be alive anyway."""
+    return RedeemedCode.objects.filter(redeemed_at__lt=older_than).delete()[0]
 
 
 def forget_pending_beyond(keep: int) -> int:

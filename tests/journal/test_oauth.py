@@ -19,7 +19,7 @@ from django.utils import timezone
 from oauth2_provider.models import AccessToken, Application, Grant, RefreshToken
 
 from journal import services
-from journal.models import Agent, ClientAuthorization, Step
+from journal.models import Agent, ClientAuthorization, RedeemedCode, Step
 from journal.services import clients
 from journal.tasks import forget_unused_oauth_clients
 from tests.journal.helpers import register_samples, run_agent
@@ -285,6 +285,27 @@ def test_refresh_rotates_and_a_replayed_refresh_token_ends_the_family(dana):
     assert flow.token(grant_type="refresh_token", refresh_token=second["refresh_token"]).status_code == 400
 
 
+def test_a_replayed_authorization_code_ends_every_token_it_gave(dana):
+    """Issue 22, finding 10: a code exchanged twice has leaked (RFC 6749 section 4.1.2), so the tokens it
+    gave, and the refresh tokens rotated from them, end; the replay itself gets nothing."""
+    flow = Flow()
+    code = flow.code_from(flow.consent(dana, new_agent="a1"))
+    first = flow.exchange(code).json()
+    rotated = flow.token(grant_type="refresh_token", refresh_token=first["refresh_token"]).json()
+    audience = "http://testserver/mcp"
+    assert clients.agent_for_token(rotated["access_token"], audience=audience).agent.name == "a1"
+
+    replay = flow.exchange(code)
+    assert replay.status_code == 400 and replay.json()["error"] == "invalid_grant"
+    assert clients.agent_for_token(first["access_token"], audience=audience).agent is None
+    assert clients.agent_for_token(rotated["access_token"], audience=audience).agent is None
+    again = flow.token(grant_type="refresh_token", refresh_token=rotated["refresh_token"])
+    assert again.status_code == 400 and again.json()["error"] == "invalid_grant"
+    # Another code of the same client, never replayed, is untouched.
+    other = flow.tokens_for(dana, agent="a1")
+    assert clients.agent_for_token(other["access_token"], audience=audience).agent.name == "a1"
+
+
 def test_a_confidential_client_authenticates_at_the_token_endpoint(dana):
     flow = Flow(auth_method="client_secret_post")
     secret = flow.client_info["client_secret"]
@@ -426,11 +447,16 @@ def test_agent_pages_show_each_person_their_own_agents(dana, outsider, on_call):
     assert page.get("/agents/dana-desk/").status_code == 200
 
 
-def test_the_beat_task_forgets_unused_registrations(dana):
-    unused, fresh = Flow(), Flow()
+def test_the_beat_task_forgets_unused_registrations_and_codes_whose_tokens_are_dead(dana):
+    unused, fresh, used = Flow(), Flow(), Flow()
+    used.tokens_for(dana, new_agent="a1")
+    used.tokens_for(dana, agent="a1")
     Application.objects.filter(client_id=unused.client_id).update(created=timezone.now() - timedelta(days=2))
+    RedeemedCode.objects.filter(pk=RedeemedCode.objects.earliest("pk").pk).update(
+        redeemed_at=timezone.now() - timedelta(days=31))
     assert forget_unused_oauth_clients() == 1
-    assert list(Application.objects.values_list("client_id", flat=True)) == [fresh.client_id]
+    assert set(Application.objects.values_list("client_id", flat=True)) == {fresh.client_id, used.client_id}
+    assert RedeemedCode.objects.count() == 1
 
 
 # Issue 22, finding 2: an anonymous CPU flood through OAuth. Each registration hashed a generated secret with
