@@ -181,19 +181,23 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "journal:run_list"
 LOGOUT_REDIRECT_URL = "login"
 
-# Failed logins are throttled by django-axes, per account and per address (either one locks): after
-# LOGIN_FAILURE_LIMIT failures the login page refuses (HTTP 429) for LOGIN_LOCKOUT_MINUTES, after which the
-# lock clears by itself. Admins see every lock-out under "Axes" in the Django admin, and clear one there or
-# with
-# `manage.py axes_reset_username NAME`. A successful login clears the account's failures. Behind a proxy, run
-# uvicorn with --forwarded-allow-ips so the address is the client's.
+# Failed logins are throttled by django-axes (approver.lockouts): after LOGIN_FAILURE_LIMIT failures on one
+# account from one address, LOGIN_ACCOUNT_FAILURE_LIMIT on one account from anywhere, or
+# LOGIN_ADDRESS_FAILURE_LIMIT from one address on any accounts, the login page refuses (HTTP 429) for
+# LOGIN_LOCKOUT_MINUTES, after which the lock clears by itself. Admins see every lock-out under "Axes" in the
+# Django admin, and clear one there or with `manage.py axes_reset_username NAME`. A successful login clears
+# the account's failures. Behind a proxy, run uvicorn with --forwarded-allow-ips naming exactly the proxy, so
+# the address is the client's (docs/production.md).
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
+AXES_HANDLER = "approver.lockouts.PerAccountAndAddress"
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
+LOGIN_ACCOUNT_FAILURE_LIMIT = env_int("LOGIN_ACCOUNT_FAILURE_LIMIT", 25)
+LOGIN_ADDRESS_FAILURE_LIMIT = env_int("LOGIN_ADDRESS_FAILURE_LIMIT", 25)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_LOCKOUT_MINUTES", 15))
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "username", "ip_address"]  # approver.lockouts
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "approver.views.site.locked_out"
 AXES_VERBOSE = False

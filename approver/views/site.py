@@ -15,6 +15,8 @@ def locked_out(request, response, credentials):
     username = (credentials or {}).get("username") or request.POST.get("username", "")
     return render(request, "registration/locked_out.html", {
         "failure_limit": settings.AXES_FAILURE_LIMIT, "username": username[:150],
+        "account_limit": settings.LOGIN_ACCOUNT_FAILURE_LIMIT,
+        "address_limit": settings.LOGIN_ADDRESS_FAILURE_LIMIT,
         "minutes": int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)}, status=429)
 
 
