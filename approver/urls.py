@@ -5,6 +5,8 @@ from django.views.generic import RedirectView
 
 from .views import site
 
+handler404 = site.not_found
+
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="journal:run_list", permanent=False)),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),

@@ -33,7 +33,7 @@ from oauth2_provider.views import (
 from oauthlib.oauth2.rfc6749.errors import CustomOAuth2Error
 
 from . import roles, services, throttling
-from .access import LoginRequired
+from .access import visible_agent
 from .models import Agent, ClientAuthorization
 from .services import clients
 
@@ -291,9 +291,7 @@ def may_manage(user, agent: Agent) -> bool:
 
 @require_POST
 def revoke_client(request, name, authorization_id):
-    if not request.user.is_authenticated:
-        raise LoginRequired(request)
-    agent = get_object_or_404(Agent, name=name)
+    agent = visible_agent(request, name)
     if not may_manage(request.user, agent):
         raise PermissionDenied("Only the person this agent acts for, or an admin, may revoke its clients.")
     authorization = get_object_or_404(ClientAuthorization.objects.select_related("application", "user"),

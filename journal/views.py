@@ -1,6 +1,5 @@
 from django.conf import settings
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import Count, Prefetch
 from django.shortcuts import get_object_or_404, redirect, render
@@ -8,9 +7,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from . import oauth, roles, services
-from .access import READERS, LoginRequired, require_role
+from .access import READERS, LoginRequired, require_role, visible_agent, visible_agents
 from .forms import RunFilterForm
-from .models import Agent, Run, Step, StepDependency
+from .models import Run, Step, StepDependency
 
 RUNS_PER_PAGE = 25
 STEPS_PER_PAGE = 200
@@ -129,29 +128,17 @@ def run_release(request, run_id):
     return redirect("journal:run_detail", run_id=run.public_id)
 
 
-def _visible_agents(user):
-    """Readers (on-call, approvers, admins) see every agent; anyone else the agents acting for them."""
-    agents = Agent.objects.select_related("on_behalf_of").order_by("name")
-    return agents if roles.has_any_role(user, *READERS) else agents.filter(on_behalf_of=user)
-
-
 @require_GET
 def agent_list(request):
     if not request.user.is_authenticated:
         raise LoginRequired(request)
-    agents = _visible_agents(request.user).annotate(clients=Count("client_authorizations"))
+    agents = visible_agents(request.user).annotate(clients=Count("client_authorizations"))
     return render(request, "journal/agent_list.html", {"agents": agents})
 
 
 @require_GET
 def agent_detail(request, name):
-    if not request.user.is_authenticated:
-        raise LoginRequired(request)
-    agent = get_object_or_404(Agent.objects.select_related("on_behalf_of"), name=name)
-    if not _visible_agents(request.user).filter(pk=agent.pk).exists():
-        raise PermissionDenied(
-            "This agent acts for someone else; its page is for them, on-call, approvers and admins."
-        )
+    agent = visible_agent(request, name)
     authorizations = agent.client_authorizations.select_related("application", "user")
     runs = Run.objects.for_list().filter(agent=agent)[:10]
     return render(request, "journal/agent_detail.html", {

@@ -1,4 +1,4 @@
-"""What is not a section of its own: the health check and django-axes' lock-out page."""
+"""What is not a section of its own: the health check, the not-found page and django-axes' lock-out page."""
 
 from django.conf import settings
 from django.http import JsonResponse
@@ -7,6 +7,13 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from .. import health as health_report
+
+
+def not_found(request, exception):
+    """The 404 page (handler404): what a view said was not found ("No such agent among those you may
+    see."), never a URL resolver's internals."""
+    message = exception.args[0] if exception is not None and exception.args else ""
+    return render(request, "404.html", {"message": message if isinstance(message, str) else ""}, status=404)
 
 
 def locked_out(request, response, credentials):

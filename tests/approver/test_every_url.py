@@ -22,6 +22,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 READERS = {roles.ON_CALL, roles.APPROVER, roles.ADMIN}
 SIGNED_IN = "anyone signed in"  # whoever is signed in, with or without a role
 OWNER = "the agent's person"  # dana, whom the fixture's agent acts for
+# Pages of one agent: to whoever may not see the agent, there is no such agent (404, as for a name that
+# does not exist); whoever may see it but not act is refused (403).
+AGENT_PAGES = {"journal:agent_detail", "journal:agent_client_revoke"}
 # name -> (method, roles allowed)
 ACCESS = {
     "journal:run_list": ("get", READERS),
@@ -138,5 +141,7 @@ def test_every_url_refuses_whoever_its_rule_does_not_allow(persona, objects, req
             )
         elif role in allowed or SIGNED_IN in allowed or (persona == "dana" and OWNER in allowed):
             assert response.status_code not in (401, 403), (name, persona, response.status_code)
+        elif name in AGENT_PAGES and role not in READERS and persona != "dana":
+            assert response.status_code == 404, (name, persona, response.status_code)
         else:
             assert response.status_code == 403, (name, persona, response.status_code)

@@ -8,6 +8,7 @@ tests/browser/test_oauth_journey.py.
 import base64
 import hashlib
 import json
+import re
 import secrets
 from datetime import timedelta
 from urllib.parse import parse_qs, urlencode, urlsplit
@@ -345,7 +346,7 @@ def test_the_recorder_journals_an_oauth_clients_calls_under_its_agent_and_revoki
     forged.force_login(dana)
     assert forged.post(revoke_url).status_code == 403  # no CSRF token: a forged form cannot revoke
     page.force_login(outsider)
-    assert page.post(revoke_url).status_code == 403
+    assert page.post(revoke_url).status_code == 404  # to them there is no such agent
     page.force_login(dana)
     assert page.post(revoke_url).status_code == 302
 
@@ -440,7 +441,11 @@ def test_agent_pages_show_each_person_their_own_agents(dana, outsider, on_call):
     page = Client()
     page.force_login(outsider)
     assert "dana-desk" not in page.get("/agents/").content.decode()
-    assert page.get("/agents/dana-desk/").status_code == 403
+    # An agent they may not see reads exactly as one that does not exist (issue 22, "also").
+    hidden, missing = page.get("/agents/dana-desk/"), page.get("/agents/no-such-bot/")
+    assert hidden.status_code == missing.status_code == 404
+    unmasked = [re.sub(rb"[A-Za-z0-9]{64}", b"CSRF", page.content) for page in (hidden, missing)]
+    assert unmasked[0] == unmasked[1] and b"No such agent among those you may see." in hidden.content
     page.force_login(dana)
     assert "dana-desk" in page.get("/agents/").content.decode()
     page.force_login(on_call)
