@@ -77,6 +77,35 @@ def plan_ready(plan: Plan) -> int:
                            f"Undo plan ready for sign-off: {plan.run.agent_name}", text, plan)
 
 
+def saga_plans_ready(plans: list[Plan]) -> int:
+    """One message for the plans saga policies opened after failed calls: each approver is emailed once,
+    listing the plans they may sign; the webhook once, listing them all. Returns how many were emailed."""
+    mine: dict[str, list[Plan]] = {}
+    for plan in plans:
+        for user in approvers_to_tell(plan):
+            mine.setdefault(user.email, []).append(plan)
+    together: dict[tuple[int, ...], list[str]] = {}
+    for address, theirs in mine.items():
+        together.setdefault(tuple(p.pk for p in theirs), []).append(address)
+    by_pk = {plan.pk: plan for plan in plans}
+    sent = 0
+    for pks, recipients in together.items():
+        subject, text = _saga_digest([by_pk[pk] for pk in pks])
+        sent += email(subject, text, sorted(recipients), about=f"{len(pks)} saga plans")
+    if settings.APPROVAL_WEBHOOK_URL:
+        subject, text = _saga_digest(plans)
+        webhook(slack_escaped(f"{header_safe(subject)}. {text}"), about=f"{len(plans)} saga plans")
+    return sent
+
+
+def _saga_digest(plans: list[Plan]) -> tuple[str, str]:
+    count = len(plans)
+    subject = (f"Undo plan ready for sign-off after a failed call: {plans[0].run.agent_name}" if count == 1
+               else f"{count} undo plans ready for sign-off after failed calls")
+    lines = [f"{summary(plan)}\nReview and sign: {_link(plan)}" for plan in plans]
+    return subject, "\n\n".join(lines)
+
+
 def action_requested(action: ActionRequest) -> int:
     """Email the held call's approvers and post to the webhook: an agent is waiting."""
     users = (

@@ -255,6 +255,7 @@ CELERY_BEAT_SCHEDULE = {
     "requeue-stalled-checks": {"task": "approver.requeue_stalled_checks", "schedule": 60.0},
     "expire-held-calls": {"task": "approver.expire_held_calls", "schedule": 60.0},
     "reconcile-execution": {"task": "approver.reconcile_execution", "schedule": 60.0},
+    "notify-saga-plans": {"task": "approver.notify_saga_plans", "schedule": 60.0},
     "forget-idle-sessions": {"task": "journal.forget_idle_sessions", "schedule": 300.0},
     "forget-unused-oauth-clients": {"task": "journal.forget_unused_oauth_clients", "schedule": 3600.0},
 }
@@ -299,6 +300,10 @@ RECORDER_RUN_IDLE_SECONDS = env_int("RECORDER_RUN_IDLE_SECONDS", 1800)
 # How long a failed call's answer may wait while a saga policy unwinds the run (the worker finishes what is
 # left).
 RECORDER_UNWIND_SECONDS = env_int("RECORDER_UNWIND_SECONDS", 60)
+# Saga policies: at most this many undo plans open at once for one agent's failed calls, and their approvers
+# told at most once every this many minutes (one message listing what became ready meanwhile).
+SAGA_OPEN_PLANS_PER_AGENT = env_int("SAGA_OPEN_PLANS_PER_AGENT", 3)
+SAGA_NOTIFY_MINUTES = env_int("SAGA_NOTIFY_MINUTES", 10)
 # How Recorder processes reach each other (an agent's cancellation heard by one, for a call another makes):
 # Redis pub/sub. Without it, each process hears only itself, which is all a single process needs.
 RECORDER_BUS_URL = env_str("RECORDER_BUS_URL", REDIS_URL)

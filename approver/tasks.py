@@ -4,6 +4,7 @@ from datetime import timedelta
 
 from celery import shared_task
 from django.conf import settings
+from django.db.models import F, Max
 from django.utils import timezone
 
 from . import notifications, services
@@ -59,11 +60,35 @@ def requeue_stalled_checks() -> int:
 
 @shared_task(name="approver.notify_plan_ready")
 def notify_plan_ready(plan_id: int, check_round: int) -> int:
-    """Tell the approvers a plan is ready. Safe to run twice: the round is claimed before anything is sent."""
+    """Tell the approvers a plan is ready. Safe to run twice: the round is claimed before anything is sent.
+    A saga's plan is told in a batch (`notify_saga_plans`)."""
+    if Plan.objects.filter(pk=plan_id, saga=True).exists():
+        return notify_saga_plans()
     if not Plan.objects.filter(pk=plan_id, state=Plan.State.READY, check_round=check_round,
-                               ready_notified_round__lt=check_round).update(ready_notified_round=check_round):
+                               ready_notified_round__lt=check_round).update(ready_notified_round=check_round,
+                                                                             ready_notified_at=timezone.now()):
         return 0
     return notifications.plan_ready(Plan.objects.for_page().get(pk=plan_id))
+
+
+@shared_task(name="approver.notify_saga_plans")
+def notify_saga_plans() -> int:
+    """Tell the approvers, in one message, of every plan a saga policy opened that is ready and not yet
+    told; at most once every SAGA_NOTIFY_MINUTES (beat runs this each minute for what waited), so a flood of
+    failed calls is one message, not one each. Safe to run twice: each plan's round is claimed first."""
+    now = timezone.now()
+    last = Plan.objects.filter(saga=True).aggregate(last=Max("ready_notified_at"))["last"]
+    if last is not None and now - last < timedelta(minutes=settings.SAGA_NOTIFY_MINUTES):
+        return 0
+    claimed = [pk for pk, check_round in Plan.objects.filter(
+        saga=True, state=Plan.State.READY, ready_notified_round__lt=F("check_round")).order_by("created_at")
+        .values_list("pk", "check_round")
+        if Plan.objects.filter(pk=pk, check_round=check_round, ready_notified_round__lt=check_round).update(
+            ready_notified_round=check_round, ready_notified_at=now)]
+    if not claimed:
+        return 0
+    return notifications.saga_plans_ready(list(Plan.objects.for_page().filter(pk__in=claimed)
+                                               .order_by("created_at")))
 
 
 @shared_task(name="approver.notify_plan_decided")

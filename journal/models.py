@@ -73,6 +73,11 @@ class Agent(models.Model):
     token_prefix = models.CharField(max_length=12, help_text="The first characters, to tell tokens apart.")
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # A failed call under a saga policy halts its run and the agent with it (a new runId must not sidestep
+    # the halt): the plan undoing that run, while it is open, and why. Written with the run's halt
+    # (`services.halt_run`, `services.runs.release`).
+    halted_by_plan = models.CharField(max_length=36, blank=True)
+    halted_reason = models.TextField(blank=True)
 
     class Meta:
         ordering = ["name"]

@@ -85,6 +85,10 @@ class Plan(models.Model):
     # by
     # a conditional update, so a notification task run twice sends once.
     ready_notified_round = models.PositiveIntegerField(default=0)
+    ready_notified_at = models.DateTimeField(null=True, blank=True)
+    # Opened by a saga policy after a failed call (`services.sagas`): capped per agent, and its approvers are
+    # told in batches (`tasks.notify_saga_plans`).
+    saga = models.BooleanField(default=False)
     # Execution's report line ("Reversed 2 of 3 actions; 1 cannot be undone") and why it stopped, if it did.
     execution_summary = models.CharField(max_length=300, blank=True)
     stop_reason = models.TextField(blank=True)

@@ -94,12 +94,14 @@ def ask_for_plan(*, run: Run, requested_by, reason: str = "", from_step: int | N
 
 
 def request_plan(*, run: Run, requested_by, reason: str = "", from_step: int | None = None,
-                 steps: list[int] | None = None, now: datetime | None = None) -> Plan:
+                 steps: list[int] | None = None, now: datetime | None = None, saga: bool = False) -> Plan:
     """Build a reversal plan for `run` here and now (commands, tests, the Recorder's unwinding), from step N
     onwards or for a chosen set of steps, and queue its checks. Refused (PlanRefused) when the selection is
-    empty or unknown, or when a step in it is already in an open plan; nothing is kept then."""
+    empty or unknown, or when a step in it is already in an open plan; nothing is kept then. `saga`: opened
+    by a saga policy after a failed call."""
     now = now or timezone.now()
-    plan = _open(run=run, requested_by=requested_by, reason=reason, from_step=from_step, steps=steps, now=now)
+    plan = _open(run=run, requested_by=requested_by, reason=reason, from_step=from_step, steps=steps, now=now,
+                 saga=saga)
     try:
         return _draft(plan, claimed=_claim_draft(plan, now), now=now)
     except PlanRefused:
@@ -108,7 +110,7 @@ def request_plan(*, run: Run, requested_by, reason: str = "", from_step: int | N
 
 
 def _open(*, run: Run, requested_by, reason: str, from_step: int | None, steps: list[int] | None,
-          now: datetime) -> Plan:
+          now: datetime, saga: bool = False) -> Plan:
     """Check what can be checked without reading the whole run, and open the plan as `drafting`."""
     if run.state == Run.State.IMPORTED:
         raise PlanRefused(
@@ -130,7 +132,7 @@ def _open(*, run: Run, requested_by, reason: str, from_step: int | None, steps: 
     return Plan.objects.create(
         run=run, requested_by=requested_by, reason=reason.strip(), from_step=from_step,
         chosen_steps=sorted(set(steps)) if from_step is None else [], created_at=now, updated_at=now,
-        state=Plan.State.DRAFTING)
+        state=Plan.State.DRAFTING, saga=saga)
 
 
 # A draft's items are written this many at a time, each batch in its own short transaction, so the page can

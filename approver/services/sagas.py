@@ -57,13 +57,16 @@ def start_saga(*, run_id: int, step_id: int, mode: str, now: datetime | None = N
     with transaction.atomic():
         journal_services.record_event(run_id=run.pk, event="saga", now=now, data={
             "failedStep": failed.number, "mode": mode, "fromStep": start})
+        if (too_many := _too_many_open(run)) is not None:
+            journal_services.record_event(run_id=run.pk, event="saga_refused", now=timezone.now(),
+                                          data={"failedStep": failed.number, "why": too_many})
+            return {"refused": too_many}
         try:
             with transaction.atomic():  # a refused plan leaves nothing of itself behind
                 # Requested for the agent's person: they are who the agent acted for (and so may not approve
                 # it).
-                plan = request_plan(
-                    run=run, requested_by=run.agent.on_behalf_of, reason=reason, from_step=start, now=now
-                )
+                plan = request_plan(run=run, requested_by=run.agent.on_behalf_of, reason=reason,
+                                    from_step=start, now=now, saga=True)
         except PlanRefused as refused:
             journal_services.record_event(run_id=run.pk, event="saga_refused", now=timezone.now(),
                                           data={"failedStep": failed.number, "why": refused.message})
@@ -79,6 +82,18 @@ def start_saga(*, run_id: int, step_id: int, mode: str, now: datetime | None = N
             ),
         )
     return {"plan": plan.pk, "url": url}
+
+
+def _too_many_open(run: Run) -> str | None:
+    """Why no more plans may be opened for this agent's failures, if it has SAGA_OPEN_PLANS_PER_AGENT open
+    already (an agent, or a failing server, would otherwise open plans and mail approvers without end; the
+    agent is halted by the first of them meanwhile)."""
+    open_plans = Plan.objects.filter(run__agent_id=run.agent_id, saga=True, state__in=Plan.OPEN_STATES)
+    count = open_plans.count()
+    if count < settings.SAGA_OPEN_PLANS_PER_AGENT:
+        return None
+    return (f"{run.agent.name} already has {count} undo plan{'s' if count != 1 else ''} open after failed "
+            "calls; no more are opened until a person has looked at those.")
 
 
 def unwind(*, plan_id: int) -> dict[str, Any]:

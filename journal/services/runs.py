@@ -68,13 +68,17 @@ def end_run(*, run_id: int, by: str, now: datetime) -> None:
 
 
 def halt_run(*, run_id: int, plan: str, reason: str, now: datetime) -> None:
-    """Stop a run after a failed call (a saga policy): the agent's further calls in it are refused while
-    `plan` (the plan that undoes its task) is open, until it ends or a person releases the run."""
+    """Stop a run after a failed call (a saga policy), and its agent with it: the agent's further calls, in
+    this run or any other (a new runId must not sidestep the halt), are refused while `plan` (the plan that
+    undoes the task) is open, until it ends or a person releases the run."""
     with transaction.atomic():
         run = locked_run("id = %s", [run_id])
-        append_entry(run=run, event="halted", now=now, data={"plan": plan, "reason": reason})
+        append_entry(run=run, event="halted", now=now, data={"plan": plan, "reason": reason, "agent": True})
         save_moving(run, now=None)
         Run.objects.filter(pk=run_id).update(halted_by_plan=plan, halted_reason=reason)
+        # An agent halted by an earlier plan stays halted by it; this run's halt takes over when that ends.
+        Agent.objects.filter(pk=run.agent_id, halted_by_plan="").update(halted_by_plan=plan,
+                                                                         halted_reason=reason)
 
 
 def release_run(*, run_id: int, by: str, why: str, now: datetime) -> bool:
@@ -92,7 +96,18 @@ def release_run(*, run_id: int, by: str, why: str, now: datetime) -> bool:
 
 
 def release(run: Run, *, by: str, why: str, now: datetime) -> None:
-    """The release itself, on a run the caller holds locked (and saves)."""
+    """The release itself, on a run the caller holds locked (and saves). The agent is released with it, or,
+    if another of its runs is still halted, stays halted by that one's plan."""
     append_entry(run=run, event="released", now=now, data={"plan": run.halted_by_plan, "by": by, "why": why})
     Run.objects.filter(pk=run.pk).update(halted_by_plan="", halted_reason="")
+    release_agent(agent_id=run.agent_id, plan=run.halted_by_plan)
     run.halted_by_plan = ""
+
+
+def release_agent(*, agent_id: int, plan: str) -> None:
+    """The agent's halt by `plan` ends (the plan ended, or its run was released). If another of its runs is
+    still halted, the agent stays halted by that run's plan (which is looked at again on its next call)."""
+    still = (Run.objects.filter(agent_id=agent_id).exclude(halted_by_plan__in=("", plan)).order_by("pk")
+             .values("halted_by_plan", "halted_reason").first())
+    Agent.objects.filter(pk=agent_id, halted_by_plan=plan).update(
+        **(still or {"halted_by_plan": "", "halted_reason": ""}))

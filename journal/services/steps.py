@@ -20,7 +20,7 @@ from ..canonical import to_ijson
 from ..journaling import Outcome
 from ..models import Agent, Run, RunValue, Step, StepDependency, ToolServer
 from .record import append_entry, locked_run, open_run, save_moving
-from .runs import release
+from .runs import release, release_agent
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def open_step(
     return _open(lambda: _find_run(agent=agent, key=run_key, now=now), server=server, server_name=server_name,
                  tool=tool, arguments=arguments, request_meta=request_meta, now=now,
                  who={"agent": agent.name, "onBehalfOf": agent.on_behalf_of.get_username()}, decide=decide,
-                 declared=declared)
+                 declared=declared, agent=agent)
 
 
 def open_step_in_run(
@@ -113,7 +113,7 @@ def open_step_in_run(
 
 def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, arguments: dict[str, Any],
           request_meta: dict[str, Any] | None, now: datetime, who: dict[str, Any], decide=None,
-          declared: dict[str, Any] | None = None) -> OpenedStep:
+          declared: dict[str, Any] | None = None, agent: Agent | None = None) -> OpenedStep:
     """Journal the intent (see `open_step`): the policy decides first, outside the transaction; then, with
     the run's row locked, the step row and the chain's `call` entry."""
     call = journaling.prepared(
@@ -135,13 +135,9 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
     status = journaling.opening_status(decision)
     with transaction.atomic():
         run = find_run()
-        if run.halted_by_plan and decide is not None:  # an agent's call into a run a failure stopped
-            halted = ports.gate().halting(plan=run.halted_by_plan)
-            if halted:
-                decision = journaling.halted_decision(decision, why=halted, plan=run.halted_by_plan)
-                status = Step.Status.PENDING
-            else:
-                release(run, by="the Recorder", why="the plan that halted it has ended", now=now)
+        if decide is not None and (halt := _halt(run, agent, now=now)) is not None:
+            decision = journaling.halted_decision(decision, why=halt[1], plan=halt[0])
+            status = Step.Status.PENDING
         number = run.step_count + 1
         declaration = call.declaration
         step_id = sql.insert(Step, dict(
@@ -157,6 +153,30 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
     return OpenedStep(step_id=step_id, run_id=run.pk, number=number, server=server, tool=tool,
                       arguments=call.arguments, request_meta=call.request_meta, kind=declaration.kind,
                       source=declaration.source, policy=decision, declared=declared, traits=traits)
+
+
+def _halt(run: Run, agent: Agent | None, *, now: datetime) -> tuple[str, str] | None:
+    """(plan, why) when an agent's call must be refused because a failure stopped this run, or stopped the
+    agent in another run (a saga policy), and the plan undoing it is still open; a halt whose plan has ended
+    is released here, on the record. The caller holds the run's row lock. The agent's halt is read here, by
+    its key (the agent the request carries may be seconds old)."""
+    halted = Agent.objects.filter(pk=agent.pk).values_list("halted_by_plan", "halted_reason").first() \
+        if agent is not None else None
+    agent_plan, agent_reason = halted or ("", "")
+    plan = run.halted_by_plan or agent_plan
+    if not plan:
+        return None
+    why = ports.gate().halting(plan=plan)
+    if why and plan != run.halted_by_plan:
+        why = (f"This agent is halted: {agent_reason} Its calls in every run are refused until that plan "
+               "ends or a person releases the halted run from its page.")
+    if why:
+        return plan, why
+    if plan == run.halted_by_plan:
+        release(run, by="the Recorder", why="the plan that halted it has ended", now=now)
+    else:
+        release_agent(agent_id=agent.pk, plan=plan)
+    return None
 
 
 # What became of an earlier attempt, in the words of a held repeat's reason.

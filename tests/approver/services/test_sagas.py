@@ -5,8 +5,12 @@ plan
 before the agent hears of its failure when no human is needed, and falls back to "propose" otherwise; the run
 refuses further calls until the plan ends or a person releases it. The servers' ledgers say what happened."""
 
+from datetime import timedelta
+
 import pytest
+from django.core import mail
 from django.test import Client as WebClient
+from django.utils import timezone
 
 from approver import policy, services, tasks
 from approver.models import AutonomyPolicy, Plan
@@ -164,3 +168,78 @@ def test_without_a_saga_policy_a_failure_is_just_an_error(recorder, bot, sample_
     failed = calls(recorder, bot, [("crm__update_deal", {"deal_id": "D-881", "stage": "Won"}), MISSING])[1]
     assert "undoPlan" not in journal_of(failed) and not Plan.objects.exists()
     assert not Run.objects.get().halted_by_plan
+
+
+# Issue 22, finding 14: an agent (or a failing server) opened unlimited plans and approver emails, and a
+# halted run was sidestepped with a new runId.
+
+def release_as(on_call, run):
+    web = WebClient()
+    web.force_login(on_call)
+    assert web.post(f"/runs/{run.public_id}/release/").status_code == 302
+
+
+def test_a_new_run_id_does_not_sidestep_the_halt_the_agent_is_halted_with_its_run(
+        recorder, bot, sample_servers, admin_user, on_call):
+    saga_policy(admin_user, "propose")
+    calls(recorder, bot, [("crm__update_deal", {"deal_id": "D-881", "stage": "Won"}), MISSING])
+    plan = Plan.objects.get()
+    elsewhere = calls(recorder, bot, [("crm__update_deal", {"deal_id": "D-882", "stage": "Won"})],
+                      run_id="task-2")[0]
+    assert elsewhere["isError"] and "This agent is halted" in elsewhere["content"][0]["text"]
+    assert str(plan.public_id) in elsewhere["content"][0]["text"]
+    assert [e["deal"] for e in sample_servers.ledger("crm") if e["op"] == "update_deal"] == ["D-881"]
+    # A person looks: releasing the halted run releases the agent, and its calls go through again.
+    release_as(on_call, Run.objects.get(key="run:task-1"))
+    again = calls(recorder, bot, [("crm__update_deal", {"deal_id": "D-882", "stage": "Won"})],
+                  run_id="task-2")
+    assert not again[0].get("isError")
+    assert Run.objects.get(key="run:task-1").entries.get(event="halted").data["agent"] is True
+
+
+def test_an_agent_has_at_most_so_many_undo_plans_open_after_failed_calls(
+        recorder, bot, sample_servers, admin_user, on_call, settings):
+    settings.SAGA_OPEN_PLANS_PER_AGENT = 1
+    saga_policy(admin_user, "propose")
+    calls(recorder, bot, [("crm__update_deal", {"deal_id": "D-881", "stage": "Won"}), MISSING])
+    release_as(on_call, Run.objects.get(key="run:task-1"))  # the plan stays open
+    failed = calls(recorder, bot, [("crm__update_deal", {"deal_id": "D-882", "stage": "Won"}), MISSING],
+                   run_id="task-2")[1]
+    assert journal_of(failed)["undoPlan"] is None
+    assert "already has 1 undo plan open after failed calls" in journal_of(failed)["undoRefused"]
+    assert Plan.objects.count() == 1
+    second = Run.objects.get(key="run:task-2")
+    assert second.entries.get(event="saga_refused").data["why"] == journal_of(failed)["undoRefused"]
+    assert journal_services.verify_run(run=second).ok
+
+
+def test_approvers_hear_of_plans_after_failed_calls_in_one_message_per_window(
+        recorder, bot, sample_servers, admin_user, on_call, approver_user, second_approver, settings):
+    for user in (approver_user, second_approver):
+        user.email = f"{user.username}@acme.example"
+        user.save()
+    saga_policy(admin_user, "propose")
+    for task in ("task-1", "task-2", "task-3"):
+        calls(recorder, bot, [("crm__update_deal", {"deal_id": "D-881", "stage": "Won"}), MISSING],
+              run_id=task)
+        release_as(on_call, Run.objects.get(key=f"run:{task}"))
+    plans = list(Plan.objects.order_by("created_at"))
+    assert all(plan.saga for plan in plans)
+
+    ready = services.run_checks(plan=plans[0], check_round=plans[0].check_round)
+    assert tasks.notify_plan_ready(ready.pk, ready.check_round) == 1  # the first is told at once
+    for plan in plans[1:]:
+        ready = services.run_checks(plan=plan, check_round=plan.check_round)
+        assert ready.state == "ready"
+        assert tasks.notify_plan_ready(ready.pk, ready.check_round) == 0  # the next ones wait ...
+    assert tasks.notify_saga_plans() == 0
+    [first] = mail.outbox
+    assert sorted(first.to) == ["ana@acme.example", "bo@acme.example"]
+    assert str(plans[0].public_id) in first.body
+
+    Plan.objects.update(ready_notified_at=timezone.now() - timedelta(minutes=settings.SAGA_NOTIFY_MINUTES))
+    assert tasks.notify_saga_plans() == 1  # ... for one message, once the window has passed
+    assert tasks.notify_saga_plans() == 0
+    [_, batch] = mail.outbox
+    assert batch.subject == "2 undo plans ready for sign-off after failed calls"
+    assert str(plans[1].public_id) in batch.body and str(plans[2].public_id) in batch.body
