@@ -7,6 +7,7 @@ arriving. Header values are made safe first: a tool name is the agent's to choos
 would otherwise make the mail library refuse the whole message.
 """
 
+import json
 import logging
 import re
 
@@ -14,6 +15,8 @@ import httpx
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.mail import send_mail
+
+from journal import visible
 
 from . import authority, execution
 from .content import plan_url
@@ -39,8 +42,9 @@ def header_safe(value: str, limit: int = SUBJECT_LENGTH) -> str:
 
 def one_line(value: str, limit: int = 300) -> str:
     """An agent's or a server's words (a tool name, a reason) as they go into a message: on one line, so
-    they cannot add lines of their own ("Approve or deny: https://…") under ours."""
-    return header_safe(str(value), limit)
+    they cannot add lines of their own ("Approve or deny: https://…") under ours, and with whatever they hide
+    written out and flagged (`journal.visible`)."""
+    return header_safe(visible.plain(str(value)), limit)
 
 
 def slack_escaped(text: str) -> str:
@@ -72,7 +76,7 @@ def approvers_to_tell(plan: Plan) -> list:
 
 def plan_ready(plan: Plan) -> int:
     """Email every approver who may sign it, and post to the webhook; returns how many were emailed."""
-    text = f"{summary(plan)}\nReview and sign: {_link(plan)}"
+    text = f"{summary(plan)}\nDigest: {plan.digest}\nReview and sign: {_link(plan)}"
     return _tell_approvers([u.email for u in approvers_to_tell(plan)],
                            f"Undo plan ready for sign-off: {plan.run.agent_name}", text, plan)
 
@@ -102,7 +106,7 @@ def _saga_digest(plans: list[Plan]) -> tuple[str, str]:
     count = len(plans)
     subject = (f"Undo plan ready for sign-off after a failed call: {plans[0].run.agent_name}" if count == 1
                else f"{count} undo plans ready for sign-off after failed calls")
-    lines = [f"{summary(plan)}\nReview and sign: {_link(plan)}" for plan in plans]
+    lines = [f"{summary(plan)}\nDigest: {plan.digest}\nReview and sign: {_link(plan)}" for plan in plans]
     return subject, "\n\n".join(lines)
 
 
@@ -112,12 +116,13 @@ def action_requested(action: ActionRequest) -> int:
         get_user_model().objects.filter(is_active=True, groups__name=action.approver_group).exclude(email="")
     )
     recipients = [u.email for u in users.distinct() if not authority.action_refusal(action=action, user=u)]
-    args = one_line(", ".join(f"{k}={v!r}" for k, v in sorted(action.arguments.items())), 500)
+    args = one_line(", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}"
+                              for k, v in sorted(action.arguments.items())), 500)
     who = f"{one_line(action.agent.name)} (for {action.agent.on_behalf_of.get_username()})"
     text = (f"{who} is waiting to call {one_line(action.server.name)}__{one_line(action.tool)}({args}).\n"
-            f"{one_line(action.reason, 500)}\nApprove or deny: {action_url(action)}")
+            f"{one_line(action.reason, 500)}\nDigest: {action.digest}\nApprove or deny: {action_url(action)}")
     return _tell_approvers(
-        recipients, f"Held for approval: {action.agent.name} wants {action.tool}", text, action
+        recipients, f"Held for approval: {action.agent.name} wants {one_line(action.tool, 100)}", text, action
     )
 
 

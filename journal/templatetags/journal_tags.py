@@ -5,8 +5,10 @@ from django import template
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.formats import date_format
-from django.utils.html import format_html
+from django.utils.html import conditional_escape, format_html, format_html_join
+from django.utils.safestring import mark_safe
 
+from journal import visible
 from journal.views import STEPS_PER_PAGE
 
 register = template.Library()
@@ -16,6 +18,26 @@ register = template.Library()
 def pretty_json(value) -> str:
     """JSON as the wire carries it, indented for reading (autoescaped by the template)."""
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+@register.filter
+def shown(value):
+    """An agent's or a server's words as an approver must see them (`journal.visible`): each hidden
+    character as ⟨U+…⟩, a long run of spaces counted, a letter of another script inside a word marked, and
+    a flag saying so beside the value. Words with nothing to hide are shown exactly as they are (escaped)."""
+    if value is None or value == "":
+        return "" if value is None else value
+    revealed = visible.reveal(str(value))
+    if not revealed.flags:
+        return conditional_escape(value)
+    inner = mark_safe("".join(
+        conditional_escape(piece.text) if not piece.kind
+        else format_html('<mark class="{}" title="{}">{}</mark>', piece.kind, piece.title,
+                         piece.text)
+        for piece in revealed.pieces))
+    flags = format_html_join("; ", "{}", ((flag,) for flag in revealed.flags))
+    return format_html('<span class="flagged">{}</span> <strong class="flag" role="note">⚠ {}</strong>',
+                       inner, flags)
 
 
 @register.simple_tag

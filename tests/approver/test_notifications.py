@@ -124,10 +124,9 @@ def test_a_tool_name_with_line_breaks_cannot_stop_approvers_hearing_of_its_held_
     assert tasks.notify_action_requested(action.pk) == 1
     [message] = mail.outbox
     assert "\r" not in message.subject and "\n" not in message.subject
-    assert (
-        message.subject
-        == "Held for approval: bot wants send Bcc: mallory@evil.example your account is locked"
-    )
+    # The carriage returns are written out and flagged (issue 22, finding 3); the line breaks became spaces.
+    assert message.subject.startswith(
+        "Held for approval: bot wants [⚠ hidden characters written out as ⟨U+…⟩] send⟨U+000D⟩ Bcc: mallory@")
     assert message.to == ["ana@acme.example", "bo@acme.example"] and not message.bcc
     assert len(received) == 1 and "\n" not in received[0]["text"].split(".")[0]
 

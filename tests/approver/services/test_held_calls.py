@@ -202,7 +202,7 @@ def test_the_most_specific_policy_governs_the_recorder(recorder, sales_bot, samp
     assert decisions == {"send_email": "Mail", "create_ticket": "everything policy"}
 
 
-def hold_email(agent):
+def hold_email(agent, arguments=EMAIL):
     """Hold an email as the Recorder does (a step journaled as held, and its action request), without the
     agent waiting on it."""
     from django.utils import timezone
@@ -219,7 +219,7 @@ def hold_email(agent):
         server=mail,
         server_name="mail",
         tool="send_email",
-        arguments=EMAIL,
+        arguments=arguments,
         request_meta=None,
         now=timezone.now(),
         decide=decide_now,
@@ -228,7 +228,7 @@ def hold_email(agent):
         agent=agent,
         server=mail,
         tool="send_email",
-        arguments=EMAIL,
+        arguments=arguments,
         decision=opened.policy,
         run_id=opened.run_id,
         step_id=opened.step_id,
