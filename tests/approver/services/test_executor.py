@@ -444,3 +444,24 @@ def test_a_second_plan_names_what_the_first_undid_and_completes(
         "Completed: Reversed 0 of 1 action; 1 cannot be undone; 2 already undone by an earlier plan" in page
     )
     assert "1 with nothing to undo, 2 already undone</summary>" in page and "skipped" not in page.lower()
+
+
+@pytest.mark.parametrize("control", ["pause_plan", "abort_plan"])
+def test_a_pause_or_an_abort_that_cannot_be_journaled_changes_nothing(approved, approver_user, monkeypatch,
+                                                                      control):
+    """Issue 22, finding 12: the state and its chain entry were written in separate transactions, so a
+    failure to journal left a paused or aborted plan that its run's record never mentioned."""
+    from journal import services as journal_services
+
+    plan = approved("overwrite")
+    before = Plan.objects.values("state", "stop_reason", "paused_by").get(pk=plan.pk)
+    entries = plan.run.entries.count()
+
+    def broken(**kwargs):
+        raise RuntimeError("the chain cannot be written")
+
+    monkeypatch.setattr(journal_services, "record_event", broken)
+    with pytest.raises(RuntimeError):
+        getattr(services, control)(plan=plan, by=approver_user)
+    assert Plan.objects.values("state", "stop_reason", "paused_by").get(pk=plan.pk) == before
+    assert plan.run.entries.count() == entries
