@@ -5,7 +5,10 @@ Two syntaxes arrive from tool servers:
 - SEP-3172 runtime expressions: `$response.body#/a/b` (the result's `structuredContent`) and
   `$request.body#/a/b` (the call's arguments); the part after `#` is an RFC 6901 JSON Pointer, resolved by
   the `jsonpointer` library (so `~0`, `~1` and the empty key behave as the RFC says). Values that are not
-  strings starting with `$` are literals.
+  strings starting with `$` are literals. An admin's undo recipe (`journal.recipes`) adds `$before.body`,
+  the `structuredContent` of the earlier-state read the Recorder made just before the call, and `*`, a
+  token that stands for every element of an array (`$response.body#/entities/*/name`: the names of every
+  entity the call reports it created).
 - mcp-compensate (ChronoMCP) paths: `$.input.a.b` (arguments) and `$.output.a.b` (the whole result object),
   object keys only.
 
@@ -19,23 +22,51 @@ from typing import Any, Literal
 
 import jsonpointer
 
-Dialect = Literal["sep3172", "chronomcp"]
+Dialect = Literal["sep3172", "chronomcp", "recipe"]
 
 
 class BindingError(ValueError):
     """A binding that cannot produce a concrete value; the message says which and why."""
 
 
-def resolve_runtime_expression(expression: Any, *, request: Any, response: Any) -> Any:
+class NothingToUndo(BindingError):
+    """A `*` binding over an empty array: the call reports it changed nothing (a server that skipped every
+    duplicate), so there is nothing to compensate."""
+
+
+WILDCARD = "*"
+_SOURCES = {
+    "$response.body": ("response", "the response body (structuredContent)"),
+    "$request.body": ("request", "the request body (arguments)"),
+    "$before.body": ("before", "the earlier state (what the Recorder read before the call)"),
+}
+
+
+def expression_problem(expression: Any, *, sources: tuple[str, ...] = tuple(_SOURCES)) -> str | None:
+    """Why `expression` is not a runtime expression over one of `sources` (None when it is, or when it is a
+    literal): for checking a recipe when it is saved, before any call."""
+    if not isinstance(expression, str) or not expression.startswith("$"):
+        return None
+    source, _, pointer = expression.partition("#")
+    if source not in sources:
+        return f"{expression!r}: use one of {', '.join(sources)}, not {source!r}"
+    if pointer and not pointer.startswith("/"):
+        return f"{expression!r}: {pointer!r} is not a JSON Pointer (must be empty or start with '/')"
+    try:
+        jsonpointer.JsonPointer(pointer)
+    except jsonpointer.JsonPointerException as exc:
+        return f"{expression!r}: {exc}"
+    return None
+
+
+def resolve_runtime_expression(expression: Any, *, request: Any, response: Any, before: Any = None) -> Any:
     if not isinstance(expression, str) or not expression.startswith("$"):
         return expression
     source, _, pointer = expression.partition("#")
-    if source == "$response.body":
-        document, label = response, "the response body (structuredContent)"
-    elif source == "$request.body":
-        document, label = request, "the request body (arguments)"
-    else:
+    if source not in _SOURCES:
         raise BindingError(f"{expression!r}: unsupported runtime expression {source!r}")
+    which, label = _SOURCES[source]
+    document = {"request": request, "response": response, "before": before}[which]
     if document is None:
         raise BindingError(f"{expression!r}: {label} is absent")
     if pointer and not pointer.startswith("/"):
@@ -43,14 +74,33 @@ def resolve_runtime_expression(expression: Any, *, request: Any, response: Any) 
             f"{expression!r}: {pointer!r} is not a JSON Pointer (must be empty or start with '/')"
         )
     try:
-        value = jsonpointer.resolve_pointer(document, pointer)
+        parts = jsonpointer.JsonPointer(pointer).parts
     except jsonpointer.JsonPointerException as exc:
-        raise BindingError(f"{expression!r}: no value at {pointer!r} in {label} ({exc})") from None
-    if isinstance(value, jsonpointer.EndOfList):  # "-" names the slot after the last element: no value
-        raise BindingError(f"{expression!r}: {pointer!r} points past the end of an array")
-    if value is None:
-        raise BindingError(f"{expression!r}: the value at {pointer!r} is null")
-    return value
+        raise BindingError(f"{expression!r}: {exc}") from None
+    return _walk(document, parts, expression=expression, label=label, walked="")
+
+
+def _walk(document: Any, parts: list[str], *, expression: str, label: str, walked: str) -> Any:
+    """The value at `parts` in `document`; `*` on an array maps the rest over every element."""
+    for index, part in enumerate(parts):
+        if part == WILDCARD and isinstance(document, list):
+            if not document:
+                raise NothingToUndo(f"{expression!r}: {walked or '/'} in {label} is an empty array: the call "
+                                    "reports nothing to undo")
+            rest = parts[index + 1:]
+            return [_walk(item, rest, expression=expression, label=label, walked=f"{walked}/{n}")
+                    for n, item in enumerate(document)]
+        pointer = jsonpointer.JsonPointer.from_parts([part])
+        try:
+            document = pointer.resolve(document)
+        except jsonpointer.JsonPointerException as exc:
+            raise BindingError(f"{expression!r}: no value at {walked}/{part} in {label} ({exc})") from None
+        if isinstance(document, jsonpointer.EndOfList):  # "-" names the slot after the last element
+            raise BindingError(f"{expression!r}: {walked}/{part} points past the end of an array")
+        walked = f"{walked}/{part}"
+    if document is None:
+        raise BindingError(f"{expression!r}: the value at {walked or '/'} is null")
+    return document
 
 
 def resolve_chronomcp_path(path: Any, *, request: Any, response: Any) -> Any:
@@ -77,17 +127,24 @@ def resolve_chronomcp_path(path: Any, *, request: Any, response: Any) -> Any:
 
 
 def resolve_arguments(
-    bindings: Mapping[str, Any], *, dialect: Dialect, request: Any, response: Any
+    bindings: Mapping[str, Any], *, dialect: Dialect, request: Any, response: Any, before: Any = None
 ) -> dict[str, Any]:
-    """Resolve every binding or raise `BindingError` naming each one that failed."""
-    resolve = resolve_runtime_expression if dialect == "sep3172" else resolve_chronomcp_path
+    """Resolve every binding or raise `BindingError` naming each one that failed (`NothingToUndo` when every
+    failure is an empty `*` array). `before` (the earlier state) is for recipes, whose bindings are
+    runtime expressions."""
     resolved: dict[str, Any] = {}
-    problems: list[str] = []
+    problems: list[BindingError] = []
     for name, expression in bindings.items():
         try:
-            resolved[name] = resolve(expression, request=request, response=response)
+            if dialect == "chronomcp":
+                resolved[name] = resolve_chronomcp_path(expression, request=request, response=response)
+            else:
+                resolved[name] = resolve_runtime_expression(expression, request=request, response=response,
+                                                            before=before)
         except BindingError as exc:
-            problems.append(f"{name}: {exc}")
+            problems.append(BindingError(f"{name}: {exc}") if not isinstance(exc, NothingToUndo)
+                            else NothingToUndo(f"{name}: {exc}"))
     if problems:
-        raise BindingError("; ".join(problems))
+        kind = NothingToUndo if all(isinstance(p, NothingToUndo) for p in problems) else BindingError
+        raise kind("; ".join(str(p) for p in problems))
     return resolved

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer
 
 Kind = Literal["compensate", "none", "unknown", "read_only"]
 Source = Literal[
@@ -24,9 +24,10 @@ Source = Literal[
     "dev.chronomcp/compensate",
     "annotations.recovery",
     "annotations.readOnlyHint",
+    "recipe",
     "none",
 ]
-Dialect = Literal["hatp", "sep3172", "chronomcp"]
+Dialect = Literal["hatp", "sep3172", "chronomcp", "recipe"]
 
 HATP_KEY = "hatp/journal"
 CHRONO_KEY = "dev.chronomcp/compensate"
@@ -201,6 +202,16 @@ class UndoDeclaration(BaseModel):
     remedy: str | None = None
     compensation: Compensation | None = None
     problems: tuple[str, ...] = ()
+    # A person must sign this undo whatever the policies say (an admin's recipe, by default). Kept in the
+    # step's record only when set, so every declaration written before recipes reads as it did.
+    needs_human: bool = Field(False, exclude=True)
+
+    @model_serializer(mode="wrap")
+    def _with_needs_human(self, handler):
+        data = handler(self)
+        if self.needs_human:
+            data["needs_human"] = True
+        return data
 
     def deadline(self, completed_at: datetime) -> datetime | None:
         """When the undo window closes: the call's own `undoBy`, else completion time plus the window."""

@@ -4,6 +4,8 @@ import pytest
 
 from journal.bindings import (
     BindingError,
+    NothingToUndo,
+    expression_problem,
     resolve_arguments,
     resolve_chronomcp_path,
     resolve_runtime_expression,
@@ -95,3 +97,49 @@ def test_resolve_arguments_names_every_failed_binding_and_returns_nothing_partia
 def test_resolve_arguments_resolves_all():
     assert resolve_arguments({"id": "$.output.structuredContent.id"}, dialect="chronomcp", request={},
                              response={"structuredContent": {"id": "r"}}) == {"id": "r"}
+
+
+# Recipes (issue 23): the earlier state the Recorder read before the call, and `*` over arrays.
+
+CREATED = {"entities": [{"name": "Globex", "entityType": "company"}, {"name": "Ana", "entityType": "person"}]}
+
+
+def test_a_recipe_binds_the_earlier_state_read_before_the_call():
+    before = {"content": "line one\r\nline two\r\n"}
+    assert resolve_runtime_expression("$before.body#/content", request={}, response={}, before=before) == (
+        "line one\r\nline two\r\n")
+    with pytest.raises(BindingError, match="the earlier state"):
+        resolve_runtime_expression("$before.body#/content", request={}, response={})
+
+
+def test_a_star_binds_every_element_of_an_array():
+    assert resolve_runtime_expression("$response.body#/entities/*/name", request={}, response=CREATED) == [
+        "Globex", "Ana"]
+    # A key that is literally "*" in an object is that key, as RFC 6901 says.
+    assert resolve_runtime_expression("$request.body#/*", request={"*": 1}, response=None) == 1
+
+
+def test_an_empty_array_means_the_call_reports_nothing_to_undo():
+    with pytest.raises(NothingToUndo, match="empty array"):
+        resolve_arguments({"entityNames": "$response.body#/entities/*/name"}, dialect="recipe", request={},
+                          response={"entities": []})
+    # Mixed with a real failure, it is a binding that does not resolve.
+    with pytest.raises(BindingError) as failed:
+        resolve_arguments({"a": "$response.body#/entities/*/name", "b": "$request.body#/missing"},
+                          dialect="recipe", request={}, response={"entities": []})
+    assert not isinstance(failed.value, NothingToUndo)
+
+
+def test_an_element_without_the_value_fails_the_whole_binding():
+    with pytest.raises(BindingError, match="/entities/1"):
+        resolve_runtime_expression("$response.body#/entities/*/name", request={},
+                                   response={"entities": [{"name": "a"}, {"type": "b"}]})
+
+
+@pytest.mark.parametrize(("expression", "problem"), [
+    ("$request.body#/path", None), ("literal", None), ("$before.body#/content", None),
+    ("$response.header#/x", "use one of"), ("$request.body#path", "not a JSON Pointer"),
+])
+def test_an_expression_is_checked_before_any_call(expression, problem):
+    found = expression_problem(expression)
+    assert found is None if problem is None else problem in found

@@ -1,0 +1,235 @@
+"""Undo recipes: an admin's undo declaration for a tool whose server declares nothing. No ORM and no clock.
+
+The servers people run (the official filesystem, memory and git servers) say nothing about undoing their
+tools, so every call to them is `unknown`. A recipe, attached by an admin to one registered server (never
+chosen by what a server says about itself), says it for them:
+
+- what kind of undo the tool has (`compensate`, `none`, `read_only`), with the window, side effect, cost,
+  reason and remedy a declaration has, and what the undo does, in words ("restore the file's earlier
+  content");
+- an optional **earlier-state read**: a read-only tool of the same server, its arguments bound from the call,
+  that the Recorder calls on the agent's own upstream session just before it forwards the call, and again
+  just after; the **version** is the digest of what it returns (all of its `structuredContent`, or the value
+  at `version`, a JSON Pointer), before the call (the state the undo restores) and after it (the state the
+  agent left);
+- the **compensation**: a tool of the same server, its arguments bound from the call (`$request.body#/…`),
+  its result (`$response.body#/…`) or the earlier state (`$before.body#/…`), with `*` for every element of
+  an array (`journal.bindings`);
+- what a failed read means (`whenReadFails`: the file did not exist yet, so a write created it, and this
+  server cannot delete).
+
+A recipe is keyed by the tool's name and the digest of its input schema: when the server's schema for the
+tool changes, the recipe no longer applies and the step says so. Where the server declares anything itself
+(every source but read-only hints), its declaration stands; a recipe may only make it stricter (`none`, or
+"a person must sign"). A recipe's undo needs a person's signature unless the admin says otherwise.
+"""
+
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import jsonpointer
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from .bindings import expression_problem
+from .canonical import sha256_hex
+from .declarations import (
+    HIDDEN_TOOLS,
+    Compensation,
+    Cost,
+    UndoDeclaration,
+    _Strict,
+    parse_duration,
+)
+
+SOURCE = "recipe"
+_TEXT = 500
+# The declarations a recipe may stand in for: none at all, or only the read-only hint below every dialect.
+_SILENT_SOURCES = ("none", "annotations.readOnlyHint")
+
+
+def schema_digest(tool: Mapping[str, Any] | None) -> str:
+    """The SHA-256 of the canonical JSON (RFC 8785) of a tool's input schema, as the server lists it."""
+    schema = (tool or {}).get("inputSchema")
+    return sha256_hex(schema if schema is not None else {})
+
+
+class Call(_Strict):
+    """A tool of the same server, with each argument a literal or a binding."""
+
+    tool: str = Field(max_length=200)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class WhenReadFails(_Strict):
+    """What a failed earlier-state read means, when its error text matches: there was nothing before (a
+    file that did not exist), so the call created it, and what that leaves."""
+
+    matches: str = Field(max_length=200)
+    kind: Literal["none", "read_only"] = "none"
+    reason: str = Field(max_length=_TEXT)
+    remedy: str | None = Field(None, max_length=_TEXT)
+
+    @field_validator("matches")
+    @classmethod
+    def _pattern(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"{value!r} is not a regular expression: {exc}") from None
+        return value
+
+
+class Recipe(_Strict):
+    tool: str = Field(max_length=200)
+    schema_digest: str = Field(alias="schemaDigest", pattern=r"^[0-9a-f]{64}$")
+    kind: Literal["compensate", "none", "read_only"]
+    does: str = Field("", max_length=200)  # the undo, in words
+    window: str | None = None
+    side_effect: str | None = Field(None, alias="sideEffect", max_length=_TEXT)
+    cost: Cost | None = None
+    reason: str | None = Field(None, max_length=_TEXT)
+    remedy: str | None = Field(None, max_length=_TEXT)
+    read: Call | None = None
+    version: str = Field("", max_length=200)  # a JSON Pointer into the read's structuredContent
+    compensation: Call | None = None
+    when_read_fails: WhenReadFails | None = Field(None, alias="whenReadFails")
+    needs_human: bool = Field(True, alias="needsHuman")
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_duration(value)
+        return value
+
+    @model_validator(mode="after")
+    def _whole(self) -> "Recipe":
+        if self.kind == "compensate" and self.compensation is None:
+            raise ValueError("a compensating recipe names its compensation")
+        if self.kind != "compensate" and self.compensation is not None:
+            raise ValueError(f"a recipe of kind {self.kind!r} has no compensation")
+        uses_before = any(isinstance(v, str) and v.startswith("$before.body")
+                          for v in (self.compensation.arguments.values() if self.compensation else ()))
+        if (uses_before or self.version or self.when_read_fails) and self.read is None:
+            raise ValueError("the earlier state, its version and a failed read each need an earlier read")
+        if self.version:
+            try:
+                jsonpointer.JsonPointer(self.version)
+            except jsonpointer.JsonPointerException as exc:
+                raise ValueError(f"version {self.version!r} is not a JSON Pointer: {exc}") from None
+        return self
+
+
+def parse(raw: Any) -> tuple[Recipe | None, list[str]]:
+    """A recipe from its JSON, or why it is not one."""
+    try:
+        return Recipe.model_validate(raw), []
+    except ValidationError as exc:
+        return None, [f"{'.'.join(str(p) for p in d['loc']) or '(recipe)'}: {d['msg']}"
+                      for d in exc.errors(include_url=False, include_input=False)]
+
+
+def _tools(catalogue: list[Any]) -> dict[str, Mapping[str, Any]]:
+    return {t["name"]: t for t in catalogue if isinstance(t, Mapping) and isinstance(t.get("name"), str)}
+
+
+def problems(recipe: Recipe, catalogue: list[Any]) -> list[str]:
+    """Why `recipe` cannot apply to its server's catalogue (the raw `tools/list`), checked when it is saved
+    and whenever the catalogue changes: every tool it names exists and is the server's own, the schema is
+    the one it was written for, the read is read-only, and every binding is well formed and names an
+    argument the tool declares."""
+    tools = _tools(catalogue)
+    found: list[str] = []
+    tool = tools.get(recipe.tool)
+    if tool is None:
+        return [f"the server lists no tool {recipe.tool!r}"]
+    if schema_digest(tool) != recipe.schema_digest:
+        found.append(f"the server's input schema for {recipe.tool} is not the one the recipe was written "
+                     f"for (digest {schema_digest(tool)[:12]}…, the recipe's {recipe.schema_digest[:12]}…): "
+                     "it no longer applies")
+    declared = set(((tool.get("inputSchema") or {}).get("properties") or {}).keys())
+    for role, call, sources in (("read", recipe.read, ("$request.body",)),
+                                ("compensation", recipe.compensation,
+                                 ("$request.body", "$response.body", "$before.body"))):
+        if call is None:
+            continue
+        if call.tool not in tools or call.tool in HIDDEN_TOOLS:
+            found.append(f"the {role} tool {call.tool!r} is not a tool of this server")
+        elif role == "read" and ((tools[call.tool].get("annotations") or {}).get("readOnlyHint") is not True):
+            found.append(f"the read tool {call.tool!r} does not say it is read-only (readOnlyHint)")
+        for name, expression in call.arguments.items():
+            if (problem := expression_problem(expression, sources=sources)) is not None:
+                found.append(f"{role} argument {name}: {problem}")
+            elif isinstance(expression, str) and expression.startswith("$request.body#/"):
+                first = jsonpointer.JsonPointer(expression.partition("#")[2]).parts[0]
+                if declared and first not in declared:
+                    found.append(f"{role} argument {name}: {recipe.tool} declares no argument {first!r}")
+    return found
+
+
+def declare(recipe: Recipe, tool: Mapping[str, Any] | None, catalogue: list[Any]) -> UndoDeclaration:
+    """The declaration a recipe makes for one call of its tool (`unknown`, saying why, when it no longer
+    applies to the server's catalogue)."""
+    found = problems(recipe, catalogue)
+    if found:
+        return UndoDeclaration(kind="unknown", source=SOURCE, problems=tuple(found))
+    compensation = Compensation(tool=recipe.compensation.tool, dialect="recipe",
+                                bindings=dict(recipe.compensation.arguments)) if recipe.compensation else None
+    return UndoDeclaration(
+        kind=recipe.kind, source=SOURCE, via="api" if recipe.kind == "compensate" else None,
+        window=recipe.window, side_effect=recipe.side_effect, cost=recipe.cost, reason=recipe.reason,
+        remedy=recipe.remedy, compensation=compensation,
+        needs_human=recipe.needs_human and recipe.kind == "compensate")
+
+
+def combine(server: UndoDeclaration, recipe: Recipe | None, tool: Mapping[str, Any] | None,
+            catalogue: list[Any]) -> UndoDeclaration:
+    """What decides a call of a tool with a recipe: the recipe where the server is silent; where it
+    declares, the server, made stricter by the recipe if the recipe is stricter (`none`, or a person must
+    sign), never more permissive."""
+    if recipe is None:
+        return server
+    if server.source in _SILENT_SOURCES:
+        return declare(recipe, tool, catalogue)
+    if recipe.kind == "none":
+        reason = recipe.reason or f"An admin's recipe says {recipe.tool} cannot be undone automatically."
+        return UndoDeclaration(kind="none", source=SOURCE, reason=reason,
+                               remedy=recipe.remedy or server.remedy, side_effect=server.side_effect)
+    if recipe.needs_human and server.kind == "compensate" and not server.needs_human:
+        return server.model_copy(update={"needs_human": True})
+    return server
+
+
+def version(read_result: Any, pointer: str = "") -> str:
+    """The version of an earlier-state read's answer: the digest of its `structuredContent` (or of the value
+    at `pointer` in it). Raises ValueError when the answer has no such value."""
+    if not isinstance(read_result, Mapping) or read_result.get("isError") is True:
+        raise ValueError("the read failed")
+    structured = read_result.get("structuredContent")
+    if structured is None:
+        raise ValueError("the read returned no structuredContent")
+    try:
+        value = jsonpointer.resolve_pointer(structured, pointer)
+    except jsonpointer.JsonPointerException as exc:
+        raise ValueError(f"the read's answer has no value at {pointer!r} ({exc})") from None
+    return "sha256:" + sha256_hex(value)
+
+
+CheckState = Literal["ok", "undone", "conflict"]
+
+
+def three_state(*, before: str, after: str, now: str) -> CheckState:
+    """A recipe undo's check against the state read now: what the agent left → the undo would work; what
+    was there before the call → it is undone already; anything else → someone changed it since."""
+    if now == after:
+        return "ok"
+    if now == before:
+        return "undone"
+    return "conflict"
+
+
+def failed_read(recipe: Recipe, error_text: str) -> WhenReadFails | None:
+    """What a failed earlier-state read means, if the recipe says (else the call is `unknown`)."""
+    rule = recipe.when_read_fails
+    return rule if rule is not None and re.search(rule.matches, error_text or "") else None
