@@ -8,7 +8,9 @@ Two syntaxes arrive from tool servers:
   strings starting with `$` are literals. An admin's undo recipe (`journal.recipes`) adds `$before.body`,
   the `structuredContent` of the earlier-state read the Recorder made just before the call, and `*`, a
   token that stands for every element of an array (`$response.body#/entities/*/name`: the names of every
-  entity the call reports it created).
+  entity the call reports it created), and `{"$each": <expression>, "as": {<name>: "$item#/…", …}}`, an array
+  built from every element of another (the observations a call added, reshaped into the deletions that take
+  them back).
 - mcp-compensate (ChronoMCP) paths: `$.input.a.b` (arguments) and `$.output.a.b` (the whole result object),
   object keys only.
 
@@ -42,9 +44,19 @@ _SOURCES = {
 }
 
 
+EACH, AS, ITEM = "$each", "as", "$item"
+
+
 def expression_problem(expression: Any, *, sources: tuple[str, ...] = tuple(_SOURCES)) -> str | None:
     """Why `expression` is not a runtime expression over one of `sources` (None when it is, or when it is a
     literal): for checking a recipe when it is saved, before any call."""
+    if isinstance(expression, dict) and EACH in expression:
+        template = expression.get(AS)
+        if set(expression) != {EACH, AS} or not isinstance(template, dict) or not template:
+            return f"{expression!r}: an {EACH} binding has exactly {EACH} and {AS} (an object of bindings)"
+        return expression_problem(expression[EACH], sources=sources) or next(
+            (problem for value in template.values()
+             if (problem := expression_problem(value, sources=(ITEM, *sources))) is not None), None)
     if not isinstance(expression, str) or not expression.startswith("$"):
         return None
     source, _, pointer = expression.partition("#")
@@ -59,14 +71,20 @@ def expression_problem(expression: Any, *, sources: tuple[str, ...] = tuple(_SOU
     return None
 
 
-def resolve_runtime_expression(expression: Any, *, request: Any, response: Any, before: Any = None) -> Any:
+def resolve_runtime_expression(expression: Any, *, request: Any, response: Any, before: Any = None,
+                               item: Any = None) -> Any:
+    if isinstance(expression, dict) and EACH in expression:
+        return _each(expression, request=request, response=response, before=before)
     if not isinstance(expression, str) or not expression.startswith("$"):
         return expression
     source, _, pointer = expression.partition("#")
-    if source not in _SOURCES:
+    if source == ITEM and item is not None:
+        which, label, document = ITEM, "the element", item
+    elif source in _SOURCES:
+        which, label = _SOURCES[source]
+        document = {"request": request, "response": response, "before": before}[which]
+    else:
         raise BindingError(f"{expression!r}: unsupported runtime expression {source!r}")
-    which, label = _SOURCES[source]
-    document = {"request": request, "response": response, "before": before}[which]
     if document is None:
         raise BindingError(f"{expression!r}: {label} is absent")
     if pointer and not pointer.startswith("/"):
@@ -78,6 +96,22 @@ def resolve_runtime_expression(expression: Any, *, request: Any, response: Any, 
     except jsonpointer.JsonPointerException as exc:
         raise BindingError(f"{expression!r}: {exc}") from None
     return _walk(document, parts, expression=expression, label=label, walked="")
+
+
+def _each(binding: dict, *, request: Any, response: Any, before: Any) -> list[Any]:
+    """`{"$each": expression, "as": template}`: the template, resolved for every element of the array the
+    expression names (`$item#/…` is that element)."""
+    template = binding.get(AS)
+    if set(binding) != {EACH, AS} or not isinstance(template, dict) or not template:
+        raise BindingError(f"{binding!r}: an {EACH} binding has exactly {EACH} and {AS}")
+    elements = resolve_runtime_expression(binding[EACH], request=request, response=response, before=before)
+    if not isinstance(elements, list):
+        raise BindingError(f"{binding[EACH]!r} is not an array")
+    if not elements:
+        raise NothingToUndo(f"{binding[EACH]!r} is an empty array: the call reports nothing to undo")
+    return [{name: resolve_runtime_expression(value, request=request, response=response, before=before,
+                                              item=element) for name, value in template.items()}
+            for element in elements]
 
 
 def _walk(document: Any, parts: list[str], *, expression: str, label: str, walked: str) -> Any:

@@ -184,6 +184,16 @@ class Compensation(BaseModel):
     bindings: dict[str, Any] = Field(default_factory=dict)
     timeout_ms: int | None = None
     max_retries: int | None = None
+    # A recipe's further calls, in order, after the first ({"tool", "bindings"} each: re-creating deleted
+    # entities, then the relations the delete took with them). Kept in the record only when there are any.
+    then: tuple[dict[str, Any], ...] = Field((), exclude=True)
+
+    @model_serializer(mode="wrap")
+    def _with_then(self, handler):
+        data = handler(self)
+        if self.then:
+            data["then"] = [dict(call) for call in self.then]
+        return data
 
 
 class UndoDeclaration(BaseModel):

@@ -31,8 +31,8 @@ from typing import Any, Literal
 import jsonpointer
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from .bindings import expression_problem
-from .canonical import sha256_hex
+from .bindings import EACH, expression_problem
+from .canonical import canonical_bytes, sha256_hex
 from .declarations import (
     HIDDEN_TOOLS,
     Compensation,
@@ -80,6 +80,21 @@ class WhenReadFails(_Strict):
         return value
 
 
+class RefuseIfBefore(_Strict):
+    """An earlier state the compensation cannot put back (a binary file read as text): when the value at
+    `at` in what was read matches, the call cannot be undone, for `reason`."""
+
+    at: str = Field("", max_length=200)
+    matches: str = Field(max_length=200)
+    reason: str = Field(max_length=_TEXT)
+    remedy: str | None = Field(None, max_length=_TEXT)
+
+    @field_validator("matches")
+    @classmethod
+    def _pattern(cls, value: str) -> str:
+        return WhenReadFails._pattern(value)
+
+
 class Recipe(_Strict):
     tool: str = Field(max_length=200)
     schema_digest: str = Field(alias="schemaDigest", pattern=r"^[0-9a-f]{64}$")
@@ -93,7 +108,11 @@ class Recipe(_Strict):
     read: Call | None = None
     version: str = Field("", max_length=200)  # a JSON Pointer into the read's structuredContent
     compensation: Call | None = None
+    then: list[Call] = Field(default_factory=list, max_length=3)  # further compensating calls, in order
     when_read_fails: WhenReadFails | None = Field(None, alias="whenReadFails")
+    refuse_if_before: RefuseIfBefore | None = Field(None, alias="refuseIfBefore")
+    # Arrays whose order means nothing (a knowledge graph's entities and observations) are compared as sets.
+    version_ignores_order: bool = Field(False, alias="versionIgnoresOrder")
     needs_human: bool = Field(True, alias="needsHuman")
 
     @field_validator("window")
@@ -107,11 +126,11 @@ class Recipe(_Strict):
     def _whole(self) -> "Recipe":
         if self.kind == "compensate" and self.compensation is None:
             raise ValueError("a compensating recipe names its compensation")
-        if self.kind != "compensate" and self.compensation is not None:
+        if self.kind != "compensate" and (self.compensation is not None or self.then):
             raise ValueError(f"a recipe of kind {self.kind!r} has no compensation")
-        uses_before = any(isinstance(v, str) and v.startswith("$before.body")
-                          for v in (self.compensation.arguments.values() if self.compensation else ()))
-        if (uses_before or self.version or self.when_read_fails) and self.read is None:
+        uses_before = "$before.body" in str([call.arguments for call in self.calls])
+        needs_read = uses_before or self.version or self.when_read_fails or self.refuse_if_before
+        if needs_read and self.read is None:
             raise ValueError("the earlier state, its version and a failed read each need an earlier read")
         if self.version:
             try:
@@ -119,6 +138,12 @@ class Recipe(_Strict):
             except jsonpointer.JsonPointerException as exc:
                 raise ValueError(f"version {self.version!r} is not a JSON Pointer: {exc}") from None
         return self
+
+
+    @property
+    def calls(self) -> list[Call]:
+        """The compensating calls, in the order they are made."""
+        return [self.compensation, *self.then] if self.compensation is not None else []
 
 
 def parse(raw: Any) -> tuple[Recipe | None, list[str]]:
@@ -149,9 +174,9 @@ def problems(recipe: Recipe, catalogue: list[Any]) -> list[str]:
                      f"for (digest {schema_digest(tool)[:12]}…, the recipe's {recipe.schema_digest[:12]}…): "
                      "it no longer applies")
     declared = set(((tool.get("inputSchema") or {}).get("properties") or {}).keys())
+    after = ("$request.body", "$response.body", "$before.body")
     for role, call, sources in (("read", recipe.read, ("$request.body",)),
-                                ("compensation", recipe.compensation,
-                                 ("$request.body", "$response.body", "$before.body"))):
+                                *(("compensation", call, after) for call in recipe.calls)):
         if call is None:
             continue
         if call.tool not in tools or call.tool in HIDDEN_TOOLS:
@@ -161,11 +186,18 @@ def problems(recipe: Recipe, catalogue: list[Any]) -> list[str]:
         for name, expression in call.arguments.items():
             if (problem := expression_problem(expression, sources=sources)) is not None:
                 found.append(f"{role} argument {name}: {problem}")
-            elif isinstance(expression, str) and expression.startswith("$request.body#/"):
-                first = jsonpointer.JsonPointer(expression.partition("#")[2]).parts[0]
-                if declared and first not in declared:
-                    found.append(f"{role} argument {name}: {recipe.tool} declares no argument {first!r}")
+            elif (first := _request_argument(expression)) and declared and first not in declared:
+                found.append(f"{role} argument {name}: {recipe.tool} declares no argument {first!r}")
     return found
+
+
+def _request_argument(expression: Any) -> str:
+    """The argument of the call a binding reads (`$request.body#/path/…` → "path"), if it reads one."""
+    if isinstance(expression, dict):
+        expression = expression.get(EACH)
+    if isinstance(expression, str) and expression.startswith("$request.body#/"):
+        return jsonpointer.JsonPointer(expression.partition("#")[2]).parts[0]
+    return ""
 
 
 def declare(recipe: Recipe, tool: Mapping[str, Any] | None, catalogue: list[Any]) -> UndoDeclaration:
@@ -174,8 +206,10 @@ def declare(recipe: Recipe, tool: Mapping[str, Any] | None, catalogue: list[Any]
     found = problems(recipe, catalogue)
     if found:
         return UndoDeclaration(kind="unknown", source=SOURCE, problems=tuple(found))
-    compensation = Compensation(tool=recipe.compensation.tool, dialect="recipe",
-                                bindings=dict(recipe.compensation.arguments)) if recipe.compensation else None
+    compensation = Compensation(
+        tool=recipe.compensation.tool, dialect="recipe", bindings=dict(recipe.compensation.arguments),
+        then=tuple({"tool": call.tool, "bindings": dict(call.arguments)} for call in recipe.then),
+    ) if recipe.compensation else None
     return UndoDeclaration(
         kind=recipe.kind, source=SOURCE, via="api" if recipe.kind == "compensate" else None,
         window=recipe.window, side_effect=recipe.side_effect, cost=recipe.cost, reason=recipe.reason,
@@ -201,27 +235,56 @@ def combine(server: UndoDeclaration, recipe: Recipe | None, tool: Mapping[str, A
     return server
 
 
-def version(read_result: Any, pointer: str = "") -> str:
+def version(read_result: Any, pointer: str = "", *, ignore_order: bool = False) -> str:
     """The version of an earlier-state read's answer: the digest of its `structuredContent` (or of the value
-    at `pointer` in it). Raises ValueError when the answer has no such value."""
+    at `pointer` in it; with `ignore_order`, every array taken as a set). Raises ValueError when the answer
+    has no such value."""
     if not isinstance(read_result, Mapping) or read_result.get("isError") is True:
         raise ValueError("the read failed")
     structured = read_result.get("structuredContent")
-    if structured is None:
-        raise ValueError("the read returned no structuredContent")
+    if structured is None:  # a server with no output schema answers in text: the version is of the text
+        texts = [block.get("text") for block in read_result.get("content") or []
+                 if isinstance(block, Mapping) and block.get("type") == "text"]
+        if pointer or not texts or not all(isinstance(text, str) for text in texts):
+            raise ValueError("the read returned no structuredContent")
+        structured = "\n".join(texts)
     try:
         value = jsonpointer.resolve_pointer(structured, pointer)
     except jsonpointer.JsonPointerException as exc:
         raise ValueError(f"the read's answer has no value at {pointer!r} ({exc})") from None
-    return "sha256:" + sha256_hex(value)
+    return "sha256:" + sha256_hex(_unordered(value) if ignore_order else value)
 
 
-CheckState = Literal["ok", "undone", "conflict"]
+def _unordered(value: Any) -> Any:
+    if isinstance(value, list):
+        return sorted((_unordered(item) for item in value), key=canonical_bytes)
+    if isinstance(value, Mapping):
+        return {key: _unordered(item) for key, item in value.items()}
+    return value
+
+
+def unrestorable(recipe: Recipe, before: Any) -> RefuseIfBefore | None:
+    """The rule that makes this earlier state one the compensation cannot put back, if any (the earlier
+    state is the read's `structuredContent`)."""
+    rule = recipe.refuse_if_before
+    if rule is None:
+        return None
+    try:
+        value = jsonpointer.resolve_pointer(before, rule.at)
+    except jsonpointer.JsonPointerException:
+        return None
+    return rule if isinstance(value, str) and re.search(rule.matches, value) else None
+
+
+CheckState = Literal["ok", "undone", "conflict", "unchanged"]
 
 
 def three_state(*, before: str, after: str, now: str) -> CheckState:
     """A recipe undo's check against the state read now: what the agent left → the undo would work; what
-    was there before the call → it is undone already; anything else → someone changed it since."""
+    was there before the call → it is undone already; anything else → someone changed it since. A call
+    that left the state as it found it (an edit's dry run) has nothing to undo."""
+    if before == after:
+        return "unchanged"
     if now == after:
         return "ok"
     if now == before:

@@ -143,3 +143,18 @@ def test_an_element_without_the_value_fails_the_whole_binding():
 def test_an_expression_is_checked_before_any_call(expression, problem):
     found = expression_problem(expression)
     assert found is None if problem is None else problem in found
+
+
+def test_each_reshapes_every_element_of_an_array():
+    added = {"results": [{"entityName": "Globex", "addedObservations": ["won", "kickoff booked"]},
+                         {"entityName": "Ana", "addedObservations": ["buyer"]}]}
+    binding = {"$each": "$response.body#/results",
+               "as": {"entityName": "$item#/entityName", "observations": "$item#/addedObservations"}}
+    assert resolve_arguments({"deletions": binding}, dialect="recipe", request={}, response=added) == {
+        "deletions": [{"entityName": "Globex", "observations": ["won", "kickoff booked"]},
+                      {"entityName": "Ana", "observations": ["buyer"]}]}
+    with pytest.raises(NothingToUndo):
+        resolve_arguments({"deletions": binding}, dialect="recipe", request={}, response={"results": []})
+    assert expression_problem(binding) is None
+    assert "exactly $each and as" in expression_problem({"$each": "$response.body#/results"})
+    assert "use one of" in expression_problem({"$each": "$response.body#/results", "as": {"x": "$it#/a"}})

@@ -120,6 +120,43 @@ def test_a_recipe_check_is_three_state(now, state):
     assert recipes.three_state(before="before", after="after", now=now) == state
 
 
+def test_a_call_that_left_the_state_as_it_found_it_has_nothing_to_undo():
+    assert recipes.three_state(before="same", after="same", now="same") == "unchanged"
+
+
+def test_a_graph_read_compares_as_sets_when_the_recipe_says_order_means_nothing():
+    one = {"structuredContent": {"entities": [{"name": "a", "observations": ["x", "y"]}, {"name": "b"}]}}
+    other = {"structuredContent": {"entities": [{"name": "b"}, {"name": "a", "observations": ["y", "x"]}]}}
+    assert recipes.version(one, ignore_order=True) == recipes.version(other, ignore_order=True)
+    assert recipes.version(one) != recipes.version(other)
+
+
+def test_a_server_that_answers_in_text_is_versioned_by_its_text():
+    staged = {"content": [{"type": "text", "text": "diff --git a/a.txt b/a.txt"}]}
+    same = {"content": [{"type": "text", "text": "diff --git a/a.txt b/a.txt"}], "isError": False}
+    assert recipes.version(staged) == recipes.version(same)
+    with pytest.raises(ValueError):
+        recipes.version(staged, "/content")
+
+
+def test_an_earlier_state_the_compensation_cannot_put_back_is_refused():
+    rule = {"at": "/content", "matches": "\ufffd", "reason": "not text"}
+    binary = recipe(refuseIfBefore=rule)
+    assert recipes.unrestorable(binary, {"content": "PNG\ufffd\ufffd"}).reason == "not text"
+    assert recipes.unrestorable(binary, {"content": "plain"}) is None
+    assert recipes.unrestorable(recipe(), {"content": "PNG\ufffd"}) is None
+
+
+def test_further_compensating_calls_are_kept_in_order_and_checked():
+    then = [{"tool": "write_file", "arguments": {"path": "$request.body#/path", "content": ""}}]
+    declared = recipes.declare(recipe(then=then), WRITE, CATALOGUE)
+    assert declared.compensation.then == ({"tool": "write_file", "bindings": then[0]["arguments"]},)
+    assert declared.model_dump(mode="json")["compensation"]["then"][0]["tool"] == "write_file"
+    assert "then" not in recipes.declare(recipe(), WRITE, CATALOGUE).model_dump(mode="json")["compensation"]
+    missing = recipe(then=[{"tool": "delete_file", "arguments": {}}])
+    assert "'delete_file' is not a tool of this server" in " ".join(recipes.problems(missing, CATALOGUE))
+
+
 def test_a_failed_read_means_what_the_recipe_says_or_nothing():
     rule = recipes.failed_read(recipe(), "Error: ENOENT: no such file or directory, open '/tmp/new.txt'")
     assert rule is not None and rule.kind == "none" and rule.remedy == "Delete it by hand."
