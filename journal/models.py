@@ -32,6 +32,13 @@ class ToolServer(models.Model):
     catalogue_error = models.TextField(blank=True)
     # Receipt keys the server published ({keyId: base64url Ed25519 public key}), pinned on first sight.
     receipt_keys = models.JSONField(default=dict, blank=True)
+    # Admins' undo recipes for the tools this server says nothing about (journal.recipes): the recipes in
+    # force (raw, one per tool), the pack they came from if any, and who last changed them, when. Written by
+    # `services.set_recipes` only; every change is in the policies' change log.
+    recipes = models.JSONField(default=list, blank=True)
+    recipe_pack = models.CharField(max_length=40, blank=True)
+    recipes_changed_by = models.CharField(max_length=150, blank=True)
+    recipes_changed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     # Moves with every save; the Recorder compares it to know its copy of the server is still current.
     updated_at = models.DateTimeField(auto_now=True)
@@ -61,6 +68,10 @@ class ToolServer(models.Model):
             for tool in self.catalogue
             if isinstance(tool, dict) and isinstance(tool.get("name"), str)
         }
+
+    def recipe(self, tool: str) -> dict | None:
+        """The raw recipe in force for `tool`, if an admin gave it one."""
+        return next((r for r in self.recipes if isinstance(r, dict) and r.get("tool") == tool), None)
 
 
 class Agent(models.Model):

@@ -39,6 +39,7 @@ from .declarations import (
     Cost,
     UndoDeclaration,
     _Strict,
+    normalise,
     parse_duration,
 )
 
@@ -296,3 +297,23 @@ def failed_read(recipe: Recipe, error_text: str) -> WhenReadFails | None:
     """What a failed earlier-state read means, if the recipe says (else the call is `unknown`)."""
     rule = recipe.when_read_fails
     return rule if rule is not None and re.search(rule.matches, error_text or "") else None
+
+
+def explain(tool: Mapping[str, Any], raw_recipe: Any, catalogue: list[Any]) -> tuple[str, str]:
+    """Where a tool's undo comes from, and what it is, in words: (kind, "why"), for the admin's listing."""
+    server = normalise(tool, catalogue=[t.get("name") for t in catalogue if isinstance(t, Mapping)])
+    recipe, parse_problems = parse(raw_recipe) if raw_recipe is not None else (None, [])
+    if raw_recipe is not None and recipe is None:
+        return "unknown", "its recipe is malformed: " + "; ".join(parse_problems)
+    decided = combine(server, recipe, tool, catalogue)
+    if decided.source == SOURCE:
+        if decided.problems:
+            return decided.kind, "its recipe does not apply: " + "; ".join(decided.problems)
+        words = recipe.does or recipe.reason or ""
+        return decided.kind, "an admin's recipe" + (f": {words}" if words else "")
+    if server.source == "none":
+        return "unknown", "its server says nothing about undoing it, and it has no recipe"
+    if server.source == "annotations.readOnlyHint":
+        return "read_only", "its server says it only reads (readOnlyHint)"
+    stricter = " (made stricter by a recipe: a person signs)" if decided.needs_human and recipe else ""
+    return decided.kind, f"its server's own declaration ({server.source}){stricter}"

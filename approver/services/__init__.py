@@ -10,6 +10,7 @@
 - `outcomes`: unknown outcomes, checked again, settled by hand or tried again.
 - `policies`: autonomy policies and their signed change log.
 - `approval_rules`: who may sign and how many must, changes logged with the policies'.
+- `recipes`: admins' undo recipes for servers that declare nothing, changes logged with the policies'.
 - `held_calls`: the gate the Recorder asks, and the calls it holds.
 - `bell`: the one doorbell to the worker.
 
@@ -82,12 +83,18 @@ from .plans import (
     step_facts,
 )
 from .policies import PolicyRefused, clean_policy, delete_policy, save_policy
+from .recipes import PackUsed, recipes_off, remove_recipe, save_recipe, use_pack
 
 FINISHED_STATES = Plan.FINISHED_STATES
 
 __all__ = [
     "rules_record",
     "save_approval_rules",
+    "PackUsed",
+    "use_pack",
+    "save_recipe",
+    "remove_recipe",
+    "recipes_off",
     "DRAFT_STALE",
     "FINISHED_STATES",
     "POLICY_LOG",

@@ -3,7 +3,7 @@ these as `journal.services.X`.
 
 - `agents`: agents and their bearer tokens.
 - `agent_sessions`: the records of handshake sessions, which any Recorder process serves them by.
-- `servers`: tool servers and their catalogues.
+- `servers`: tool servers, their catalogues and their undo recipes.
 - `record`: a run's chain and its signed checkpoints.
 - `steps`: an agent's call, journaled before it is forwarded and after it returns.
 - `bundles`: verify, export and import a whole run record.
@@ -20,7 +20,17 @@ from .agents import TOKEN_PREFIX, authenticate_agent, create_agent, hash_token, 
 from .bundles import export_bundle, import_bundle, import_chronomcp_log, verify_run
 from .record import ForeignRun, append_entry, checkpoint_run, open_run, record_event
 from .runs import RunRefused, end_run, halt_run, release_run, runs_matching
-from .servers import refresh_catalogue, register_tool_server, save_catalogue, save_tool_server
+from .servers import (
+    RecipesRefused,
+    pack_recipes,
+    recipe_problems,
+    recipes_record,
+    refresh_catalogue,
+    register_tool_server,
+    save_catalogue,
+    save_tool_server,
+    set_recipes,
+)
 from .steps import (
     READ,
     OpenedStep,
@@ -72,5 +82,10 @@ __all__ = [
     "reset_agent_token",
     "save_catalogue",
     "save_tool_server",
+    "RecipesRefused",
+    "pack_recipes",
+    "recipe_problems",
+    "recipes_record",
+    "set_recipes",
     "verify_run",
 ]

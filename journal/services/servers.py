@@ -8,8 +8,9 @@ import anyio
 from django.conf import settings
 from django.utils import timezone
 
-from .. import chain, declarations
+from .. import chain, declarations, packs, recipes
 from ..canonical import to_ijson
+from ..errors import Refused
 from ..models import ToolServer
 from ..upstream.client import ToolServerError, Upstreams, endpoint_of
 
@@ -29,6 +30,51 @@ def save_tool_server(*, server: ToolServer, url: str | None = None, command: str
     server.full_clean()
     server.save()
     return server
+
+
+class RecipesRefused(Refused):
+    """Recipes that do not fit the server: the message says which, and why."""
+
+
+def recipe_problems(*, server: ToolServer, raw: list[dict[str, Any]]) -> list[str]:
+    """Why these recipes cannot be the server's: each must parse, fit its current catalogue, and be the
+    only recipe for its tool."""
+    found, seen = [], set()
+    for entry in raw:
+        recipe, problems = recipes.parse(entry)
+        tool = entry.get("tool") if isinstance(entry, dict) else None
+        if recipe is not None:
+            problems = recipes.problems(recipe, server.catalogue)
+            if recipe.tool in seen:
+                problems = [*problems, "a second recipe for the same tool"]
+            seen.add(recipe.tool)
+        found.extend(f"{tool or '(recipe)'}: {problem}" for problem in problems)
+    return found
+
+
+def set_recipes(*, server: ToolServer, raw: list[dict[str, Any]], pack: str, by: str,
+                now: datetime | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Put these recipes in force for the server (all of them, replacing what was), after checking each
+    against its catalogue; RecipesRefused says why not. Returns what was and what is, as the change log
+    keeps them; the caller holds the transaction that logs it (`approver.services.recipes`)."""
+    if problems := recipe_problems(server=server, raw=raw):
+        raise RecipesRefused("; ".join(problems))
+    before = recipes_record(server)
+    server.recipes, server.recipe_pack = to_ijson(raw), pack
+    server.recipes_changed_by, server.recipes_changed_at = by, now or timezone.now()
+    server.save(update_fields=["recipes", "recipe_pack", "recipes_changed_by", "recipes_changed_at",
+                               "updated_at"])
+    return before, recipes_record(server)
+
+
+def recipes_record(server: ToolServer) -> dict[str, Any]:
+    """A server's recipes as the change log keeps them."""
+    return {"server": server.name, "pack": server.recipe_pack, "recipes": server.recipes}
+
+
+def pack_recipes(name: str) -> list[dict[str, Any]]:
+    """A pack's recipes (KeyError names the packs there are)."""
+    return packs.pack(name)
 
 
 def save_catalogue(*, server: ToolServer, tools: list[dict[str, Any]] | None, error: str = "",

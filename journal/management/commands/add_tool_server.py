@@ -1,4 +1,5 @@
 from django.core.exceptions import ValidationError
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from journal import services
@@ -20,8 +21,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--update", action="store_true", help="Change the URL or command of an existing server."
         )
+        parser.add_argument("--recipes", metavar="PACK", default="",
+                            help="Put a recipe pack in force for its tools (filesystem, memory, git): see "
+                                 "`manage.py recipes`.")
 
-    def handle(self, name, url, stdio_command, update, **options):
+    def handle(self, name, url, stdio_command, update, recipes="", **options):
         if bool(url) == bool(stdio_command):
             raise CommandError("Give either a URL or --command, not both and not neither.")
         existing = ToolServer.objects.filter(name=name).first()
@@ -40,3 +44,6 @@ class Command(BaseCommand):
         if server.catalogue_error:
             self.stderr.write(self.style.WARNING(server.catalogue_error))
         self.stdout.write(f"{server.name}: {len(server.catalogue)} tools")
+        if recipes:
+            # By name: the recipes are changed, and logged, by the approval side's command.
+            call_command("recipes", name, use=recipes, stdout=self.stdout, stderr=self.stderr)
