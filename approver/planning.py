@@ -27,6 +27,10 @@ UI_NEEDS_HUMAN = (
     "Undone through the app's screens, by the server replaying the app's own way back: a person "
     "signs it, whatever the policies say."
 )
+RECIPE_NEEDS_HUMAN = (
+    "An admin's recipe undoes this, for a server that says nothing about undoing it itself: a person signs "
+    "it, whatever the policies say."
+)
 # An approver's answers to a conflict.
 KEEP_NEWER, OVERWRITE = "keep_newer", "overwrite"
 
@@ -218,6 +222,8 @@ def _compensating(step: StepFacts, base: dict[str, Any], *, key: str, now: datet
         declaration.get("via") == "ui"
     ):  # the HATP draft: an undo through the app's screens always has a signer
         needs_human = UI_NEEDS_HUMAN
+    elif declaration.get("needs_human"):  # an admin's recipe: a person signs unless the admin said otherwise
+        needs_human = RECIPE_NEEDS_HUMAN
     if step.undo_by is not None and step.undo_by <= now:
         problems.append(f"the undo window closed at {step.undo_by.isoformat()}")
     compensation = declaration.get("compensation") or {}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from . import declarations, outcomes, recovery
+from . import declarations, outcomes, recipes, recovery
 from .canonical import sha256_hex, to_ijson
 from .chain import format_ts
 
@@ -78,9 +78,13 @@ def prepared(
     agent: str | None,
     server_name: str,
     tool: str,
+    recipe: dict[str, Any] | None = None,
+    listing: list[Any] = (),
 ) -> Prepared:
+    """The call as it is journaled and decided on. `recipe` is an admin's for the tool, if its server has
+    one (`listing`: the server's whole catalogue, which the recipe is checked against)."""
     arguments = to_ijson(arguments)
-    declaration = declarations.normalise(tool_def or {}, catalogue=catalogue)
+    declaration = recipes.declaration_for(tool_def, catalogue=catalogue, recipe=recipe, listing=listing)
     traits = recovery.tool_of(tool_def, kind=declaration.kind)
     return Prepared(
         arguments=arguments,
@@ -161,6 +165,8 @@ class Tool:
     definition: dict[str, Any] | None = None
     catalogue: frozenset[str] = frozenset()
     receipt_keys: dict[str, str] = field(default_factory=dict)
+    recipe: dict[str, Any] | None = None  # an admin's, for a tool its server says nothing about
+    listing: list[Any] = field(default_factory=list)  # the server's whole catalogue, for the recipe
 
 
 def closed_fields(*, outcome: Outcome, tool: Tool, arguments: dict[str, Any], started: datetime,
@@ -200,7 +206,7 @@ def _answered(result: dict[str, Any], outcome: Outcome, *, tool: Tool, arguments
     else:
         fields.update(outcomes.undo_facts(tool_def=tool.definition, catalogue=set(tool.catalogue),
                                           receipt_keys=tool.receipt_keys, arguments=arguments, result=result,
-                                          finished=finished))
+                                          finished=finished, recipe=tool.recipe, listing=tool.listing))
     if result.get("resultType") == "input_required":  # 2026-07-28: asked for more before doing anything
         fields.update(reversibility=READ_ONLY, undo_problems=[], compensation_arguments=None,
                       effect_summary="The server asked for more input before acting.")

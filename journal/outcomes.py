@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from . import chain, declarations
-from .bindings import BindingError, resolve_arguments
+from . import chain, declarations, recipes
+from .bindings import BindingError, NothingToUndo, resolve_arguments
 from .canonical import to_ijson
 
 # The MCP-Rescue failure class of an `isError` result's structured code.
@@ -65,14 +65,16 @@ def receipt_check(receipt_keys: Mapping[str, str], journal_raw: Any, parsed) -> 
 
 
 def undo_facts(*, tool_def: dict[str, Any] | None, catalogue: set[str], receipt_keys: Mapping[str, str],
-               arguments: dict[str, Any], result: dict[str, Any], finished: datetime) -> dict[str, Any]:
+               arguments: dict[str, Any], result: dict[str, Any], finished: datetime,
+               recipe: dict[str, Any] | None = None, listing: Any = (), before: Any = None) -> dict[str, Any]:
     """Everything a successful result says about undoing its call, read through the declaration rules, as
     the step's column values."""
     meta = result.get("_meta") if isinstance(result.get("_meta"), dict) else {}
     journal_raw = meta.get(declarations.HATP_KEY)
     parsed, problems = declarations.parse_call_journal(journal_raw)
-    declaration = declarations.normalise(
-        tool_def or {}, catalogue=catalogue, call_journal=journal_raw if parsed is not None else None)
+    declaration = recipes.declaration_for(
+        tool_def, catalogue=catalogue, call_journal=journal_raw if parsed is not None else None,
+        recipe=recipe, listing=listing)
     problems = [*problems, *declaration.problems]
     effect = parsed.effect if parsed and parsed.effect else declarations.Effect()
     token = parsed.compensation_token if parsed else None
@@ -85,10 +87,12 @@ def undo_facts(*, tool_def: dict[str, Any] | None, catalogue: set[str], receipt_
             else:
                 compensation_arguments = {"compensationToken": token}
         else:
-            response = result.get("structuredContent") if spec.dialect == "sep3172" else result
+            response = result.get("structuredContent") if spec.dialect != "chronomcp" else result
             try:
                 compensation_arguments = resolve_arguments(
-                    spec.bindings, dialect=spec.dialect, request=arguments, response=response)
+                    spec.bindings, dialect=spec.dialect, request=arguments, response=response, before=before)
+            except NothingToUndo as exc:
+                problems.append(f"nothing to undo: {exc}")
             except BindingError as exc:
                 problems.append(f"a binding does not resolve: {exc}")
         if not effect.version:

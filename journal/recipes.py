@@ -236,6 +236,21 @@ def combine(server: UndoDeclaration, recipe: Recipe | None, tool: Mapping[str, A
     return server
 
 
+def declaration_for(tool: Mapping[str, Any] | None, *, catalogue: Any, recipe: Any = None,
+                    listing: Any = (), call_journal: Any = None) -> UndoDeclaration:
+    """What decides a call's undo: the server's own declarations (`declarations.normalise`), and an admin's
+    recipe where the server is silent, or to make it stricter (`combine`); a malformed recipe leaves the call
+    `unknown`, saying why. `listing` is the server's whole catalogue, which the recipe is checked against."""
+    server = normalise(tool or {}, catalogue=catalogue, call_journal=call_journal)
+    if recipe is None:
+        return server
+    parsed, found = parse(recipe)
+    if parsed is None:
+        return UndoDeclaration(kind="unknown", source=SOURCE,
+                               problems=tuple(f"its recipe is malformed: {problem}" for problem in found))
+    return combine(server, parsed, tool, list(listing))
+
+
 def version(read_result: Any, pointer: str = "", *, ignore_order: bool = False) -> str:
     """The version of an earlier-state read's answer: the digest of its `structuredContent` (or of the value
     at `pointer` in it; with `ignore_order`, every array taken as a set). Raises ValueError when the answer

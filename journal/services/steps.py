@@ -121,6 +121,8 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
         request_meta=request_meta,
         tool_def=declared or (server.tool(tool) if server else None),
         catalogue=server.tool_names if server else set(),
+        recipe=server.recipe(tool) if server and not declared else None,
+        listing=server.catalogue if server else [],
         agent=who.get("agent"),
         server_name=server_name,
         tool=tool,
@@ -264,7 +266,9 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
                 arguments=opened.arguments or {}, request_meta=opened.request_meta)
     tool = journaling.Tool(definition=opened.declared or (server.tool(step.tool) if server else None),
                            catalogue=frozenset(server.tool_names) if server else frozenset(),
-                           receipt_keys=server.receipt_keys if server else {})
+                           receipt_keys=server.receipt_keys if server else {},
+                           recipe=server.recipe(step.tool) if server and not opened.declared else None,
+                           listing=server.catalogue if server else [])
     fields, result = journaling.closed_fields(
         outcome=outcome,
         tool=tool,

@@ -1,0 +1,57 @@
+"""Calls to a server that declares nothing, journaled under an admin's recipe (issue 23), through the real
+Recorder and the real pinned filesystem server: the recipe decides the step's undo, the compensation is
+bound from the call, and a tool the recipe says cannot be undone says why and what to do instead."""
+
+import pytest
+
+from journal import packs
+from journal import services as journal_services
+from journal.models import Step, ToolServer
+
+from ..services import needs_node
+from .helpers import run_agent
+from .test_conformance import command, make_world
+
+pytestmark = [pytest.mark.django_db(transaction=True), needs_node]
+
+
+@pytest.fixture
+def fs_token(recorder, dana, tmp_path):
+    world = tmp_path / "world"
+    make_world("filesystem", world)
+    server = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
+        name="fs", command=" ".join(command("filesystem", world, ""))))
+    journal_services.set_recipes(server=server, raw=packs.pack("filesystem"), pack="filesystem", by="ada")
+    return world, journal_services.create_agent(name="files-bot", on_behalf_of=dana)[1]
+
+
+def test_a_recipe_decides_the_undo_of_a_call_its_server_says_nothing_about(recorder, fs_token):
+    world, token = fs_token
+
+    async def script(client):
+        await client.call_tool("fs__move_file", {"source": str(world / "notes.txt"),
+                                                 "destination": str(world / "moved.txt")})
+        await client.call_tool("fs__create_directory", {"path": str(world / "new-dir")})
+
+    run_agent(recorder, token, script)
+    moved, made = Step.objects.order_by("number")
+    assert (world / "moved.txt").exists() and (world / "new-dir").is_dir()
+    assert moved.declaration_source == "recipe" and moved.reversibility == "compensate"
+    assert moved.declaration["needs_human"] is True
+    assert moved.compensation_arguments == {"source": str(world / "moved.txt"),
+                                            "destination": str(world / "notes.txt")}
+    assert made.declaration_source == "recipe" and made.reversibility == "none"
+    assert "cannot delete directories" in made.declaration["reason"]
+    assert "Remove the directory by hand" in made.declaration["remedy"]
+
+
+def test_without_the_recipe_the_same_call_is_unknown(recorder, fs_token):
+    world, token = fs_token
+    journal_services.set_recipes(server=ToolServer.objects.get(name="fs"), raw=[], pack="", by="ada")
+
+    async def script(client):
+        await client.call_tool("fs__create_directory", {"path": str(world / "new-dir")})
+
+    run_agent(recorder, token, script)
+    step = Step.objects.get()
+    assert step.reversibility == "unknown" and step.declaration_source == "none"
