@@ -42,6 +42,7 @@ class Outcome:
     failure_class: str = ""
     may_have_acted: bool = False
     undelivered: str = ""
+    after_version: str = ""  # the version of the record just after the call (an admin's recipe read it)
     cancelled: str = (
         ""  # why the agent never waited for the answer (with may_have_acted once the server had it)
     )
@@ -80,11 +81,15 @@ def prepared(
     tool: str,
     recipe: dict[str, Any] | None = None,
     listing: list[Any] = (),
+    earlier: dict[str, Any] | None = None,
 ) -> Prepared:
     """The call as it is journaled and decided on. `recipe` is an admin's for the tool, if its server has
-    one (`listing`: the server's whole catalogue, which the recipe is checked against)."""
+    one (`listing`: the server's whole catalogue, which the recipe is checked against), and `earlier` what
+    its earlier-state read found just before (`recipes.earlier_state`)."""
     arguments = to_ijson(arguments)
     declaration = recipes.declaration_for(tool_def, catalogue=catalogue, recipe=recipe, listing=listing)
+    if earlier is not None and (in_force := recipes.applying(recipe, tool_def, listing)) is not None:
+        declaration = recipes.with_earlier_state(declaration, in_force, earlier)
     traits = recovery.tool_of(tool_def, kind=declaration.kind)
     return Prepared(
         arguments=arguments,
@@ -167,6 +172,7 @@ class Tool:
     receipt_keys: dict[str, str] = field(default_factory=dict)
     recipe: dict[str, Any] | None = None  # an admin's, for a tool its server says nothing about
     listing: list[Any] = field(default_factory=list)  # the server's whole catalogue, for the recipe
+    earlier: dict[str, Any] | None = None  # what the recipe's read found just before the call
 
 
 def closed_fields(*, outcome: Outcome, tool: Tool, arguments: dict[str, Any], started: datetime,
@@ -206,7 +212,8 @@ def _answered(result: dict[str, Any], outcome: Outcome, *, tool: Tool, arguments
     else:
         fields.update(outcomes.undo_facts(tool_def=tool.definition, catalogue=set(tool.catalogue),
                                           receipt_keys=tool.receipt_keys, arguments=arguments, result=result,
-                                          finished=finished, recipe=tool.recipe, listing=tool.listing))
+                                          finished=finished, recipe=tool.recipe, listing=tool.listing,
+                                          earlier=tool.earlier, after_version=outcome.after_version))
     if result.get("resultType") == "input_required":  # 2026-07-28: asked for more before doing anything
         fields.update(reversibility=READ_ONLY, undo_problems=[], compensation_arguments=None,
                       effect_summary="The server asked for more input before acting.")

@@ -47,6 +47,40 @@ def classify_tool_error(result: Mapping[str, Any]) -> str:
     return "business_rule" if text else "unknown"
 
 
+def _effect(parsed, declaration: declarations.UndoDeclaration, *, earlier: Any, after_version: str,
+            problems: list[str]) -> declarations.Effect:
+    """What the call changed, as its server says; for a recipe's call, its version is the recipe's read of
+    the record just after the call (what the agent left), and a call that left it as it was has nothing to
+    undo."""
+    effect = parsed.effect if parsed and parsed.effect else declarations.Effect()
+    if declaration.source == recipes.SOURCE and after_version and not effect.version:
+        effect = effect.model_copy(update={"version": after_version})
+        if (earlier or {}).get("version") == after_version:
+            problems.append("nothing to undo: the call left the record as it found it")
+    return effect
+
+
+def _compensation_arguments(spec: declarations.Compensation, *, token: str | None,
+                            arguments: dict[str, Any], result: dict[str, Any], before: Any,
+                            problems: list[str]) -> dict[str, Any] | None:
+    """The compensation's arguments, resolved now from the call (and the earlier state a recipe read), or
+    None with the reason added to `problems`: never partial arguments."""
+    if spec.dialect == "hatp":
+        if not token:
+            problems.append("the server declared a compensation but returned no compensation token")
+            return None
+        return {"compensationToken": token}
+    response = result.get("structuredContent") if spec.dialect != "chronomcp" else result
+    try:
+        return resolve_arguments(spec.bindings, dialect=spec.dialect, request=arguments, response=response,
+                                 before=before)
+    except NothingToUndo as exc:
+        problems.append(f"nothing to undo: {exc}")
+    except BindingError as exc:
+        problems.append(f"a binding does not resolve: {exc}")
+    return None
+
+
 def receipt_check(receipt_keys: Mapping[str, str], journal_raw: Any, parsed) -> tuple[bool | None, str]:
     """Whether the call's receipt verifies against the server's pinned key: (None, "") when it sent none."""
     if parsed is None or parsed.receipt is None:
@@ -66,35 +100,26 @@ def receipt_check(receipt_keys: Mapping[str, str], journal_raw: Any, parsed) -> 
 
 def undo_facts(*, tool_def: dict[str, Any] | None, catalogue: set[str], receipt_keys: Mapping[str, str],
                arguments: dict[str, Any], result: dict[str, Any], finished: datetime,
-               recipe: dict[str, Any] | None = None, listing: Any = (), before: Any = None) -> dict[str, Any]:
-    """Everything a successful result says about undoing its call, read through the declaration rules, as
-    the step's column values."""
+               recipe: dict[str, Any] | None = None, listing: Any = (), earlier: Any = None,
+               after_version: str = "") -> dict[str, Any]:
+    """Everything a successful result says about undoing its call, read through the declaration rules (and
+    an admin's recipe, with the earlier state it read: `recipes`), as the step's column values."""
     meta = result.get("_meta") if isinstance(result.get("_meta"), dict) else {}
     journal_raw = meta.get(declarations.HATP_KEY)
     parsed, problems = declarations.parse_call_journal(journal_raw)
     declaration = recipes.declaration_for(
         tool_def, catalogue=catalogue, call_journal=journal_raw if parsed is not None else None,
         recipe=recipe, listing=listing)
+    if earlier is not None and (in_force := recipes.applying(recipe, tool_def, listing)) is not None:
+        declaration = recipes.with_earlier_state(declaration, in_force, earlier)
     problems = [*problems, *declaration.problems]
-    effect = parsed.effect if parsed and parsed.effect else declarations.Effect()
+    effect = _effect(parsed, declaration, earlier=earlier, after_version=after_version, problems=problems)
     token = parsed.compensation_token if parsed else None
     compensation_arguments = None
     if declaration.kind == "compensate" and declaration.compensation is not None:
-        spec = declaration.compensation
-        if spec.dialect == "hatp":
-            if not token:
-                problems.append("the server declared a compensation but returned no compensation token")
-            else:
-                compensation_arguments = {"compensationToken": token}
-        else:
-            response = result.get("structuredContent") if spec.dialect != "chronomcp" else result
-            try:
-                compensation_arguments = resolve_arguments(
-                    spec.bindings, dialect=spec.dialect, request=arguments, response=response, before=before)
-            except NothingToUndo as exc:
-                problems.append(f"nothing to undo: {exc}")
-            except BindingError as exc:
-                problems.append(f"a binding does not resolve: {exc}")
+        compensation_arguments = _compensation_arguments(
+            declaration.compensation, token=token, arguments=arguments, result=result,
+            before=(earlier or {}).get("structured"), problems=problems)
         if not effect.version:
             problems.append(declarations.NO_VERSION_PROBLEM)
     verified, receipt_problem = receipt_check(receipt_keys, journal_raw, parsed)

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import jsonpointer
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from .bindings import EACH, expression_problem
+from .bindings import EACH, expression_problem, resolve_arguments
 from .canonical import canonical_bytes, sha256_hex
 from .declarations import (
     HIDDEN_TOOLS,
@@ -332,3 +332,61 @@ def explain(tool: Mapping[str, Any], raw_recipe: Any, catalogue: list[Any]) -> t
         return "read_only", "its server says it only reads (readOnlyHint)"
     stricter = " (made stricter by a recipe: a person signs)" if decided.needs_human and recipe else ""
     return decided.kind, f"its server's own declaration ({server.source}){stricter}"
+
+
+# -- the earlier state: read by the Recorder just before a call, and again just after -----------------------
+
+
+def applying(raw: Any, tool: Mapping[str, Any] | None, listing: Any) -> Recipe | None:
+    """The recipe in force for a call, if it parses and fits its server now."""
+    recipe, found = parse(raw) if raw is not None else (None, ["no recipe"])
+    if recipe is None or problems(recipe, list(listing)):
+        return None
+    return recipe
+
+
+def read_arguments(recipe: Recipe, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The earlier-state read's arguments, bound from the call's. BindingError says why not."""
+    return resolve_arguments(recipe.read.arguments, dialect="recipe", request=dict(arguments), response=None)
+
+
+def earlier_state(recipe: Recipe, *, arguments: dict[str, Any], result: Any = None, error: str = "",
+                  limit: int) -> dict[str, Any]:
+    """What the step keeps of the read made just before the call: the read (tool and arguments), its
+    version, size and digest, and the answer's `structuredContent` when it is within `limit` bytes;
+    `problem` says why the recipe cannot undo the call from it."""
+    state: dict[str, Any] = {"tool": recipe.read.tool, "arguments": arguments}
+    if error or not isinstance(result, Mapping) or result.get("isError") is True:
+        text = error or " ".join(str(block.get("text", "")) for block in (result or {}).get("content") or []
+                                 if isinstance(block, Mapping))
+        return {**state, "error": text[:_TEXT]}
+    body = canonical_bytes(result)
+    state.update(size=len(body), sha256=sha256_hex(result))
+    try:
+        state["version"] = version(result, recipe.version, ignore_order=recipe.version_ignores_order)
+    except ValueError as exc:
+        return {**state, "problem": f"the earlier state could not be versioned: {exc}"}
+    structured = result.get("structuredContent")
+    if len(body) > limit:
+        return {**state, "problem": f"the earlier state is {len(body)} bytes, over the {limit} kept, so it "
+                                    "cannot be put back"}
+    return {**state, "structured": structured}
+
+
+def with_earlier_state(declaration: UndoDeclaration, recipe: Recipe,
+                       state: Mapping[str, Any]) -> UndoDeclaration:
+    """The call's declaration once its earlier state was read (or could not be): a failed read means what
+    the recipe says (a file that did not exist) or leaves the call `unknown`; an earlier state the recipe
+    cannot put back makes it `none`."""
+    if declaration.source != SOURCE or declaration.kind != "compensate":
+        return declaration
+    if "error" in state:
+        if (rule := failed_read(recipe, state["error"])) is not None:
+            return UndoDeclaration(kind=rule.kind, source=SOURCE, reason=rule.reason, remedy=rule.remedy)
+        return UndoDeclaration(kind="unknown", source=SOURCE, problems=(
+            f"the earlier state could not be read ({state['error']}), so the call's undo is not known",))
+    if "structured" in state and (rule := unrestorable(recipe, state["structured"])) is not None:
+        return UndoDeclaration(kind="none", source=SOURCE, reason=rule.reason, remedy=rule.remedy)
+    if state.get("problem"):
+        return declaration.model_copy(update={"problems": (*declaration.problems, state["problem"])})
+    return declaration

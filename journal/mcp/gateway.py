@@ -35,6 +35,7 @@ from .. import declarations, idempotency, keys, outcomes, ports, services
 from ..models import Agent, ToolServer
 from ..upstream.client import DEFAULT_MAX_ANSWER_BYTES, ToolServerError, Upstreams, endpoint_of
 from . import bridge, holding, versions
+from . import earlier as earlier_reads
 from .asgi import AnswerAsJson
 from .bridge import Bridge
 from .bus import Bus, Cancels
@@ -81,12 +82,17 @@ def agent_tools(servers: list[ToolServer]) -> list[types.Tool]:
 
 
 def _begin(*, servers: ServerDirectory, agent: Agent, server_name: str, tool: str, arguments: dict, key: str,
-           request_meta: dict | None, now) -> services.OpenedStep | None:
+           request_meta: dict | None, now, earlier: dict | None = None,
+           read_first: bool = True) -> services.OpenedStep | earlier_reads.NeedsRead | None:
     """Find the server, ask the policy gate and journal the intent (with the decision) in one job on the
-    journal thread. The gate reads the tool's own declaration, never anything the agent sent."""
+    journal thread. The gate reads the tool's own declaration, never anything the agent sent. A call whose
+    recipe reads the record first is not opened yet: the answer says so (`earlier_reads.NeedsRead`), and the
+    caller comes back with what it read (`earlier`)."""
     server = servers.get(server_name)
     if server is None:
         return None
+    if read_first and (recipe := earlier_reads.needs_read(server, tool)) is not None:
+        return earlier_reads.NeedsRead(server=server, recipe=recipe)
     gate = ports.gate()
 
     def decide(declaration, retry_of=None):
@@ -94,7 +100,8 @@ def _begin(*, servers: ServerDirectory, agent: Agent, server_name: str, tool: st
                            retry_of=retry_of)
 
     return services.open_step(agent=agent, run_key=key, server=server, server_name=server_name, tool=tool,
-                              arguments=arguments, request_meta=request_meta, now=now, decide=decide)
+                              arguments=arguments, request_meta=request_meta, now=now, decide=decide,
+                              earlier=earlier)
 
 
 def _relayed(progress):
@@ -256,10 +263,12 @@ class Recorder:
         if (refusal := unsendable(arguments, kept_meta, server_name)) is not None:
             return tool_error(refusal, failed("invalid_arguments")), None
         started = timezone.now()
-        opened = await self.journal.run(
-            _begin, servers=self.journal.servers, agent=agent, server_name=server_name, tool=tool,
-            arguments=arguments, key=run_key(meta, session_id), request_meta=kept_meta, now=started,
-        )
+        begin = dict(servers=self.journal.servers, agent=agent, server_name=server_name, tool=tool,
+                     arguments=arguments, key=run_key(meta, session_id), request_meta=kept_meta, now=started)
+        opened = await self.journal.run(_begin, **begin)
+        if isinstance(opened, earlier_reads.NeedsRead):  # an admin's recipe reads the record first
+            earlier = await earlier_reads.before(self.upstreams, opened, arguments, owner)
+            opened = await self.journal.run(_begin, **begin, earlier=earlier, read_first=False)
         if opened is None:
             return tool_error(f"Unknown tool server {server_name!r}.", failed("not_found")), None
         decision = (opened.policy or {}).get("decision", "allow")
@@ -379,7 +388,9 @@ class Recorder:
             saga = await stop_the_run(opened, journaled)
             delivered["_meta"] = advice_meta(advice, delivered.get("_meta"), saga)
             return delivered, journaled
-        return delivered, self.outcomes.write(opened, started, services.Outcome(result=relayed))
+        after = await earlier_reads.after(self.upstreams, opened.server, tool, opened.earlier, owner)
+        return delivered, self.outcomes.write(opened, started, services.Outcome(result=relayed,
+                                                                                after_version=after))
 
     async def _answered(self, result: dict, owner, opened: services.OpenedStep, tool: str, arguments: dict,
                         meta: dict | None) -> dict:

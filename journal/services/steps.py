@@ -45,6 +45,7 @@ class OpenedStep:
     policy: dict[str, Any] | None = None  # what the autonomy policy decided (see `open_step`'s `decide`)
     declared: dict[str, Any] | None = None  # the definition the call was read by, when not a tool's (a read)
     traits: recovery.Tool = recovery.Tool()  # what the advice after a failure needs to know of the tool
+    earlier: dict[str, Any] | None = None  # what an admin's recipe read just before the call
 
 
 # The run columns a call reads and moves. They are integers and text, so the hot path reads them raw
@@ -78,7 +79,7 @@ def _find_run(*, agent: Agent, key: str, now: datetime) -> Run:
 def open_step(
     *, agent: Agent, run_key: str, server: ToolServer | None, server_name: str, tool: str,
     arguments: dict[str, Any], request_meta: dict[str, Any] | None, now: datetime, decide=None,
-    declared: dict[str, Any] | None = None,
+    declared: dict[str, Any] | None = None, earlier: dict[str, Any] | None = None,
 ) -> OpenedStep:
     """Journal the intent of an agent's call, before it is forwarded.
 
@@ -88,11 +89,12 @@ def open_step(
     and the tool is neither read-only nor idempotent (`unknown_attempt`), else None. An
     `ask` opens the step as `held`; the caller then releases it (`release_held_step`) or refuses it
     (`refuse_step`), as it does a `deny`. `declared` stands for the tool's definition when the call is not a
-    tool's (a resource read: `READ`)."""
+    tool's (a resource read: `READ`). `earlier` is what an admin's recipe read of the record just before
+    the call (`recipes.earlier_state`): kept with the step, and on the chain right after the call."""
     return _open(lambda: _find_run(agent=agent, key=run_key, now=now), server=server, server_name=server_name,
                  tool=tool, arguments=arguments, request_meta=request_meta, now=now,
                  who={"agent": agent.name, "onBehalfOf": agent.on_behalf_of.get_username()}, decide=decide,
-                 declared=declared, agent=agent)
+                 declared=declared, agent=agent, earlier=earlier)
 
 
 def open_step_in_run(
@@ -113,7 +115,8 @@ def open_step_in_run(
 
 def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, arguments: dict[str, Any],
           request_meta: dict[str, Any] | None, now: datetime, who: dict[str, Any], decide=None,
-          declared: dict[str, Any] | None = None, agent: Agent | None = None) -> OpenedStep:
+          declared: dict[str, Any] | None = None, agent: Agent | None = None,
+          earlier: dict[str, Any] | None = None) -> OpenedStep:
     """Journal the intent (see `open_step`): the policy decides first, outside the transaction; then, with
     the run's row locked, the step row and the chain's `call` entry."""
     call = journaling.prepared(
@@ -123,6 +126,7 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
         catalogue=server.tool_names if server else set(),
         recipe=server.recipe(tool) if server and not declared else None,
         listing=server.catalogue if server else [],
+        earlier=earlier,
         agent=who.get("agent"),
         server_name=server_name,
         tool=tool,
@@ -147,14 +151,19 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
             tool=tool, arguments=call.arguments, request_meta=call.request_meta, started_at=now,
             declaration=declaration.model_dump(mode="json"), declaration_source=declaration.source,
             reversibility=declaration.kind, status=status, policy_decision=decision, call_digest=call.digest,
+            earlier_state=to_ijson(earlier) if earlier is not None else None,
         ))
         run.step_count = number
         append_entry(run=run, event="call", now=now, data=journaling.call_entry(
             number=number, server_name=server_name, tool=tool, call=call, who=who, decision=decision))
+        if earlier is not None:  # the Recorder's own read, before the call was sent: on the record too
+            append_entry(run=run, event="earlier_state", now=now, data={
+                "step": number, **{k: v for k, v in to_ijson(earlier).items() if k != "structured"}})
         save_moving(run, now=now)
     return OpenedStep(step_id=step_id, run_id=run.pk, number=number, server=server, tool=tool,
                       arguments=call.arguments, request_meta=call.request_meta, kind=declaration.kind,
-                      source=declaration.source, policy=decision, declared=declared, traits=traits)
+                      source=declaration.source, policy=decision, declared=declared, traits=traits,
+                      earlier=earlier)
 
 
 def _halt(run: Run, agent: Agent | None, *, now: datetime) -> tuple[str, str] | None:
@@ -268,7 +277,7 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
                            catalogue=frozenset(server.tool_names) if server else frozenset(),
                            receipt_keys=server.receipt_keys if server else {},
                            recipe=server.recipe(step.tool) if server and not opened.declared else None,
-                           listing=server.catalogue if server else [])
+                           listing=server.catalogue if server else [], earlier=opened.earlier)
     fields, result = journaling.closed_fields(
         outcome=outcome,
         tool=tool,

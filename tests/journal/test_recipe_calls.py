@@ -55,3 +55,37 @@ def test_without_the_recipe_the_same_call_is_unknown(recorder, fs_token):
     run_agent(recorder, token, script)
     step = Step.objects.get()
     assert step.reversibility == "unknown" and step.declaration_source == "none"
+
+
+def test_the_recorder_keeps_the_earlier_state_and_binds_the_undo_to_it(recorder, fs_token):
+    world, token = fs_token
+    crlf = world / "crlf.txt"
+    crlf.write_bytes(b"first line\r\nsecond line\r\n")
+
+    async def script(client):
+        await client.call_tool("fs__write_file", {"path": str(crlf), "content": "rewritten by the agent\n"})
+        await client.call_tool("fs__write_file", {"path": str(world / "new.txt"), "content": "new\n"})
+        await client.call_tool("fs__edit_file", {"path": str(world / "notes.txt"), "dryRun": True,
+                                                 "edits": [{"oldText": "first", "newText": "1st"}]})
+
+    run_agent(recorder, token, script)
+    rewritten, created, previewed = Step.objects.order_by("number")
+    assert crlf.read_bytes() == b"rewritten by the agent\n"
+    # What was there, read just before the call, is what the undo writes back, byte for byte.
+    assert rewritten.earlier_state["tool"] == "read_text_file"
+    assert rewritten.earlier_state["structured"] == {"content": "first line\r\nsecond line\r\n"}
+    assert rewritten.reversibility == "compensate" and rewritten.undo_problems == []
+    assert rewritten.compensation_arguments == {"path": str(crlf), "content": "first line\r\nsecond line\r\n"}
+    assert rewritten.effect_version.startswith("sha256:")
+    assert rewritten.effect_version != rewritten.earlier_state["version"]
+    entries = list(rewritten.run.entries.order_by("seq").values_list("event", "data"))
+    call_at = next(i for i, (event, data) in enumerate(entries) if event == "call" and data["step"] == 1)
+    assert entries[call_at + 1][0] == "earlier_state"
+    assert entries[call_at + 1][1]["version"] == rewritten.earlier_state["version"]
+    assert "structured" not in entries[call_at + 1][1]  # the chain keeps its digest, the step the content
+
+    assert created.reversibility == "none"
+    assert "did not exist before this call" in created.declaration["reason"]
+    assert "ENOENT" in created.earlier_state["error"]
+    assert previewed.undo_problems == ["nothing to undo: the call left the record as it found it"]
+    assert journal_services.verify_run(run=rewritten.run).ok

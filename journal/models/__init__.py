@@ -1,6 +1,7 @@
-"""Tool servers, agents, runs, steps and the hash-chained run record.
+"""Tool servers, agents, runs, steps and the hash-chained run record; what OAuth clients are to the Recorder
+is in `clients`.
 
-Writes go through `journal.services`; this module holds state, invariants and read helpers only.
+Writes go through `journal.services`; these modules hold state, invariants and read helpers only.
 """
 
 import uuid
@@ -9,9 +10,10 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
-from oauth2_provider.settings import oauth2_settings
 
-from . import recovery
+from .. import recovery
+from .clients import ClientAuthorization as ClientAuthorization  # re-exported: one place to import from
+from .clients import RedeemedCode as RedeemedCode
 
 
 class ToolServer(models.Model):
@@ -112,48 +114,6 @@ class AgentSession(models.Model):
 
     def __str__(self):
         return f"session {self.session_id[:8]} of agent {self.agent_id}"
-
-
-class ClientAuthorization(models.Model):
-    """A person let an OAuth client (an MCP client that takes only a URL) act as one of their agents
-    (`journal.oauth`): every token that client holds for that person is this agent's, and is journaled under
-    it. One agent per client and person; revoking the authorization ends each of those tokens at once."""
-
-    application = models.ForeignKey(
-        oauth2_settings.APPLICATION_MODEL, on_delete=models.CASCADE, related_name="+"
-    )
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="client_authorizations"
-    )
-    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="client_authorizations")
-    created_at = models.DateTimeField(default=timezone.now)
-    last_used_at = models.DateTimeField(null=True, blank=True)  # to within a minute
-
-    class Meta:
-        ordering = ["-created_at"]
-        constraints = [
-            models.UniqueConstraint(fields=["application", "user"], name="one_agent_per_client_and_person")
-        ]
-
-    def __str__(self):
-        return f"{self.application_id} as {self.agent_id} for {self.user_id}"
-
-
-class RedeemedCode(models.Model):
-    """An OAuth authorization code that was exchanged for tokens, kept as its SHA-256 with what it gave: a
-    second exchange of it means it leaked, and ends every token it gave (RFC 6749 section 4.1.2,
-    `services.clients.code_replayed`). Kept as long as the refresh tokens it gave could live."""
-
-    code_digest = models.CharField(max_length=64, unique=True)
-    application = models.ForeignKey(
-        oauth2_settings.APPLICATION_MODEL, on_delete=models.CASCADE, related_name="+"
-    )
-    access_token_checksum = models.CharField(max_length=64)
-    token_family = models.UUIDField(null=True, blank=True)  # the refresh tokens rotated from it
-    redeemed_at = models.DateTimeField(default=timezone.now)
-
-    def __str__(self):
-        return f"code {self.code_digest[:8]} of {self.application_id}"
 
 
 class RunQuerySet(models.QuerySet):
@@ -288,6 +248,9 @@ class Step(models.Model):
     )
     compensation_arguments = models.JSONField(null=True, blank=True)
     undo_problems = models.JSONField(default=list, blank=True)
+    # An admin's recipe read the record just before the call was sent (journal.recipes): what it read, the
+    # version of it, and its size and digest; the answer itself only when within the inline bound.
+    earlier_state = models.JSONField(null=True, blank=True)
     effect_summary = models.CharField(max_length=500, blank=True)
     effect_resource = models.CharField(max_length=500, blank=True)
     effect_version = models.CharField(max_length=200, blank=True)

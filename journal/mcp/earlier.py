@@ -1,0 +1,64 @@
+"""The Recorder's own reads for an admin's undo recipe (`journal.recipes`): the record as it was just
+before an agent's call (its earlier state, which the undo puts back, and that state's version), and its
+version just after (what the agent left). Each read goes to the same server on the agent's own upstream
+session, like the call itself, through the one client; a failure is an answer here, never an error, since
+the recipe says what a failed read means (else the call's undo is unknown)."""
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from .. import recipes
+from ..bindings import BindingError
+from ..models import ToolServer
+from ..upstream.client import ToolServerError, Upstreams, endpoint_of
+
+
+@dataclass(frozen=True)
+class NeedsRead:
+    """`_begin`'s answer for a call whose recipe reads the record first: the server and the recipe."""
+
+    server: ToolServer
+    recipe: recipes.Recipe
+
+
+def needs_read(server: ToolServer, tool: str) -> recipes.Recipe | None:
+    """The recipe in force for a call of `tool`, when it reads the record before the call."""
+    if not server.recipes:
+        return None
+    recipe = recipes.applying(server.recipe(tool), server.tool(tool), server.catalogue)
+    return recipe if recipe is not None and recipe.read is not None else None
+
+
+async def before(upstreams: Upstreams, needs: NeedsRead, arguments: dict[str, Any], owner) -> dict[str, Any]:
+    """What the step keeps of the record just before the call (`recipes.earlier_state`)."""
+    recipe = needs.recipe
+    try:
+        read_arguments = recipes.read_arguments(recipe, arguments)
+    except BindingError as exc:
+        return {"tool": recipe.read.tool, "arguments": {}, "error": f"the read's arguments: {exc}"}
+    limit = settings.RECORDER_INLINE_RESULT_BYTES
+    try:
+        result = await upstreams.call_tool(endpoint_of(needs.server), recipe.read.tool, read_arguments,
+                                           owner=owner)
+    except ToolServerError as exc:
+        return recipes.earlier_state(recipe, arguments=read_arguments, error=exc.message, limit=limit)
+    return recipes.earlier_state(recipe, arguments=read_arguments, result=result, limit=limit)
+
+
+async def after(upstreams: Upstreams, server: ToolServer, tool: str, earlier: dict[str, Any] | None,
+                owner) -> str:
+    """The record's version just after the call, read the same way as before it; "" when there was no
+    earlier state to compare with or the read fails (then the undo has no version, and a person decides)."""
+    if not earlier or "version" not in earlier:
+        return ""
+    recipe = recipes.applying(server.recipe(tool), server.tool(tool), server.catalogue)
+    if recipe is None or recipe.read is None:
+        return ""
+    try:
+        result = await upstreams.call_tool(endpoint_of(server), recipe.read.tool, earlier["arguments"],
+                                           owner=owner)
+        return recipes.version(result, recipe.version, ignore_order=recipe.version_ignores_order)
+    except (ToolServerError, ValueError):
+        return ""
