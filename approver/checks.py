@@ -8,6 +8,9 @@ untrusted input: only the fields the plan page shows are kept, as bounded string
 - SEP-3172 and mcp-compensate have no check call, so: the compensating tool must still be in the server's
   current catalogue (read once per server), its input schema must accept the resolved arguments, and the
   undo window must be open.
+- An admin's recipe that read the record before the call: the same read again, its version compared with
+  what the agent left (the undo would work), what was there before (undone already) or anything else (a
+  conflict: someone changed it since). Without a read, as SEP-3172.
 """
 
 from collections.abc import Awaitable, Callable
@@ -18,6 +21,7 @@ from typing import Any
 import anyio
 import jsonschema
 
+from journal import recipes
 from journal.outcomes import classify_tool_error
 from journal.upstream.client import Endpoint, ToolServerError, Upstreams
 
@@ -36,6 +40,7 @@ class CheckTarget:
     if_version: str
     idempotency_key: str
     undo_by: datetime | None
+    earlier: dict[str, Any] | None = None  # a recipe's read before the call (`journal.recipes`)
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,8 @@ async def check_one(
         except ToolServerError as exc:
             return _from_failure(exc)
         return read_hatp_answer(answer)
+    if target.dialect == "recipe" and (target.earlier or {}).get("version"):
+        return await check_recipe(target, upstreams=upstreams, timeout=timeout)
     try:
         catalogue = await (catalogue_of or upstreams.list_tools)(target.endpoint)
     except ToolServerError as exc:
@@ -161,3 +168,33 @@ async def check_one(
     if isinstance(catalogue, ToolServerError):
         return _from_failure(catalogue)
     return read_catalogue(catalogue, target)
+
+
+async def read_again(upstreams: Upstreams, endpoint: Endpoint, earlier: dict[str, Any], *,
+                     timeout: float | None = None) -> str:
+    """The record's version now, read as the recipe read it before the call. ToolServerError or
+    ValueError (an answer that cannot be versioned) when it cannot be read."""
+    answer = await upstreams.call_tool(endpoint, earlier["tool"], earlier.get("arguments") or {},
+                                       timeout=timeout)
+    return recipes.version(answer, earlier.get("versionAt") or "",
+                           ignore_order=bool(earlier.get("ignoreOrder")))
+
+
+async def check_recipe(target: CheckTarget, *, upstreams: Upstreams, timeout: float) -> CheckResult:
+    """A recipe undo's three-state check (see the module)."""
+    earlier = target.earlier
+    try:
+        now = await read_again(upstreams, target.endpoint, earlier, timeout=timeout)
+    except ToolServerError as exc:
+        return _from_failure(exc)
+    except ValueError as exc:
+        return _error("unknown", f"{target.endpoint.name} could not be read as before the call: {exc}.")
+    state = recipes.three_state(before=earlier["version"], after=target.if_version, now=now)
+    if state == "ok":
+        does = earlier.get("does") or f"put back what {earlier['tool']} read before the call"
+        return CheckResult("ok", {"wouldDo": answers.bounded(f"{does[0].upper()}{does[1:]}: {target.tool}.")})
+    if state == "undone":
+        return _error("business_rule", "Already undone: it reads as it did before the agent's call.")
+    return CheckResult("conflict", {
+        "message": f"Changed since the agent's call: {earlier['tool']} reads differently now.",
+        "current": {"version": now, "summary": "changed since the agent's call"}})

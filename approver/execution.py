@@ -157,3 +157,25 @@ def finished_state(outcomes: list[str], *, stopped: bool) -> str:
     if not stopped and all(o == COMPENSATED for o in undoable):
         return "completed"
     return "partially_completed" if COMPENSATED in undoable else "failed"
+
+
+def recipe_before_undo(*, now: str, agent_left: str, before: str, overwrite: str = "") -> Verdict | None:
+    """A recipe undo, read just before it runs (its server has no conditional write): None to go on when the
+    record is as the agent left it (or as the version an approver chose to overwrite); else the outcome
+    without a call: undone already, or a conflict (someone changed it since the check)."""
+    if now in (agent_left, overwrite or agent_left):
+        return None
+    if now == before:
+        return Verdict(ALREADY_UNDONE, {"message": "It already reads as it did before the agent's call."})
+    return Verdict(CONFLICT, {"message": "Changed since the check: left alone.", "current": {"version": now}})
+
+
+def recipe_after_undo(verdict: Verdict, *, now: str, before: str) -> Verdict:
+    """A recipe undo counts only once the record reads again as it did before the agent's call."""
+    if verdict.outcome != COMPENSATED:
+        return verdict
+    if now == before:
+        return Verdict(COMPENSATED, {**verdict.detail,
+                                     "postcondition": "It reads as it did before the call."})
+    return Verdict(COMPENSATION_FAILED, {**verdict.detail, "postcondition": False, "message": (
+        "The undo ran, but the record does not read as it did before the agent's call.")})

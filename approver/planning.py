@@ -23,6 +23,7 @@ from journal.declarations import NO_VERSION_PROBLEM
 
 # The dialect of a compensation decides how it is checked and run.
 HATP = "hatp"
+RECIPE = "recipe"
 UI_NEEDS_HUMAN = (
     "Undone through the app's screens, by the server replaying the app's own way back: a person "
     "signs it, whatever the policies say."
@@ -229,6 +230,8 @@ def _compensating(step: StepFacts, base: dict[str, Any], *, key: str, now: datet
     compensation = declaration.get("compensation") or {}
     if not compensation.get("tool") or step.compensation_arguments is None:
         problems.append("no compensation could be prepared")
+    if compensation.get("then"):  # one signed call per item: a recipe of several calls is not run for you
+        problems.append("its recipe needs more than one call, which a plan cannot carry yet")
     common = {
         "via": declaration.get("via") or "api",
         "side_effect": declaration.get("side_effect") or "",

@@ -355,7 +355,9 @@ def earlier_state(recipe: Recipe, *, arguments: dict[str, Any], result: Any = No
     """What the step keeps of the read made just before the call: the read (tool and arguments), its
     version, size and digest, and the answer's `structuredContent` when it is within `limit` bytes;
     `problem` says why the recipe cannot undo the call from it."""
-    state: dict[str, Any] = {"tool": recipe.read.tool, "arguments": arguments}
+    # How to read it again, and compare (the plan's check and its execution read it again the same way).
+    state: dict[str, Any] = {"tool": recipe.read.tool, "arguments": arguments, "versionAt": recipe.version,
+                             "ignoreOrder": recipe.version_ignores_order, "does": recipe.does}
     if error or not isinstance(result, Mapping) or result.get("isError") is True:
         text = error or " ".join(str(block.get("text", "")) for block in (result or {}).get("content") or []
                                  if isinstance(block, Mapping))

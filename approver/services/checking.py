@@ -83,6 +83,7 @@ def run_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> 
         "if_version",
         "idempotency_key",
         "undo_by",
+        "step__earlier_state",
         "step__server__name",
         "step__server__transport",
         "step__server__url",
@@ -112,6 +113,7 @@ def run_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> 
                 if_version=row["if_version"],
                 idempotency_key=row["idempotency_key"],
                 undo_by=row["undo_by"],
+                earlier=row["step__earlier_state"],
             )
         )
     if orphans:

@@ -234,7 +234,11 @@ def compensation_call(item: PlanItem) -> tuple[dict[str, Any], dict[str, Any] | 
 
 def _attempt(plan: Plan, item: PlanItem, attempt: int) -> execution.Verdict:
     """One compensation call, journaled as a step of the plan's compensation run like any agent's call:
-    the intent before it leaves, what came back after."""
+    the intent before it leaves, what came back after. A recipe's undo reads the record first (its server has
+    no conditional write), and nothing is sent when it changed since."""
+    if (earlier := _recipe_read(item)) is not None and (
+            early := anyio.run(_recipe_before, item, earlier)) is not None:
+        return early
     arguments, meta = compensation_call(item)
     run_id = _compensation_run(plan)
     started = timezone.now()
@@ -276,7 +280,39 @@ async def _compensate(item: PlanItem, arguments: dict[str, Any], meta: dict[str,
         verdict = execution.read_answer(result)
         if item.via == "ui" and verdict.outcome == execution.COMPENSATED:
             verdict = await _postcondition(upstreams, endpoint, item, verdict)
+        if (earlier := _recipe_read(item)) is not None and verdict.outcome == execution.COMPENSATED:
+            try:
+                now = await checks.read_again(upstreams, endpoint, earlier)
+            except (ToolServerError, ValueError) as exc:
+                verdict = execution.Verdict(execution.OUTCOME_UNKNOWN, {**verdict.detail, "message": (
+                    f"The undo ran, but {endpoint.name} could not be read again to see whether it took: "
+                    f"{getattr(exc, 'message', exc)}")})
+            else:
+                verdict = execution.recipe_after_undo(verdict, now=now, before=earlier["version"])
     return verdict, journal_services.Outcome(result=result)
+
+
+def _recipe_read(item: PlanItem) -> dict[str, Any] | None:
+    """How a recipe read the record before the agent's call, if this item is such an undo."""
+    earlier = item.step.earlier_state or {}
+    return earlier if item.dialect == planning.RECIPE and earlier.get("version") else None
+
+
+async def _recipe_before(item: PlanItem, earlier: dict[str, Any]) -> execution.Verdict | None:
+    """A recipe undo's read just before it runs (see `execution.recipe_before_undo`)."""
+    overwrite = ""
+    if item.conflict_choice == PlanItem.Choice.OVERWRITE and item.check_status == PlanItem.Check.CONFLICT:
+        overwrite = ((item.check_detail or {}).get("current") or {}).get("version") or ""
+    async with Upstreams(timeout=settings.TOOL_SERVER_TIMEOUT) as upstreams:
+        endpoint = endpoint_of(item.step.server)
+        try:
+            now = await checks.read_again(upstreams, endpoint, earlier)
+        except (ToolServerError, ValueError) as exc:
+            return execution.Verdict(execution.COMPENSATION_FAILED, {"message": (
+                f"{endpoint.name} could not be read before the undo, so nothing was sent: "
+                f"{getattr(exc, 'message', exc)}")}, retry=bool(getattr(exc, "transient", False)))
+    return execution.recipe_before_undo(now=now, agent_left=item.if_version, before=earlier["version"],
+                                        overwrite=overwrite)
 
 
 async def _postcondition(upstreams: Upstreams, endpoint, item: PlanItem, verdict: execution.Verdict

@@ -126,3 +126,20 @@ def test_what_an_earlier_plan_undid_is_named_apart_and_does_not_count_against_th
         "Already undone",
         "Undo failed",
     }
+
+
+def test_a_recipe_undo_runs_only_on_what_the_agent_left_or_the_version_an_approver_chose():
+    assert ex.recipe_before_undo(now="left", agent_left="left", before="was") is None
+    assert ex.recipe_before_undo(now="newer", agent_left="left", before="was", overwrite="newer") is None
+    assert ex.recipe_before_undo(now="was", agent_left="left", before="was").outcome == "already_undone"
+    changed = ex.recipe_before_undo(now="other", agent_left="left", before="was")
+    assert changed.outcome == "conflict" and changed.detail["current"] == {"version": "other"}
+
+
+def test_a_recipe_undo_counts_only_once_the_record_reads_as_before():
+    ran = ex.Verdict("compensated", {"summary": "wrote it"})
+    assert ex.recipe_after_undo(ran, now="was", before="was").outcome == "compensated"
+    failed = ex.recipe_after_undo(ran, now="else", before="was")
+    assert failed.outcome == "compensation_failed" and failed.detail["postcondition"] is False
+    refused = ex.Verdict("compensation_failed", {"message": "no"})
+    assert ex.recipe_after_undo(refused, now="was", before="was") is refused

@@ -1,0 +1,97 @@
+"""Undoing calls to a server that declares nothing, by an admin's recipe (issue 23), end to end with the real
+pinned filesystem server: the Recorder kept each file's earlier state; the plan's checks read each file
+again (as the agent left it: would undo; as it was: undone already; else a conflict); two approvers sign,
+keeping the newer change a person made by hand; the worker writes the earlier bytes back, byte for byte, and
+counts an undo only once the file reads as it did before the call."""
+
+import pytest
+
+from approver import services, tasks
+from approver.models import PlanItem
+from journal import services as journal_services
+from journal.models import Run
+from tests.journal.helpers import run_agent
+from tests.journal.test_conformance import command, make_world
+from tests.services import needs_node
+
+from .test_approvals import approve, enrolled, relying_party  # noqa: F401 - fixture and helpers
+from .test_executor import run_plan
+
+pytestmark = [pytest.mark.django_db(transaction=True), needs_node]
+
+
+@pytest.fixture
+def files(recorder, dana, admin_user, tmp_path, monkeypatch):
+    monkeypatch.setattr(tasks.execute_plan, "delay", lambda *args: None)
+    world = tmp_path / "world"
+    make_world("filesystem", world)
+    server = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
+        name="fs", command=" ".join(command("filesystem", world, ""))))
+    services.use_pack(server=server, pack="filesystem", by=admin_user)
+    return world, journal_services.create_agent(name="files-bot", on_behalf_of=dana)[1]
+
+
+def test_an_agents_file_writes_are_undone_byte_for_byte_and_a_persons_later_edit_is_kept(
+        recorder, files, on_call, approver_user, second_approver):
+    world, token = files
+    (world / "crlf.txt").write_bytes(b"one\r\ntwo\r\n")
+    (world / "report.md").write_bytes(b"# Report\n\nDraft.\n")
+
+    async def script(client):
+        await client.call_tool("fs__write_file", {"path": str(world / "crlf.txt"), "content": "replaced\n"})
+        await client.call_tool("fs__edit_file", {"path": str(world / "report.md"),
+                                                 "edits": [{"oldText": "Draft.", "newText": "Final."}]})
+        await client.call_tool("fs__write_file", {"path": str(world / "new.txt"), "content": "new\n"})
+
+    run_agent(recorder, token, script)
+    run = Run.objects.get(agent__name="files-bot")
+    (world / "report.md").write_bytes(b"# Report\n\nFinal, reviewed by priya.\n")  # a person, afterwards
+
+    plan = services.request_plan(run=run, requested_by=on_call, reason="wrong files", from_step=1)
+    plan = services.run_checks(plan=plan, check_round=plan.check_round)
+    items = {i.step.number: i for i in plan.items.select_related("step")}
+    assert items[3].action == "cannot_undo" and "did not exist before this call" in items[3].reason
+    assert items[1].check_status == "ok" and items[1].tool == "write_file"
+    assert items[1].arguments == {"path": str(world / "crlf.txt"), "content": "one\r\ntwo\r\n"}
+    assert "restore the file's earlier content" in items[1].check_detail["wouldDo"].lower()
+    assert items[2].check_status == "conflict" and "Changed since the agent's call" in (
+        items[2].check_detail["message"])
+    assert items[1].needs_human  # a recipe's undo: a person signs, whatever the policies say
+
+    conflict = str(items[2].position)
+    for user in (approver_user, second_approver):
+        approve(plan, user, enrolled(user), choices={conflict: "keep_newer"})
+    plan.refresh_from_db()
+    assert plan.state == "approved"
+    plan = run_plan(plan)
+    outcomes = {i.step.number: i.outcome for i in plan.items.select_related("step")}
+    assert outcomes == {1: "compensated", 2: "skipped", 3: "irreversible"}
+    assert (world / "crlf.txt").read_bytes() == b"one\r\ntwo\r\n"  # the CRLF line endings included
+    assert (world / "report.md").read_bytes() == b"# Report\n\nFinal, reviewed by priya.\n"
+    assert (world / "new.txt").exists()  # this server cannot delete: left, and said so
+    done = plan.items.get(step__number=1)
+    assert done.outcome_detail["postcondition"] == "It reads as it did before the call."
+    assert plan.state == "partially_completed"  # the person's change was kept, as the approvers chose
+    assert plan.execution_summary == "Reversed 1 of 3 actions; 1 cannot be undone; 1 skipped"
+
+
+def test_an_undo_finds_the_file_changed_since_the_check_and_leaves_it_alone(
+        recorder, files, on_call, approver_user, second_approver):
+    world, token = files
+    (world / "a.txt").write_text("before\n")
+
+    async def script(client):
+        await client.call_tool("fs__write_file", {"path": str(world / "a.txt"), "content": "agent\n"})
+
+    run_agent(recorder, token, script)
+    run = Run.objects.get(agent__name="files-bot")
+    plan = services.request_plan(run=run, requested_by=on_call, reason="undo", from_step=1)
+    plan = services.run_checks(plan=plan, check_round=plan.check_round)
+    for user in (approver_user, second_approver):
+        approve(plan, user, enrolled(user), choices={})
+    (world / "a.txt").write_text("a person, after the check\n")  # no conditional write: read just before
+    plan = run_plan(plan)
+    item = plan.items.get()
+    assert item.outcome == "conflict" and item.call_step_id is None  # nothing was sent
+    assert (world / "a.txt").read_text() == "a person, after the check\n"
+    assert PlanItem.objects.filter(outcome="compensated").count() == 0
