@@ -13,6 +13,7 @@ depend on which:
 Each item records the rule that pulled it in, and from which step.
 """
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -60,6 +61,8 @@ class StepFacts:
     )  # earlier number -> pointers
     already_undone: bool = False
     failure_class: str = ""  # "policy": an autonomy policy stopped it, so it was never forwarded
+    arguments: dict[str, Any] = field(default_factory=dict)  # what the call sent
+    server_tools: tuple[str, ...] = ()  # the tools its server lists now
 
 
 @dataclass(frozen=True)
@@ -182,7 +185,7 @@ def _without_compensation(step: StepFacts) -> tuple[str, str, str] | None:
     """(action, reason, remedy) for a step whose undo needs no compensation of its own: undone already,
     nothing to undo, or one that cannot be undone; None for a step its server says it can compensate."""
     declaration = step.declaration or {}
-    by_hand = f"Check {step.server} by hand for what {step.tool} did."
+    by_hand = what_is_known(step)
     if step.already_undone:
         return "already_undone", "An earlier plan already undid this step.", ""
     if step.status == "pending":
@@ -210,6 +213,40 @@ def _without_compensation(step: StepFacts) -> tuple[str, str, str] | None:
         reason = "; ".join(step.undo_problems) or f"{step.server} says nothing about undoing {step.tool}."
         return "cannot_undo", _sentence(reason), remedy or by_hand
     return None
+
+
+# Verbs whose tools may take another's change back (create_entities → delete_entities), for the remedy of a
+# step nobody can undo for you: named as what the server offers, never run.
+_INVERSE_VERBS = {
+    "create": ("delete", "remove"), "add": ("remove", "delete"), "write": ("delete",), "insert": ("delete",),
+    "set": ("delete", "del", "unset"), "enable": ("disable",), "open": ("close",), "start": ("stop",),
+    "lock": ("unlock",), "subscribe": ("unsubscribe",), "assign": ("unassign",), "attach": ("detach",),
+    "delete": ("create", "restore", "undelete"), "remove": ("add", "restore"),
+}
+_UNDO_PREFIXES = ("undo", "revert", "restore", "rollback", "undelete")
+
+
+def inverse_tools(tool: str, tools: tuple[str, ...]) -> list[str]:
+    """The tools of the same server whose names say they may take `tool`'s change back."""
+    verb, _, rest = tool.partition("_")
+    named = {f"{inverse}_{rest}" if rest else inverse for inverse in _INVERSE_VERBS.get(verb.lower(), ())}
+    found = [t for t in tools if t in named or (t != tool and t.lower().startswith(_UNDO_PREFIXES))]
+    return sorted(set(found))[:5]
+
+
+def what_is_known(step: StepFacts) -> str:
+    """The remedy for a step nobody can undo for you: what is known of it, not only "check by hand"."""
+    sent = ", ".join(f"{name}={_short(value)}" for name, value in sorted(step.arguments.items())[:4])
+    words = f"Check {step.server} by hand for what {step.tool} did"
+    words += f" (it was sent {sent})" if sent else ""
+    if inverses := inverse_tools(step.tool, step.server_tools):
+        words += f"; {step.server} offers {', '.join(inverses)}, which may take it back"
+    return words + "."
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return repr(text[:60] + "…") if len(text) > 60 else repr(text)
 
 
 def _compensating(step: StepFacts, base: dict[str, Any], *, key: str, now: datetime) -> ItemDraft:

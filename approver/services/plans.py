@@ -14,7 +14,7 @@ from django.utils import timezone
 from journal import idempotency, journaling
 from journal import services as journal_services
 from journal.errors import Refused
-from journal.models import Run, Step, StepDependency
+from journal.models import Run, Step, StepDependency, ToolServer
 
 from .. import planning
 from ..content import plan_content
@@ -25,7 +25,7 @@ from . import bell
 _FACT_FIELDS = (
     "id", "number", "server_name", "tool", "status", "reversibility", "declaration", "compensation_arguments",
     "undo_problems", "effect_summary", "effect_resource", "effect_version", "undo_by", "finished_at",
-    "request_meta", "failure_class",
+    "request_meta", "failure_class", "arguments",
 )
 
 
@@ -50,6 +50,8 @@ def step_facts(run: Run) -> list[planning.StepFacts]:
         PlanItem.objects.filter(step__run=run, outcome="compensated").values_list("step_id", flat=True)
     )
     facts = []
+    tools = {server.name: tuple(sorted(server.tool_names)) for server in ToolServer.objects.filter(
+        name__in=Step.objects.filter(run=run).values("server_name"))}
     for row in Step.objects.filter(run=run).order_by("number").values(*_FACT_FIELDS):
         declared = journaling.agent_journal(row["request_meta"]).get("dependsOn")
         facts.append(
@@ -74,6 +76,8 @@ def step_facts(run: Run) -> list[planning.StepFacts]:
                 inferred_deps=inferred.get(row["id"], {}),
                 already_undone=row["id"] in undone,
                 failure_class=row["failure_class"],
+                arguments=row["arguments"] if isinstance(row["arguments"], dict) else {},
+                server_tools=tools.get(row["server_name"], ()),
             )
         )
     return facts

@@ -79,6 +79,9 @@ def _plan_context(request, plan: Plan) -> dict:
         "nothing": by_action[PlanItem.Action.NOTHING_TO_UNDO],
         "already": by_action[PlanItem.Action.ALREADY_UNDONE],
         "changed": [i for i in items if i.check_status == PlanItem.Check.CONFLICT],
+        # Steps with no version to compare: whether they changed since cannot be told, and the page says so.
+        "unversioned": [i.step.number for i in items if not i.step.effect_version and i.action in (
+            PlanItem.Action.COMPENSATE, PlanItem.Action.CANNOT_UNDO)],
         "now": timezone.now(),
         **authority.plan_buttons(request.user, plan),
         "report": _report(plan, items),

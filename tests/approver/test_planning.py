@@ -200,3 +200,25 @@ def test_a_call_held_or_stopped_by_a_policy_has_nothing_to_undo():
     refused = step(1, status="error", reversibility="unknown", failure_class="policy")
     [item] = planning.draft_items([refused], {1: planning.Pull("chosen")}, **KEYS, now=NOW)
     assert item.action == "nothing_to_undo" and "never sent" in item.reason
+
+
+def test_the_remedy_of_a_step_nobody_can_undo_names_what_is_known():
+    """Issue 23: "Check fs by hand" told an on-call engineer nothing they did not know."""
+    undeclared = step(1, server="kv", tool="set", reversibility="unknown", declaration={"kind": "unknown"},
+                      compensation_arguments=None, arguments={"key": "session:42", "value": "x" * 100},
+                      server_tools=("get", "set", "delete", "list", "restore_snapshot"))
+    [item] = planning.draft_items([undeclared], {1: planning.Pull("chosen")}, **KEYS, now=NOW)
+    assert item.action == "cannot_undo"
+    assert item.remedy.startswith(
+        "Check kv by hand for what set did (it was sent key='session:42', value='xxx")
+    assert "kv offers delete, restore_snapshot, which may take it back." in item.remedy
+
+
+@pytest.mark.parametrize(("tool", "tools", "found"), [
+    ("create_entities", ("create_entities", "delete_entities", "read_graph"), ["delete_entities"]),
+    ("add_observations", ("add_observations", "delete_observations"), ["delete_observations"]),
+    ("write_file", ("write_file", "read_file", "move_file"), []),
+    ("git_commit", ("git_commit", "git_reset"), []),
+])
+def test_inverse_looking_tools_are_named_never_guessed_into_a_call(tool, tools, found):
+    assert planning.inverse_tools(tool, tools) == found

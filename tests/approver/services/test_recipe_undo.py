@@ -5,6 +5,7 @@ keeping the newer change a person made by hand; the worker writes the earlier by
 counts an undo only once the file reads as it did before the call."""
 
 import pytest
+from django.test import Client
 
 from approver import services, tasks
 from approver.models import PlanItem
@@ -57,6 +58,12 @@ def test_an_agents_file_writes_are_undone_byte_for_byte_and_a_persons_later_edit
     assert items[2].check_status == "conflict" and "Changed since the agent's call" in (
         items[2].check_detail["message"])
     assert items[1].needs_human  # a recipe's undo: a person signs, whatever the policies say
+    web = Client()
+    web.force_login(on_call)
+    page = web.get(f"/plans/{plan.public_id}/").content.decode()
+    # Honest where nothing is known: the new file has no version to compare.
+    assert "For step 3 there is no version to compare, so whether it changed since cannot be told." in page
+    assert "Nothing changed since the agent acted" not in page
 
     conflict = str(items[2].position)
     for user in (approver_user, second_approver):
