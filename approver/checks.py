@@ -24,6 +24,7 @@ import jsonschema
 from journal import recipes
 from journal.outcomes import classify_tool_error
 from journal.upstream.client import Endpoint, ToolServerError, Upstreams
+from journal.upstream.recipe_reads import read_version
 
 from . import answers
 
@@ -170,21 +171,11 @@ async def check_one(
     return read_catalogue(catalogue, target)
 
 
-async def read_again(upstreams: Upstreams, endpoint: Endpoint, earlier: dict[str, Any], *,
-                     timeout: float | None = None) -> str:
-    """The record's version now, read as the recipe read it before the call. ToolServerError or
-    ValueError (an answer that cannot be versioned) when it cannot be read."""
-    answer = await upstreams.call_tool(endpoint, earlier["tool"], earlier.get("arguments") or {},
-                                       timeout=timeout)
-    return recipes.version(answer, earlier.get("versionAt") or "",
-                           ignore_order=bool(earlier.get("ignoreOrder")))
-
-
 async def check_recipe(target: CheckTarget, *, upstreams: Upstreams, timeout: float) -> CheckResult:
     """A recipe undo's three-state check (see the module)."""
     earlier = target.earlier
     try:
-        now = await read_again(upstreams, target.endpoint, earlier, timeout=timeout)
+        now = await read_version(upstreams, target.endpoint, earlier, timeout=timeout)
     except ToolServerError as exc:
         return _from_failure(exc)
     except ValueError as exc:

@@ -13,9 +13,17 @@ import re
 from collections.abc import Collection, Mapping
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+)
 
 Kind = Literal["compensate", "none", "unknown", "read_only"]
 Source = Literal[
@@ -59,6 +67,16 @@ def parse_duration(text: str) -> timedelta:
     )
 
 
+def _valid_window(value: str | None) -> str | None:
+    if value is not None:
+        parse_duration(value)
+    return value
+
+
+# An undo window, as a declaration or a recipe gives it: an ISO 8601 duration.
+Window = Annotated[str | None, AfterValidator(_valid_window)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, frozen=True, populate_by_name=True)
 
@@ -81,20 +99,13 @@ class Cost(_Strict):
 
 class HatpUndo(_Strict):
     kind: Literal["compensate", "none", "unknown"]
-    window: str | None = None
+    window: Window = None
     via: Literal["api", "ui"] | None = None
     side_effect: str | None = Field(None, alias="sideEffect", max_length=_TEXT)
     cost: Cost | None = None
     reason: str | None = Field(None, max_length=_TEXT)
     remedy: str | None = Field(None, max_length=_TEXT)
     undo_by: str | None = Field(None, alias="undoBy", max_length=64)
-
-    @field_validator("window")
-    @classmethod
-    def _window(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_duration(value)
-        return value
 
     @field_validator("undo_by")
     @classmethod

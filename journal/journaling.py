@@ -87,9 +87,8 @@ def prepared(
     one (`listing`: the server's whole catalogue, which the recipe is checked against), and `earlier` what
     its earlier-state read found just before (`recipes.earlier_state`)."""
     arguments = to_ijson(arguments)
-    declaration = recipes.declaration_for(tool_def, catalogue=catalogue, recipe=recipe, listing=listing)
-    if earlier is not None and (in_force := recipes.applying(recipe, tool_def, listing)) is not None:
-        declaration = recipes.with_earlier_state(declaration, in_force, earlier)
+    declaration = recipes.declaration_for(tool_def, catalogue=catalogue, recipe=recipe, listing=listing,
+                                          earlier=earlier)
     traits = recovery.tool_of(tool_def, kind=declaration.kind)
     return Prepared(
         arguments=arguments,

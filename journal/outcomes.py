@@ -109,9 +109,7 @@ def undo_facts(*, tool_def: dict[str, Any] | None, catalogue: set[str], receipt_
     parsed, problems = declarations.parse_call_journal(journal_raw)
     declaration = recipes.declaration_for(
         tool_def, catalogue=catalogue, call_journal=journal_raw if parsed is not None else None,
-        recipe=recipe, listing=listing)
-    if earlier is not None and (in_force := recipes.applying(recipe, tool_def, listing)) is not None:
-        declaration = recipes.with_earlier_state(declaration, in_force, earlier)
+        recipe=recipe, listing=listing, earlier=earlier)
     problems = [*problems, *declaration.problems]
     effect = _effect(parsed, declaration, earlier=earlier, after_version=after_version, problems=problems)
     token = parsed.compensation_token if parsed else None

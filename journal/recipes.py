@@ -26,10 +26,10 @@ tool changes, the recipe no longer applies and the step says so. Where the serve
 
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import jsonpointer
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from .bindings import EACH, expression_problem, resolve_arguments
 from .canonical import canonical_bytes, sha256_hex
@@ -38,9 +38,9 @@ from .declarations import (
     Compensation,
     Cost,
     UndoDeclaration,
+    Window,
     _Strict,
     normalise,
-    parse_duration,
 )
 
 SOURCE = "recipe"
@@ -62,23 +62,25 @@ class Call(_Strict):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
+def _regular_expression(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"{value!r} is not a regular expression: {exc}") from None
+    return value
+
+
+Pattern = Annotated[str, Field(max_length=200), AfterValidator(_regular_expression)]
+
+
 class WhenReadFails(_Strict):
     """What a failed earlier-state read means, when its error text matches: there was nothing before (a
     file that did not exist), so the call created it, and what that leaves."""
 
-    matches: str = Field(max_length=200)
+    matches: Pattern
     kind: Literal["none", "read_only"] = "none"
     reason: str = Field(max_length=_TEXT)
     remedy: str | None = Field(None, max_length=_TEXT)
-
-    @field_validator("matches")
-    @classmethod
-    def _pattern(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"{value!r} is not a regular expression: {exc}") from None
-        return value
 
 
 class RefuseIfBefore(_Strict):
@@ -86,14 +88,9 @@ class RefuseIfBefore(_Strict):
     `at` in what was read matches, the call cannot be undone, for `reason`."""
 
     at: str = Field("", max_length=200)
-    matches: str = Field(max_length=200)
+    matches: Pattern
     reason: str = Field(max_length=_TEXT)
     remedy: str | None = Field(None, max_length=_TEXT)
-
-    @field_validator("matches")
-    @classmethod
-    def _pattern(cls, value: str) -> str:
-        return WhenReadFails._pattern(value)
 
 
 class Recipe(_Strict):
@@ -101,7 +98,7 @@ class Recipe(_Strict):
     schema_digest: str = Field(alias="schemaDigest", pattern=r"^[0-9a-f]{64}$")
     kind: Literal["compensate", "none", "read_only"]
     does: str = Field("", max_length=200)  # the undo, in words
-    window: str | None = None
+    window: Window = None
     side_effect: str | None = Field(None, alias="sideEffect", max_length=_TEXT)
     cost: Cost | None = None
     reason: str | None = Field(None, max_length=_TEXT)
@@ -115,13 +112,6 @@ class Recipe(_Strict):
     # Arrays whose order means nothing (a knowledge graph's entities and observations) are compared as sets.
     version_ignores_order: bool = Field(False, alias="versionIgnoresOrder")
     needs_human: bool = Field(True, alias="needsHuman")
-
-    @field_validator("window")
-    @classmethod
-    def _window(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_duration(value)
-        return value
 
     @model_validator(mode="after")
     def _whole(self) -> "Recipe":
@@ -237,9 +227,10 @@ def combine(server: UndoDeclaration, recipe: Recipe | None, tool: Mapping[str, A
 
 
 def declaration_for(tool: Mapping[str, Any] | None, *, catalogue: Any, recipe: Any = None,
-                    listing: Any = (), call_journal: Any = None) -> UndoDeclaration:
+                    listing: Any = (), call_journal: Any = None, earlier: Any = None) -> UndoDeclaration:
     """What decides a call's undo: the server's own declarations (`declarations.normalise`), and an admin's
-    recipe where the server is silent, or to make it stricter (`combine`); a malformed recipe leaves the call
+    recipe where the server is silent, or to make it stricter (`combine`), with what its read of the record
+    found just before the call (`earlier`, `with_earlier_state`); a malformed recipe leaves the call
     `unknown`, saying why. `listing` is the server's whole catalogue, which the recipe is checked against."""
     server = normalise(tool or {}, catalogue=catalogue, call_journal=call_journal)
     if recipe is None:
@@ -248,7 +239,8 @@ def declaration_for(tool: Mapping[str, Any] | None, *, catalogue: Any, recipe: A
     if parsed is None:
         return UndoDeclaration(kind="unknown", source=SOURCE,
                                problems=tuple(f"its recipe is malformed: {problem}" for problem in found))
-    return combine(server, parsed, tool, list(listing))
+    declared = combine(server, parsed, tool, list(listing))
+    return with_earlier_state(declared, parsed, earlier) if earlier is not None else declared
 
 
 def version(read_result: Any, pointer: str = "", *, ignore_order: bool = False) -> str:

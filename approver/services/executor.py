@@ -19,6 +19,7 @@ from journal import declarations
 from journal import services as journal_services
 from journal.errors import Refused
 from journal.upstream.client import ToolServerError, Upstreams, endpoint_of
+from journal.upstream.recipe_reads import read_version
 
 from .. import answers, checks, execution, passkeys, planning, signing
 from ..authority import counting_approvals
@@ -282,7 +283,7 @@ async def _compensate(item: PlanItem, arguments: dict[str, Any], meta: dict[str,
             verdict = await _postcondition(upstreams, endpoint, item, verdict)
         if (earlier := _recipe_read(item)) is not None and verdict.outcome == execution.COMPENSATED:
             try:
-                now = await checks.read_again(upstreams, endpoint, earlier)
+                now = await read_version(upstreams, endpoint, earlier)
             except (ToolServerError, ValueError) as exc:
                 verdict = execution.Verdict(execution.OUTCOME_UNKNOWN, {**verdict.detail, "message": (
                     f"The undo ran, but {endpoint.name} could not be read again to see whether it took: "
@@ -306,7 +307,7 @@ async def _recipe_before(item: PlanItem, earlier: dict[str, Any]) -> execution.V
     async with Upstreams(timeout=settings.TOOL_SERVER_TIMEOUT) as upstreams:
         endpoint = endpoint_of(item.step.server)
         try:
-            now = await checks.read_again(upstreams, endpoint, earlier)
+            now = await read_version(upstreams, endpoint, earlier)
         except (ToolServerError, ValueError) as exc:
             return execution.Verdict(execution.COMPENSATION_FAILED, {"message": (
                 f"{endpoint.name} could not be read before the undo, so nothing was sent: "

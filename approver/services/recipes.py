@@ -10,7 +10,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from journal import recipes as journal_recipes
+from journal import packs
 from journal import services as journal_services
 from journal.models import ToolServer
 
@@ -43,10 +43,8 @@ def use_pack(*, server: ToolServer, pack: str, by, now: datetime | None = None) 
     """Put a pack's recipes in force for the server, replacing its recipes: those that fit its catalogue;
     the rest are named with why (KeyError for a pack that does not exist)."""
     fitting, skipped = [], {}
-    for raw in journal_services.pack_recipes(pack):
-        recipe, problems = journal_recipes.parse(raw)
-        problems = problems or journal_recipes.problems(recipe, server.catalogue)
-        if problems:
+    for raw in packs.pack(pack):
+        if problems := journal_services.recipe_problems(server=server, raw=[raw]):
             skipped[raw["tool"]] = problems
         else:
             fitting.append(raw)

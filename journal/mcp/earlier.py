@@ -13,6 +13,7 @@ from .. import recipes
 from ..bindings import BindingError
 from ..models import ToolServer
 from ..upstream.client import ToolServerError, Upstreams, endpoint_of
+from ..upstream.recipe_reads import read_version
 
 
 @dataclass(frozen=True)
@@ -47,18 +48,12 @@ async def before(upstreams: Upstreams, needs: NeedsRead, arguments: dict[str, An
     return recipes.earlier_state(recipe, arguments=read_arguments, result=result, limit=limit)
 
 
-async def after(upstreams: Upstreams, server: ToolServer, tool: str, earlier: dict[str, Any] | None,
-                owner) -> str:
-    """The record's version just after the call, read the same way as before it; "" when there was no
-    earlier state to compare with or the read fails (then the undo has no version, and a person decides)."""
+async def after(upstreams: Upstreams, server: ToolServer, earlier: dict[str, Any] | None, owner) -> str:
+    """The record's version just after the call, read exactly as before it; "" when there was no earlier
+    state to compare with or the read fails (then the undo has no version, and a person decides)."""
     if not earlier or "version" not in earlier:
         return ""
-    recipe = recipes.applying(server.recipe(tool), server.tool(tool), server.catalogue)
-    if recipe is None or recipe.read is None:
-        return ""
     try:
-        result = await upstreams.call_tool(endpoint_of(server), recipe.read.tool, earlier["arguments"],
-                                           owner=owner)
-        return recipes.version(result, recipe.version, ignore_order=recipe.version_ignores_order)
+        return await read_version(upstreams, endpoint_of(server), earlier, owner=owner)
     except (ToolServerError, ValueError):
         return ""

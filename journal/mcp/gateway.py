@@ -388,7 +388,7 @@ class Recorder:
             saga = await stop_the_run(opened, journaled)
             delivered["_meta"] = advice_meta(advice, delivered.get("_meta"), saga)
             return delivered, journaled
-        after = await earlier_reads.after(self.upstreams, opened.server, tool, opened.earlier, owner)
+        after = await earlier_reads.after(self.upstreams, opened.server, opened.earlier, owner)
         return delivered, self.outcomes.write(opened, started, services.Outcome(result=relayed,
                                                                                 after_version=after))
 

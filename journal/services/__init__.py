@@ -22,7 +22,6 @@ from .record import ForeignRun, append_entry, checkpoint_run, open_run, record_e
 from .runs import RunRefused, end_run, halt_run, release_run, runs_matching
 from .servers import (
     RecipesRefused,
-    pack_recipes,
     recipe_problems,
     recipes_record,
     refresh_catalogue,
@@ -83,7 +82,6 @@ __all__ = [
     "save_catalogue",
     "save_tool_server",
     "RecipesRefused",
-    "pack_recipes",
     "recipe_problems",
     "recipes_record",
     "set_recipes",

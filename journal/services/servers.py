@@ -8,7 +8,7 @@ import anyio
 from django.conf import settings
 from django.utils import timezone
 
-from .. import chain, declarations, packs, recipes
+from .. import chain, declarations, recipes
 from ..canonical import to_ijson
 from ..errors import Refused
 from ..models import ToolServer
@@ -70,11 +70,6 @@ def set_recipes(*, server: ToolServer, raw: list[dict[str, Any]], pack: str, by:
 def recipes_record(server: ToolServer) -> dict[str, Any]:
     """A server's recipes as the change log keeps them."""
     return {"server": server.name, "pack": server.recipe_pack, "recipes": server.recipes}
-
-
-def pack_recipes(name: str) -> list[dict[str, Any]]:
-    """A pack's recipes (KeyError names the packs there are)."""
-    return packs.pack(name)
 
 
 def save_catalogue(*, server: ToolServer, tools: list[dict[str, Any]] | None, error: str = "",

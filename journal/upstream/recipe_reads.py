@@ -1,0 +1,19 @@
+"""A recipe's read of a record, made again through the one client: by the Recorder just after a call (what
+the agent left), by a plan's check, and by the worker just before and after an undo. The step keeps how the
+record was read before the call (`recipes.earlier_state`: the tool, its arguments, where the version is, and
+whether order counts), so each of them reads it exactly the same way."""
+
+from typing import Any
+
+from .. import recipes
+from .client import Endpoint, Upstreams
+
+
+async def read_version(upstreams: Upstreams, endpoint: Endpoint, earlier: dict[str, Any], *,
+                       timeout: float | None = None, owner=None) -> str:
+    """The record's version now. ToolServerError when it cannot be read, ValueError when the answer cannot
+    be versioned."""
+    answer = await upstreams.call_tool(endpoint, earlier["tool"], earlier.get("arguments") or {},
+                                       timeout=timeout, owner=owner)
+    return recipes.version(answer, earlier.get("versionAt") or "",
+                           ignore_order=bool(earlier.get("ignoreOrder")))
