@@ -23,12 +23,16 @@ import jsonschema
 
 from journal import recipes
 from journal.outcomes import classify_tool_error
+from journal.recipe_text import three_way
 from journal.upstream.client import Endpoint, ToolServerError, Upstreams
-from journal.upstream.recipe_reads import read_version
+from journal.upstream.recipe_reads import read_state
 
 from . import answers
 
 HATP_CHECK = "hatp_check"
+
+
+STATE_SHOWN_BYTES = 256 * 1024  # a recipe's record read now, kept to show a conflict three ways
 
 
 @dataclass(frozen=True)
@@ -175,7 +179,8 @@ async def check_recipe(target: CheckTarget, *, upstreams: Upstreams, timeout: fl
     """A recipe undo's three-state check (see the module)."""
     earlier = target.earlier
     try:
-        now = await read_version(upstreams, target.endpoint, earlier, timeout=timeout)
+        now, now_state = await read_state(upstreams, target.endpoint, earlier, timeout=timeout,
+                                          limit=STATE_SHOWN_BYTES)
     except ToolServerError as exc:
         return _from_failure(exc)
     except ValueError as exc:
@@ -186,6 +191,8 @@ async def check_recipe(target: CheckTarget, *, upstreams: Upstreams, timeout: fl
         return CheckResult("ok", {"wouldDo": answers.bounded(f"{does[0].upper()}{does[1:]}: {target.tool}.")})
     if state == "undone":
         return _error("business_rule", "Already undone: it reads as it did before the agent's call.")
-    return CheckResult("conflict", {
-        "message": f"Changed since the agent's call: {earlier['tool']} reads differently now.",
-        "current": {"version": now, "summary": "changed since the agent's call"}})
+    detail = {"message": f"Changed since the agent's call: {earlier['tool']} reads differently now.",
+              "current": {"version": now, "summary": "changed since the agent's call"}}
+    if "structured" in earlier and now_state is not None:  # what changed, three ways
+        detail["threeWay"] = three_way(earlier["structured"], earlier.get("left"), now_state)
+    return CheckResult("conflict", detail)

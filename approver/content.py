@@ -112,7 +112,7 @@ def items_for_page(plan: Plan):
         *(f.name for f in PlanItem._meta.concrete_fields if f.name != "plan"), "plan_id",
         "step__number", "step__server_name", "step__tool", "step__effect_summary", "step__effect_resource",
         "step__effect_version", "step__effect_fingerprint", "step__finished_at", "step__run_id",
-        "call_step__number")
+        "step__server_id", "call_step__number")
 
 
 def conflict_positions(plan: Plan) -> set[int]:

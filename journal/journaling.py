@@ -43,6 +43,7 @@ class Outcome:
     may_have_acted: bool = False
     undelivered: str = ""
     after_version: str = ""  # the version of the record just after the call (an admin's recipe read it)
+    after_state: Any = None  # and what it read then (its `structuredContent`), when within the bound kept
     cancelled: str = (
         ""  # why the agent never waited for the answer (with may_have_acted once the server had it)
     )
@@ -213,6 +214,8 @@ def _answered(result: dict[str, Any], outcome: Outcome, *, tool: Tool, arguments
                                           receipt_keys=tool.receipt_keys, arguments=arguments, result=result,
                                           finished=finished, recipe=tool.recipe, listing=tool.listing,
                                           earlier=tool.earlier, after_version=outcome.after_version))
+        if tool.earlier and outcome.after_state is not None:  # kept for a conflict's three-way view
+            fields["earlier_state"] = {**tool.earlier, "left": outcome.after_state}
     if result.get("resultType") == "input_required":  # 2026-07-28: asked for more before doing anything
         fields.update(reversibility=READ_ONLY, undo_problems=[], compensation_arguments=None,
                       effect_summary="The server asked for more input before acting.")

@@ -367,6 +367,19 @@ def earlier_state(recipe: Recipe, *, arguments: dict[str, Any], result: Any = No
     return {**state, "structured": structured}
 
 
+def kept_state(result: Any, limit: int) -> Any:
+    """What a read returned (its `structuredContent`, or its text), to show how a record changed; None when
+    it is over `limit` bytes or there is nothing to keep."""
+    if not isinstance(result, Mapping) or result.get("isError") is True:
+        return None
+    kept = result.get("structuredContent")
+    if kept is None:
+        texts = [block.get("text") for block in result.get("content") or []
+                 if isinstance(block, Mapping) and block.get("type") == "text"]
+        kept = "\n".join(text for text in texts if isinstance(text, str)) if texts else None
+    return kept if kept is not None and len(canonical_bytes(kept)) <= limit else None
+
+
 def with_earlier_state(declaration: UndoDeclaration, recipe: Recipe,
                        state: Mapping[str, Any]) -> UndoDeclaration:
     """The call's declaration once its earlier state was read (or could not be): a failed read means what

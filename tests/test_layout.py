@@ -26,6 +26,8 @@ PURE = (
     "journal.bundle",
     "journal.recovery",
     "journal.journaling",
+    "journal.recipes",
+    "journal.recipe_text",
 )
 # Imports inside functions that are there for another reason than a loop: Django's app loading (models
 # are ready only in `ready`), and the demo, which configures Django before it may import any model.

@@ -11,7 +11,8 @@ from django_htmx.http import HttpResponseClientRefresh
 
 from journal import roles
 from journal.access import READERS, require_role
-from journal.models import Run
+from journal.models import Run, ToolServer
+from journal.recipe_text import brief
 
 from .. import authority, execution, services, signing
 from ..forms import UndoRequestForm
@@ -70,7 +71,7 @@ def plan_detail(request, plan_id):
 
 
 def _plan_context(request, plan: Plan) -> dict:
-    items = list(services.items_for_page(plan))
+    items = _name_recipes(list(services.items_for_page(plan)))
     by_action = {action: [i for i in items if i.action == action] for action in PlanItem.Action.values}
     return {
         "plan": plan,
@@ -87,6 +88,21 @@ def _plan_context(request, plan: Plan) -> dict:
         "report": _report(plan, items),
         **_sign_off_context(request, plan),
     }
+
+
+def _name_recipes(items: list[PlanItem]) -> list[PlanItem]:
+    """Each recipe undo with the recipe behind it (`item.recipe`): what it does, the pack it came from, who
+    put the server's recipes in force and when, and the call in one line."""
+    servers = ToolServer.objects.in_bulk({i.step.server_id for i in items if i.dialect == "recipe"})
+    for item in items:
+        server = servers.get(item.step.server_id) if item.dialect == "recipe" else None
+        if server is None:
+            continue
+        recipe = server.recipe(item.step.tool) or {}
+        item.recipe = {"does": recipe.get("does") or "", "pack": server.recipe_pack,
+                       "by": server.recipes_changed_by, "at": server.recipes_changed_at,
+                       "call": brief(item.tool, item.arguments or {})}
+    return items
 
 
 def _report(plan: Plan, items: list) -> dict | None:

@@ -13,7 +13,7 @@ from .. import recipes
 from ..bindings import BindingError
 from ..models import ToolServer
 from ..upstream.client import ToolServerError, Upstreams, endpoint_of
-from ..upstream.recipe_reads import read_version
+from ..upstream.recipe_reads import read_state
 
 
 @dataclass(frozen=True)
@@ -48,12 +48,15 @@ async def before(upstreams: Upstreams, needs: NeedsRead, arguments: dict[str, An
     return recipes.earlier_state(recipe, arguments=read_arguments, result=result, limit=limit)
 
 
-async def after(upstreams: Upstreams, server: ToolServer, earlier: dict[str, Any] | None, owner) -> str:
-    """The record's version just after the call, read exactly as before it; "" when there was no earlier
-    state to compare with or the read fails (then the undo has no version, and a person decides)."""
+async def after(upstreams: Upstreams, server: ToolServer, earlier: dict[str, Any] | None,
+                owner) -> tuple[str, Any]:
+    """The record's version just after the call, read exactly as before it, and what was read (kept, within
+    the bound, to show a later conflict three ways); ("", None) when there was no earlier state to compare
+    with or the read fails (then the undo has no version, and a person decides)."""
     if not earlier or "version" not in earlier:
-        return ""
+        return "", None
     try:
-        return await read_version(upstreams, endpoint_of(server), earlier, owner=owner)
+        return await read_state(upstreams, endpoint_of(server), earlier, owner=owner,
+                                limit=settings.RECORDER_INLINE_RESULT_BYTES)
     except (ToolServerError, ValueError):
-        return ""
+        return "", None

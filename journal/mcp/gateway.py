@@ -388,9 +388,9 @@ class Recorder:
             saga = await stop_the_run(opened, journaled)
             delivered["_meta"] = advice_meta(advice, delivered.get("_meta"), saga)
             return delivered, journaled
-        after = await earlier_reads.after(self.upstreams, opened.server, opened.earlier, owner)
-        return delivered, self.outcomes.write(opened, started, services.Outcome(result=relayed,
-                                                                                after_version=after))
+        version, state = await earlier_reads.after(self.upstreams, opened.server, opened.earlier, owner)
+        return delivered, self.outcomes.write(opened, started, services.Outcome(
+            result=relayed, after_version=version, after_state=state))
 
     async def _answered(self, result: dict, owner, opened: services.OpenedStep, tool: str, arguments: dict,
                         meta: dict | None) -> dict:

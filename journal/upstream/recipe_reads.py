@@ -9,11 +9,19 @@ from .. import recipes
 from .client import Endpoint, Upstreams
 
 
-async def read_version(upstreams: Upstreams, endpoint: Endpoint, earlier: dict[str, Any], *,
-                       timeout: float | None = None, owner=None) -> str:
-    """The record's version now. ToolServerError when it cannot be read, ValueError when the answer cannot
-    be versioned."""
+async def read_state(upstreams: Upstreams, endpoint: Endpoint, earlier: dict[str, Any], *,
+                     timeout: float | None = None, owner=None, limit: int = 0) -> tuple[str, Any]:
+    """The record's version now, and what was read (its `structuredContent`, or its text), or None when it
+    is over `limit` bytes. ToolServerError when it cannot be read, ValueError when the answer cannot be
+    versioned."""
     answer = await upstreams.call_tool(endpoint, earlier["tool"], earlier.get("arguments") or {},
                                        timeout=timeout, owner=owner)
-    return recipes.version(answer, earlier.get("versionAt") or "",
-                           ignore_order=bool(earlier.get("ignoreOrder")))
+    version = recipes.version(answer, earlier.get("versionAt") or "",
+                              ignore_order=bool(earlier.get("ignoreOrder")))
+    return version, recipes.kept_state(answer, limit)
+
+
+async def read_version(upstreams: Upstreams, endpoint: Endpoint, earlier: dict[str, Any], *,
+                       timeout: float | None = None, owner=None) -> str:
+    """The record's version now (`read_state`)."""
+    return (await read_state(upstreams, endpoint, earlier, timeout=timeout, owner=owner))[0]

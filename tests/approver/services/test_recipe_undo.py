@@ -64,6 +64,17 @@ def test_an_agents_file_writes_are_undone_byte_for_byte_and_a_persons_later_edit
     # Honest where nothing is known: the new file has no version to compare.
     assert "For step 3 there is no version to compare, so whether it changed since cannot be told." in page
     assert "Nothing changed since the agent acted" not in page
+    # The conflict, three ways: what the agent changed, and what a person changed since.
+    three = items[2].check_detail["threeWay"]["text"]
+    assert "-Draft." in three["agent"] and "+Final." in three["agent"]
+    assert "-Final." in three["since"] and "+Final, reviewed by priya." in three["since"]
+    assert "What the agent changed:" in page and "+Final, reviewed by priya." in page
+    # The recipe behind each undo, and the call it makes, in one line.
+    assert ("By an admin's recipe: restore the file&#x27;s earlier content, byte for byte "
+            "(the filesystem pack") \
+        in page
+    assert f'It will call <code>write_file {{path: &quot;{world / "crlf.txt"}&quot;, content: 10 B}}</code>' \
+        in page
 
     conflict = str(items[2].position)
     for user in (approver_user, second_approver):

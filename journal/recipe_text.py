@@ -1,0 +1,120 @@
+"""What a recipe's undo looks like to the people who write and sign it. No ORM and no clock.
+
+- `brief`: a compensation's arguments in one line (`write_file {path: "notes.txt", content: 1.2 kB}`), for
+  the preview an admin sees when writing a recipe;
+- `three_way`: a conflict shown three ways (before the agent, what the agent left, what is there now): a
+  line diff for text (a file's content), a field diff for records (a knowledge graph's entities), bounded.
+"""
+
+import difflib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+_SHORT = 160  # a one-line string up to this long is shown as it is; a longer one (or text) by its size
+_DIFF_LINES = 80  # lines of a text diff shown, each way
+_FIELDS = 40  # fields of a record diff shown
+_VALUE = 200  # characters of one field's value shown
+
+
+def size(text: str) -> str:
+    """A string's size in words: "120 B", "1.2 kB", "3.4 MB"."""
+    n = len(text.encode("utf-8"))
+    if n < 1000:
+        return f"{n} B"
+    if n < 1_000_000:
+        return f"{n / 1000:.1f} kB"
+    return f"{n / 1_000_000:.1f} MB"
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, str):
+        one_line = len(value) <= _SHORT and "\n" not in value
+        return json.dumps(value, ensure_ascii=False) if one_line else size(value)
+    if isinstance(value, list):
+        inner = json.dumps(value, ensure_ascii=False)
+        return inner if len(inner) <= _SHORT // 2 else f"[{len(value)} item{'s' if len(value) != 1 else ''}]"
+    if isinstance(value, Mapping):
+        inner = json.dumps(value, ensure_ascii=False)
+        return inner if len(inner) <= _SHORT // 2 else "{" + ", ".join(str(k) for k in list(value)[:6]) + "…}"
+    return json.dumps(value)
+
+
+def brief(tool: str, arguments: Mapping[str, Any]) -> str:
+    """One call in one line: long strings by their size, long lists by their length."""
+    return f"{tool} {{{', '.join(f'{name}: {_value(value)}' for name, value in arguments.items())}}}"
+
+
+# -- a conflict, three ways ---------------------------------------------------------------------------------
+
+
+def _text(value: Any) -> str | None:
+    """The text of a state that is text: a string, or a record of one string (`{"content": "…"}`)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and len(value) == 1 and isinstance(next(iter(value.values())), str):
+        return next(iter(value.values()))
+    return None
+
+
+def _lines(a: str, b: str, label_a: str, label_b: str) -> list[str]:
+    diff = list(difflib.unified_diff(a.splitlines(), b.splitlines(), label_a, label_b, lineterm="", n=2))
+    more = [f"… {len(diff) - _DIFF_LINES} more lines"] if len(diff) > _DIFF_LINES else []
+    return diff[:_DIFF_LINES] + more
+
+
+def _flat(value: Any, at: str = "") -> dict[str, Any]:
+    """Every leaf of a record by its JSON Pointer; a list of named records keyed by their names."""
+    if isinstance(value, Mapping):
+        items = ((str(key).replace("~", "~0").replace("/", "~1"), item) for key, item in value.items())
+    elif isinstance(value, list) and value and all(isinstance(i, Mapping) and "name" in i for i in value):
+        items = ((str(i["name"]), i) for i in value)
+    elif isinstance(value, list) and all(not isinstance(i, (Mapping, list)) for i in value):
+        return {at or "/": sorted(value, key=json.dumps)}  # a list of plain values: compared as a set
+    elif isinstance(value, list):
+        items = ((str(n), i) for n, i in enumerate(value))
+    else:
+        return {at or "/": value}
+    flat: dict[str, Any] = {}
+    for key, item in items:
+        flat.update(_flat(item, f"{at}/{key}"))
+    return flat or {at or "/": value}
+
+
+def _shown(value: Any, missing: bool) -> str:
+    if missing:
+        return "(absent)"
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= _VALUE else text[:_VALUE] + "…"
+
+
+def three_way(before: Any, left: Any, now: Any) -> dict[str, Any]:
+    """A conflict as a text diff (`{"text": {"agent": lines, "since": lines}}`: what the agent changed, and
+    what changed since it) or as a field diff (`{"fields": [{"field", "before", "left", "now"}]}`), given
+    the record before the call, as the agent left it (None when not kept) and now."""
+    texts = [_text(state) for state in (before, left, now)]
+    if texts[0] is not None and texts[2] is not None:
+        shown = {"since": _lines(texts[1] if texts[1] is not None else texts[0], texts[2],
+                                 "as the agent left it" if texts[1] is not None else "before the agent",
+                                 "now")}
+        if texts[1] is not None:
+            shown["agent"] = _lines(texts[0], texts[1], "before the agent", "as the agent left it")
+        return {"text": shown}
+    return _fields([_flat(state) if state is not None else None for state in (before, left, now)])
+
+
+def _fields(flats: list[dict[str, Any] | None]) -> dict[str, Any]:
+    """The fields that differ between the flattened states (None: a state not kept)."""
+    keys = sorted({key for flat in flats if flat is not None for key in flat})
+    rows = []
+    for key in keys:
+        cells = [(flat.get(key), key not in flat) if flat is not None else (None, True) for flat in flats]
+        kept = [json.dumps(value) if not gone else "\0"
+                for (value, gone), flat in zip(cells, flats, strict=True) if flat is not None]
+        if len(set(kept)) > 1:
+            rows.append({"field": key, **{name: _shown(value, gone) for name, (value, gone)
+                                          in zip(("before", "left", "now"), cells, strict=True)}})
+    if flats[1] is None:
+        for row in rows:
+            row["left"] = "(not kept)"
+    return {"fields": rows[:_FIELDS], **({"more": len(rows) - _FIELDS} if len(rows) > _FIELDS else {})}

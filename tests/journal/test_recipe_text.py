@@ -1,0 +1,52 @@
+"""How a recipe's undo reads to people: one call in one line, and a conflict three ways
+(journal.recipe_text)."""
+
+from journal.recipe_text import brief, size, three_way
+
+
+def test_a_call_in_one_line_shows_paths_and_gives_long_text_by_its_size():
+    line = brief("write_file", {"path": "/srv/notes/todo.md", "content": "x" * 1200})
+    assert line == 'write_file {path: "/srv/notes/todo.md", content: 1.2 kB}'
+    assert brief("write_file", {"content": "a\nb"}) == "write_file {content: 3 B}"  # text: its size
+    assert brief("delete_entities", {"entityNames": [f"entity {n}" for n in range(20)]}) == (
+        "delete_entities {entityNames: [20 items]}")
+    assert brief("delete_entities", {"entityNames": ["Ann"]}) == 'delete_entities {entityNames: ["Ann"]}'
+    assert size("é" * 600) == "1.2 kB" and size("x" * 3_400_000) == "3.4 MB"
+
+
+def test_a_files_conflict_is_two_line_diffs_what_the_agent_changed_and_what_changed_since():
+    shown = three_way({"content": "a\nb\n"}, {"content": "a\nB\n"}, {"content": "a\nB\nc\n"})["text"]
+    assert shown["agent"][:2] == ["--- before the agent", "+++ as the agent left it"]
+    assert "-b" in shown["agent"] and "+B" in shown["agent"]
+    assert shown["since"][:2] == ["--- as the agent left it", "+++ now"] and "+c" in shown["since"]
+
+
+def test_without_what_the_agent_left_the_change_since_is_against_before_the_agent():
+    shown = three_way({"content": "a\n"}, None, {"content": "z\n"})["text"]
+    assert "agent" not in shown and shown["since"][0] == "--- before the agent"
+
+
+def test_a_records_conflict_is_a_field_diff_by_name_with_lists_of_plain_values_as_sets():
+    before = {"entities": [{"name": "Ann", "observations": ["likes tea"]}]}
+    left = {"entities": [{"name": "Ann", "observations": ["likes tea", "on call"]}]}
+    now = {"entities": [{"name": "Ann", "observations": ["on call", "likes tea", "moved"]},
+                        {"name": "Bob", "observations": []}]}
+    rows = {row["field"]: row for row in three_way(before, left, now)["fields"]}
+    assert rows["/entities/Ann/observations"] == {
+        "field": "/entities/Ann/observations", "before": '["likes tea"]',
+        "left": '["likes tea", "on call"]', "now": '["likes tea", "moved", "on call"]'}
+    assert rows["/entities/Bob/name"]["before"] == "(absent)" and rows["/entities/Bob/name"]["now"] == "Bob"
+    # Order alone is no change.
+    reordered = {"entities": [{"name": "Ann", "observations": ["on call", "likes tea"]}]}
+    assert three_way(left, left, reordered) == {"fields": []}
+
+
+def test_a_huge_conflict_is_bounded():
+    many = three_way({f"k{n}": n for n in range(100)}, None, {f"k{n}": n + 1 for n in range(100)})
+    assert len(many["fields"]) == 40 and many["more"] == 60
+    assert all(row["left"] == "(not kept)" for row in many["fields"])
+    text = three_way({"content": "\n".join(map(str, range(1000)))}, None,
+                     {"content": "\n".join(f"{n}!" for n in range(1000))})["text"]["since"]
+    assert len(text) == 81 and text[-1].startswith("… ")
+    long = three_way({"k": "x" * 5000, "n": 1}, None, {"k": "y", "n": 1})["fields"][0]
+    assert len(long["before"]) == 201
