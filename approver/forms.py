@@ -1,3 +1,5 @@
+import json
+
 from django import forms
 
 from journal import roles
@@ -84,3 +86,33 @@ class PolicyForm(forms.ModelForm):
         cleaned = super().clean()
         self.instance.decisions = {klass: cleaned.get(f"decision_{klass}") for klass in policy.CLASSES}
         return cleaned
+
+
+class PackForm(forms.Form):
+    """Put a recipe pack in force for a tool server (`journal.packs`)."""
+
+    pack = forms.ChoiceField(choices=())
+    needs_human = forms.BooleanField(
+        required=False, initial=True,
+        label="A person signs every undo these recipes make (else they run under the plan policies)")
+
+    def __init__(self, *args, packs: list[str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["pack"].choices = [(name, name) for name in packs]
+
+
+class RecipeForm(forms.Form):
+    """One recipe, as JSON (docs/undo.md says how to write one); whether it fits is the service's question."""
+
+    recipe = forms.CharField(max_length=64_000, widget=forms.Textarea(attrs={
+        "rows": 18, "spellcheck": "false", "autocomplete": "off", "class": "code"}))
+
+    def clean_recipe(self) -> dict:
+        try:
+            value = json.loads(self.cleaned_data["recipe"])
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(
+                f"This is not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno}).") from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError("A recipe is one JSON object (with tool, schemaDigest, kind, …).")
+        return value

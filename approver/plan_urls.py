@@ -1,7 +1,7 @@
 from django.urls import path
 
 from . import api
-from .views import held_calls, outcomes, passkeys, plans, policies, sign_off
+from .views import held_calls, outcomes, passkeys, plans, policies, servers, sign_off
 
 app_name = "approver"
 
@@ -24,6 +24,11 @@ urlpatterns = [
     path("policies/new/", policies.policy_edit, name="policy_new"),
     path("policies/<int:policy_id>/", policies.policy_edit, name="policy_edit"),
     path("policies/<int:policy_id>/delete/", policies.policy_delete, name="policy_delete"),
+    path("servers/", servers.server_list, name="server_list"),
+    path("servers/<int:server_id>/", servers.server_detail, name="server_detail"),
+    path("servers/<int:server_id>/pack/", servers.server_pack, name="server_pack"),
+    path("servers/<int:server_id>/recipe/", servers.server_recipe, name="server_recipe"),
+    path("servers/<int:server_id>/recipe/remove/", servers.server_recipe_remove, name="server_recipe_remove"),
     path("actions/", held_calls.action_list, name="action_list"),
     path("actions/<uuid:action_id>/", held_calls.action_detail, name="action_detail"),
     path("actions/<uuid:action_id>/sign/", held_calls.action_sign_begin, name="action_sign_begin"),

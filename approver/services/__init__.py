@@ -83,7 +83,8 @@ from .plans import (
     step_facts,
 )
 from .policies import PolicyRefused, clean_policy, delete_policy, save_policy
-from .recipes import PackUsed, recipes_off, remove_recipe, save_recipe, use_pack
+from .recipes import PackUsed, Preview, preview, recipes_off, remove_recipe, save_recipe, use_pack
+from .recipes import changes as recipe_changes
 
 FINISHED_STATES = Plan.FINISHED_STATES
 
@@ -95,6 +96,9 @@ __all__ = [
     "save_recipe",
     "remove_recipe",
     "recipes_off",
+    "Preview",
+    "preview",
+    "recipe_changes",
     "DRAFT_STALE",
     "FINISHED_STATES",
     "POLICY_LOG",

@@ -62,6 +62,11 @@ ACCESS = {
     "approver:policy_new": ("get", {roles.ADMIN}),
     "approver:policy_edit": ("get", {roles.ADMIN}),
     "approver:policy_delete": ("post", {roles.ADMIN}),
+    "approver:server_list": ("get", {roles.ADMIN}),
+    "approver:server_detail": ("get", {roles.ADMIN}),
+    "approver:server_pack": ("post", {roles.ADMIN}),
+    "approver:server_recipe": ("post", {roles.ADMIN}),
+    "approver:server_recipe_remove": ("post", {roles.ADMIN}),
     "approver:action_list": ("get", READERS),
     "approver:action_detail": ("get", READERS),
     "approver:action_sign_begin": ("post", READERS),  # the held call's policy names the group that decides
@@ -83,8 +88,9 @@ def objects(dana, on_call, approver_user):
     passkey = services.enroll_passkey(user=approver_user, name="k", credential=SoftKey().register(b"c" * 32),
                                       challenge=b"c" * 32)
     first = run.steps.select_related("server").first()
+    server = first.server or crm_server()
     action = services.request_for_held_call(
-        agent=agent, server=first.server or crm_server(), tool=first.tool, arguments={"to": "x"},
+        agent=agent, server=server, tool=first.tool, arguments={"to": "x"},
         decision={"decision": "ask", "class": "none"}, run_id=run.pk, step_id=first.pk)
     rule = services.save_policy(row=AutonomyPolicy(name="All", scope="everything", decisions=dict(
         policy.DEFAULT_DECISIONS)), by=approver_user)
@@ -105,6 +111,7 @@ def objects(dana, on_call, approver_user):
         "number": 1,
         "action_id": action.public_id,
         "policy_id": rule.pk,
+        "server_id": server.pk,
     }
 
 

@@ -27,14 +27,20 @@ class Command(BaseCommand):
         change.add_argument("--use", metavar="PACK", choices=sorted(PACKS),
                             help=f"Put a recipe pack in force: {', '.join(sorted(PACKS))}.")
         change.add_argument("--off", action="store_true", help="No recipes for this server.")
+        parser.add_argument("--under-policies", action="store_true",
+                            help="With --use: let the pack's undos run under the plan policies, instead of "
+                                 "always waiting for a person's signature.")
         parser.add_argument("--json", action="store_true", help="Print the recipes in force as JSON.")
 
-    def handle(self, name, use, off, json: bool = False, **options):
+    def handle(self, name, use, off, json: bool = False, under_policies: bool = False, **options):
+        if under_policies and not use:
+            raise CommandError("--under-policies goes with --use PACK.")
         server = ToolServer.objects.filter(name=name).first()
         if server is None:
             raise CommandError(f"No tool server named {name!r}.")
         if use:
-            used = services.use_pack(server=server, pack=use, by=CommandLine())
+            used = services.use_pack(server=server, pack=use, by=CommandLine(),
+                                     needs_human=not under_policies)
             self.stdout.write(f"{name}: the {use} pack is in force for {len(used.applied)} tools.")
             for tool, problems in used.skipped.items():
                 self.stderr.write(self.style.WARNING(f"  {tool}: not applied: {'; '.join(problems)}"))

@@ -47,9 +47,11 @@ def test_registering_a_server_with_a_pack_puts_its_recipes_in_force_and_logs_who
     assert "read_text_file               read_only   its server says it only reads" in listing
     assert "create_directory             none" in listing
 
+    run("recipes", "fs", use="filesystem", under_policies=True)  # the admin lets them run under the policies
+    assert ToolServer.objects.get(name="fs").recipe("write_file")["needsHuman"] is False
     assert "no recipes" in run("recipes", "fs", off=True)
     assert ToolServer.objects.get(name="fs").recipes == []
-    assert PolicyChange.objects.filter(event="recipes_changed").count() == 2
+    assert PolicyChange.objects.filter(event="recipes_changed").count() == 3
 
 
 def test_a_recipe_that_does_not_fit_is_refused_with_the_reason_and_changes_nothing(filesystem, admin_user):
