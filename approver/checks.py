@@ -46,6 +46,9 @@ class CheckTarget:
     idempotency_key: str
     undo_by: datetime | None
     earlier: dict[str, Any] | None = None  # a recipe's read before the call (`journal.recipes`)
+    # Where the agent's run left that record, when later calls in the plan changed it again (their undos come
+    # first); else the step's own if_version.
+    run_left: str = ""
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,10 @@ async def check_recipe(target: CheckTarget, *, upstreams: Upstreams, timeout: fl
     except ValueError as exc:
         return _error("unknown", f"{target.endpoint.name} could not be read as before the call: {exc}.")
     state = recipes.three_state(before=earlier["version"], after=target.if_version, now=now)
+    if state == "conflict" and target.run_left and now == target.run_left:
+        return CheckResult("ok", {"wouldDo": answers.bounded(
+            f"{(earlier.get('does') or 'put back what was read before the call').capitalize()}: "
+            f"{target.tool}, once the undos of the run's later changes to it have run.")})
     if state == "ok":
         does = earlier.get("does") or f"put back what {earlier['tool']} read before the call"
         return CheckResult("ok", {"wouldDo": answers.bounded(f"{does[0].upper()}{does[1:]}: {target.tool}.")})

@@ -66,6 +66,8 @@ def _nodes(names: str) -> dict[str, Any]:
 
 
 def _graph(tool: str, does: str, read: dict, compensation: dict, then=(), **more) -> dict[str, Any]:
+    """A knowledge-graph recipe; its version is of what the call changes (`version`: only the relations, or
+    only the entities with their observations), so a later change to the rest is no conflict."""
     return {"tool": tool, "schemaDigest": _MEMORY[tool], "kind": "compensate", "does": does, "read": read,
             "versionIgnoresOrder": True, "compensation": compensation, "then": list(then), **more}
 
@@ -93,12 +95,14 @@ PACKS: dict[str, list[dict[str, Any]]] = {
                sideEffect="Deleting an entity also deletes every relation to or from it."),
         _graph("create_relations", "delete exactly the relations the call created",
                _nodes("$request.body#/relations/*/from"),
-               {"tool": "delete_relations", "arguments": {"relations": "$response.body#/relations"}}),
+               {"tool": "delete_relations", "arguments": {"relations": "$response.body#/relations"}},
+               version="/relations"),
         _graph("add_observations", "delete exactly the observations the call added",
                _nodes("$request.body#/observations/*/entityName"),
                {"tool": "delete_observations", "arguments": {"deletions": {
                    "$each": "$response.body#/results",
-                   "as": {"entityName": "$item#/entityName", "observations": "$item#/addedObservations"}}}}),
+                   "as": {"entityName": "$item#/entityName", "observations": "$item#/addedObservations"}}}},
+               version="/entities"),
         # Re-created from what was read before the delete: the entities, then every relation they had.
         _graph("delete_entities", "re-create the entities and every relation the delete took with them",
                _nodes("$request.body#/entityNames"),
@@ -110,11 +114,13 @@ PACKS: dict[str, list[dict[str, Any]]] = {
                _nodes("$request.body#/deletions/*/entityName"),
                {"tool": "add_observations", "arguments": {"observations": {
                    "$each": "$before.body#/entities",
-                   "as": {"entityName": "$item#/name", "contents": "$item#/observations"}}}}),
+                   "as": {"entityName": "$item#/name", "contents": "$item#/observations"}}}},
+               version="/entities"),
         # create_relations skips what is there already: the earlier relations of the entities, put back.
         _graph("delete_relations", "create the deleted relations again",
                _nodes("$request.body#/relations/*/from"),
-               {"tool": "create_relations", "arguments": {"relations": "$before.body#/relations"}}),
+               {"tool": "create_relations", "arguments": {"relations": "$before.body#/relations"}},
+               version="/relations"),
     ],
     "git": [
         {"tool": "git_add", "schemaDigest": _GIT["git_add"], "kind": "compensate",

@@ -300,6 +300,25 @@ def three_state(*, before: str, after: str, now: str) -> CheckState:
     return "conflict"
 
 
+def read_key(earlier: Mapping[str, Any] | None) -> str:
+    """What a kept earlier state read (the read tool and its arguments), so that two steps that read the
+    same record can be told apart from two that did not."""
+    if not earlier or "version" not in earlier:
+        return ""
+    return sha256_hex({"tool": earlier.get("tool"), "arguments": earlier.get("arguments") or {}})
+
+
+def left_by_the_run(after: str, later: list[tuple[str, str]]) -> str:
+    """The version the agent's run left a record at, from the version one of its calls left it at and the
+    (before, after) versions of the run's later calls that read the same record, in order: a later call that
+    found it where the earlier one left it moved it on. The undo of those later calls comes first, so a
+    record at that version is where this undo expects it."""
+    for before, left in later:
+        if before == after:
+            after = left
+    return after
+
+
 def failed_read(recipe: Recipe, error_text: str) -> WhenReadFails | None:
     """What a failed earlier-state read means, if the recipe says (else the call is `unknown`)."""
     rule = recipe.when_read_fails

@@ -11,8 +11,8 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from journal import recipes, sql
 from journal import services as journal_services
-from journal import sql
 from journal.upstream.client import Endpoint, Upstreams
 
 from .. import checks, planning
@@ -68,6 +68,21 @@ def record_checks(*, plan: Plan, check_round: int, results: list[tuple[int, Chec
             Plan.objects.filter(pk=plan.pk).update(checks_done=F("checks_done") + done, updated_at=now)
 
 
+def _left_by_the_run(plan: Plan) -> dict[int, str]:
+    """For each recipe undo in the plan, the version the agent's run left its record at, when later steps
+    of the plan read the same record and changed it again (`recipes.left_by_the_run`)."""
+    rows = list(plan.items.filter(action=PlanItem.Action.COMPENSATE, dialect=planning.RECIPE).order_by(
+        "step__number").values_list("id", "if_version", "step__server_id", "step__earlier_state"))
+    keyed = [(item_id, (server, recipes.read_key(earlier)), (earlier or {}).get("version"), after)
+             for item_id, after, server, earlier in rows]
+    found = {}
+    for n, (item_id, key, _, after) in enumerate(keyed):
+        later = [(before, left) for _, other, before, left in keyed[n + 1:] if other == key and key[1]]
+        if later and after:
+            found[item_id] = recipes.left_by_the_run(after, later)
+    return found
+
+
 def run_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> Plan | None:
     """Check every item of this round still `pending` against its server, keeping results as they arrive,
     then mark the plan ready. Safe to run twice (a worker that died is simply asked again): answered items
@@ -91,6 +106,7 @@ def run_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> 
     )
     targets, orphans = [], []
     endpoints: dict[tuple, Endpoint] = {}
+    run_left = _left_by_the_run(plan)
     for row in rows:
         if row["step__server__name"] is None:
             orphans.append(
@@ -114,6 +130,7 @@ def run_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> 
                 idempotency_key=row["idempotency_key"],
                 undo_by=row["undo_by"],
                 earlier=row["step__earlier_state"],
+                run_left=run_left.get(row["id"], ""),
             )
         )
     if orphans:

@@ -161,3 +161,11 @@ def test_a_failed_read_means_what_the_recipe_says_or_nothing():
     rule = recipes.failed_read(recipe(), "Error: ENOENT: no such file or directory, open '/tmp/new.txt'")
     assert rule is not None and rule.kind == "none" and rule.remedy == "Delete it by hand."
     assert recipes.failed_read(recipe(), "Error: EACCES: permission denied") is None
+
+
+def test_where_the_run_left_a_record_follows_its_later_calls_that_found_it_where_the_last_left_it():
+    assert recipes.left_by_the_run("b", [("b", "c"), ("x", "y"), ("c", "d")]) == "d"
+    assert recipes.left_by_the_run("b", [("z", "c")]) == "b"  # someone else's change in between: no chain
+    assert recipes.read_key({"tool": "read_text_file", "arguments": {"path": "/a"}, "version": "v"}) == (
+        recipes.read_key({"arguments": {"path": "/a"}, "tool": "read_text_file", "version": "w"}))
+    assert recipes.read_key({"tool": "read_text_file", "arguments": {"path": "/a"}}) == ""  # no version
