@@ -32,6 +32,7 @@ from . import answers
 HATP_CHECK = "hatp_check"
 
 
+LATER_CHANGES = "later changes"  # a CheckTarget's run_left when later calls changed other records of it
 STATE_SHOWN_BYTES = 256 * 1024  # a recipe's record read now, kept to show a conflict three ways
 
 
@@ -47,7 +48,7 @@ class CheckTarget:
     undo_by: datetime | None
     earlier: dict[str, Any] | None = None  # a recipe's read before the call (`journal.recipes`)
     # Where the agent's run left that record, when later calls in the plan changed it again (their undos come
-    # first); else the step's own if_version.
+    # first), or LATER_CHANGES when they changed the server's records another way; else "".
     run_left: str = ""
 
 
@@ -189,10 +190,15 @@ async def check_recipe(target: CheckTarget, *, upstreams: Upstreams, timeout: fl
     except ValueError as exc:
         return _error("unknown", f"{target.endpoint.name} could not be read as before the call: {exc}.")
     state = recipes.three_state(before=earlier["version"], after=target.if_version, now=now)
+    does = (earlier.get("does") or "put back what was read before the call").capitalize()
     if state == "conflict" and target.run_left and now == target.run_left:
         return CheckResult("ok", {"wouldDo": answers.bounded(
-            f"{(earlier.get('does') or 'put back what was read before the call').capitalize()}: "
-            f"{target.tool}, once the undos of the run's later changes to it have run.")})
+            f"{does}: {target.tool}, once the undos of the run's later changes to it have run.")})
+    if state == "conflict" and target.run_left == LATER_CHANGES:
+        return CheckResult("ok", {"wouldDo": answers.bounded(
+            f"{does}: {target.tool}, once the undos of the run's later calls to {target.endpoint.name} have "
+            "run. It reads differently now, as those calls left it: just before it runs it is read again, "
+            "and nothing is sent unless it is where the agent left it.")})
     if state == "ok":
         does = earlier.get("does") or f"put back what {earlier['tool']} read before the call"
         return CheckResult("ok", {"wouldDo": answers.bounded(f"{does[0].upper()}{does[1:]}: {target.tool}.")})

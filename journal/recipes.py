@@ -308,6 +308,22 @@ def read_key(earlier: Mapping[str, Any] | None) -> str:
     return sha256_hex({"tool": earlier.get("tool"), "arguments": earlier.get("arguments") or {}})
 
 
+def reads_overlap(one: Mapping[str, Any] | None, other: Mapping[str, Any] | None) -> bool:
+    """Whether two kept earlier states may have read the same record: the same read tool, with an argument
+    value in common (the same path; an entity named in both)."""
+    if not one or not other or one.get("tool") != other.get("tool"):
+        return False
+    return bool(_leaves(one.get("arguments")) & _leaves(other.get("arguments")))
+
+
+def _leaves(value: Any) -> set[str]:
+    if isinstance(value, Mapping):
+        return set().union(*(_leaves(item) for item in value.values())) if value else set()
+    if isinstance(value, list):
+        return set().union(*(_leaves(item) for item in value)) if value else set()
+    return {canonical_bytes(value).decode()}
+
+
 def left_by_the_run(after: str, later: list[tuple[str, str]]) -> str:
     """The version the agent's run left a record at, from the version one of its calls left it at and the
     (before, after) versions of the run's later calls that read the same record, in order: a later call that

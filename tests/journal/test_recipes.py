@@ -169,3 +169,13 @@ def test_where_the_run_left_a_record_follows_its_later_calls_that_found_it_where
     assert recipes.read_key({"tool": "read_text_file", "arguments": {"path": "/a"}, "version": "v"}) == (
         recipes.read_key({"arguments": {"path": "/a"}, "tool": "read_text_file", "version": "w"}))
     assert recipes.read_key({"tool": "read_text_file", "arguments": {"path": "/a"}}) == ""  # no version
+
+
+def test_two_reads_overlap_when_the_same_read_names_something_in_common():
+    ann = {"tool": "open_nodes", "arguments": {"names": ["Ann", "Bob"]}}
+    assert recipes.reads_overlap(ann, {"tool": "open_nodes", "arguments": {"names": ["Ann"]}})
+    assert not recipes.reads_overlap(ann, {"tool": "open_nodes", "arguments": {"names": ["Cy"]}})
+    assert not recipes.reads_overlap({"tool": "read_text_file", "arguments": {"path": "/a"}},
+                                     {"tool": "read_text_file", "arguments": {"path": "/b"}})
+    assert not recipes.reads_overlap(ann, {"tool": "read_text_file", "arguments": {"path": "Ann"}})
+    assert not recipes.reads_overlap(ann, None)

@@ -4,6 +4,8 @@ again (as the agent left it: would undo; as it was: undone already; else a confl
 keeping the newer change a person made by hand; the worker writes the earlier bytes back, byte for byte, and
 counts an undo only once the file reads as it did before the call."""
 
+import json
+
 import pytest
 from django.test import Client
 
@@ -113,3 +115,70 @@ def test_an_undo_finds_the_file_changed_since_the_check_and_leaves_it_alone(
     assert item.outcome == "conflict" and item.call_step_id is None  # nothing was sent
     assert (world / "a.txt").read_text() == "a person, after the check\n"
     assert PlanItem.objects.filter(outcome="compensated").count() == 0
+
+
+def test_the_whole_story_files_and_a_knowledge_graph_undone_a_persons_edit_kept(
+        recorder, files, on_call, approver_user, second_approver, admin_user, tmp_path):
+    """Issue 23's 'done when': overwrite and edit files (one CRLF), move one, create one; create entities
+    (one there already) and add observations; a person edits a file; undo from step 1."""
+    world, token = files
+    graph = tmp_path / "graph"
+    make_world("memory", graph)
+    (graph / "memory.jsonl").write_text(json.dumps(
+        {"type": "entity", "name": "Ann", "entityType": "person", "observations": ["likes tea"]}) + "\n")
+    memory = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
+        name="memory", command=" ".join(command("memory", graph, ""))))
+    services.use_pack(server=memory, pack="memory", by=admin_user)
+    (world / "crlf.txt").write_bytes(b"one\r\ntwo\r\n")
+    (world / "report.md").write_bytes(b"# Report\n\nDraft.\n")
+    (world / "plan.md").write_bytes(b"plan\n")
+    graph_before = (graph / "memory.jsonl").read_text()
+
+    async def script(client):
+        await client.call_tool("fs__write_file", {"path": str(world / "crlf.txt"), "content": "replaced\n"})
+        await client.call_tool("fs__edit_file", {"path": str(world / "report.md"),
+                                                 "edits": [{"oldText": "Draft.", "newText": "Final."}]})
+        await client.call_tool("fs__move_file", {"source": str(world / "plan.md"),
+                                                 "destination": str(world / "sub" / "plan.md")})
+        await client.call_tool("fs__write_file", {"path": str(world / "new.txt"), "content": "new\n"})
+        await client.call_tool("memory__create_entities", {"entities": [
+            {"name": "Ann", "entityType": "person", "observations": ["the agent's Ann"]},
+            {"name": "Bob", "entityType": "person", "observations": ["met at the fair"]}]})
+        await client.call_tool("memory__add_observations", {"observations": [
+            {"entityName": "Ann", "contents": ["prefers email"]}]})
+
+    run_agent(recorder, token, script)
+    run = Run.objects.get(agent__name="files-bot")
+    (world / "report.md").write_bytes(b"# Report\n\nFinal, reviewed by priya.\n")  # a person, afterwards
+
+    plan = services.request_plan(run=run, requested_by=on_call, reason="wrong files", from_step=1)
+    plan = services.run_checks(plan=plan, check_round=plan.check_round)
+    items = {i.step.number: i for i in plan.items.select_related("step")}
+    assert {n: (i.action, i.check_status) for n, i in items.items()} == {
+        1: ("compensate", "ok"), 2: ("compensate", "conflict"), 3: ("compensate", "ok"),
+        4: ("cannot_undo", ""), 5: ("compensate", "ok"), 6: ("compensate", "ok")}
+    assert items[5].arguments == {"entityNames": ["Bob"]}  # Ann was there already: she stays
+    # Ann reads differently now, as step 6 left her; its undo runs first, and step 5's reads again.
+    assert "just before it runs it is read again" in items[5].check_detail["wouldDo"]
+    assert items[6].arguments == {"deletions": [{"entityName": "Ann", "observations": ["prefers email"]}]}
+    web = Client()
+    web.force_login(approver_user)
+    page = web.get(f"/plans/{plan.public_id}/").content.decode()
+    assert "did not exist before this call" in page and "+Final, reviewed by priya." in page
+
+    conflict = str(items[2].position)
+    for user in (approver_user, second_approver):
+        approve(plan, user, enrolled(user), choices={conflict: "keep_newer"})
+    plan = run_plan(plan)
+    outcomes = {i.step.number: i.outcome for i in plan.items.select_related("step")}
+    assert outcomes == {1: "compensated", 2: "skipped", 3: "compensated", 4: "irreversible",
+                        5: "compensated", 6: "compensated"}
+    assert (world / "crlf.txt").read_bytes() == b"one\r\ntwo\r\n"
+    assert (world / "report.md").read_bytes() == b"# Report\n\nFinal, reviewed by priya.\n"
+    assert (world / "plan.md").read_bytes() == b"plan\n" and not (world / "sub" / "plan.md").exists()
+    assert (world / "new.txt").exists()
+    assert sorted(map(json.loads, (graph / "memory.jsonl").read_text().splitlines()),
+                  key=lambda r: r["name"]) == [json.loads(graph_before)]
+    assert plan.execution_summary == "Reversed 4 of 6 actions; 1 cannot be undone; 1 skipped"
+    report = web.get(f"/plans/{plan.public_id}/").content.decode()
+    assert "Reversed 4 of 6 actions; 1 cannot be undone; 1 skipped" in report
