@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) $(NODE_STAMP)
 	$(PY) -m approver.demo
 
 # The third-party MCP servers and clients the conformance tests run, pinned in their lockfile. Without npm

@@ -22,6 +22,11 @@ VAR = Path(os.environ.setdefault("VAR_DIR", str(ROOT / "var")))
 WEB_PORT = int(os.environ.get("DEMO_PORT", "8000"))
 SAMPLES_PORT = int(os.environ.get("DEMO_SAMPLES_PORT", "8100"))
 SAMPLE_SERVERS = ("crm", "calendar", "mail", "payments", "inventory", "legacy", "desk")
+# Two of the official servers, which declare nothing about undoing their tools: the demo puts their recipe
+# packs in force (as ada), so the story's file write and knowledge-graph entities can be undone too.
+OFFICIAL = ROOT / "tests" / "conformance" / "node_modules" / "@modelcontextprotocol"
+FILES = VAR / "demo-files"
+BRIEF = FILES / "globex-brief.md"
 USERS = [  # username, role, what they do in the story
     ("olivia", "on-call", "on-call engineer"),
     ("ana", "approver", "team lead"),
@@ -94,6 +99,51 @@ def ensure_tool_servers() -> None:
         say(f"  tool server {name:<10} {url}  ({status})")
 
 
+def ensure_official_servers() -> list[tuple[str, dict]]:
+    """The official filesystem server (on var/demo-files) as `files` and the memory server as `notes`, with
+    their recipe packs; returns the story's calls to them (none without Node and `make`'s npm install)."""
+    import shutil
+
+    from django.contrib.auth.models import User
+
+    from approver import services as approver_services
+    from journal import services
+    from journal.models import ToolServer
+
+    node = shutil.which("node")
+    if node is None or not (OFFICIAL / "server-filesystem" / "dist" / "index.js").exists():
+        say("  (no Node or no official servers installed: the files and notes servers are left out)")
+        return []
+    FILES.mkdir(parents=True, exist_ok=True)
+    if not BRIEF.exists():
+        BRIEF.write_bytes(b"# Globex\r\n\r\nStage: Qualified. Owner: Dana.\r\n")
+    memory = VAR / "demo-memory.jsonl"
+    if not memory.exists():  # Globex is known already: undoing the agent's entities must leave it
+        memory.write_text(json.dumps({"type": "entity", "name": "Globex", "entityType": "company",
+                                      "observations": ["prospect since March"]}) + "\n")
+    commands = {
+        "files": ("filesystem", f"{node} {OFFICIAL / 'server-filesystem/dist/index.js'} {FILES}"),
+        "notes": ("memory",
+                  f"env MEMORY_FILE_PATH={memory} {node} {OFFICIAL / 'server-memory/dist/index.js'}"),
+    }
+    ada = User.objects.get(username="ada")
+    for name, (pack, command) in commands.items():
+        server = ToolServer.objects.filter(name=name).first()
+        if server is None or server.command != command:
+            server = services.save_tool_server(server=server or ToolServer(name=name), command=command)
+        server = services.refresh_catalogue(server=server)
+        if server.recipe_pack != pack and not server.catalogue_error:
+            approver_services.use_pack(server=server, pack=pack, by=ada)
+        say(f"  tool server {name:<10} the official {pack} server, the {pack} recipe pack in force "
+            f"({server.catalogue_error or f'{len(server.catalogue)} tools'})")
+    return [
+        ("files__write_file", {"path": str(BRIEF), "content": "# Globex\n\nStage: Won. Kickoff Dec 4.\n"}),
+        ("notes__create_entities", {"entities": [
+            {"name": "Globex", "entityType": "company", "observations": ["won"]},
+            {"name": "Globex kickoff", "entityType": "meeting", "observations": ["2026-12-04 15:00 UTC"]}]}),
+    ]
+
+
 def ensure_agent() -> str:
     from django.contrib.auth.models import User
 
@@ -137,9 +187,10 @@ def ensure_policy() -> None:
         say("  autonomy policy “Desk: its screens take changes back”: compensate via ui allow on desk")
 
 
-def replay_globex(token: str) -> None:
-    """sales-bot tells the Globex story in the background: its email cannot be undone, so the policy holds
-    it, and the agent keeps asking until an approver signs (or denies) it in the browser."""
+def replay_globex(token: str, official: list[tuple[str, dict]]) -> None:
+    """sales-bot tells the Globex story in the background (with its calls to the official servers before the
+    email): its email cannot be undone, so the policy holds it, and the agent keeps asking until an approver
+    signs (or denies) it in the browser."""
     import threading
 
     import anyio
@@ -149,7 +200,8 @@ def replay_globex(token: str) -> None:
     from samples import agent as scripted
 
     run = Run.objects.filter(key=f"run:{scripted.RUN_ID}").first()
-    story = scripted.DEMO_STORY
+    email = next(n for n, (name, _) in enumerate(scripted.DEMO_STORY) if name == "mail__send_email")
+    story = [*scripted.DEMO_STORY[:email], *official, *scripted.DEMO_STORY[email:]]
     if run is not None:
         made = set(run.steps.filter(status="ok").values_list("server_name", "tool"))
         story = [(name, arguments) for name, arguments in story if tuple(name.split("__", 1)) not in made]
@@ -250,9 +302,10 @@ def main() -> None:
         wait_for(f"http://localhost:{SAMPLES_PORT}/crm/ledger", "The sample tool servers")
         wait_for(f"http://localhost:{WEB_PORT}/login/", "The web app")
         ensure_tool_servers()
+        official = ensure_official_servers()
         ensure_policy()
         token = ensure_agent()
-        replay_globex(token)
+        replay_globex(token, official)
         worker = "running" if wait_for_worker() else "NOT answering (see its output above)"
     except BaseException:
         stop()
