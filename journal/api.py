@@ -73,6 +73,7 @@ def step_json(step: Step) -> dict:
             "version": step.effect_version,
         },
         "compensationToken": step.compensation_token or None,
+        "earlierState": step.earlier_state,  # an admin's recipe read the record before (and after) the call
         "receipt": step.receipt,
         "receiptVerified": step.receipt_verified,
     }
@@ -186,6 +187,9 @@ def _schema() -> dict:
                 "properties": {"summary": string, "resource": string, "version": string},
             },
             "compensationToken": nullable_string,
+            "earlierState": {"type": ["object", "null"], "description": (
+                "What an admin's undo recipe read of the record just before the call (tool, arguments, "
+                "version, structured) and just after it (left), or why it could not (error, problem).")},
             "receipt": {"type": ["object", "null"]},
             "receiptVerified": {"type": ["boolean", "null"]},
         },

@@ -299,4 +299,8 @@ def step_fields(entries: list[dict[str, Any]], *, started_at: datetime) -> list[
             steps[number]["status"] = "pending"
         elif entry["event"] == "result" and number in steps:
             steps[number].update(_answered(data, at))
+            if "readAfter" in data and isinstance(steps[number].get("earlier_state"), dict):
+                steps[number]["earlier_state"]["left"] = data["readAfter"]
+        elif entry["event"] == "earlier_state" and number in steps:  # an admin's recipe read the record
+            steps[number]["earlier_state"] = {k: v for k, v in data.items() if k != "step"}
     return [steps[n] for n in sorted(steps)]

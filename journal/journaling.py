@@ -329,4 +329,6 @@ def result_entry(
         "effect": effect if step.effect_summary or step.effect_version else None,
         "receiptVerified": step.receipt_verified,
         "dependsOn": links,
+        # What an admin's recipe read just after the call (what the agent left), when it was kept.
+        **({"readAfter": outcome.after_state} if outcome.after_state is not None else {}),
     }

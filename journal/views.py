@@ -70,6 +70,7 @@ def run_detail(request, run_id):
             "result_size",
             "result_sha256",
             "recovery",
+            "earlier_state",
         )
     )
     page = Paginator(steps, STEPS_PER_PAGE).get_page(request.GET.get("page"))

@@ -156,9 +156,9 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
         run.step_count = number
         append_entry(run=run, event="call", now=now, data=journaling.call_entry(
             number=number, server_name=server_name, tool=tool, call=call, who=who, decision=decision))
-        if earlier is not None:  # the Recorder's own read, before the call was sent: on the record too
-            append_entry(run=run, event="earlier_state", now=now, data={
-                "step": number, **{k: v for k, v in to_ijson(earlier).items() if k != "structured"}})
+        if earlier is not None:  # the Recorder's own read, before the call was sent: on the record too,
+            # what it read included (bounded like an inline result), so it is exported with the run
+            append_entry(run=run, event="earlier_state", now=now, data={"step": number, **to_ijson(earlier)})
         save_moving(run, now=now)
     return OpenedStep(step_id=step_id, run_id=run.pk, number=number, server=server, tool=tool,
                       arguments=call.arguments, request_meta=call.request_meta, kind=declaration.kind,

@@ -3,8 +3,9 @@ Recorder and the real pinned filesystem server: the recipe decides the step's un
 bound from the call, and a tool the recipe says cannot be undone says why and what to do instead."""
 
 import pytest
+from django.test import Client
 
-from journal import packs
+from journal import bundle, packs
 from journal import services as journal_services
 from journal.models import Step, ToolServer
 
@@ -57,7 +58,7 @@ def test_without_the_recipe_the_same_call_is_unknown(recorder, fs_token):
     assert step.reversibility == "unknown" and step.declaration_source == "none"
 
 
-def test_the_recorder_keeps_the_earlier_state_and_binds_the_undo_to_it(recorder, fs_token):
+def test_the_recorder_keeps_the_earlier_state_and_binds_the_undo_to_it(recorder, fs_token, on_call):
     world, token = fs_token
     crlf = world / "crlf.txt"
     crlf.write_bytes(b"first line\r\nsecond line\r\n")
@@ -82,7 +83,23 @@ def test_the_recorder_keeps_the_earlier_state_and_binds_the_undo_to_it(recorder,
     call_at = next(i for i, (event, data) in enumerate(entries) if event == "call" and data["step"] == 1)
     assert entries[call_at + 1][0] == "earlier_state"
     assert entries[call_at + 1][1]["version"] == rewritten.earlier_state["version"]
-    assert "structured" not in entries[call_at + 1][1]  # the chain keeps its digest, the step the content
+    # What was read is on the record, exported with the run, and so is what was read just after the call.
+    assert entries[call_at + 1][1]["structured"] == {"content": "first line\r\nsecond line\r\n"}
+    result = next(data for event, data in entries if event == "result" and data["step"] == 1)
+    assert result["readAfter"] == {"content": "rewritten by the agent\n"}
+    assert rewritten.earlier_state["left"] == {"content": "rewritten by the agent\n"}
+    exported = journal_services.export_bundle(run=rewritten.run)
+    imported = bundle.step_fields(exported["entries"], started_at=rewritten.run.started_at)
+    assert imported[0]["earlier_state"] == rewritten.earlier_state
+    # Shown to whoever may read the run's results: on its page, linked to the call, and in the API.
+    web = Client()
+    web.force_login(on_call)
+    page = web.get(f"/runs/{rewritten.run.public_id}/").content.decode()
+    assert 'id="read-1"' in page and "The Recorder's own read for this call's undo" in page
+    assert "just before the call and again just after" in page and "rewritten by the agent" in page
+    assert "failed just before the call" in page  # the new file's read: ENOENT
+    api = web.get(f"/api/runs/{rewritten.run.public_id}/steps/").json()
+    assert api["items"][0]["earlierState"]["left"] == {"content": "rewritten by the agent\n"}
 
     assert created.reversibility == "none"
     assert "did not exist before this call" in created.declaration["reason"]
