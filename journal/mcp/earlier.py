@@ -4,16 +4,19 @@ version just after (what the agent left). Each read goes to the same server on t
 session, like the call itself, through the one client; a failure is an answer here, never an error, since
 the recipe says what a failed read means (else the call's undo is unknown)."""
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.utils import timezone
 
-from .. import recipes
+from .. import recipes, services
 from ..bindings import BindingError
 from ..models import ToolServer
 from ..upstream.client import ToolServerError, Upstreams, endpoint_of
 from ..upstream.recipe_reads import read_state
+from .failing import failed
 
 
 @dataclass(frozen=True)
@@ -60,3 +63,25 @@ async def after(upstreams: Upstreams, server: ToolServer, earlier: dict[str, Any
                                 limit=settings.RECORDER_INLINE_RESULT_BYTES)
     except (ToolServerError, ValueError):
         return "", None
+
+
+async def again(journal, upstreams: Upstreams, opened, arguments: dict[str, Any], owner):
+    """A held call, approved: its record read again just before it is sent, since it may have changed
+    while the call waited (`services.read_again`). Returns the step as it goes on, and a refusal when the
+    record can no longer be read as the recipe needs (the approval was for an undoable call: nothing is
+    sent, and the agent may ask again)."""
+    recipe = needs_read(opened.server, opened.tool) if (opened.earlier or {}).get("version") else None
+    if recipe is None:
+        return opened, None
+    earlier = await before(upstreams, NeedsRead(server=opened.server, recipe=recipe), arguments, owner)
+    if "version" not in earlier or earlier.get("problem"):
+        why = earlier.get("error") or earlier.get("problem") or "its answer has no version"
+        message = (f"Not done: after the approval, {opened.server.name} could no longer be read as the undo "
+                   f"of this call needs ({why}). Nothing was sent; make the call again to ask anew.")
+        advice = failed("policy", opened.traits, held="lapsed")
+        await journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now(),
+                          advice=advice.as_wire())
+        return opened, (message, advice)
+    await journal.run(services.read_again, run_id=opened.run_id, step_id=opened.step_id,
+                      number=opened.number, earlier=earlier, now=timezone.now())
+    return dataclasses.replace(opened, earlier=earlier), None

@@ -12,13 +12,14 @@ from django.test import Client
 from approver import services, tasks
 from approver.models import PlanItem
 from journal import services as journal_services
-from journal.models import Run
+from journal.models import Run, Step
 from tests.journal.helpers import run_agent
 from tests.journal.test_conformance import command, make_world
 from tests.services import needs_node
 
 from .test_approvals import approve, enrolled, relying_party  # noqa: F401 - fixture and helpers
 from .test_executor import run_plan
+from .test_held_calls import call, decide, held, in_background, set_policy
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_node]
 
@@ -182,3 +183,40 @@ def test_the_whole_story_files_and_a_knowledge_graph_undone_a_persons_edit_kept(
     assert plan.execution_summary == "Reversed 4 of 6 actions; 1 cannot be undone; 1 skipped"
     report = web.get(f"/plans/{plan.public_id}/").content.decode()
     assert "Reversed 4 of 6 actions; 1 cannot be undone; 1 skipped" in report
+
+
+def test_a_held_call_reads_the_record_again_once_approved(recorder, files, admin_user, approver_user,
+                                                          monkeypatch):
+    """A call held for approval may wait for hours: the undo puts back what was there when it was sent."""
+    monkeypatch.setattr(tasks.notify_action_requested, "delay", lambda *args: None)
+    world, token = files
+    set_policy(admin_user, compensate_api="ask", compensate_no_version="ask")
+    (world / "a.txt").write_text("before\n")
+    (world / "b.txt").write_text("before\n")
+
+    def write(name):
+        arguments = {"path": str(world / name), "content": "agent\n"}
+        return lambda: call(recorder, token, "fs__write_file", arguments)
+
+    thread, box = in_background(write("a.txt"))
+    action = held()
+    (world / "a.txt").write_text("a person, while it waited\n")
+    decide(action, approver_user, "approve")
+    thread.join(timeout=30)
+    assert not box["result"].is_error and (world / "a.txt").read_text() == "agent\n"
+    step = Step.objects.get(tool="write_file", arguments__path=str(world / "a.txt"))
+    assert step.earlier_state["structured"] == {"content": "a person, while it waited\n"}
+    assert step.compensation_arguments["content"] == "a person, while it waited\n"
+    reads = list(step.run.entries.filter(event="earlier_state").values_list("data", flat=True))
+    assert [r["structured"]["content"] for r in reads] == ["before\n", "a person, while it waited\n"]
+    assert reads[1]["again"] is True and journal_services.verify_run(run=step.run).ok
+
+    # The file went away while the call waited: the approval was for an undoable write, so nothing is sent.
+    thread, box = in_background(write("b.txt"))
+    action = held()
+    (world / "b.txt").unlink()
+    decide(action, approver_user, "approve")
+    thread.join(timeout=30)
+    assert box["result"].is_error and "could no longer be read as the undo of this call needs" in (
+        box["result"].content[0].text)
+    assert not (world / "b.txt").exists()
