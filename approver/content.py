@@ -18,6 +18,7 @@ _CONTENT_FIELDS = (
     "tool",
     "arguments",
     "if_version",
+    "then",
     "idempotency_key",
     "needs_human",
     "via",
@@ -66,6 +67,8 @@ def plan_content(plan: Plan, rows: list[dict[str, Any]] | None = None,
                     "arguments": row["arguments"],
                     "ifVersion": row["if_version"] or None,
                     "idempotencyKey": row["idempotency_key"],
+                    # a recipe's further calls, in order: signed with the first (only when there are any)
+                    **({"then": row["then"]} if row["then"] else {}),
                 }
                 if compensate
                 else None,

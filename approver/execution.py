@@ -179,3 +179,13 @@ def recipe_after_undo(verdict: Verdict, *, now: str, before: str) -> Verdict:
                                      "postcondition": "It reads as it did before the call."})
     return Verdict(COMPENSATION_FAILED, {**verdict.detail, "postcondition": False, "message": (
         "The undo ran, but the record does not read as it did before the agent's call.")})
+
+
+def partial_undo(verdict: Verdict, *, calls: list[str], failed: int) -> Verdict:
+    """A recipe undo of several calls whose call number `failed` did not do its part: the calls before it
+    ran, so the undo is partial, and it is never tried again by itself (that would repeat them)."""
+    ran = ", ".join(calls[:failed - 1])
+    return Verdict(COMPENSATION_FAILED, {**verdict.detail, "message": (
+        f"The undo is partial: {ran} ran, then {calls[failed - 1]} (call {failed} of {len(calls)}) did not: "
+        f"{verdict.detail.get('message') or verdict.outcome}. Finish it by hand."), "partial": True},
+        retry=False)

@@ -63,6 +63,7 @@ class StepFacts:
     failure_class: str = ""  # "policy": an autonomy policy stopped it, so it was never forwarded
     arguments: dict[str, Any] = field(default_factory=dict)  # what the call sent
     server_tools: tuple[str, ...] = ()  # the tools its server lists now
+    compensation_then: list[dict[str, Any]] | None = None  # a recipe's further calls, resolved
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class ItemDraft:
     needs_human: str = ""
     reason: str = ""
     remedy: str = ""
+    then: list[dict[str, Any]] | None = None  # a recipe's further calls, made in order after the first
 
 
 class PlanningError(ValueError):
@@ -267,8 +269,8 @@ def _compensating(step: StepFacts, base: dict[str, Any], *, key: str, now: datet
     compensation = declaration.get("compensation") or {}
     if not compensation.get("tool") or step.compensation_arguments is None:
         problems.append("no compensation could be prepared")
-    if compensation.get("then"):  # one signed call per item: a recipe of several calls is not run for you
-        problems.append("its recipe needs more than one call, which a plan cannot carry yet")
+    if compensation.get("then") and step.compensation_then is None:
+        problems.append("its recipe's further calls could not be prepared")
     common = {
         "via": declaration.get("via") or "api",
         "side_effect": declaration.get("side_effect") or "",
@@ -290,6 +292,7 @@ def _compensating(step: StepFacts, base: dict[str, Any], *, key: str, now: datet
         tool=compensation["tool"],
         dialect=compensation.get("dialect", ""),
         arguments=step.compensation_arguments,
+        then=step.compensation_then or None,
         if_version=step.effect_version,
         idempotency_key=key,
         needs_human=needs_human,

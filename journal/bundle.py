@@ -274,6 +274,7 @@ def _answered(data: dict[str, Any], at: datetime | None) -> dict[str, Any]:
         "reversibility": kind if kind in REVERSIBILITY else "unknown",
         "declaration_source": _text(undo.get("source"), 40),
         "compensation_arguments": compensation if isinstance(compensation, dict) else None,
+        "compensation_then": then if isinstance(then := undo.get("compensationThen"), list) else None,
         "undo_problems": [str(p) for p in problems] if isinstance(problems, list) else [],
         "undo_by": parse_ts(undo.get("undoBy") or "", None) if undo.get("undoBy") else None,
         "effect_summary": _text(effect.get("summary"), 500),

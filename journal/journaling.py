@@ -218,7 +218,7 @@ def _answered(result: dict[str, Any], outcome: Outcome, *, tool: Tool, arguments
             fields["earlier_state"] = {**tool.earlier, "left": outcome.after_state}
     if result.get("resultType") == "input_required":  # 2026-07-28: asked for more before doing anything
         fields.update(reversibility=READ_ONLY, undo_problems=[], compensation_arguments=None,
-                      effect_summary="The server asked for more input before acting.")
+                      compensation_then=None, effect_summary="The server asked for more input before acting.")
     if outcome.undelivered:
         fields.update(status=UNDELIVERED, error_message=outcome.undelivered, may_have_acted=True)
     return fields
@@ -299,6 +299,7 @@ def result_entry(
     links: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """The chain's `result` entry for a closed step (any object with the step's fields as attributes)."""
+    then = getattr(step, "compensation_then", None)  # a recipe's further compensating calls
     effect = {
         "summary": step.effect_summary,
         "resource": step.effect_resource,
@@ -323,6 +324,7 @@ def result_entry(
             "kind": step.reversibility,
             "source": step.declaration_source,
             "compensationArguments": step.compensation_arguments,
+            **({"compensationThen": then} if then else {}),
             "problems": step.undo_problems,
             "undoBy": format_ts(step.undo_by) if step.undo_by else None,
         },

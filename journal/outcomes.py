@@ -81,6 +81,26 @@ def _compensation_arguments(spec: declarations.Compensation, *, token: str | Non
     return None
 
 
+def _further_calls(spec: declarations.Compensation, *, arguments: dict[str, Any], result: dict[str, Any],
+                   before: Any, problems: list[str]) -> list[dict[str, Any]] | None:
+    """A recipe's further compensating calls, each resolved like the first, or None with the reason added
+    to `problems` (the whole undo is then not prepared: never some of its calls). A call with nothing to do
+    (an empty `*` array: the entities had no relations) is left out."""
+    calls = []
+    for call in spec.then:
+        try:
+            resolved = resolve_arguments(call["bindings"], dialect=spec.dialect, request=arguments,
+                                         response=result.get("structuredContent"), before=before)
+        except NothingToUndo:
+            continue
+        except BindingError as exc:
+            problems.append(f"a binding of its call {call['tool']} does not resolve: {exc}")
+            return None
+        if not all(value == [] for value in resolved.values()):
+            calls.append({"tool": call["tool"], "arguments": resolved})
+    return calls
+
+
 def receipt_check(receipt_keys: Mapping[str, str], journal_raw: Any, parsed) -> tuple[bool | None, str]:
     """Whether the call's receipt verifies against the server's pinned key: (None, "") when it sent none."""
     if parsed is None or parsed.receipt is None:
@@ -113,11 +133,16 @@ def undo_facts(*, tool_def: dict[str, Any] | None, catalogue: set[str], receipt_
     problems = [*problems, *declaration.problems]
     effect = _effect(parsed, declaration, earlier=earlier, after_version=after_version, problems=problems)
     token = parsed.compensation_token if parsed else None
-    compensation_arguments = None
+    compensation_arguments, then = None, None
     if declaration.kind == "compensate" and declaration.compensation is not None:
+        before = (earlier or {}).get("structured")
         compensation_arguments = _compensation_arguments(
-            declaration.compensation, token=token, arguments=arguments, result=result,
-            before=(earlier or {}).get("structured"), problems=problems)
+            declaration.compensation, token=token, arguments=arguments, result=result, before=before,
+            problems=problems)
+        if declaration.compensation.then and compensation_arguments is not None:
+            then = _further_calls(declaration.compensation, arguments=arguments, result=result, before=before,
+                                  problems=problems)
+            compensation_arguments = compensation_arguments if then is not None else None
         if not effect.version:
             problems.append(declarations.NO_VERSION_PROBLEM)
     verified, receipt_problem = receipt_check(receipt_keys, journal_raw, parsed)
@@ -126,6 +151,7 @@ def undo_facts(*, tool_def: dict[str, Any] | None, catalogue: set[str], receipt_
         "declaration_source": declaration.source,
         "reversibility": declaration.kind,
         "compensation_arguments": compensation_arguments,
+        "compensation_then": then,
         "undo_problems": problems,
         "effect_summary": effect.summary or "",
         "effect_resource": effect.resource or "",

@@ -163,6 +163,8 @@ class PlanItem(models.Model):
     # The compensation exactly as it would run: tool, resolved arguments, ifVersion, idempotency key.
     tool = models.CharField(max_length=200, blank=True)
     arguments = models.JSONField(null=True, blank=True)
+    # A recipe's further calls, made in order after the first: [{"tool", "arguments"}], signed with it.
+    then = models.JSONField(default=list, blank=True)
     if_version = models.CharField(max_length=200, blank=True)
     idempotency_key = models.CharField(max_length=100, blank=True)
     dialect = models.CharField(max_length=20, blank=True)

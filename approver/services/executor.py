@@ -19,13 +19,12 @@ from journal import declarations
 from journal import services as journal_services
 from journal.errors import Refused
 from journal.upstream.client import ToolServerError, Upstreams, endpoint_of
-from journal.upstream.recipe_reads import read_version
 
 from .. import answers, checks, execution, passkeys, planning, signing
 from ..authority import counting_approvals
 from ..models import ApprovalRules, Plan, PlanItem
 from ..policy_book import plan_needs_a_human
-from . import bell
+from . import bell, recipe_undo
 from .plans import step_facts
 
 NOT_STARTED, RUNNING, DONE = PlanItem.Exec.NOT_STARTED, PlanItem.Exec.RUNNING, PlanItem.Exec.DONE
@@ -234,19 +233,43 @@ def compensation_call(item: PlanItem) -> tuple[dict[str, Any], dict[str, Any] | 
 
 
 def _attempt(plan: Plan, item: PlanItem, attempt: int) -> execution.Verdict:
-    """One compensation call, journaled as a step of the plan's compensation run like any agent's call:
-    the intent before it leaves, what came back after. A recipe's undo reads the record first (its server has
-    no conditional write), and nothing is sent when it changed since."""
-    if (earlier := _recipe_read(item)) is not None and (
-            early := anyio.run(_recipe_before, item, earlier)) is not None:
+    """One try at an item's compensation: its call (and a recipe's further calls, in order), each journaled
+    as a step of the plan's compensation run like any agent's call: the intent before it leaves, what came
+    back after. A recipe's undo reads the record first (its server has no conditional write), and nothing is
+    sent when it changed since; it counts once the record reads as before, after its last call."""
+    earlier = recipe_undo.earlier_read(item)
+    if earlier is not None and (early := anyio.run(recipe_undo.before, item, earlier)) is not None:
         return early
     arguments, meta = compensation_call(item)
+    calls = [(item.tool, arguments, meta), *(
+        (call["tool"], call["arguments"], _numbered(meta, n)) for n, call in enumerate(item.then or (), 2))]
     run_id = _compensation_run(plan)
+    for n, (tool, arguments, meta) in enumerate(calls, 1):
+        verdict = _call(plan, item, run_id, tool, arguments, meta, attempt, first=n == 1)
+        if verdict.outcome != execution.COMPENSATED and n > 1:
+            return execution.partial_undo(verdict, calls=[call[0] for call in calls], failed=n)
+        if verdict.outcome != execution.COMPENSATED:
+            return verdict
+    if earlier is not None:
+        verdict = anyio.run(recipe_undo.after, item, earlier, verdict)
+    return verdict
+
+
+def _numbered(meta: dict[str, Any] | None, n: int) -> dict[str, Any] | None:
+    """A further call's `_meta`: the item's idempotency key, numbered for that call."""
+    if not meta or declarations.HATP_KEY not in meta:
+        return meta
+    contract = meta[declarations.HATP_KEY]
+    return {declarations.HATP_KEY: {**contract, "idempotencyKey": f"{contract['idempotencyKey']}.{n}"}}
+
+
+def _call(plan: Plan, item: PlanItem, run_id: int, tool: str, arguments: dict[str, Any],
+          meta: dict[str, Any] | None, attempt: int, *, first: bool) -> execution.Verdict:
     started = timezone.now()
     opened = journal_services.open_step_in_run(
         run_id=run_id,
         server=item.step.server,
-        tool=item.tool,
+        tool=tool,
         arguments=arguments,
         request_meta=meta,
         now=started,
@@ -257,19 +280,20 @@ def _attempt(plan: Plan, item: PlanItem, attempt: int) -> execution.Verdict:
             "undoes": {"run": str(plan.run.public_id), "step": item.step.number},
         },
     )
-    PlanItem.objects.filter(pk=item.pk).update(call_step_id=opened.step_id)
-    verdict, outcome = anyio.run(_compensate, item, arguments, meta, attempt)
+    if first:
+        PlanItem.objects.filter(pk=item.pk).update(call_step_id=opened.step_id)
+    verdict, outcome = anyio.run(_compensate, item, tool, arguments, meta, attempt)
     journal_services.close_step(opened=opened, outcome=outcome, started=started, finished=timezone.now())
     return verdict
 
 
-async def _compensate(item: PlanItem, arguments: dict[str, Any], meta: dict[str, Any] | None,
+async def _compensate(item: PlanItem, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None,
                       attempt: int) -> tuple[execution.Verdict, journal_services.Outcome]:
     """One compensation call through the one client: the verdict, and what to journal."""
     async with Upstreams(timeout=settings.TOOL_SERVER_TIMEOUT) as upstreams:
         endpoint = endpoint_of(item.step.server)
         try:
-            result = await upstreams.call_tool(endpoint, item.tool, arguments, meta=meta)
+            result = await upstreams.call_tool(endpoint, tool, arguments, meta=meta)
         except ToolServerError as exc:
             verdict = execution.read_failure(
                 failure_class=exc.failure_class, message=exc.message, transient=exc.transient,
@@ -281,39 +305,7 @@ async def _compensate(item: PlanItem, arguments: dict[str, Any], meta: dict[str,
         verdict = execution.read_answer(result)
         if item.via == "ui" and verdict.outcome == execution.COMPENSATED:
             verdict = await _postcondition(upstreams, endpoint, item, verdict)
-        if (earlier := _recipe_read(item)) is not None and verdict.outcome == execution.COMPENSATED:
-            try:
-                now = await read_version(upstreams, endpoint, earlier)
-            except (ToolServerError, ValueError) as exc:
-                verdict = execution.Verdict(execution.OUTCOME_UNKNOWN, {**verdict.detail, "message": (
-                    f"The undo ran, but {endpoint.name} could not be read again to see whether it took: "
-                    f"{getattr(exc, 'message', exc)}")})
-            else:
-                verdict = execution.recipe_after_undo(verdict, now=now, before=earlier["version"])
     return verdict, journal_services.Outcome(result=result)
-
-
-def _recipe_read(item: PlanItem) -> dict[str, Any] | None:
-    """How a recipe read the record before the agent's call, if this item is such an undo."""
-    earlier = item.step.earlier_state or {}
-    return earlier if item.dialect == planning.RECIPE and earlier.get("version") else None
-
-
-async def _recipe_before(item: PlanItem, earlier: dict[str, Any]) -> execution.Verdict | None:
-    """A recipe undo's read just before it runs (see `execution.recipe_before_undo`)."""
-    overwrite = ""
-    if item.conflict_choice == PlanItem.Choice.OVERWRITE and item.check_status == PlanItem.Check.CONFLICT:
-        overwrite = ((item.check_detail or {}).get("current") or {}).get("version") or ""
-    async with Upstreams(timeout=settings.TOOL_SERVER_TIMEOUT) as upstreams:
-        endpoint = endpoint_of(item.step.server)
-        try:
-            now = await read_version(upstreams, endpoint, earlier)
-        except (ToolServerError, ValueError) as exc:
-            return execution.Verdict(execution.COMPENSATION_FAILED, {"message": (
-                f"{endpoint.name} could not be read before the undo, so nothing was sent: "
-                f"{getattr(exc, 'message', exc)}")}, retry=bool(getattr(exc, "transient", False)))
-    return execution.recipe_before_undo(now=now, agent_left=item.if_version, before=earlier["version"],
-                                        overwrite=overwrite)
 
 
 async def _postcondition(upstreams: Upstreams, endpoint, item: PlanItem, verdict: execution.Verdict

@@ -24,8 +24,8 @@ from . import bell
 # The Step columns planning reads; a 10,000-step run is one query of these.
 _FACT_FIELDS = (
     "id", "number", "server_name", "tool", "status", "reversibility", "declaration", "compensation_arguments",
-    "undo_problems", "effect_summary", "effect_resource", "effect_version", "undo_by", "finished_at",
-    "request_meta", "failure_class", "arguments",
+    "compensation_then", "undo_problems", "effect_summary", "effect_resource", "effect_version", "undo_by",
+    "finished_at", "request_meta", "failure_class", "arguments",
 )
 
 
@@ -78,6 +78,7 @@ def step_facts(run: Run) -> list[planning.StepFacts]:
                 failure_class=row["failure_class"],
                 arguments=row["arguments"] if isinstance(row["arguments"], dict) else {},
                 server_tools=tools.get(row["server_name"], ()),
+                compensation_then=row["compensation_then"],
             )
         )
     return facts
@@ -282,6 +283,7 @@ def _item_row(plan: Plan, draft: planning.ItemDraft) -> PlanItem:
         pointers=list(draft.pull.pointers),
         tool=draft.tool,
         arguments=draft.arguments,
+        then=draft.then or [],
         if_version=draft.if_version,
         idempotency_key=draft.idempotency_key,
         dialect=draft.dialect,

@@ -101,7 +101,8 @@ def _name_recipes(items: list[PlanItem]) -> list[PlanItem]:
         recipe = server.recipe(item.step.tool) or {}
         item.recipe = {"does": recipe.get("does") or "", "pack": server.recipe_pack,
                        "by": server.recipes_changed_by, "at": server.recipes_changed_at,
-                       "call": brief(item.tool, item.arguments or {})}
+                       "call": ", then ".join(brief(call["tool"], call["arguments"]) for call in [
+                           {"tool": item.tool, "arguments": item.arguments or {}}, *(item.then or [])])}
     return items
 
 

@@ -247,6 +247,8 @@ class Step(models.Model):
         max_length=12, choices=Reversibility.choices, default=Reversibility.UNKNOWN
     )
     compensation_arguments = models.JSONField(null=True, blank=True)
+    # A recipe's further compensating calls, in order, each {"tool", "arguments"} resolved like the first.
+    compensation_then = models.JSONField(null=True, blank=True)
     undo_problems = models.JSONField(default=list, blank=True)
     # An admin's recipe read the record just before the call was sent (journal.recipes): what it read, the
     # version of it, and its size and digest; the answer itself only when within the inline bound.

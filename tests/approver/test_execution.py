@@ -143,3 +143,13 @@ def test_a_recipe_undo_counts_only_once_the_record_reads_as_before():
     assert failed.outcome == "compensation_failed" and failed.detail["postcondition"] is False
     refused = ex.Verdict("compensation_failed", {"message": "no"})
     assert ex.recipe_after_undo(refused, now="was", before="was") is refused
+
+
+def test_a_recipe_undo_of_several_calls_that_stops_half_way_says_what_ran_and_is_never_tried_again():
+    failed = ex.Verdict(ex.COMPENSATION_FAILED, {"message": "relation type missing"}, retry=True)
+    partial = ex.partial_undo(failed, calls=["create_entities", "create_relations"], failed=2)
+    assert partial.outcome == ex.COMPENSATION_FAILED and partial.retry is False
+    assert partial.detail["partial"] is True
+    assert partial.detail["message"] == (
+        "The undo is partial: create_entities ran, then create_relations (call 2 of 2) did not: relation "
+        "type missing. Finish it by hand.")

@@ -7,9 +7,11 @@ import json
 import subprocess
 
 import pytest
+from django.test import Client
 
 from approver import services, tasks
 from approver.models import Plan
+from journal import declarations
 from journal import services as journal_services
 from journal.models import Run, Step
 from tests.journal.helpers import run_agent
@@ -193,6 +195,35 @@ def test_deleted_observations_and_relations_are_put_back(recorder, serve, on_cal
     plan = undo(recorder, token, script, on_call, (approver_user, second_approver))
     assert {n: i.outcome for n, i in items(plan).items()} == {1: "compensated", 2: "compensated"}
     assert graph(world) == before
+
+
+def test_deleted_entities_come_back_with_every_relation_the_delete_took(recorder, serve, on_call,
+                                                                         approver_user, second_approver):
+    """Two calls, signed as one item: the entities first, then the relations they had."""
+    world, token = serve("memory", "memory")
+    seed(recorder, token)
+    before = graph(world)
+
+    async def script(client):
+        await client.call_tool("memory__delete_entities", {"entityNames": ["Ann"]})
+
+    plan = undo(recorder, token, script, on_call, (approver_user, second_approver))
+    item = items(plan)[1]
+    assert item.tool == "create_entities" and item.arguments == {"entities": [
+        {"name": "Ann", "entityType": "person", "observations": ["likes tea"]}]}
+    assert item.then == [{"tool": "create_relations", "arguments": {"relations": [
+        {"from": "Ann", "to": "Acme", "relationType": "works_at"}]}}]
+    assert services.plan_content(plan)["items"][0]["compensation"]["then"] == item.then  # signed
+    web = Client()
+    web.force_login(approver_user)
+    page = web.get(f"/plans/{plan.public_id}/").content.decode()
+    assert ", then create_relations {relations: [{&quot;from&quot;: &quot;Ann&quot;" in page
+    assert item.outcome == "compensated", item.outcome_detail
+    assert graph(world) == before
+    calls = list(plan.compensation_run.steps.order_by("number").values_list("tool", "request_meta"))
+    assert [tool for tool, _ in calls] == ["create_entities", "create_relations"]
+    keys = [meta[declarations.HATP_KEY]["idempotencyKey"] for _, meta in calls]
+    assert keys[1] == f"{keys[0]}.2"
 
 
 # -- mcp-server-git -----------------------------------------------------------------------------------------
