@@ -73,8 +73,6 @@ def main() -> None:
                 if (tool.get("annotations") or {}).get("readOnlyHint") is True:
                     continue
                 kind, why = recipes.explain(tool, server.recipe(tool["name"]), server.catalogue)
-                if kind == "compensate" and (server.recipe(tool["name"]) or {}).get("then"):
-                    kind, why = "not yet", why + " (several calls, which a plan cannot carry yet)"
                 total += 1
                 undoable += kind == "compensate"
                 print(f"  {name:<10} {tool['name']:<22} {kind:<11} {why}")

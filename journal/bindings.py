@@ -10,7 +10,8 @@ Two syntaxes arrive from tool servers:
   token that stands for every element of an array (`$response.body#/entities/*/name`: the names of every
   entity the call reports it created), and `{"$each": <expression>, "as": {<name>: "$item#/…", …}}`, an array
   built from every element of another (the observations a call added, reshaped into the deletions that take
-  them back).
+  them back), and `{"$match": <expression>, "pattern": "On branch (\\S+)"}`, what one group of a regular
+  expression captures in a text (a server that answers only in text).
 - mcp-compensate (ChronoMCP) paths: `$.input.a.b` (arguments) and `$.output.a.b` (the whole result object),
   object keys only.
 
@@ -19,6 +20,7 @@ automatically undoable, and a compensation must never run with partial arguments
 to `null` is treated the same way, because a null identifier names nothing to undo.
 """
 
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -45,11 +47,27 @@ _SOURCES = {
 
 
 EACH, AS, ITEM = "$each", "as", "$item"
+# `{"$match": <expression>, "pattern": <regex with one group>}`: what the group captures in the text the
+# expression names (the branch in a server's text answer: "On branch (\\S+)").
+MATCH, PATTERN = "$match", "pattern"
+
+
+def _match_problem(binding: dict) -> str | None:
+    pattern = binding.get(PATTERN)
+    if set(binding) != {MATCH, PATTERN} or not isinstance(pattern, str) or len(pattern) > 200:
+        return f"{binding!r}: a {MATCH} binding has exactly {MATCH} and {PATTERN} (a regular expression)"
+    try:
+        groups = re.compile(pattern).groups
+    except re.error as exc:
+        return f"{pattern!r} is not a regular expression: {exc}"
+    return None if groups == 1 else f"{pattern!r}: the pattern captures exactly one group"
 
 
 def expression_problem(expression: Any, *, sources: tuple[str, ...] = tuple(_SOURCES)) -> str | None:
     """Why `expression` is not a runtime expression over one of `sources` (None when it is, or when it is a
     literal): for checking a recipe when it is saved, before any call."""
+    if isinstance(expression, dict) and MATCH in expression:
+        return _match_problem(expression) or expression_problem(expression[MATCH], sources=sources)
     if isinstance(expression, dict) and EACH in expression:
         template = expression.get(AS)
         if set(expression) != {EACH, AS} or not isinstance(template, dict) or not template:
@@ -75,6 +93,8 @@ def resolve_runtime_expression(expression: Any, *, request: Any, response: Any, 
                                item: Any = None) -> Any:
     if isinstance(expression, dict) and EACH in expression:
         return _each(expression, request=request, response=response, before=before)
+    if isinstance(expression, dict) and MATCH in expression:
+        return _match(expression, request=request, response=response, before=before, item=item)
     if not isinstance(expression, str) or not expression.startswith("$"):
         return expression
     source, _, pointer = expression.partition("#")
@@ -112,6 +132,17 @@ def _each(binding: dict, *, request: Any, response: Any, before: Any) -> list[An
     return [{name: resolve_runtime_expression(value, request=request, response=response, before=before,
                                               item=element) for name, value in template.items()}
             for element in elements]
+
+
+def _match(binding: dict, *, request: Any, response: Any, before: Any, item: Any) -> str:
+    if (problem := _match_problem(binding)) is not None:
+        raise BindingError(problem)
+    text = resolve_runtime_expression(binding[MATCH], request=request, response=response, before=before,
+                                      item=item)
+    found = re.search(binding[PATTERN], text) if isinstance(text, str) else None
+    if found is None or not found.group(1):
+        raise BindingError(f"{binding[MATCH]!r} does not match {binding[PATTERN]!r}")
+    return found.group(1)
 
 
 def _walk(document: Any, parts: list[str], *, expression: str, label: str, walked: str) -> Any:

@@ -29,7 +29,10 @@ _GIT = {
     "git_add": "fe607783e69161974a5f7a4ccd35c37a74701420facc8f99a153e9e1bd268a00",
     "git_reset": "eea611c41ac2f0dac25fa3cc39a6b9692425bd6bc1de10c91e3ec81846c9707e",
     "git_create_branch": "fc11ec836b25b8e829547cdf19fb1808dc935595bf4b4370eabc5fc4a8a94e26",
+    "git_checkout": "b655a056a01c07675207106a974e3c18649ad97cfe5049bbc68b5f033a8ce4d6",
 }
+# The branch checked out, as git_status says it in text.
+_ON_BRANCH = r"On branch (\S+)"
 
 # The file as it was, read as text before the write, and written back.
 _FILE_BEFORE = {"tool": "read_text_file", "arguments": {"path": "$request.body#/path"}}
@@ -123,6 +126,17 @@ PACKS: dict[str, list[dict[str, Any]]] = {
                version="/relations"),
     ],
     "git": [
+        # The branch is read from git_status's text before the checkout; a detached HEAD has none, so such a
+        # checkout is not undoable, and the step says why.
+        {"tool": "git_checkout", "schemaDigest": _GIT["git_checkout"], "kind": "compensate",
+         "does": "check out the branch that was checked out before",
+         "read": {"tool": "git_status", "arguments": {"repo_path": "$request.body#/repo_path"}},
+         "versionPattern": _ON_BRANCH,
+         "compensation": {"tool": "git_checkout", "arguments": {
+             "repo_path": "$request.body#/repo_path",
+             "branch_name": {"$match": "$before.body", "pattern": _ON_BRANCH}}},
+         "sideEffect": "Uncommitted changes go along to the branch checked out, or git refuses if they "
+                       "would be overwritten."},
         {"tool": "git_add", "schemaDigest": _GIT["git_add"], "kind": "compensate",
          "does": "unstage the files again (git reset)",
          "read": {"tool": "git_diff_staged", "arguments": {"repo_path": "$request.body#/repo_path"}},

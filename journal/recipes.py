@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 import jsonpointer
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
-from .bindings import EACH, expression_problem, resolve_arguments
+from .bindings import EACH, MATCH, expression_problem, resolve_arguments
 from .canonical import canonical_bytes, sha256_hex
 from .declarations import (
     HIDDEN_TOOLS,
@@ -105,6 +105,8 @@ class Recipe(_Strict):
     remedy: str | None = Field(None, max_length=_TEXT)
     read: Call | None = None
     version: str = Field("", max_length=200)  # a JSON Pointer into the read's structuredContent
+    # A regular expression with one group over the text at `version`: the version is of what it captures.
+    version_pattern: Pattern | None = Field(None, alias="versionPattern")
     compensation: Call | None = None
     then: list[Call] = Field(default_factory=list, max_length=3)  # further compensating calls, in order
     when_read_fails: WhenReadFails | None = Field(None, alias="whenReadFails")
@@ -120,7 +122,8 @@ class Recipe(_Strict):
         if self.kind != "compensate" and (self.compensation is not None or self.then):
             raise ValueError(f"a recipe of kind {self.kind!r} has no compensation")
         uses_before = "$before.body" in str([call.arguments for call in self.calls])
-        needs_read = uses_before or self.version or self.when_read_fails or self.refuse_if_before
+        needs_read = (uses_before or self.version or self.version_pattern or self.when_read_fails
+                      or self.refuse_if_before)
         if needs_read and self.read is None:
             raise ValueError("the earlier state, its version and a failed read each need an earlier read")
         if self.version:
@@ -185,7 +188,7 @@ def problems(recipe: Recipe, catalogue: list[Any]) -> list[str]:
 def _request_argument(expression: Any) -> str:
     """The argument of the call a binding reads (`$request.body#/path/…` → "path"), if it reads one."""
     if isinstance(expression, dict):
-        expression = expression.get(EACH)
+        expression = expression.get(EACH) or expression.get(MATCH)
     if isinstance(expression, str) and expression.startswith("$request.body#/"):
         return jsonpointer.JsonPointer(expression.partition("#")[2]).parts[0]
     return ""
@@ -243,10 +246,11 @@ def declaration_for(tool: Mapping[str, Any] | None, *, catalogue: Any, recipe: A
     return with_earlier_state(declared, parsed, earlier) if earlier is not None else declared
 
 
-def version(read_result: Any, pointer: str = "", *, ignore_order: bool = False) -> str:
+def version(read_result: Any, pointer: str = "", *, ignore_order: bool = False, pattern: str | None = None
+            ) -> str:
     """The version of an earlier-state read's answer: the digest of its `structuredContent` (or of the value
-    at `pointer` in it; with `ignore_order`, every array taken as a set). Raises ValueError when the answer
-    has no such value."""
+    at `pointer` in it; with `ignore_order`, every array taken as a set; with `pattern`, of what its group
+    captures in that text). Raises ValueError when the answer has no such value."""
     if not isinstance(read_result, Mapping) or read_result.get("isError") is True:
         raise ValueError("the read failed")
     structured = read_result.get("structuredContent")
@@ -260,6 +264,11 @@ def version(read_result: Any, pointer: str = "", *, ignore_order: bool = False) 
         value = jsonpointer.resolve_pointer(structured, pointer)
     except jsonpointer.JsonPointerException as exc:
         raise ValueError(f"the read's answer has no value at {pointer!r} ({exc})") from None
+    if pattern:
+        found = re.search(pattern, value) if isinstance(value, str) else None
+        if found is None:
+            raise ValueError(f"the read's answer does not match {pattern!r}")
+        value = found.group(1)
     return "sha256:" + sha256_hex(_unordered(value) if ignore_order else value)
 
 
@@ -384,7 +393,8 @@ def earlier_state(recipe: Recipe, *, arguments: dict[str, Any], result: Any = No
     `problem` says why the recipe cannot undo the call from it."""
     # How to read it again, and compare (the plan's check and its execution read it again the same way).
     state: dict[str, Any] = {"tool": recipe.read.tool, "arguments": arguments, "versionAt": recipe.version,
-                             "ignoreOrder": recipe.version_ignores_order, "does": recipe.does}
+                             "ignoreOrder": recipe.version_ignores_order, "does": recipe.does,
+                             **({"versionPattern": recipe.version_pattern} if recipe.version_pattern else {})}
     if error or not isinstance(result, Mapping) or result.get("isError") is True:
         text = error or " ".join(str(block.get("text", "")) for block in (result or {}).get("content") or []
                                  if isinstance(block, Mapping))
@@ -392,10 +402,11 @@ def earlier_state(recipe: Recipe, *, arguments: dict[str, Any], result: Any = No
     body = canonical_bytes(result)
     state.update(size=len(body), sha256=sha256_hex(result))
     try:
-        state["version"] = version(result, recipe.version, ignore_order=recipe.version_ignores_order)
+        state["version"] = version(result, recipe.version, ignore_order=recipe.version_ignores_order,
+                                   pattern=recipe.version_pattern)
     except ValueError as exc:
         return {**state, "problem": f"the earlier state could not be versioned: {exc}"}
-    structured = result.get("structuredContent")
+    structured = kept_state(result, len(body))  # its structuredContent, or its text
     if len(body) > limit:
         return {**state, "problem": f"the earlier state is {len(body)} bytes, over the {limit} kept, so it "
                                     "cannot be put back"}

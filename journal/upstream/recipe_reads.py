@@ -17,7 +17,8 @@ async def read_state(upstreams: Upstreams, endpoint: Endpoint, earlier: dict[str
     answer = await upstreams.call_tool(endpoint, earlier["tool"], earlier.get("arguments") or {},
                                        timeout=timeout, owner=owner)
     version = recipes.version(answer, earlier.get("versionAt") or "",
-                              ignore_order=bool(earlier.get("ignoreOrder")))
+                              ignore_order=bool(earlier.get("ignoreOrder")),
+                              pattern=earlier.get("versionPattern"))
     return version, recipes.kept_state(answer, limit)
 
 

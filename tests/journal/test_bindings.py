@@ -158,3 +158,16 @@ def test_each_reshapes_every_element_of_an_array():
     assert expression_problem(binding) is None
     assert "exactly $each and as" in expression_problem({"$each": "$response.body#/results"})
     assert "use one of" in expression_problem({"$each": "$response.body#/results", "as": {"x": "$it#/a"}})
+
+
+def test_a_match_binding_takes_what_one_group_captures_in_a_text():
+    status = "Repository status:\nOn branch main\nnothing to commit"
+    match = {"$match": "$before.body", "pattern": r"On branch (\S+)"}
+    assert resolve_runtime_expression(match, request={}, response=None, before=status) == "main"
+    with pytest.raises(BindingError, match="does not match"):
+        resolve_runtime_expression(match, request={}, response=None, before="HEAD detached at 1a2b")
+    assert expression_problem(match) is None
+    assert "exactly one group" in expression_problem({"$match": "$before.body", "pattern": "x"})
+    assert "not a regular expression" in expression_problem({"$match": "$before.body", "pattern": "("})
+    assert "exactly $match and pattern" in expression_problem({"$match": "$before.body"})
+    assert "use one of" in expression_problem({"$match": "$elsewhere", "pattern": "(x)"})

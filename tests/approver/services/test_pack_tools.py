@@ -274,3 +274,34 @@ def test_two_changes_to_one_file_are_undone_in_turn_back_to_the_first(recorder, 
         found[1].check_detail["wouldDo"])
     assert {n: i.outcome for n, i in found.items()} == {1: "compensated", 2: "compensated"}
     assert (world / "notes.txt").read_text() == "first line\nsecond line\n"
+
+
+def branch(world) -> str:
+    return subprocess.run(["git", "-C", str(world), "branch", "--show-current"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_git_checkout_goes_back_to_the_branch_checked_out_before(recorder, serve, on_call, approver_user,
+                                                                 second_approver):
+    world, token = serve("git", "git")
+    subprocess.run(["git", "-C", str(world), "branch", "feature"], check=True)
+
+    async def script(client):
+        await client.call_tool("git__git_checkout", {"repo_path": str(world), "branch_name": "feature"})
+
+    plan = undo(recorder, token, script, on_call, (approver_user, second_approver))
+    item = items(plan)[1]
+    assert item.arguments == {"repo_path": str(world), "branch_name": "main"}
+    assert item.outcome == "compensated" and branch(world) == "main"
+
+
+def test_a_checkout_from_a_detached_head_cannot_be_undone_and_says_why(recorder, serve, on_call):
+    world, token = serve("git", "git")
+    subprocess.run(["git", "-C", str(world), "checkout", "-q", "--detach"], check=True)
+
+    async def script(client):
+        await client.call_tool("git__git_checkout", {"repo_path": str(world), "branch_name": "main"})
+
+    plan = undo(recorder, token, script, on_call, ())
+    item = items(plan)[1]
+    assert item.action == "cannot_undo" and "does not match" in item.reason
