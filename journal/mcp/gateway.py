@@ -91,8 +91,10 @@ def _begin(*, servers: ServerDirectory, agent: Agent, server_name: str, tool: st
     server = servers.get(server_name)
     if server is None:
         return None
-    if read_first and (recipe := earlier_reads.needs_read(server, tool)) is not None:
+    recipe = earlier_reads.needs_read(server, tool)
+    if recipe is not None and read_first and not earlier_reads.taken_by(recipe, arguments, earlier):
         return earlier_reads.NeedsRead(server=server, recipe=recipe)
+    earlier = earlier if recipe is not None else None
     gate = ports.gate()
 
     def decide(declaration, retry_of=None):
@@ -265,10 +267,8 @@ class Recorder:
         started = timezone.now()
         begin = dict(servers=self.journal.servers, agent=agent, server_name=server_name, tool=tool,
                      arguments=arguments, key=run_key(meta, session_id), request_meta=kept_meta, now=started)
-        opened = await self.journal.run(_begin, **begin)
-        if isinstance(opened, earlier_reads.NeedsRead):  # an admin's recipe reads the record first
-            earlier = await earlier_reads.before(self.upstreams, opened, arguments, owner)
-            opened = await self.journal.run(_begin, **begin, earlier=earlier, read_first=False)
+        # An admin's recipe reads the record first (`earlier_reads.begin`)
+        opened = await earlier_reads.begin(self.journal, self.upstreams, _begin, begin, owner)
         if opened is None:
             return tool_error(f"Unknown tool server {server_name!r}.", failed("not_found")), None
         decision = (opened.policy or {}).get("decision", "allow")

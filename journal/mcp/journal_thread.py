@@ -66,6 +66,11 @@ class ServerDirectory:
     def __init__(self):
         self._known: dict[str, tuple[Any, ToolServer]] = {}
 
+    def known(self, name: str) -> ToolServer | None:
+        """The server as last read, without asking the database (it may be stale: `get` says for sure)."""
+        known = self._known.get(name)
+        return known[1] if known is not None else None
+
     def get(self, name: str) -> ToolServer | None:
         row = sql.first_row(ToolServer, ("id", "updated_at"), "name = %s AND enabled = %s",
                             [name, sql.prep(ToolServer, "enabled", True)])

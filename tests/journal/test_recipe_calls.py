@@ -106,3 +106,25 @@ def test_the_recorder_keeps_the_earlier_state_and_binds_the_undo_to_it(recorder,
     assert "ENOENT" in created.earlier_state["error"]
     assert previewed.undo_problems == ["nothing to undo: the call left the record as it found it"]
     assert journal_services.verify_run(run=rewritten.run).ok
+
+
+def test_a_recipe_put_in_force_or_taken_off_between_two_calls_applies_from_the_next(recorder, fs_token):
+    """The Recorder reads the record first by the server as it last knew it (one trip to the journal); when
+    an admin changed the recipes since, the journal says so and the call goes by the recipes in force."""
+    world, token = fs_token
+    server = ToolServer.objects.get(name="fs")
+    path = str(world / "notes.txt")
+
+    async def write(client):
+        await client.call_tool("fs__write_file", {"path": path, "content": "agent\n"})
+
+    run_agent(recorder, token, write)  # the Recorder now knows fs with its recipes
+    journal_services.set_recipes(server=server, raw=[], pack="", by="ada")
+    run_agent(recorder, token, write)
+    journal_services.set_recipes(server=server, raw=packs.pack("filesystem"), pack="filesystem", by="ada")
+    run_agent(recorder, token, write)
+    first, off, on_again = Step.objects.order_by("started_at")
+    assert first.reversibility == "compensate" and first.earlier_state["version"]
+    assert off.reversibility == "unknown" and off.earlier_state is None  # what it read first is not kept
+    assert on_again.reversibility == "compensate" and on_again.earlier_state["structured"] == {
+        "content": "agent\n"}
