@@ -55,7 +55,7 @@ def _effect(parsed, declaration: declarations.UndoDeclaration, *, earlier: Any, 
     effect = parsed.effect if parsed and parsed.effect else declarations.Effect()
     if declaration.source == recipes.SOURCE and after_version and not effect.version:
         effect = effect.model_copy(update={"version": after_version})
-        if (earlier or {}).get("version") == after_version:
+        if (earlier or {}).get("version") == after_version and declaration.kind == "compensate":
             problems.append("nothing to undo: the call left the record as it found it")
     return effect
 

@@ -440,6 +440,7 @@ def with_earlier_state(declaration: UndoDeclaration, recipe: Recipe,
             f"the earlier state could not be read ({state['error']}), so the call's undo is not known",))
     if "structured" in state and (rule := unrestorable(recipe, state["structured"])) is not None:
         return UndoDeclaration(kind="none", source=SOURCE, reason=rule.reason, remedy=rule.remedy)
-    if state.get("problem"):
-        return declaration.model_copy(update={"problems": (*declaration.problems, state["problem"])})
+    if state.get("problem"):  # read, but not kept or not versioned: the recipe cannot put it back
+        return UndoDeclaration(kind="none", source=SOURCE, reason=f"{state['problem'][0].upper()}"
+                               f"{state['problem'][1:]}.", remedy=declaration.remedy)
     return declaration

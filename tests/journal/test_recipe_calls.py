@@ -2,10 +2,13 @@
 Recorder and the real pinned filesystem server: the recipe decides the step's undo, the compensation is
 bound from the call, and a tool the recipe says cannot be undone says why and what to do instead."""
 
+import sys
+from pathlib import Path
+
 import pytest
 from django.test import Client
 
-from journal import bundle, packs
+from journal import bundle, packs, recipes
 from journal import services as journal_services
 from journal.models import Step, ToolServer
 
@@ -128,3 +131,30 @@ def test_a_recipe_put_in_force_or_taken_off_between_two_calls_applies_from_the_n
     assert off.reversibility == "unknown" and off.earlier_state is None  # what it read first is not kept
     assert on_again.reversibility == "compensate" and on_again.earlier_state["structured"] == {
         "content": "agent\n"}
+
+
+@pytest.mark.parametrize(("read", "kind", "said"), [
+    ("peek", "unknown", "nested 5003 levels deep, deeper than the Recorder's limit"),
+    ("heap", "none", "bytes, over the 65536 kept, so it cannot be put back."),
+])
+def test_a_hostile_answer_to_the_earlier_state_read_is_bounded_and_the_step_says_why(recorder, dana, read,
+                                                                                    kind, said):
+    """A read that answers deeper or larger than the Recorder keeps: nothing of it is kept, the policy
+    decides on what that leaves (unknown, or cannot be undone), and the step says why."""
+    deep = [sys.executable, str(Path(__file__).resolve().parent.parent / "fixtures" / "deep_stdio_server.py")]
+    server = journal_services.refresh_catalogue(
+        server=journal_services.register_tool_server(name="deep", command=" ".join(deep)))
+    recipe = {"tool": "poke", "schemaDigest": recipes.schema_digest(server.tool("poke")),
+              "kind": "compensate", "read": {"tool": read, "arguments": {}},
+              "compensation": {"tool": "poke", "arguments": {}}}
+    journal_services.set_recipes(server=server, raw=[recipe], pack="", by="ada")
+    token = journal_services.create_agent(name="bot", on_behalf_of=dana)[1]
+
+    async def script(client):
+        return await client.call_tool("deep__poke", {})
+
+    assert not run_agent(recorder, token, script).is_error
+    step = Step.objects.get(tool="poke")
+    assert step.reversibility == kind and "structured" not in step.earlier_state
+    assert said in (step.declaration["reason"] or "") + " ".join(step.undo_problems)
+    assert step.compensation_arguments is None and journal_services.verify_run(run=step.run).ok
