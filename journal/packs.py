@@ -52,15 +52,12 @@ _NOT_TEXT = {
               "bytes cannot go back through write_file.",
     "remedy": "Restore the file from a backup or version control.",
 }
-_NO_CONDITIONAL_WRITE = ("This server has no conditional write: a change made between the last check and the "
-                         "undo could be overwritten.")
 
 
 def _restore_file(tool: str, digest: str) -> dict[str, Any]:
     return {"tool": tool, "schemaDigest": digest, "kind": "compensate", "does": "restore the file's earlier "
             "content, byte for byte", "read": _FILE_BEFORE, "version": "/content",
-            "compensation": _RESTORE_FILE, "whenReadFails": _NEW_FILE, "refuseIfBefore": _NOT_TEXT,
-            "sideEffect": _NO_CONDITIONAL_WRITE}
+            "compensation": _RESTORE_FILE, "whenReadFails": _NEW_FILE, "refuseIfBefore": _NOT_TEXT}
 
 
 def _nodes(names: str) -> dict[str, Any]:

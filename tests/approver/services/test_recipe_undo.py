@@ -78,6 +78,7 @@ def test_an_agents_file_writes_are_undone_byte_for_byte_and_a_persons_later_edit
         in page
     assert f'It will call <code>write_file {{path: &quot;{world / "crlf.txt"}&quot;, content: 10 B}}</code>' \
         in page
+    assert "a change in the moment between that read and the write could be overwritten" in page
 
     conflict = str(items[2].position)
     for user in (approver_user, second_approver):
