@@ -103,12 +103,13 @@ class Decision:
                 if self.policy else None}
 
 
-def call_class(*, kind: str, via: str | None, dialect: str | None) -> str:
-    """The class of a call from its tool's declaration (`kind`, `via`, and the compensation's dialect)."""
+def call_class(*, kind: str, via: str | None, dialect: str | None, versioned: bool = False) -> str:
+    """The class of a call from its tool's declaration (`kind`, `via`, and the compensation's dialect); an
+    admin's recipe whose read of the record took a version (`versioned`) is checked against versions."""
     if kind == "read_only":
         return READ
     if kind == "compensate":
-        if dialect is not None and dialect != "hatp":
+        if dialect is not None and dialect != "hatp" and not (dialect == "recipe" and versioned):
             return "compensate_no_version"
         return "compensate_ui" if via == "ui" else "compensate_api"
     if kind == "none":
@@ -136,6 +137,7 @@ def decide(
     remedy: str | None = None,
     source: str = "none",
     retry_of: Mapping[str, object] | None = None,
+    versioned: bool = False,
 ) -> Decision:
     """What the governing policy decides for this call. Without any policy, the defaults apply.
 
@@ -143,7 +145,7 @@ def decide(
     never answered, or the agent never saw the answer), found by the Recorder only for tools that are neither
     read-only nor idempotent: a repeat may act twice, so it is held for a human ("ask") unless the governing
     policy lets such repeats through or denies the call anyway (MCP-Rescue's retry guard)."""
-    klass = call_class(kind=kind, via=via, dialect=dialect)
+    klass = call_class(kind=kind, via=via, dialect=dialect, versioned=versioned)
     name = f"{server}__{tool}"
     why = {k: v for k, v in (("reason", reason), ("remedy", remedy), ("source", source)) if v}
     if klass == READ:
@@ -276,7 +278,8 @@ def plan_needs_a_human(
             return f"{where} cannot be undone."
         compensations += 1
         if (
-            call_class(kind="compensate", via=item.get("via"), dialect=item.get("dialect"))
+            call_class(kind="compensate", via=item.get("via"), dialect=item.get("dialect"),
+                       versioned=bool(item.get("if_version")))
             != "compensate_api"
         ):
             return f"{where} is not undone through the API with versions checked."

@@ -63,6 +63,7 @@ def plan_needs_a_human(plan: Plan) -> str:
             "side_effect",
             "cost",
             "needs_human",
+            "if_version",
             "step__number",
             "step__server_name",
             "step__tool",
@@ -133,7 +134,8 @@ def decide_call(*, agent_name: str, server_name: str, tool: str, declaration, bo
     decided = policy.decide(
         policies, agent=agent_name, server=server_name, tool=tool,
         kind=declaration.kind, via=declaration.via, dialect=compensation.dialect if compensation else None,
-        reason=declaration.reason, remedy=declaration.remedy, source=declaration.source, retry_of=retry_of)
+        reason=declaration.reason, remedy=declaration.remedy, source=declaration.source, retry_of=retry_of,
+        versioned=bool(compensation and compensation.versioned))
     record = decided.as_record()
     if decided.policy is not None and decided.policy.allow_unknown_retries:
         record["allowUnknownRetries"] = True  # the agent's advice after a failure says a repeat goes through

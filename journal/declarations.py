@@ -198,6 +198,9 @@ class Compensation(BaseModel):
     # A recipe's further calls, in order, after the first ({"tool", "bindings"} each: re-creating deleted
     # entities, then the relations the delete took with them). Kept in the record only when there are any.
     then: tuple[dict[str, Any], ...] = Field((), exclude=True)
+    # A recipe whose read of the record took a version just before the call: its undo is checked against
+    # versions like a HATP one (the record read again), so the policies class it as such. Never stored.
+    versioned: bool = Field(False, exclude=True)
 
     @model_serializer(mode="wrap")
     def _with_then(self, handler):

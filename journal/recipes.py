@@ -443,4 +443,7 @@ def with_earlier_state(declaration: UndoDeclaration, recipe: Recipe,
     if state.get("problem"):  # read, but not kept or not versioned: the recipe cannot put it back
         return UndoDeclaration(kind="none", source=SOURCE, reason=f"{state['problem'][0].upper()}"
                                f"{state['problem'][1:]}.", remedy=declaration.remedy)
+    if state.get("version") and declaration.compensation is not None:  # checked against versions
+        return declaration.model_copy(update={
+            "compensation": declaration.compensation.model_copy(update={"versioned": True})})
     return declaration

@@ -151,6 +151,10 @@ def test_the_whole_story_files_and_a_knowledge_graph_undone_a_persons_edit_kept(
 
     run_agent(recorder, token, script)
     run = Run.objects.get(agent__name="files-bot")
+    # The policies class a recipe call by whether its read took a version: moving a file has none to take.
+    classes = dict(run.steps.values_list("number", "policy_decision__class"))
+    assert classes == {1: "compensate_api", 2: "compensate_api", 3: "compensate_no_version", 4: "none",
+                       5: "compensate_api", 6: "compensate_api"}
     (world / "report.md").write_bytes(b"# Report\n\nFinal, reviewed by priya.\n")  # a person, afterwards
 
     plan = services.request_plan(run=run, requested_by=on_call, reason="wrong files", from_step=1)
