@@ -4,10 +4,11 @@ policy decides (allow, ask a human first, or deny).
 The question is not "may this agent act?" but "can we take it back if it is wrong?", so a call is classed by
 what its tool server declares about undoing it, before it is made (the agent's own request never counts):
 
-- `compensate_api`: the server can undo it through its API and reports versions (HATP, via api);
+- `compensate_api`: the server can undo it through its API and reports versions (HATP, via api), or an
+  admin's recipe undoes it and the Recorder read the record's version just before the call;
 - `compensate_ui`: it can be undone, but only by a person in the server's own UI;
-- `compensate_no_version`: a compensation is declared (SEP-3172, mcp-compensate) but no version is ever
-  reported, so a later change by someone else cannot be detected;
+- `compensate_no_version`: a compensation is declared (SEP-3172, mcp-compensate, or a recipe with no read)
+  but no version is ever reported, so a later change by someone else cannot be detected;
 - `none`: the server says it cannot be undone;
 - `unknown`: nothing is declared, or the declaration does not parse.
 
