@@ -167,7 +167,7 @@ def problems(recipe: Recipe, catalogue: list[Any]) -> list[str]:
         found.append(f"the server's input schema for {recipe.tool} is not the one the recipe was written "
                      f"for (digest {schema_digest(tool)[:12]}…, the recipe's {recipe.schema_digest[:12]}…): "
                      "it no longer applies")
-    declared = set(((tool.get("inputSchema") or {}).get("properties") or {}).keys())
+    declared = _fields(recipe, tools)
     after = ("$request.body", "$response.body", "$before.body")
     for role, call, sources in (("read", recipe.read, ("$request.body",)),
                                 *(("compensation", call, after) for call in recipe.calls)):
@@ -180,18 +180,36 @@ def problems(recipe: Recipe, catalogue: list[Any]) -> list[str]:
         for name, expression in call.arguments.items():
             if (problem := expression_problem(expression, sources=sources)) is not None:
                 found.append(f"{role} argument {name}: {problem}")
-            elif (first := _request_argument(expression)) and declared and first not in declared:
-                found.append(f"{role} argument {name}: {recipe.tool} declares no argument {first!r}")
+            elif (problem := _unknown_field(expression, declared)) is not None:
+                found.append(f"{role} argument {name}: {problem}")
     return found
 
 
-def _request_argument(expression: Any) -> str:
-    """The argument of the call a binding reads (`$request.body#/path/…` → "path"), if it reads one."""
+def _fields(recipe: Recipe, tools: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, set[str]]]:
+    """What each binding source may name at its top level, as the tools' schemas declare it: the call's
+    arguments, its result's fields (when it has an output schema), what the read returns (likewise)."""
+    def properties(tool_name: str | None, schema: str) -> set[str]:
+        declared = (tools.get(tool_name or "") or {}).get(schema) or {}
+        return set((declared.get("properties") or {}).keys()) if isinstance(declared, Mapping) else set()
+
+    return {"$request.body": (f"{recipe.tool} declares no argument", properties(recipe.tool, "inputSchema")),
+            "$response.body": (f"{recipe.tool}'s result declares no field",
+                               properties(recipe.tool, "outputSchema")),
+            "$before.body": (f"{recipe.read.tool if recipe.read else 'the read'}'s result declares no field",
+                             properties(recipe.read.tool if recipe.read else None, "outputSchema"))}
+
+
+def _unknown_field(expression: Any, declared: Mapping[str, tuple[str, set[str]]]) -> str | None:
+    """Why a binding names a top-level field its source's schema does not declare (None when it does, or
+    when the schema says nothing)."""
     if isinstance(expression, dict):
         expression = expression.get(EACH) or expression.get(MATCH)
-    if isinstance(expression, str) and expression.startswith("$request.body#/"):
-        return jsonpointer.JsonPointer(expression.partition("#")[2]).parts[0]
-    return ""
+    if not isinstance(expression, str) or "#/" not in expression:
+        return None
+    source, _, pointer = expression.partition("#")
+    words, fields = declared.get(source, ("", set()))
+    first = jsonpointer.JsonPointer(pointer).parts[0]
+    return f"{words} {first!r}" if fields and first not in fields else None
 
 
 def declare(recipe: Recipe, tool: Mapping[str, Any] | None, catalogue: list[Any]) -> UndoDeclaration:
@@ -307,41 +325,6 @@ def three_state(*, before: str, after: str, now: str) -> CheckState:
     if now == before:
         return "undone"
     return "conflict"
-
-
-def read_key(earlier: Mapping[str, Any] | None) -> str:
-    """What a kept earlier state read (the read tool and its arguments), so that two steps that read the
-    same record can be told apart from two that did not."""
-    if not earlier or "version" not in earlier:
-        return ""
-    return sha256_hex({"tool": earlier.get("tool"), "arguments": earlier.get("arguments") or {}})
-
-
-def reads_overlap(one: Mapping[str, Any] | None, other: Mapping[str, Any] | None) -> bool:
-    """Whether two kept earlier states may have read the same record: the same read tool, with an argument
-    value in common (the same path; an entity named in both)."""
-    if not one or not other or one.get("tool") != other.get("tool"):
-        return False
-    return bool(_leaves(one.get("arguments")) & _leaves(other.get("arguments")))
-
-
-def _leaves(value: Any) -> set[str]:
-    if isinstance(value, Mapping):
-        return set().union(*(_leaves(item) for item in value.values())) if value else set()
-    if isinstance(value, list):
-        return set().union(*(_leaves(item) for item in value)) if value else set()
-    return {canonical_bytes(value).decode()}
-
-
-def left_by_the_run(after: str, later: list[tuple[str, str]]) -> str:
-    """The version the agent's run left a record at, from the version one of its calls left it at and the
-    (before, after) versions of the run's later calls that read the same record, in order: a later call that
-    found it where the earlier one left it moved it on. The undo of those later calls comes first, so a
-    record at that version is where this undo expects it."""
-    for before, left in later:
-        if before == after:
-            after = left
-    return after
 
 
 def failed_read(recipe: Recipe, error_text: str) -> WhenReadFails | None:

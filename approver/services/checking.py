@@ -11,7 +11,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from journal import recipes, sql
+from journal import recipe_chains, sql
 from journal import services as journal_services
 from journal.upstream.client import Endpoint, Upstreams
 
@@ -71,19 +71,20 @@ def record_checks(*, plan: Plan, check_round: int, results: list[tuple[int, Chec
 def _left_by_the_run(plan: Plan) -> dict[int, str]:
     """For each recipe undo in the plan whose record the run's later calls in the plan changed again (their
     undos come first): the version the run left it at, when those calls read the same record
-    (`recipes.left_by_the_run`), else `checks.LATER_CHANGES` (it cannot be told from here)."""
+    (`recipe_chains.left_by_the_run`), else `checks.LATER_CHANGES` (it cannot be told from here)."""
     rows = list(plan.items.filter(action=PlanItem.Action.COMPENSATE, dialect=planning.RECIPE).order_by(
         "step__number").values_list("id", "if_version", "step__server_id", "step__earlier_state"))
     keyed = [(item_id, server, earlier or {}, (earlier or {}).get("version"), after)
              for item_id, after, server, earlier in rows]
     found = {}
     for n, (item_id, server, earlier, _, after) in enumerate(keyed):
-        key = recipes.read_key(earlier)
-        later = [(recipes.read_key(other), before, left) for _, on, other, before, left in keyed[n + 1:]
-                 if on == server and before and before != left and recipes.reads_overlap(earlier, other)]
+        key = recipe_chains.read_key(earlier)
+        later = [(recipe_chains.read_key(other), before, left) for _, on, other, before, left in keyed[n + 1:]
+                 if on == server and before and before != left
+                 and recipe_chains.reads_overlap(earlier, other)]
         if after and later:
             same = [(before, left) for other, before, left in later if other == key and key]
-            left = recipes.left_by_the_run(after, same) if same else after
+            left = recipe_chains.left_by_the_run(after, same) if same else after
             found[item_id] = left if left != after or len(same) == len(later) else checks.LATER_CHANGES
     return found
 

@@ -171,7 +171,8 @@ def test_a_plan_runs_without_a_human_only_when_everything_in_it_is_safe_and_the_
 
 
 def test_a_recipe_undo_is_checked_against_versions_only_when_its_read_took_one():
-    assert policy.call_class(kind="compensate", via="api", dialect="recipe", versioned=True) == "compensate_api"
+    assert policy.call_class(kind="compensate", via="api", dialect="recipe", versioned=True) == (
+        "compensate_api")
     assert policy.call_class(kind="compensate", via="api", dialect="recipe") == "compensate_no_version"
     # The flag means nothing for another dialect: a SEP-3172 server reports no version.
     assert policy.call_class(kind="compensate", via="api", dialect="sep3172", versioned=True) == (

@@ -3,7 +3,7 @@ tool's name and input-schema digest, never more permissive than the server's own
 
 import pytest
 
-from journal import declarations, recipes
+from journal import declarations, recipe_chains, recipes
 
 WRITE = {"name": "write_file", "inputSchema": {"type": "object", "properties": {
     "path": {"type": "string"}, "content": {"type": "string"}}, "required": ["path", "content"]},
@@ -164,18 +164,18 @@ def test_a_failed_read_means_what_the_recipe_says_or_nothing():
 
 
 def test_where_the_run_left_a_record_follows_its_later_calls_that_found_it_where_the_last_left_it():
-    assert recipes.left_by_the_run("b", [("b", "c"), ("x", "y"), ("c", "d")]) == "d"
-    assert recipes.left_by_the_run("b", [("z", "c")]) == "b"  # someone else's change in between: no chain
-    assert recipes.read_key({"tool": "read_text_file", "arguments": {"path": "/a"}, "version": "v"}) == (
-        recipes.read_key({"arguments": {"path": "/a"}, "tool": "read_text_file", "version": "w"}))
-    assert recipes.read_key({"tool": "read_text_file", "arguments": {"path": "/a"}}) == ""  # no version
+    assert recipe_chains.left_by_the_run("b", [("b", "c"), ("x", "y"), ("c", "d")]) == "d"
+    assert recipe_chains.left_by_the_run("b", [("z", "c")]) == "b"  # someone else's change between: no chain
+    one = {"tool": "read_text_file", "arguments": {"path": "/a"}, "version": "v"}
+    assert recipe_chains.read_key(one) == recipe_chains.read_key({**one, "version": "w"})
+    assert recipe_chains.read_key({"tool": "read_text_file", "arguments": {"path": "/a"}}) == ""  # no version
 
 
 def test_two_reads_overlap_when_the_same_read_names_something_in_common():
     ann = {"tool": "open_nodes", "arguments": {"names": ["Ann", "Bob"]}}
-    assert recipes.reads_overlap(ann, {"tool": "open_nodes", "arguments": {"names": ["Ann"]}})
-    assert not recipes.reads_overlap(ann, {"tool": "open_nodes", "arguments": {"names": ["Cy"]}})
-    assert not recipes.reads_overlap({"tool": "read_text_file", "arguments": {"path": "/a"}},
+    assert recipe_chains.reads_overlap(ann, {"tool": "open_nodes", "arguments": {"names": ["Ann"]}})
+    assert not recipe_chains.reads_overlap(ann, {"tool": "open_nodes", "arguments": {"names": ["Cy"]}})
+    assert not recipe_chains.reads_overlap({"tool": "read_text_file", "arguments": {"path": "/a"}},
                                      {"tool": "read_text_file", "arguments": {"path": "/b"}})
-    assert not recipes.reads_overlap(ann, {"tool": "read_text_file", "arguments": {"path": "Ann"}})
-    assert not recipes.reads_overlap(ann, None)
+    assert not recipe_chains.reads_overlap(ann, {"tool": "read_text_file", "arguments": {"path": "Ann"}})
+    assert not recipe_chains.reads_overlap(ann, None)
