@@ -63,7 +63,9 @@ async def replay(url: str, token: str, *, run_id: str = RUN_ID, say=print, patie
             while True:
                 result = await client.call_tool(name, arguments, meta={"hatp/journal": {"runId": run_id}})
                 text = result.content[0].text if result.content else ""
-                say(f"  {name}: {'ERROR ' if result.is_error else ''}{text}")
+                shown = " ".join(text.split())  # a server's JSON answer, on one line
+                say(f"  {name}: {'ERROR ' if result.is_error else ''}"
+                    f"{shown if len(shown) <= 160 else shown[:159] + '…'}")
                 if not (patient and result.is_error and AWAITS_APPROVAL in text):
                     break
 
