@@ -296,6 +296,8 @@ class Relay:
         calls = self.calls.get(owner) or []
         call = calls[-1] if calls else None
         session = call.session if call is not None and call.session is not None else self.sessions.get(owner)
+        if session is not None and session.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            session = None  # a 2026-07-28 request has no channel back: it is asked by its call's answer
         by_answer = session is None and self.bridge is not None and self.bridge.asking(owner)
         if session is None and not by_answer:
             return types.ErrorData(code=-32603, message="The agent's session has ended.")

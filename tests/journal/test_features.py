@@ -273,6 +273,45 @@ def test_an_agent_on_the_stateless_protocol_answers_an_older_servers_questions_b
     assert step.run.entries.get(event="relayed").data["answer"]["content"]["name"] == "Ada"
 
 
+@pytest.fixture
+def sdk_only_recorder(settings, transactional_db):
+    """A Recorder that takes every 2026-07-28 call through the SDK's app (RECORDER_FAST_CALLS=0)."""
+    from approver.asgi import build_application
+
+    settings.RECORDER_FAST_CALLS = False
+    with ServerThread(build_application(), free_port()) as thread:
+        yield thread
+
+
+@pytest.mark.parametrize("path", ["progress", "sdk only"])
+def test_a_stateless_agent_is_asked_on_every_path_with_progress_or_through_the_sdk(
+        request, token, path):
+    """Issue 24, 1: a call carrying a progress token (the fastmcp client puts one on every call) or a
+    Recorder with its fast path off took the call through the SDK's app, whose 2026-07-28 request has no
+    channel back: the server's question failed with "no back-channel". It is asked by the call's answer."""
+    recorder = request.getfixturevalue("sdk_only_recorder" if path == "sdk only" else "recorder")
+    progressed = []
+
+    async def elicit(context, params):
+        return types.ElicitResult(action="accept", content={"name": "Ada", "check": True, "integer": 3})
+
+    async def noted(done, total, message):
+        progressed.append(done)
+
+    async def script(client):
+        return dumped(await client.call_tool("everything__trigger-elicitation-request", {},
+                                             progress_callback=noted if path == "progress" else None))
+
+    async def direct_script(client):
+        return dumped(await client.call_tool("trigger-elicitation-request", {}))
+
+    direct = directly(direct_script, elicitation_callback=elicit)
+    assert run_agent(recorder, token, script, mode="auto", elicitation_callback=elicit) == direct
+    step = Step.objects.get()
+    assert step.status == "ok"
+    assert step.run.entries.get(event="relayed").data["answer"]["content"]["name"] == "Ada"
+
+
 def test_a_stateless_agent_that_never_answers_leaves_the_step_undelivered(recorder, token, monkeypatch):
     monkeypatch.setattr(bridge, "ANSWER_SECONDS", 0.5)
 
