@@ -18,6 +18,7 @@ import mcp_types as types
 from ..upstream.client import Owner
 
 ANSWER_SECONDS = 300.0
+ABANDONED = "The agent did not answer: it made another call instead."
 
 
 class _Pending:
@@ -46,6 +47,20 @@ class Bridge:
 
     def asking(self, owner: Owner) -> bool:
         return owner in self.by_owner
+
+    def free(self, owner: Owner) -> bool:
+        """Whether a new call of `owner`'s may be asked by its answer. A question the agent was put and walked
+        away from (no request of its waits on that call, and it makes a new one instead of answering) is
+        abandoned: the server hears the agent did not answer, and the new call is not kept waiting."""
+        pending = self.by_owner.get(owner)
+        if pending is not None and not pending.awaited:
+            for future in pending.waiting.values():
+                if not future.done():
+                    future.set_result(types.ErrorData(code=-32603, message=ABANDONED))
+            pending.waiting.clear()
+            if self.by_owner.get(owner) is pending:
+                del self.by_owner[owner]
+        return owner not in self.by_owner
 
     async def ask(self, owner: Owner, request: dict) -> dict | types.ErrorData:
         """Put one of the server's questions to the agent (by the answer to its call) and wait for it."""

@@ -291,7 +291,7 @@ class Recorder:
         if (
             version in versions.MODERN
             and self.relay.heard_capabilities(owner, meta)
-            and not self.bridge.asking(owner)
+            and self.bridge.free(owner)
         ):
             return await self.bridge.start(owner, work)  # a server that asks gets its answer by a retry
         return await work

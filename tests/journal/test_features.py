@@ -333,6 +333,37 @@ def test_a_stateless_agent_that_never_answers_leaves_the_step_undelivered(record
     assert step.status == "undelivered" and "never came back" in step.error_message
 
 
+def test_a_question_the_agent_walked_away_from_does_not_hold_up_its_next_call(recorder, token):
+    """Issue 24, 4: the next call's question went to the abandoned call's answer, and waited ANSWER_SECONDS
+    (300 s). Now the abandoned question is expired (the server hears the agent did not answer) and the next
+    call is asked by its own answer."""
+    async def walk_away(client):
+        return await client.session.call_tool("everything__trigger-elicitation-request", {},
+                                              allow_input_required=True)
+
+    async def elicit(context, params):
+        return types.ElicitResult(action="accept", content={"name": "Bo", "check": True, "integer": 1})
+
+    async def answer(client):
+        return await client.call_tool("everything__trigger-elicitation-request", {})
+
+    asked = run_agent(recorder, token, walk_away, mode="auto", elicitation_callback=elicit)
+    assert asked.result_type == "input_required"
+    started = time.monotonic()
+    answered = run_agent(recorder, token, answer, mode="auto", elicitation_callback=elicit)
+    assert time.monotonic() - started < 30 and not answered.is_error
+    assert "Name: Bo" in answered.content[1].text
+    first, second = Step.objects.order_by("number")
+    for _ in range(100):
+        first.refresh_from_db()
+        if first.status != "pending":
+            break
+        time.sleep(0.1)
+    assert second.status == "ok" and first.status == "undelivered"
+    assert "did not answer: it made another call instead" in str(
+        first.run.entries.filter(event="relayed").first().data)
+
+
 def test_an_agent_on_the_stateless_protocol_hears_updates_of_resources_it_listens_for(recorder, token):
     """A 2026 agent has no channel back but the `subscriptions/listen` stream it opens: the Recorder
     subscribes at the server for the resources it names, and the server's updates arrive on that stream."""
