@@ -11,7 +11,26 @@ from ..upstream.client import ToolServerError
 from . import versions
 
 RUN_ID_KEY = "runId"
-SEPARATOR = "__"  # tools, prompts and resources are named server__name (resource URIs: server__uri)
+SEPARATOR = "__"  # tools and prompts are named server__name
+# A listed resource's URI is the server's own, carried by a URI of the Recorder's (RFC 3986, so every client
+# takes it as a URI): recorder://server/demo://resource/1. Templates likewise, so what an agent builds from
+# one routes too.
+RESOURCE_SCHEME = "recorder://"
+
+
+def resource_uri(server: str, uri: str) -> str:
+    """A server's resource URI (or URI template) as the Recorder lists it."""
+    return f"{RESOURCE_SCHEME}{server}/{uri}"
+
+
+def resource_of(uri: str) -> tuple[str, str] | None:
+    """The server and its own URI, from a URI the Recorder listed (or from the older `server__uri` form,
+    which agents may have kept); None for any other URI."""
+    if uri[:len(RESOURCE_SCHEME)].lower() == RESOURCE_SCHEME:
+        name, slash, original = uri[len(RESOURCE_SCHEME):].partition("/")
+        return (name, original) if slash and name and original else None
+    name, separator, original = uri.partition(SEPARATOR)
+    return (name, original) if separator and name and original else None
 
 
 def enabled_servers() -> list[ToolServer]:

@@ -1,8 +1,9 @@
 """The rest of MCP through the Recorder: resources, resource templates, prompts, completion and logging,
 forwarded to each tool server on the agent's own upstream session and namespaced the way tools are.
 
-Names: a prompt is `server__name`; a listed resource's URI is `server__uri` and a template's
-`server__template`, so a URI the agent builds from a template routes too. A URI the agent got without the
+Names: a prompt is `server__name`; a listed resource's URI is `recorder://server/uri` and a template's
+`recorder://server/template` (valid URIs to every client, `context.resource_uri`), so a URI the agent builds
+from a template routes too (and so does the older `server__uri`). A URI the agent got without the
 prefix (a resource link or an embedded resource in a tool's result, a prompt's messages or a read's
 contents) is read from the server that gave it to this agent session. Whatever the agent sends, the server
 gets its own name or URI back, and its answers come back as it sent them.
@@ -38,6 +39,8 @@ from .context import (
     owner_of,
     recorder_data,
     recorder_error,
+    resource_of,
+    resource_uri,
     run_key,
     session_of,
     upstream_error,
@@ -117,9 +120,9 @@ class Features:
 
     def route(self, owner: Owner, uri: str, servers: dict[str, ToolServer]) -> tuple[ToolServer, str]:
         """The server a URI belongs to, and the URI as that server named it."""
-        name, separator, rest = uri.partition(SEPARATOR)
-        if separator and name in servers and rest:
-            return servers[name], rest
+        named = resource_of(uri)
+        if named is not None and named[0] in servers:
+            return servers[named[0]], named[1]
         giver = (self.given.get(owner) or {}).get(uri)
         if giver in servers:
             return servers[giver], uri
@@ -127,8 +130,7 @@ class Features:
             code=RESOURCE_NOT_FOUND,
             message=(
                 f"Resource not found: {uri!r} is not a URI any tool server gave this session. Listed "
-                f"resources are "
-                f"named server{SEPARATOR}uri."
+                f"resources are named {resource_uri('server', 'uri')}."
             ),
             data=recorder_data("unknown_resource", uri=uri),
         )
@@ -183,13 +185,13 @@ class Features:
     async def list_resources(self, ctx, params) -> dict:
         items = await self._gather(ctx, types.ListResourcesRequest, "resources")
         return self._for(ctx, {"resources": [
-            {**item, "uri": f"{name}{SEPARATOR}{item['uri']}"} for name, item in items
+            {**item, "uri": resource_uri(name, item["uri"])} for name, item in items
             if isinstance(item.get("uri"), str) and _valid(types.Resource, item)]})
 
     async def list_resource_templates(self, ctx, params) -> dict:
         items = await self._gather(ctx, types.ListResourceTemplatesRequest, "resourceTemplates")
         return self._for(ctx, {"resourceTemplates": [
-            {**item, "uriTemplate": f"{name}{SEPARATOR}{item['uriTemplate']}"} for name, item in items
+            {**item, "uriTemplate": resource_uri(name, item["uriTemplate"])} for name, item in items
             if isinstance(item.get("uriTemplate"), str) and _valid(types.ResourceTemplate, item)]})
 
     async def list_prompts(self, ctx, params) -> dict:

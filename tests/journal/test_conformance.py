@@ -351,7 +351,7 @@ def test_the_typescript_client_reads_a_resource_gets_a_prompt_and_a_five_megabyt
         ["#read", {"uri": "demo://resource/static/document/architecture.md"}],
         ["#prompt", {"name": "args-prompt", "arguments": {"city": "Lisbon"}}]])
     through = ts_calls(f"{recorder.base}/mcp/", token, [
-        ["#read", {"uri": "everything__demo://resource/static/document/architecture.md"}],
+        ["#read", {"uri": "recorder://everything/demo://resource/static/document/architecture.md"}],
         ["#prompt", {"name": "everything__args-prompt", "arguments": {"city": "Lisbon"}}],
         ["big__blob", {"size": 5 * 1024 * 1024}]])
     assert through[:2] == direct and direct[0]["contents"][0]["uri"] == "demo://resource/static/document/architecture.md"

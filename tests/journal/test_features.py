@@ -9,6 +9,7 @@ import anyio
 import mcp_types as types
 import pytest
 from mcp import Client, MCPError
+from pydantic import AnyUrl, TypeAdapter
 
 from journal import services
 from journal.mcp import bridge
@@ -56,14 +57,20 @@ def test_resources_and_templates_are_listed_namespaced_and_read_as_the_server_se
 
     direct_resources, direct_templates = directly(lists)
     resources, templates = run_agent(recorder, token, lists, mode=mode)
+    prefix = "recorder://everything/"
     assert [r["uri"] for r in resources["resources"]] == [
-        f"everything__{r['uri']}" for r in direct_resources["resources"]]
-    assert [{**r, "uri": r["uri"].removeprefix("everything__")} for r in resources["resources"]] == \
+        f"{prefix}{r['uri']}" for r in direct_resources["resources"]]
+    assert [{**r, "uri": r["uri"].removeprefix(prefix)} for r in resources["resources"]] == \
         direct_resources["resources"]
     assert [
-        {**t, "uriTemplate": t["uriTemplate"].removeprefix("everything__")}
+        {**t, "uriTemplate": t["uriTemplate"].removeprefix(prefix)}
         for t in templates["resourceTemplates"]
     ] == direct_templates["resourceTemplates"]
+    # Issue 24, 2: each is a URI (RFC 3986: `everything__demo://…` had `_` in its scheme), as clients built
+    # on pydantic's URL type (the mcp SDK 1.x, langchain-mcp-adapters) or on `new URL` require.
+    for item in [*resources["resources"], *templates["resourceTemplates"]]:
+        TypeAdapter(AnyUrl).validate_python(item.get("uri") or item["uriTemplate"].replace("{", "").replace(
+            "}", ""))
 
     first = direct_resources["resources"][0]["uri"]
 
@@ -71,10 +78,11 @@ def test_resources_and_templates_are_listed_namespaced_and_read_as_the_server_se
         return dumped(await client.read_resource(uri))
 
     direct = directly(lambda client: read(client, first))
-    assert (
-        run_agent(recorder, token, lambda client: read(client, f"everything__{first}"), mode=mode) == direct
-    )
-    step = Step.objects.get(tool="resources/read")
+    assert run_agent(recorder, token, lambda client: read(client, f"{prefix}{first}"), mode=mode) == direct
+    # The older form, which an agent may have kept, still routes.
+    older = f"everything__{first}"
+    assert run_agent(recorder, token, lambda client: read(client, older), mode=mode) == direct
+    step = Step.objects.filter(tool="resources/read").first()
     assert (step.status, step.reversibility, step.arguments) == ("ok", "read_only", {"uri": first})
 
 
@@ -248,7 +256,7 @@ def test_updates_of_a_subscribed_resource_reach_the_agent_under_the_uri_it_subsc
         return first
 
     first = run_agent(recorder, token, script, mode="legacy", message_handler=handler)
-    assert first.startswith("everything__") and updated and set(updated) == {first}
+    assert first.startswith("recorder://everything/") and updated and set(updated) == {first}
 
 
 def test_an_agent_on_the_stateless_protocol_answers_an_older_servers_questions_by_its_retry(recorder, token):
@@ -380,7 +388,7 @@ def test_an_agent_on_the_stateless_protocol_hears_updates_of_resources_it_listen
         return first, heard
 
     first, heard = run_agent(recorder, token, script, mode="auto")
-    assert first.startswith("everything__") and heard == [first]
+    assert first.startswith("recorder://everything/") and heard == [first]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -448,7 +456,7 @@ def test_a_stateless_servers_changes_reach_the_agent_on_either_protocol(recorder
     session, a 2026 agent's for as long as its own stream lasts, a handshake session's once it lists or
     subscribes, and the agent hears the change under the URI it knows."""
     _, token = services.create_agent(name="bot", on_behalf_of=dana)
-    note = f"modern__{modern_server_app.NOTE}"
+    note = f"recorder://modern/{modern_server_app.NOTE}"
     heard = []
 
     async def handler(message):
