@@ -32,9 +32,12 @@ Source = Literal[
     "dev.chronomcp/compensate",
     "annotations.recovery",
     "annotations.readOnlyHint",
+    "annotations.reversibility",
     "recipe",
     "none",
 ]
+# SEP-2793 (open): tool risk metadata in the annotations, read as a hint below the three dialects.
+RISK_HINT = "annotations.reversibility"
 Dialect = Literal["hatp", "sep3172", "chronomcp", "recipe"]
 
 HATP_KEY = "hatp/journal"
@@ -390,7 +393,30 @@ def normalise(
 
     if annotations.get("readOnlyHint") is True:
         return UndoDeclaration(kind="read_only", source="annotations.readOnlyHint")
-    return UndoDeclaration(kind="unknown", source="none")
+    return _from_risk_hints(annotations) or UndoDeclaration(kind="unknown", source="none")
+
+
+def _from_risk_hints(annotations: Mapping[str, Any]) -> UndoDeclaration | None:
+    """SEP-2793's `reversibility` hint (`auto`, `manual`, `none`), with its `sideEffects`, `riskLevel` and
+    `approvalRecommendation` in words. A hint, not a declaration: "none" and "manual" say the call cannot
+    be undone for you; "auto" says it can, but with no compensation declared there is nothing to undo it
+    with, so its undo stays unknown."""
+    hint = annotations.get("reversibility")
+    if hint not in ("auto", "manual", "none"):
+        return None
+    effects = annotations.get("sideEffects")
+    side_effect = "; ".join(str(e)[:100] for e in effects[:10] if isinstance(e, str)) \
+        if isinstance(effects, list) else None
+    also = [f"{name} {annotations[key]}" for key, name in (("riskLevel", "risk level"),
+                                                          ("approvalRecommendation", "approval recommended:"))
+            if isinstance(annotations.get(key), str) and len(annotations[key]) <= 20]
+    said = f"its server hints reversibility: {hint} (SEP-2793){'; ' + ', '.join(also) if also else ''}"
+    if hint == "auto":
+        return UndoDeclaration(kind="unknown", source=RISK_HINT, side_effect=side_effect or None, problems=(
+            f"{said}, but declares no compensation to undo it with",))
+    remedy = "Undo it by hand, as the server's documentation says." if hint == "manual" else None
+    return UndoDeclaration(kind="none", source=RISK_HINT, side_effect=side_effect or None, remedy=remedy,
+                           reason=f"{said[0].upper()}{said[1:]}: it cannot be undone for you.")
 
 
 def parse_call_journal(raw: Any) -> tuple[CallJournal | None, list[str]]:

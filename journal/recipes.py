@@ -45,8 +45,9 @@ from .declarations import (
 
 SOURCE = "recipe"
 _TEXT = 500
-# The declarations a recipe may stand in for: none at all, or only the read-only hint below every dialect.
-_SILENT_SOURCES = ("none", "annotations.readOnlyHint")
+# The declarations a recipe may stand in for: none at all, or only hints below every dialect (read-only, and
+# SEP-2793's reversibility).
+_SILENT_SOURCES = ("none", "annotations.readOnlyHint", "annotations.reversibility")
 
 
 def schema_digest(tool: Mapping[str, Any] | None) -> str:
@@ -349,6 +350,8 @@ def explain(tool: Mapping[str, Any], raw_recipe: Any, catalogue: list[Any]) -> t
         return "unknown", "its server says nothing about undoing it, and it has no recipe"
     if server.source == "annotations.readOnlyHint":
         return "read_only", "its server says it only reads (readOnlyHint)"
+    if server.source == "annotations.reversibility":
+        return server.kind, (server.reason or "; ".join(server.problems)) + " (a hint; no recipe)"
     stricter = " (made stricter by a recipe: a person signs)" if decided.needs_human and recipe else ""
     return decided.kind, f"its server's own declaration ({server.source}){stricter}"
 

@@ -296,3 +296,29 @@ def test_durations(text, expected):
 def test_bad_durations_are_refused(text):
     with pytest.raises(ValueError):
         parse_duration(text)
+
+
+def _hinted(**annotations):
+    return normalise({"name": "drop_table", "annotations": annotations}, catalogue={"drop_table"})
+
+
+def test_sep2793_reversibility_is_a_hint_below_the_three_dialects():
+    """Issue 24, 10: SEP-2793's tool risk metadata, read like readOnlyHint, shown with its source."""
+    none = _hinted(reversibility="none", sideEffects=["drops the table", 7], riskLevel="critical",
+                   approvalRecommendation="multi")
+    assert (none.kind, none.source) == ("none", "annotations.reversibility")
+    assert none.reason == ("Its server hints reversibility: none (SEP-2793); risk level critical, approval "
+                           "recommended: multi: it cannot be undone for you.")
+    assert none.side_effect == "drops the table"
+    manual = _hinted(reversibility="manual")
+    assert manual.kind == "none" and "by hand" in manual.remedy
+    auto = _hinted(reversibility="auto")  # reversible, says the server: but with what? Nothing is declared.
+    assert auto.kind == "unknown" and auto.source == "annotations.reversibility"
+    assert "declares no compensation to undo it with" in auto.problems[0]
+    # Below readOnlyHint and below every dialect; a value it does not define is no hint at all.
+    assert _hinted(reversibility="none", readOnlyHint=True).kind == "read_only"
+    recovery = {"strategy": "compensate", "compensation": {"tool": "u", "parameterMapping": {}}}
+    declared = normalise({"name": "t", "annotations": {"reversibility": "none", "recovery": recovery}},
+                         catalogue={"t", "u"})
+    assert declared.source == "annotations.recovery"
+    assert _hinted(reversibility="sometimes").source == "none"
