@@ -48,22 +48,6 @@ def taken_by(recipe: recipes.Recipe, arguments: dict[str, Any], earlier: dict[st
             and earlier.get("versionPattern") == recipe.version_pattern)
 
 
-async def begin(journal, upstreams: Upstreams, opening, begin: dict[str, Any], owner):
-    """Open a call's step (`opening(**begin)` on the journal thread), its record read first when an admin's
-    recipe says so: by the server as the Recorder last knew it, so the usual call takes one trip to the
-    journal; when that was stale, the journal says so (`NeedsRead`) and the read is made then."""
-    known = journal.servers.known(begin["server_name"])
-    recipe = needs_read(known, begin["tool"]) if known is not None else None
-    earlier = None
-    if recipe is not None:
-        earlier = await before(upstreams, NeedsRead(server=known, recipe=recipe), begin["arguments"], owner)
-    opened = await journal.run(opening, **begin, earlier=earlier)
-    if isinstance(opened, NeedsRead):
-        earlier = await before(upstreams, opened, begin["arguments"], owner)
-        opened = await journal.run(opening, **begin, earlier=earlier, read_first=False)
-    return opened
-
-
 async def before(upstreams: Upstreams, needs: NeedsRead, arguments: dict[str, Any], owner) -> dict[str, Any]:
     """What the step keeps of the record just before the call (`recipes.earlier_state`)."""
     recipe = needs.recipe

@@ -31,10 +31,10 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp_types import methods as _methods
 from pydantic import ValidationError
 
-from .. import declarations, idempotency, keys, outcomes, ports, services
+from .. import declarations, idempotency, keys, outcomes, services
 from ..models import Agent, ToolServer
 from ..upstream.client import DEFAULT_MAX_ANSWER_BYTES, ToolServerError, Upstreams, endpoint_of
-from . import bridge, holding, versions
+from . import bridge, holding, opening, versions
 from . import earlier as earlier_reads
 from .asgi import AnswerAsJson
 from .bridge import Bridge
@@ -55,7 +55,7 @@ from .context import (
 from .delivery import Deliveries
 from .failing import advice_meta, failed, stop_the_run, tool_error
 from .features import Features
-from .journal_thread import JournalThread, Outcomes, ServerDirectory
+from .journal_thread import JournalThread, Outcomes
 from .listening import Listening
 from .relay import Relay
 from .sessions import SessionStore, streamable_app
@@ -79,31 +79,6 @@ def agent_tools(servers: list[ToolServer]) -> list[types.Tool]:
             except ValidationError:
                 logger.warning("tool %r of %s is not a valid MCP tool; not listed", name, server.name)
     return tools
-
-
-def _begin(*, servers: ServerDirectory, agent: Agent, server_name: str, tool: str, arguments: dict, key: str,
-           request_meta: dict | None, now, earlier: dict | None = None,
-           read_first: bool = True) -> services.OpenedStep | earlier_reads.NeedsRead | None:
-    """Find the server, ask the policy gate and journal the intent (with the decision) in one job on the
-    journal thread. The gate reads the tool's own declaration, never anything the agent sent. A call whose
-    recipe reads the record first is not opened yet: the answer says so (`earlier_reads.NeedsRead`), and the
-    caller comes back with what it read (`earlier`)."""
-    server = servers.get(server_name)
-    if server is None:
-        return None
-    recipe = earlier_reads.needs_read(server, tool)
-    if recipe is not None and read_first and not earlier_reads.taken_by(recipe, arguments, earlier):
-        return earlier_reads.NeedsRead(server=server, recipe=recipe)
-    earlier = earlier if recipe is not None else None
-    gate = ports.gate()
-
-    def decide(declaration, retry_of=None):
-        return gate.decide(agent_name=agent.name, server_name=server_name, tool=tool, declaration=declaration,
-                           retry_of=retry_of)
-
-    return services.open_step(agent=agent, run_key=key, server=server, server_name=server_name, tool=tool,
-                              arguments=arguments, request_meta=request_meta, now=now, decide=decide,
-                              earlier=earlier)
 
 
 def _relayed(progress):
@@ -267,8 +242,7 @@ class Recorder:
         started = timezone.now()
         begin = dict(servers=self.journal.servers, agent=agent, server_name=server_name, tool=tool,
                      arguments=arguments, key=run_key(meta, session_id), request_meta=kept_meta, now=started)
-        # An admin's recipe reads the record first (`earlier_reads.begin`)
-        opened = await earlier_reads.begin(self.journal, self.upstreams, _begin, begin, owner)
+        opened = await opening.open_call(self.journal, self.upstreams, begin, owner)
         if opened is None:
             return tool_error(f"Unknown tool server {server_name!r}.", failed("not_found")), None
         decision = (opened.policy or {}).get("decision", "allow")

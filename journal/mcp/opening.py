@@ -1,0 +1,53 @@
+"""Opening an agent's call: the server found, an admin's recipe's read of the record made first
+(`earlier`), the autonomy policy asked, and the intent journaled, in one job on the journal thread (two
+when the Recorder's copy of the server was stale)."""
+
+from typing import Any
+
+from .. import ports, services
+from ..models import Agent
+from ..upstream.client import Upstreams
+from . import earlier as reads
+from .journal_thread import ServerDirectory
+
+
+def open_step(*, servers: ServerDirectory, agent: Agent, server_name: str, tool: str, arguments: dict,
+              key: str, request_meta: dict | None, now, earlier: dict | None = None,
+              read_first: bool = True) -> services.OpenedStep | reads.NeedsRead | None:
+    """Find the server, ask the policy gate and journal the intent (with the decision) in one job on the
+    journal thread. The gate reads the tool's own declaration, never anything the agent sent. A call whose
+    recipe reads the record first is not opened yet: the answer says so (`reads.NeedsRead`), and the
+    caller comes back with what it read (`earlier`)."""
+    server = servers.get(server_name)
+    if server is None:
+        return None
+    recipe = reads.needs_read(server, tool)
+    if recipe is not None and read_first and not reads.taken_by(recipe, arguments, earlier):
+        return reads.NeedsRead(server=server, recipe=recipe)
+    earlier = earlier if recipe is not None else None
+    gate = ports.gate()
+
+    def decide(declaration, retry_of=None):
+        return gate.decide(agent_name=agent.name, server_name=server_name, tool=tool, declaration=declaration,
+                           retry_of=retry_of)
+
+    return services.open_step(agent=agent, run_key=key, server=server, server_name=server_name, tool=tool,
+                              arguments=arguments, request_meta=request_meta, now=now, decide=decide,
+                              earlier=earlier)
+
+
+async def open_call(journal, upstreams: Upstreams, begin: dict[str, Any], owner):
+    """Open a call's step (`open_step(**begin)` on the journal thread), its record read first when an admin's
+    recipe says so: by the server as the Recorder last knew it, so the usual call takes one trip to the
+    journal; when that was stale, the journal says so (`reads.NeedsRead`) and the read is made then."""
+    known = journal.servers.known(begin["server_name"])
+    recipe = reads.needs_read(known, begin["tool"]) if known is not None else None
+    earlier = None
+    if recipe is not None:
+        earlier = await reads.before(upstreams, reads.NeedsRead(server=known, recipe=recipe),
+                                     begin["arguments"], owner)
+    opened = await journal.run(open_step, **begin, earlier=earlier)
+    if isinstance(opened, reads.NeedsRead):
+        earlier = await reads.before(upstreams, opened, begin["arguments"], owner)
+        opened = await journal.run(open_step, **begin, earlier=earlier, read_first=False)
+    return opened
