@@ -75,10 +75,11 @@ class ToolServerAdmin(admin.ModelAdmin):
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
     """Agents are created with `manage.py create_agent`, which shows the token once; here they can be
-    looked at and deactivated."""
+    looked at, deactivated, and given the advice on a failed call in its content (for frameworks that drop
+    `_meta`)."""
 
-    list_display = ["name", "on_behalf_of", "token_prefix", "is_active", "created_at"]
-    fields = ["name", "on_behalf_of", "token_prefix", "is_active", "created_at"]
+    list_display = ["name", "on_behalf_of", "token_prefix", "is_active", "advice_in_content", "created_at"]
+    fields = ["name", "on_behalf_of", "token_prefix", "is_active", "advice_in_content", "created_at"]
     readonly_fields = ["name", "on_behalf_of", "token_prefix", "created_at"]
 
     def has_add_permission(self, request):

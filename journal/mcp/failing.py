@@ -42,6 +42,32 @@ def advice_meta(
     return meta
 
 
+ADVICE_PREFIX = "[Recorder advice] "
+
+
+def with_advice_text(result: Any) -> Any:
+    """A failed call's result with its advice (`hatp/journal.recovery`) repeated as one short text block at
+    the end of its content, for a model whose framework drops `_meta`; any other result as it was."""
+    if isinstance(result, types.CallToolResult):
+        dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        added = with_advice_text(dumped)
+        return result if added is dumped else types.CallToolResult.model_validate(added)
+    if not isinstance(result, dict) or result.get("isError") is not True:
+        return result
+    meta = result.get("_meta") if isinstance(result.get("_meta"), dict) else {}
+    journal = meta.get(declarations.HATP_KEY)
+    advice = journal.get("recovery") if isinstance(journal, dict) else None
+    if not isinstance(advice, dict) or not isinstance(advice.get("action"), str):
+        return result
+    words = recovery.ACTION_WORDS.get(advice["action"], advice["action"])
+    text = f"{ADVICE_PREFIX}{words[0].upper()}{words[1:]}"
+    if isinstance(advice.get("retryAfter"), int | float):
+        text += f" after {advice['retryAfter']:g} s"
+    text += f": {advice.get('why', '')}" if isinstance(advice.get("why"), str) else "."
+    content = result.get("content") if isinstance(result.get("content"), list) else []
+    return {**result, "content": [*content, {"type": "text", "text": text[:500]}]}
+
+
 _ANY_TOOL = recovery.Tool()  # a failure before any known tool was reached
 
 

@@ -53,7 +53,7 @@ from .context import (
     upstream_error,
 )
 from .delivery import Deliveries
-from .failing import advice_meta, failed, stop_the_run, tool_error
+from .failing import advice_meta, failed, stop_the_run, tool_error, with_advice_text
 from .features import Features
 from .journal_thread import JournalThread, Outcomes
 from .listening import Listening
@@ -203,8 +203,15 @@ class Recorder:
                 await self.deliveries.answered(session_id, ctx.request_id, journaled)
         return result
 
-    async def forward(self, *, agent: Agent, name: str, arguments: Any, meta: Any, session_id: str | None,
-                      version: str, progress=None, session=None, retry: dict | None = None):
+    async def forward(self, *, agent: Agent, **call):
+        """One tools/call (`_forward`). An agent whose framework drops `_meta` (LangChain's ToolMessage,
+        pydantic-ai's tool return) may be given the advice on a failed call as a text block too, if an
+        admin said so for it (`Agent.advice_in_content`; off by default: faithful means nothing added)."""
+        result, journaled = await self._forward(agent=agent, **call)
+        return (with_advice_text(result) if agent.advice_in_content else result), journaled
+
+    async def _forward(self, *, agent: Agent, name: str, arguments: Any, meta: Any, session_id: str | None,
+                       version: str, progress=None, session=None, retry: dict | None = None):
         """Journal, forward and journal one tools/call for an agent on protocol `version`. The result goes
         back as the server sent it, shaped for the agent's version where the versions differ
         (`versions.for_client`); a failure comes back as a tool error, and a JSON-RPC error from the server

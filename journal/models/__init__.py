@@ -91,6 +91,10 @@ class Agent(models.Model):
     # (`services.halt_run`, `services.runs.release`).
     halted_by_plan = models.CharField(max_length=36, blank=True)
     halted_reason = models.TextField(blank=True)
+    # For a framework that drops `_meta` (LangChain's ToolMessage, pydantic-ai's tool return): a failed call's
+    # advice is also added to its content as one short text block. Off by default: faithful adds nothing.
+    advice_in_content = models.BooleanField(
+        default=False, help_text="Add the advice on a failed call to its content too.")
 
     class Meta:
         ordering = ["name"]

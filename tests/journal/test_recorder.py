@@ -489,3 +489,28 @@ def test_a_disabled_server_or_a_new_catalogue_counts_from_the_next_call(
     assert refused.is_error and "Unknown tool server 'legacy'" in refused.content[0].text
     steps = Run.objects.get(key="run:directory").steps.order_by("number")
     assert [s.reversibility for s in steps] == ["unknown", "read_only"]
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_an_agent_may_have_the_advice_on_a_failed_call_in_its_content_too(recorder, sample_servers, dana,
+                                                                          mode):
+    """Issue 24, 9: LangChain's ToolMessage and pydantic-ai's tool return drop `_meta`, so the advice never
+    reached the model. Opted in per agent, it is one short text block at the end; off, nothing is added."""
+    register_samples(sample_servers, names=("crm",))
+    plain, plain_token = services.create_agent(name="plain-bot", on_behalf_of=dana)
+    told, told_token = services.create_agent(name="told-bot", on_behalf_of=dana, advice_in_content=True)
+
+    async def script(client):
+        return (await client.call_tool("crm__get_deal", {"deal_id": "D-999"}),  # the server's own error
+                await client.call_tool("nowhere__x", {}),  # the Recorder's
+                await client.call_tool("crm__get_deal", {"deal_id": "D-881"}))  # no failure, nothing added
+
+    for token, added in ((plain_token, False), (told_token, True)):
+        missing, unknown, found = run_agent(recorder, token, script, mode=mode)
+        for failed in (missing, unknown):
+            texts = [block.text for block in failed.content]
+            assert texts[-1].startswith("[Recorder advice] ") is added, texts
+            assert failed.meta["hatp/journal"]["recovery"]["action"]  # the advice stays in `_meta` too
+        assert not any(block.text.startswith("[Recorder advice]") for block in found.content)
+    assert missing.content[-1].text.startswith("[Recorder advice] Fix the arguments: ")
+    assert unknown.content[-1].text.startswith("[Recorder advice] Fix the arguments: ")

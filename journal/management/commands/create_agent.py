@@ -11,13 +11,17 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("name")
         parser.add_argument("--on-behalf-of", required=True, metavar="USERNAME")
+        parser.add_argument("--advice-in-content", action="store_true",
+                            help="Add the advice on a failed call to its content as text too, for frameworks "
+                                 "that drop _meta (LangChain, pydantic-ai).")
 
-    def handle(self, name, on_behalf_of, **options):
+    def handle(self, name, on_behalf_of, advice_in_content=False, **options):
         user = get_user_model().objects.filter(username=on_behalf_of).first()
         if user is None:
             raise CommandError(f"No user {on_behalf_of!r}.")
         try:
-            agent, token = services.create_agent(name=name, on_behalf_of=user)
+            agent, token = services.create_agent(name=name, on_behalf_of=user,
+                                                 advice_in_content=advice_in_content)
         except IntegrityError:
             raise CommandError(f"An agent named {name!r} exists already.") from None
         self.stdout.write(f"Agent {agent.name} acts for {user.get_username()}. Its token (shown once):")
