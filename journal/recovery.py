@@ -208,11 +208,14 @@ RULES: tuple[Rule, ...] = (
         "The record changed since it was read. Read it again and build the call from what is there now.",
     ),
     Rule(
+        # The agent signs in to the Recorder, never to the tool server: it cannot fix the Recorder's own
+        # credentials there, so "sign in again" would be advice it cannot act on.
         "authentication",
         lambda f, t: f.category == "authentication",
-        REAUTHENTICATE,
+        ASK_USER,
         False,
-        "The server does not accept the credentials. Sign in again before calling.",
+        "The tool server does not accept the Recorder's credentials for it, which the agent cannot renew: "
+        "an admin must (the server's registration on the Recorder). Calling again will fail the same way.",
     ),
     Rule(
         "permission",

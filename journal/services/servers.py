@@ -24,9 +24,14 @@ def register_tool_server(*, name: str, url: str = "", command: str = "") -> Tool
 def save_tool_server(*, server: ToolServer, url: str | None = None, command: str | None = None) -> ToolServer:
     """Keep a tool server's row, new or changed (its URL or command, if given; the transport follows from
     them), after Django's validation. The one writer of the row: the command, the admin and the demo."""
+    moved = False
     if url is not None or command is not None:
+        moved = server.pk is not None and (server.url, server.command) != (url or "", command or "")
         server.url, server.command = url or "", command or ""
         server.transport = ToolServer.Transport.STDIO if server.command else ToolServer.Transport.HTTP
+    if moved:  # the tools of the old address are not this one's: none are offered until it is read
+        server.catalogue, server.catalogue_fetched_at = [], None
+        server.catalogue_error = "Its address changed and its catalogue has not been read from the new one."
     server.full_clean()
     server.save()
     return server
@@ -78,6 +83,8 @@ def save_catalogue(*, server: ToolServer, tools: list[dict[str, Any]] | None, er
     refused (and said so), because a server that swaps keys under the same id could forge old receipts."""
     now = now or timezone.now()
     if tools is None:
+        if server.catalogue_fetched_at is None:  # never read from this address: nothing is offered
+            error = f"{error} No tools are offered until its catalogue is read."
         server.catalogue_error = error
         server.save(update_fields=["catalogue_error", "updated_at"])
         return server

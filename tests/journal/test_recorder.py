@@ -1,7 +1,10 @@
 """End to end: a real MCP client calls through the Recorder to the real sample servers."""
 
+import io
+
 import anyio
 import pytest
+from django.core.management import call_command
 from mcp import MCPError
 
 from journal import chain, keys, services
@@ -514,3 +517,19 @@ def test_an_agent_may_have_the_advice_on_a_failed_call_in_its_content_too(record
         assert not any(block.text.startswith("[Recorder advice]") for block in found.content)
     assert missing.content[-1].text.startswith("[Recorder advice] Fix the arguments: ")
     assert unknown.content[-1].text.startswith("[Recorder advice] Fix the arguments: ")
+
+
+def test_a_server_moved_to_an_address_that_cannot_be_read_offers_no_tools_and_says_why(
+        recorder, sample_servers, agent_token):
+    """Issue 24, 7: after `add_tool_server … --update` to a URL whose catalogue cannot be read, the old
+    address's tools were still offered."""
+    register_samples(sample_servers, names=("crm",))
+    out, err = io.StringIO(), io.StringIO()
+    call_command("add_tool_server", "crm", "http://127.0.0.1:9/mcp", update=True, stdout=out, stderr=err)
+    assert "crm: 0 tools" in out.getvalue()
+    assert "No tools are offered until its catalogue is read." in err.getvalue()
+
+    async def script(client):
+        return [tool.name for tool in (await client.list_tools()).tools]
+
+    assert not any(name.startswith("crm__") for name in run_agent(recorder, agent_token, script))

@@ -74,7 +74,8 @@ CASES = [
     ("invalid arguments", Failure("invalid_arguments"), WRITE, "repair_arguments", False, None),
     ("not found", Failure("not_found"), READ, "repair_arguments", False, None),
     ("conflict", Failure("conflict"), REVERSIBLE, "repair_arguments", False, None),
-    ("authentication", Failure("authentication"), WRITE, "reauthenticate", False, None),
+    # Issue 24, 7: the agent cannot renew the Recorder's credentials at the server: who must is said.
+    ("authentication", Failure("authentication"), WRITE, "ask_user", False, None),
     ("permission", Failure("permission"), WRITE, "ask_user", False, None),
     ("business rule", Failure("business_rule"), WRITE, "stop", False, None),
     ("anything else", Failure("unknown"), READ, "ask_user", False, None),
@@ -152,3 +153,8 @@ def test_retry_after_reads_seconds_and_http_dates_and_caps_them():
         and retry_after_seconds(None) is None
         and retry_after_seconds("") is None
     )
+
+
+def test_a_servers_refusal_of_the_recorders_credentials_says_who_must_act():
+    advice = recovery.advise(Failure("authentication"), WRITE)
+    assert advice.action == "ask_user" and "an admin must" in advice.why
