@@ -57,6 +57,7 @@ class Failure:
     retry_after: float | None = None  # what the server said (HTTP Retry-After), in seconds
     held: str = ""
     answered: bool = False  # the server answered (so acted), but its answer could not be relayed
+    relay_failed: str = ""  # the Recorder could not put the server's question to the agent (and why)
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,15 @@ RULES: tuple[Rule, ...] = (
         RETRY,
         True,
         "The approval request expired or was already used. Making the call again asks anew.",
+    ),
+    Rule(
+        "the Recorder could not put the server's question to the agent",
+        lambda f, t: bool(f.relay_failed),
+        ASK_USER,
+        False,
+        "The server asked the agent something during the call and the Recorder could not put the question "
+        "to it, so the server's refusal is the Recorder's failure, not the server's rule. A person should "
+        "look at it before the call is repeated.",
     ),
     Rule(
         "answered too much to relay, and it only reads",
@@ -250,6 +260,7 @@ def advise(failure: Failure, tool: Tool = Tool()) -> Advice:
         retry_after=failure.retry_after,
         held=failure.held,
         answered=failure.answered,
+        relay_failed=failure.relay_failed,
     )
     for rule in RULES:
         if rule.when(failure, tool):

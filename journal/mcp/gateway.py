@@ -295,7 +295,7 @@ class Recorder:
         server_name = opened.server.name
         sent = []
         try:
-            with self.relay.call(owner, session, opened):
+            with self.relay.call(owner, session, opened) as relaying:
                 # A server may wait on the agent (a person answering an elicitation): that time is not its
                 # own.
                 waits = self.upstreams.timeout + bridge.ANSWER_SECONDS if self.relay.can_ask(owner) else None
@@ -366,7 +366,8 @@ class Recorder:
                                                                          recovery=advice.as_wire()))
             raise recorder_error(-32603, message, reason="undelivered", advice=advice) from None
         if relayed.get("isError") is True:  # the server's own tool error: advice added, nothing else changed
-            advice = failed(outcomes.classify_tool_error(relayed), opened.traits)
+            advice = failed("unknown", opened.traits, relay_failed=relaying.failed) if relaying.failed \
+                else failed(outcomes.classify_tool_error(relayed), opened.traits)
             journaled = self.outcomes.write(opened, started, services.Outcome(result=relayed,
                                                                                recovery=advice.as_wire()))
             saga = await stop_the_run(opened, journaled)

@@ -56,6 +56,7 @@ _RELAYED_NOTIFICATIONS = (
 class _Call:
     session: Any  # the SDK's ServerSession of the agent's request: its stream reaches the agent
     step: services.OpenedStep | None
+    failed: str = ""  # why the Recorder itself could not put one of the server's questions to the agent
 
 
 # A notification as the event a 2026-07-28 agent's `subscriptions/listen` stream carries.
@@ -116,7 +117,7 @@ class Relay:
         call = _Call(session, step)
         self.calls.setdefault(owner, []).append(call)
         try:
-            yield
+            yield call
         finally:
             calls = self.calls.get(owner) or []
             if call in calls:
@@ -300,6 +301,8 @@ class Relay:
             session = None  # a 2026-07-28 request has no channel back: it is asked by its call's answer
         by_answer = session is None and self.bridge is not None and self.bridge.asking(owner)
         if session is None and not by_answer:
+            if call is not None:
+                call.failed = "the agent's session had ended"
             return types.ErrorData(code=-32603, message="The agent's session has ended.")
         metadata = ServerMessageMetadata(related_request_id="call") if call is not None else None
         answer: Any
@@ -321,6 +324,8 @@ class Relay:
             result = types.ErrorData(
                 code=-32603, message=f"The agent could not be asked: {type(exc).__name__}"
             )
+            if call is not None:
+                call.failed = f"the agent could not be asked ({type(exc).__name__})"
             answer = {"error": result.model_dump(by_alias=True, mode="json", exclude_none=True)}
         if call is not None and call.step is not None:
             sent = request.model_dump(by_alias=True, mode="json", exclude_none=True)
