@@ -1,7 +1,10 @@
 """What every handler of the Recorder's reads from a request, and the errors it answers with."""
 
+import hashlib
+import json
 from typing import Any
 
+import mcp_types as types
 from mcp import MCPError
 
 from .. import declarations, idempotency, journaling, recovery
@@ -50,11 +53,20 @@ def session_of(ctx) -> str | None:
     return ctx.request.headers.get("mcp-session-id") if ctx.request is not None else None
 
 
-def owner_of(agent: Agent, session_id: str | None) -> tuple[int, str]:
-    """Whose upstream sessions a call uses: the agent's MCP session's (a stateless 2026-07-28 agent has one
-    for all its calls), so nothing a tool server keeps per session is shared between two agents or two
-    sessions of one agent."""
-    return (agent.pk, session_id or "")
+def owner_of(agent: Agent, session_id: str | None, meta: Any = None) -> tuple[int, str]:
+    """Whose upstream sessions a call uses: the agent's MCP session's, so nothing a tool server keeps per
+    session is shared between two agents or two sessions of one agent. A stateless 2026-07-28 request has no
+    session: its client is known by what each of its requests declares (`clientInfo` and
+    `clientCapabilities` in `_meta`), so two client programs of one agent, or one that can answer a server's
+    questions and one that cannot, never share an upstream session (two runs of the same program do)."""
+    if session_id:
+        return (agent.pk, session_id)
+    declared = {key: meta[key] for key in (types.CLIENT_INFO_META_KEY, types.CLIENT_CAPABILITIES_META_KEY)
+                if key in meta} if isinstance(meta, dict) else {}
+    if not declared:
+        return (agent.pk, "")
+    text = json.dumps(declared, sort_keys=True, default=str, ensure_ascii=True)
+    return (agent.pk, "client:" + hashlib.sha256(text.encode()).hexdigest()[:32])
 
 
 # The agent's progress token, as the wire names it and as the SDK's request context does.

@@ -138,7 +138,7 @@ class Features:
     def _who(self, ctx) -> tuple[Any, Owner, str | None]:
         agent = agent_of(ctx)
         session_id = session_of(ctx)
-        owner = owner_of(agent, session_id)
+        owner = owner_of(agent, session_id, ctx.meta)
         self.relay.heard_from(owner, ctx.session)
         return agent, owner, session_id
 

@@ -172,7 +172,7 @@ class Recorder:
 
     async def list_tools(self, ctx, params) -> types.ListToolsResult:
         agent, session_id = agent_of(ctx), session_of(ctx)
-        owner = owner_of(agent, session_id)
+        owner = owner_of(agent, session_id, ctx.meta)
         self.relay.heard_from(owner, ctx.session)
         # Not on the journal thread: a read has no reason to queue behind the journal's writes.
         servers = await sync_to_async(enabled_servers)()
@@ -185,7 +185,7 @@ class Recorder:
 
     async def call_tool(self, ctx, params: types.CallToolRequestParams):
         agent, session_id = agent_of(ctx), session_of(ctx)
-        self.relay.heard_from(owner_of(agent, session_id), ctx.session)
+        self.relay.heard_from(owner_of(agent, session_id, ctx.meta), ctx.session)
         sent = params.model_dump(by_alias=True, mode="json", exclude_none=True)
         retry = {key: sent[key] for key in ("inputResponses", "requestState") if key in sent}
         with self.cancels.watch(session_id, ctx.request_id) as watched:  # cancelled in any process's hearing
@@ -237,7 +237,7 @@ class Recorder:
         if tool in declarations.HIDDEN_TOOLS:
             return tool_error(f"{tool} is reserved for the undo service and not available to agents.",
                               failed("permission")), None
-        owner = owner_of(agent, session_id)
+        owner = owner_of(agent, session_id, meta)
         if retry and (resumed := self.bridge.resume(owner, retry)) is not None:
             return await resumed  # the agent answers what the server asked in a call still in flight
         arguments = dict(arguments or {})

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import mcp_types as types
 import pytest
 
 from journal import services
@@ -199,3 +200,37 @@ def test_each_upstream_session_declares_exactly_what_its_agent_declared(recorder
             finally:
                 agent.close()
     assert seen[1] == seen[0] == declared
+
+
+def test_two_2026_clients_of_one_agent_each_have_their_own_upstream_session(recorder, token):
+    """Issue 24, 3: every 2026-07-28 client of one agent shared one upstream session, with the capabilities
+    of whichever opened it, and a server's per-session state leaked from one client to the next. A
+    stateless client is known by the client info and capabilities each of its requests declares."""
+    async def elicit(context, params):
+        return types.ElicitResult(action="decline")
+
+    with ServerThread(handshake_server.build_app(), free_port()) as upstream:
+        services.refresh_catalogue(
+            server=services.register_tool_server(name="memo", url=f"{upstream.base}/mcp")
+        )
+
+        def client(name, script, **options):
+            return run_agent(recorder, token, script, mode="auto",
+                             client_info=types.Implementation(name=name, version="1"), **options)
+
+        async def remember(c):
+            await c.call_tool("memo__remember", {"value": "the planner's"})
+            return (await c.call_tool("memo__recall", {})).content[0].text
+
+        async def recall(c):
+            return (await c.call_tool("memo__recall", {})).content[0].text
+
+        async def capabilities(c):
+            return json.loads((await c.call_tool("memo__capabilities", {})).content[0].text)
+
+        assert client("planner", remember) == "the planner's"
+        assert client("planner", recall) == "the planner's"  # the same program again: its session
+        assert client("reviewer", recall) == "nothing"  # another program of the agent: a session of its own
+        asking = client("asker", capabilities, elicitation_callback=elicit)
+        silent = client("silent", capabilities)
+    assert "elicitation" in asking and "elicitation" not in silent
