@@ -79,7 +79,8 @@ class AgentAdmin(admin.ModelAdmin):
     `_meta`)."""
 
     list_display = ["name", "on_behalf_of", "token_prefix", "is_active", "advice_in_content", "created_at"]
-    fields = ["name", "on_behalf_of", "token_prefix", "is_active", "advice_in_content", "created_at"]
+    fields = ["name", "on_behalf_of", "token_prefix", "is_active", "runs_by", "advice_in_content",
+              "created_at"]
     readonly_fields = ["name", "on_behalf_of", "token_prefix", "created_at"]
 
     def has_add_permission(self, request):

@@ -166,9 +166,10 @@ def upstream_error(exc: ToolServerError) -> MCPError:
     return MCPError(code=rpc["code"], message=rpc.get("message", ""), data=rpc.get("data"))
 
 
-def run_key(meta: Any, session_id: str | None) -> str:
-    """Which run a call joins: the agent's runId, else its MCP session, else none (the idle rule)."""
+def run_key(meta: Any, session_id: str | None, runs_by: str = "session") -> str:
+    """Which run a call joins: the agent's runId, else its MCP session (unless an admin said the agent's
+    runs go by the idle gap alone, `Agent.runs_by`), else none (the idle rule)."""
     run_id = journaling.agent_journal(meta).get(RUN_ID_KEY)
     if isinstance(run_id, str) and run_id.strip():
         return "run:" + run_id.strip()[:190]
-    return "session:" + session_id[:180] if session_id else ""
+    return "session:" + session_id[:180] if session_id and runs_by == "session" else ""

@@ -220,9 +220,9 @@ class Features:
         meta = forwarded_meta(ctx.meta)
         started = timezone.now()
         opened = await self.journal.run(
-            services.open_step, agent=agent, run_key=run_key(ctx.meta, session_id), server=server,
-            server_name=server.name, tool=services.READ["name"], arguments={"uri": uri}, request_meta=meta,
-            now=started, declared=services.READ)
+            services.open_step, agent=agent, run_key=run_key(ctx.meta, session_id, agent.runs_by),
+            server=server, server_name=server.name, tool=services.READ["name"], arguments={"uri": uri},
+            request_meta=meta, now=started, declared=services.READ)
         request = types.ReadResourceRequest(params=types.ReadResourceRequestParams(uri=uri, _meta=meta))
         try:
             result = await self._forward(server, owner, request)

@@ -248,7 +248,8 @@ class Recorder:
             return tool_error(refusal, failed("invalid_arguments")), None
         started = timezone.now()
         begin = dict(servers=self.journal.servers, agent=agent, server_name=server_name, tool=tool,
-                     arguments=arguments, key=run_key(meta, session_id), request_meta=kept_meta, now=started)
+                     arguments=arguments, key=run_key(meta, session_id, agent.runs_by),
+                     request_meta=kept_meta, now=started)
         opened = await opening.open_call(self.journal, self.upstreams, begin, owner)
         if opened is None:
             return tool_error(f"Unknown tool server {server_name!r}.", failed("not_found")), None

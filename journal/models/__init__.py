@@ -96,6 +96,15 @@ class Agent(models.Model):
     advice_in_content = models.BooleanField(
         default=False, help_text="Add the advice on a failed call to its content too.")
 
+    class RunsBy(models.TextChoices):
+        # How its calls form runs (an agent's own runId always wins): per MCP session, with the idle gap for
+        # calls that have none; or by the idle gap alone, for frameworks that open a session per tool call
+        # (langchain-mcp-adapters, LlamaIndex), whose every call would otherwise be a run of its own.
+        SESSION = "session", "per MCP session (else by the idle gap)"
+        IDLE = "idle", "by the idle gap, across sessions"
+
+    runs_by = models.CharField(max_length=10, choices=RunsBy.choices, default=RunsBy.SESSION)
+
     class Meta:
         ordering = ["name"]
 

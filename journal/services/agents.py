@@ -12,12 +12,13 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create_agent(*, name: str, on_behalf_of, advice_in_content: bool = False) -> tuple[Agent, str]:
+def create_agent(*, name: str, on_behalf_of, advice_in_content: bool = False,
+                 runs_by: str = Agent.RunsBy.SESSION) -> tuple[Agent, str]:
     """Create an agent and return it with its bearer token, which is shown once and never stored."""
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     agent = Agent.objects.create(
         name=name, on_behalf_of=on_behalf_of, token_hash=hash_token(token), token_prefix=token[:10],
-        advice_in_content=advice_in_content)
+        advice_in_content=advice_in_content, runs_by=runs_by)
     return agent, token
 
 

@@ -276,6 +276,27 @@ def test_legacy_handshake_clients_get_a_run_per_session(recorder, sample_servers
     assert len(runs) == 2 and all(r.key.startswith("session:") and r.step_count == 2 for r in runs)
 
 
+def test_an_agent_whose_framework_opens_a_session_per_call_may_have_its_runs_go_by_the_idle_gap(
+        recorder, sample_servers, dana):
+    """Issue 24, 8: langchain-mcp-adapters and LlamaIndex open a session per tool call, so each call was a
+    run of its own and "undo from step 1" covered one call. An admin may say such an agent's runs go by the
+    idle gap across sessions; its runId, when it sends one, still wins."""
+    register_samples(sample_servers, names=("legacy",))
+    _, token = services.create_agent(name="chain-bot", on_behalf_of=dana, runs_by="idle")
+
+    async def one_call(client):
+        await client.call_tool("legacy__echo", {"n": 1})
+
+    async def with_run_id(client):
+        await client.call_tool("legacy__echo", {"n": 2}, meta={"hatp/journal": {"runId": "nightly"}})
+
+    for _ in range(3):
+        run_agent(recorder, token, one_call, mode="legacy")  # a session per call, as those frameworks do
+    run_agent(recorder, token, with_run_id, mode="legacy")
+    runs = {run.key: run.step_count for run in Run.objects.all()}
+    assert runs == {"": 3, "run:nightly": 1}
+
+
 def test_third_party_stdio_servers_work_through_the_recorder_and_their_writes_are_unknown(
     recorder, agent_token, tmp_path
 ):

@@ -15,13 +15,18 @@ class Command(BaseCommand):
                             help="Add the advice on a failed call to its content as text too, for frameworks "
                                  "that drop _meta (LangChain, pydantic-ai).")
 
-    def handle(self, name, on_behalf_of, advice_in_content=False, **options):
+        parser.add_argument("--runs-by", choices=["session", "idle"], default="session",
+                            help="How its calls form runs when it sends no runId: per MCP session (the "
+                                 "default), or by the idle gap across sessions (for frameworks that open a "
+                                 "session per tool call: langchain-mcp-adapters, LlamaIndex).")
+
+    def handle(self, name, on_behalf_of, advice_in_content=False, runs_by="session", **options):
         user = get_user_model().objects.filter(username=on_behalf_of).first()
         if user is None:
             raise CommandError(f"No user {on_behalf_of!r}.")
         try:
             agent, token = services.create_agent(name=name, on_behalf_of=user,
-                                                 advice_in_content=advice_in_content)
+                                                 advice_in_content=advice_in_content, runs_by=runs_by)
         except IntegrityError:
             raise CommandError(f"An agent named {name!r} exists already.") from None
         self.stdout.write(f"Agent {agent.name} acts for {user.get_username()}. Its token (shown once):")
