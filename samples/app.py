@@ -69,7 +69,8 @@ class PutBackRecovery:
 class Faults:
     """Misbehaviour on demand, set through `/<name>/control`: answer 5xx, answer garbage, answer a result
     that is not an MCP tool result ("lie"), never answer, or act on a tool call and then never answer
-    ("act_then_hang": the lost answer, after which nobody knows whether the server acted)."""
+    ("act_then_hang": the lost answer, after which nobody knows whether the server acted). Asking for more
+    input ("input_required", "ask_name") is a 2026-07-28 server's: it speaks only that protocol then."""
 
     def __init__(self, app, server: SampleServer):
         self.app = app
@@ -87,7 +88,26 @@ class Faults:
             await anyio.sleep(3600)
         if mode in ("lie", "act_then_hang"):
             return await self._tool_calls_only(mode, scope, receive, send)
+        if mode in ("input_required", "ask_name"):  # a server of the stateless protocol only
+            return await self._no_handshake(scope, receive, send)
         return await self.app(scope, receive, send)
+
+    async def _no_handshake(self, scope, receive, send):
+        """Answer `initialize` as a server that speaks only the stateless 2026-07-28 protocol does: it has no
+        such method. Everything else goes to the server."""
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        request = json.loads(body) if body else {}
+        if isinstance(request, dict) and request.get("method") == "initialize":
+            refused = {"jsonrpc": "2.0", "id": request.get("id"),
+                       "error": {"code": -32601, "message": "Method not found: initialize"}}
+            return await PlainText(json.dumps(refused), media_type="application/json")(scope, receive, send)
+        replay = iter([{"type": "http.request", "body": body, "more_body": False}])
+        return await self.app(scope, lambda: _next(replay, receive), send)
 
     async def _tool_calls_only(self, mode, scope, receive, send):
         """Misbehave on tools/call only (the session opens normally). "lie": answer well-formed JSON-RPC whose

@@ -114,6 +114,7 @@ class Recorder:
             max_sessions=max_sessions,
             max_answer_bytes=max_answer_bytes,
             client_options=self.relay.client_options,
+            on_handshake=self.relay.on_handshake,
         )
         self.listening = Listening(self.upstreams, self.relay)
         self.features = Features(journal=self.journal, upstreams=self.upstreams, relay=self.relay,

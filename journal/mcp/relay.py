@@ -180,13 +180,22 @@ class Relay:
             del self.subscriptions[key]
         self.buses.pop(owner, None)
 
+    def on_handshake(self, owner: Owner) -> bool:
+        """Whether the agent behind `owner` is on the initialize handshake: then its upstream sessions are
+        too, whatever the server speaks, so nothing it could do directly is lost (a server's question in the
+        middle of a call, its log messages in the call)."""
+        return owner is not None and owner in self.sessions
+
     def client_options(self, owner: Owner, server: str) -> dict[str, Any]:
         """The SDK client's callbacks for `owner`'s session with `server`: a notification handler, and one
-        for each kind of request the agent declared it can answer (so the server sees those capabilities)."""
+        for each kind of request the agent declared it can answer (so the server sees those capabilities);
+        a handshake agent's session is on the handshake too (`on_handshake`)."""
         session = self.sessions.get(owner)
         if owner is None:
             return {}
         options: dict[str, Any] = {"message_handler": self.notifications(owner, server)}
+        if session is not None:
+            options["mode"] = "legacy"
         if session is None and owner not in self.declared:
             return options
         capabilities = session.client_params.capabilities if session is not None else self.declared[owner]

@@ -46,10 +46,14 @@ class Upstreams:
 
     def __init__(self, *, timeout: float = 30.0, direct: bool = True, idle_seconds: float | None = None,
                  max_sessions: int | None = None, max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
-                 client_options=None):
+                 client_options=None, on_handshake=None):
         self.timeout = timeout
         # (owner, server name) -> the SDK client's callbacks for that session (`relay.Relay.client_options`)
         self.client_options = client_options
+        # owner -> whether its agent is on the initialize handshake: its sessions are then of its own, on the
+        # handshake, even with a server that speaks the stateless protocol (`relay.Relay.on_handshake`)
+        self.on_handshake = on_handshake
+        self._stateless_only: set[Endpoint] = set()  # servers that refused a handshake agent's session
         self.max_answer_bytes = max_answer_bytes
         self.direct = direct  # False forces every call through the SDK (tests compare the two paths)
         self.idle_seconds = idle_seconds
@@ -99,10 +103,25 @@ class Upstreams:
                         self._discard(key, connection)
 
     async def _session(self, endpoint: Endpoint, owner: Owner):
-        if owner is not None and endpoint.transport == "http":
+        on_handshake = owner is not None and self.on_handshake is not None and self.on_handshake(owner) \
+            and endpoint not in self._stateless_only
+        if owner is not None and endpoint.transport == "http" and not on_handshake:
             shared = await self._session(endpoint, None)  # says which protocol the server speaks
             if shared.stateless:
                 return shared
+        try:
+            return await self._own_session(endpoint, owner)
+        except ToolServerError:
+            if not on_handshake or endpoint.transport != "http":
+                raise
+            # A server that does not speak the handshake: the agent gets the stateless protocol's session.
+            shared = await self._session(endpoint, None)
+            if not shared.stateless:
+                raise
+            self._stateless_only.add(endpoint)
+            return shared
+
+    async def _own_session(self, endpoint: Endpoint, owner: Owner):
         key = (endpoint, owner)
         connection = self._connections.get(key)
         if connection is not None and connection.ready.is_set() and connection.error is None \

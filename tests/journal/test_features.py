@@ -9,6 +9,7 @@ import anyio
 import mcp_types as types
 import pytest
 from mcp import Client, MCPError
+from mcp.client.streamable_http import streamable_http_client
 from pydantic import AnyUrl, TypeAdapter
 
 from journal import services
@@ -448,6 +449,46 @@ def test_a_stateless_servers_progress_reaches_the_agent(recorder, dana, modern_s
     assert text == "counted to 3"
     assert seen == [(1, 3, "counted 1"), (2, 3, "counted 2"), (3, 3, "counted 3")]
     assert list(Step.objects.values_list("tool", "status")) == [("count", "ok")]
+
+
+def test_a_handshake_agent_keeps_what_a_2026_capable_server_does_on_the_handshake(recorder, dana,
+                                                                                   modern_server):
+    """Issue 24, 6: the Recorder talked 2026 upstream even for a handshake agent, so the server's question in
+    the middle of a call failed ("no back-channel") and its log messages in the call were dropped (3
+    directly, 0 through). A handshake agent's upstream session is on the handshake too."""
+    _, token = services.create_agent(name="bot", on_behalf_of=dana)
+
+    def calls(prefix):
+        async def script(client):
+            return ((await client.call_tool(f"{prefix}chatty", {})).content[0].text,
+                    (await client.call_tool(f"{prefix}ask", {})).content[0].text)
+        return script
+
+    def run(where, script):
+        logs = []
+
+        async def logged(params):
+            logs.append(params.data)
+
+        async def elicit(context, params):
+            return types.ElicitResult(action="accept", content={"name": "Ada"})
+
+        return where(script, logging_callback=logged, elicitation_callback=elicit), logs
+
+    async def direct(script, **options):
+        async with Client(streamable_http_client(modern_server.url), mode="legacy", cache=None,
+                          **options) as client:
+            return await script(client)
+
+    def directly_on_the_handshake(script, **options):
+        return anyio.run(lambda: direct(script, **options))
+
+    expected = (("chatted", "accept: Ada"), ["step 1 of 3", "step 2 of 3", "step 3 of 3"])
+    assert run(directly_on_the_handshake, calls("")) == expected
+    through = run(lambda script, **options: run_agent(recorder, token, script, mode="legacy", **options),
+                  calls("modern__"))
+    assert through == expected
+    assert list(Step.objects.values_list("tool", "status")) == [("chatty", "ok"), ("ask", "ok")]
 
 
 @pytest.mark.parametrize("mode", MODES)
