@@ -16,7 +16,7 @@ from mcp.server.transport_security import (
     TransportSecuritySettings,
 )
 from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, encode_header_value
-from mcp_types import PROTOCOL_VERSION_META_KEY, SERVER_INFO_META_KEY
+from mcp_types import LOG_LEVEL_META_KEY, PROTOCOL_VERSION_META_KEY, SERVER_INFO_META_KEY
 from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
@@ -96,6 +96,7 @@ class FastCalls:
             and isinstance(meta, dict)
             and meta.get(PROTOCOL_VERSION_META_KEY) == version
             and "progressToken" not in meta
+            and LOG_LEVEL_META_KEY not in meta  # its log messages ride the SDK's reply stream
         )
         return request if plain else None
 

@@ -57,7 +57,7 @@ from .failing import advice_meta, failed, stop_the_run, tool_error, with_advice_
 from .features import Features
 from .journal_thread import JournalThread, Outcomes
 from .listening import Listening
-from .relay import Relay
+from .relay import Relay, in_call_logs
 from .sessions import SessionStore, streamable_app
 
 logger = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ class Recorder:
                                                    meta=ctx.meta, session_id=session_id,
                                                    version=ctx.session.protocol_version,
                                                    progress=ctx.session.report_progress, session=ctx.session,
-                                                   retry=retry or None)
+                                                   retry=retry or None, logged=in_call_logs(ctx))
         if watched.cancelled_caught:
             raise recorder_error(-32800, "The agent cancelled the call.", reason="cancelled",
                                  advice=failed("unknown", may_have_acted=True))
@@ -212,7 +212,7 @@ class Recorder:
         return (with_advice_text(result) if agent.advice_in_content else result), journaled
 
     async def _forward(self, *, agent: Agent, name: str, arguments: Any, meta: Any, session_id: str | None,
-                       version: str, progress=None, session=None, retry: dict | None = None):
+                       version: str, progress=None, session=None, retry: dict | None = None, logged=None):
         """Journal, forward and journal one tools/call for an agent on protocol `version`. The result goes
         back as the server sent it, shaped for the agent's version where the versions differ
         (`versions.for_client`); a failure comes back as a tool error, and a JSON-RPC error from the server
@@ -269,7 +269,7 @@ class Recorder:
             if refusal is not None:
                 return tool_error(*refusal), None
         work = self._complete(opened, started, owner=owner, session=session, tool=tool, arguments=arguments,
-                              meta=kept_meta, version=version, retry=retry,
+                              meta=kept_meta, version=version, retry=retry, logged=logged,
                               progress=progress if progress_token(meta) is not None else None)
         if (
             version in versions.MODERN
@@ -292,6 +292,7 @@ class Recorder:
         version: str,
         retry: dict | None,
         progress,
+        logged=None,
     ):
         """Forward the journaled call and journal what came of it (see `forward`)."""
         server_name = opened.server.name
@@ -312,6 +313,7 @@ class Recorder:
                     sending=lambda: sent.append(True),
                     retry=retry,
                     capabilities=self.relay.capabilities_of(owner),
+                    logged=logged,
                 )
                 if result.get("resultType") == versions.INPUT_REQUIRED and version not in versions.MODERN:
                     result = await self._answered(result, owner, opened, tool, arguments, meta)

@@ -68,6 +68,23 @@ _EVENTS = {
 _LISTENERS = 1024
 
 
+def in_call_logs(ctx) -> tuple[str, Any] | None:
+    """For a 2026-07-28 agent that asked for a call's log messages (`_meta`'s log level): the level, and
+    what puts each of the server's log messages about the call on the agent's own request stream. (A
+    handshake agent hears them on its upstream session, like anything else its servers send it.)"""
+    meta = ctx.meta if isinstance(ctx.meta, dict) else {}
+    level = meta.get(types.LOG_LEVEL_META_KEY)
+    if not isinstance(level, str) or ctx.session.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return None
+
+    async def relay(params: dict) -> None:
+        with contextlib.suppress(Exception):  # a malformed entry, or an agent gone: not the call's failure
+            await ctx.session.send_log_message(params.get("level"), params.get("data"), params.get("logger"),
+                                               related_request_id=ctx.request_id)
+
+    return level, relay
+
+
 def _answers(capabilities: types.ClientCapabilities) -> bool:
     return any(c is not None for c in (capabilities.elicitation, capabilities.sampling, capabilities.roots))
 

@@ -273,11 +273,14 @@ class Upstreams:
         sending=None,
         retry: Mapping[str, Any] | None = None,
         capabilities: Mapping[str, Any] | None = None,
+        logged=None,
     ) -> dict[str, Any]:
         """The raw `tools/call` result, `isError` results included (they are answers, not failures). `retry`
         carries a 2026-07-28 retry's `inputResponses` and `requestState`, as the wire names them, and
         `capabilities` the client capabilities a call on a stateless connection declares (the agent's). With
-        `progress`, the server's progress notifications about the call are relayed to it (see `request`)."""
+        `progress`, the server's progress notifications about the call are relayed to it (see `request`).
+        `logged` is (level, callback) for a 2026-07-28 agent that asked for the call's log messages: the
+        server is asked for them at that level and each is relayed to `callback(params)`."""
         if endpoint.transport == "http" and self.direct:
             connection = await self._opened(endpoint, owner)
             if connection.direct_calls:  # the hot path: counted in use by hand (no context manager per call)
@@ -287,7 +290,7 @@ class Upstreams:
                 try:
                     return await connection.call_tool_directly(name, dict(arguments or {}), meta,
                                                                timeout or self.timeout, retry, capabilities,
-                                                               progress)
+                                                               progress, logged)
                 except ToolServerError as exc:
                     if exc.transient:  # the connection may be what broke; open a fresh one next time
                         self._forget(connection)

@@ -21,7 +21,12 @@ import mcp_types as types
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.inbound import encode_header_value
-from mcp_types import CLIENT_CAPABILITIES_META_KEY, CLIENT_INFO_META_KEY, PROTOCOL_VERSION_META_KEY
+from mcp_types import (
+    CLIENT_CAPABILITIES_META_KEY,
+    CLIENT_INFO_META_KEY,
+    LOG_LEVEL_META_KEY,
+    PROTOCOL_VERSION_META_KEY,
+)
 from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
@@ -66,10 +71,10 @@ def _json(raw: bytes) -> Any:
         return None
 
 
-async def _answer_in(events, request_id: int, token: int, progress) -> Any:
+async def _answer_in(events, request_id: int, token: int, progress, logged=None) -> Any:
     """The JSON-RPC message answering `request_id` in an event stream (None if it has none, an `Oversized`
     if an event over the limit came instead), awaiting `progress(done, total, message)` for each progress
-    notification on `token` before it."""
+    notification on `token` before it, and `logged(params)` for each log message of the call's."""
     oversized = None
     async for event in events:
         if isinstance(event, Oversized):
@@ -81,6 +86,10 @@ async def _answer_in(events, request_id: int, token: int, progress) -> Any:
         if message.get("id") == request_id and "method" not in message:
             return message
         params = message.get("params")
+        if logged is not None and message.get("method") == "notifications/message" \
+                and isinstance(params, dict):
+            await logged(params)
+            continue
         if (
             progress is not None
             and message.get("method") == "notifications/progress"
@@ -182,6 +191,7 @@ class Connection:
         retry: Mapping[str, Any] | None = None,
         capabilities: Mapping[str, Any] | None = None,
         progress=None,
+        logged=None,
     ) -> dict[str, Any]:
         """One tools/call as the SDK would send it on a 2026-07-28 connection (the per-request `_meta`
         envelope and the Mcp-* headers), without its per-call machinery: this is the Recorder's hot path.
@@ -193,6 +203,7 @@ class Connection:
             PROTOCOL_VERSION_META_KEY: version,
             CLIENT_INFO_META_KEY: CLIENT_INFO.model_dump(mode="json", exclude_none=True),
             CLIENT_CAPABILITIES_META_KEY: dict(capabilities or {}),  # the agent's: declared per request
+            **({LOG_LEVEL_META_KEY: logged[0]} if logged else {}),  # the agent asked for the call's logs
         }
         request_id = next(self.request_ids)
         asked = {"progressToken": request_id} if progress is not None else {}  # a token of the Recorder's own
@@ -230,7 +241,7 @@ class Connection:
                         "text/event-stream"
                     ):  # progress, then the answer, as they come
                         message = await _answer_in(events_bounded(chunks, self.max_answer_bytes), request_id,
-                                                   request_id, progress)
+                                                   request_id, progress, logged[1] if logged else None)
                     else:
                         message = await read_bounded(chunks, self.max_answer_bytes)
                         if not isinstance(message, Oversized):

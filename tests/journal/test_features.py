@@ -491,6 +491,36 @@ def test_a_handshake_agent_keeps_what_a_2026_capable_server_does_on_the_handshak
     assert list(Step.objects.values_list("tool", "status")) == [("chatty", "ok"), ("ask", "ok")]
 
 
+def test_a_2026_agent_that_asked_for_a_calls_log_messages_gets_them(recorder, dana, modern_server):
+    """Issue 24, 6: in-call log messages reached a 2026-07-28 agent that opted into them (its requests'
+    `_meta` log level) directly, but not through the Recorder (3 directly, 0 through)."""
+    _, token = services.create_agent(name="bot", on_behalf_of=dana)
+
+    def run(where, name, **level):
+        logs = []
+
+        async def logged(params):
+            logs.append((params.level, params.data))
+
+        async def script(client):
+            return (await client.call_tool(name, {})).content[0].text
+
+        return where(script, logging_callback=logged, **level), logs
+
+    async def direct(script, **options):
+        async with Client(streamable_http_client(modern_server.url), mode="auto", cache=None,
+                          **options) as client:
+            return await script(client)
+
+    expected = ("chatted", [("info", f"step {n} of 3") for n in (1, 2, 3)])
+    directly_ = lambda script, **options: anyio.run(lambda: direct(script, **options))  # noqa: E731
+    through = lambda script, **options: run_agent(recorder, token, script, mode="auto", **options)  # noqa: E731
+    assert run(directly_, "chatty", log_level="info") == expected
+    assert run(through, "modern__chatty", log_level="info") == expected
+    # One that did not ask gets none, through the Recorder as directly.
+    assert run(directly_, "chatty") == run(through, "modern__chatty") == ("chatted", [])
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_stateless_servers_changes_reach_the_agent_on_either_protocol(recorder, dana, modern_server, mode):
     """Such a server says what changed only on listen streams: the Recorder opens its own for the agent
