@@ -317,14 +317,20 @@ class Relay:
 
         return ask
 
-    async def _ask(self, owner: Owner, server: str, request, result_type):
-        """Put the server's request to the agent, on the stream of its call in flight if it has one, and
-        journal both the request and the agent's answer with that call's step."""
+    def _channel(self, owner: Owner) -> tuple["_Call | None", Any]:
+        """The agent's call in flight, and the session a question goes on: its request's, or its handshake
+        session's; None for a 2026-07-28 request, which has no channel back (it is asked by its answer)."""
         calls = self.calls.get(owner) or []
         call = calls[-1] if calls else None
         session = call.session if call is not None and call.session is not None else self.sessions.get(owner)
         if session is not None and session.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            session = None  # a 2026-07-28 request has no channel back: it is asked by its call's answer
+            session = None
+        return call, session
+
+    async def _ask(self, owner: Owner, server: str, request, result_type):
+        """Put the server's request to the agent, on the stream of its call in flight if it has one, and
+        journal both the request and the agent's answer with that call's step."""
+        call, session = self._channel(owner)
         by_answer = session is None and self.bridge is not None and self.bridge.asking(owner)
         if session is None and not by_answer:
             if call is not None:

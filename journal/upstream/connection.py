@@ -103,6 +103,23 @@ async def _answer_in(events, request_id: int, token: int, progress, logged=None)
     return oversized
 
 
+def _call_body(request_id: int, version: str, name: str, arguments: dict[str, Any],
+               meta: Mapping[str, Any] | None, *, retry: Mapping[str, Any] | None,
+               capabilities: Mapping[str, Any] | None, progress: bool, log_level: str | None) -> dict:
+    """A 2026-07-28 tools/call request as the SDK sends it: the per-request `_meta` envelope (the agent's
+    capabilities, declared per request, and its log level when it asked for the call's logs), and a progress
+    token of the Recorder's own when progress is relayed."""
+    envelope = {
+        PROTOCOL_VERSION_META_KEY: version,
+        CLIENT_INFO_META_KEY: CLIENT_INFO.model_dump(mode="json", exclude_none=True),
+        CLIENT_CAPABILITIES_META_KEY: dict(capabilities or {}),
+        **({LOG_LEVEL_META_KEY: log_level} if log_level else {}),
+    }
+    asked = {"progressToken": request_id} if progress else {}
+    params = {"name": name, "arguments": arguments, "_meta": {**(meta or {}), **asked, **envelope}}
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {**params, **(retry or {})}}
+
+
 class Connection:
     """One open session, owned by a keeper task so that it is entered and left in the same task.
 
@@ -199,25 +216,9 @@ class Connection:
         The answer is validated against the protocol's tools/call result, exactly as the SDK would, so a
         server that lies still gets the same error."""
         version = self.client.protocol_version
-        envelope = {
-            PROTOCOL_VERSION_META_KEY: version,
-            CLIENT_INFO_META_KEY: CLIENT_INFO.model_dump(mode="json", exclude_none=True),
-            CLIENT_CAPABILITIES_META_KEY: dict(capabilities or {}),  # the agent's: declared per request
-            **({LOG_LEVEL_META_KEY: logged[0]} if logged else {}),  # the agent asked for the call's logs
-        }
         request_id = next(self.request_ids)
-        asked = {"progressToken": request_id} if progress is not None else {}  # a token of the Recorder's own
-        body = {
-            "jsonrpc": "2.0",
-            "id": request_id,
-            "method": "tools/call",
-            "params": {
-                "name": name,
-                "arguments": arguments,
-                "_meta": {**(meta or {}), **asked, **envelope},
-                **(retry or {}),
-            },
-        }
+        body = _call_body(request_id, version, name, arguments, meta, retry=retry, capabilities=capabilities,
+                          progress=progress is not None, log_level=logged[0] if logged else None)
         headers = {
             "accept": "application/json, text/event-stream",
             "content-type": "application/json",
