@@ -10,6 +10,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
+from . import services
 from .access import READERS, require_role
 from .models import Run, Step
 
@@ -116,9 +117,8 @@ def step_result(request, run_id, number):
     require_role(request, *READERS)
     run = get_object_or_404(Run, public_id=run_id)
     step = get_object_or_404(Step, run=run, number=number)
-    entry = run.entries.filter(seq=step.result_seq, event="result").first() if step.result_seq else None
-    result = entry.data.get("result") if entry is not None and entry.data.get("step") == step.number else None
-    if not isinstance(result, dict):
+    result = services.step_result(step)
+    if result is None:
         raise Http404("This step has no result in the run's record.")
     response = JsonResponse(result)
     response["Content-Disposition"] = (

@@ -95,41 +95,41 @@ class Faults:
     async def _no_handshake(self, scope, receive, send):
         """Answer `initialize` as a server that speaks only the stateless 2026-07-28 protocol does: it has no
         such method. Everything else goes to the server."""
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body, replayed = await _read(receive)
         request = json.loads(body) if body else {}
         if isinstance(request, dict) and request.get("method") == "initialize":
             refused = {"jsonrpc": "2.0", "id": request.get("id"),
                        "error": {"code": -32601, "message": "Method not found: initialize"}}
             return await PlainText(json.dumps(refused), media_type="application/json")(scope, receive, send)
-        replay = iter([{"type": "http.request", "body": body, "more_body": False}])
-        return await self.app(scope, lambda: _next(replay, receive), send)
+        return await self.app(scope, replayed, send)
 
     async def _tool_calls_only(self, mode, scope, receive, send):
         """Misbehave on tools/call only (the session opens normally). "lie": answer well-formed JSON-RPC whose
         result is not an MCP tool result. "act_then_hang": let the server act, then never answer."""
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body, replayed = await _read(receive)
         request = json.loads(body)
-        replay = iter([{"type": "http.request", "body": body, "more_body": False}])
         if request.get("method") != "tools/call":
-            return await self.app(scope, lambda: _next(replay, receive), send)
+            return await self.app(scope, replayed, send)
         if mode == "act_then_hang":
             async def swallow(message):
                 pass
 
-            await self.app(scope, lambda: _next(replay, receive), swallow)
+            await self.app(scope, replayed, swallow)
             await anyio.sleep(3600)
         lie = {"jsonrpc": "2.0", "id": request.get("id"), "result": {"content": 5, "isError": "no"}}
         return await PlainText(json.dumps(lie), media_type="application/json")(scope, receive, send)
+
+
+async def _read(receive):
+    """A request's whole body, and a `receive` that gives it again (then the connection's own messages)."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    replay = iter([{"type": "http.request", "body": body, "more_body": False}])
+    return body, lambda: _next(replay, receive)
 
 
 async def _next(replay, receive):

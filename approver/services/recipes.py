@@ -128,9 +128,6 @@ def preview(*, server: ToolServer, raw: Any) -> Preview:
 
 
 def _structured(step: Step) -> Any:
-    """The step's `structuredContent`, from its inline result or the run's record."""
-    result = step.result
-    if not isinstance(result, dict) and step.result_seq:
-        entry = step.run.entries.filter(seq=step.result_seq, event="result").first()
-        result = entry.data.get("result") if entry is not None else None
-    return result.get("structuredContent") if isinstance(result, dict) else None
+    """The step's `structuredContent`, as the server sent it."""
+    result = journal_services.step_result(step)
+    return result.get("structuredContent") if result is not None else None

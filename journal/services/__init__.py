@@ -19,7 +19,7 @@ from .agent_sessions import (
 from .agents import TOKEN_PREFIX, authenticate_agent, create_agent, hash_token, reset_agent_token
 from .bundles import export_bundle, import_bundle, import_chronomcp_log, verify_run
 from .earlier_states import read_again
-from .record import ForeignRun, append_entry, checkpoint_run, open_run, record_event
+from .record import ForeignRun, append_entry, checkpoint_run, open_run, record_event, step_result
 from .runs import RunRefused, end_run, halt_run, release_run, runs_matching
 from .servers import (
     RecipesRefused,
@@ -45,6 +45,7 @@ from .steps import (
 )
 
 __all__ = [
+    "step_result",
     "read_again",
     "agent_session",
     "forget_agent_session",

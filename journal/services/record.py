@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from .. import chain, keys, sql
 from ..errors import Refused
-from ..models import Agent, ChainEntry, Checkpoint, Run
+from ..models import Agent, ChainEntry, Checkpoint, Run, Step
 
 
 class ForeignRun(Refused):
@@ -127,3 +127,12 @@ def record_event(*, run_id: int, event: str, data: Any, now: datetime) -> ChainE
         save_moving(run, now=None)
     return entry
 
+
+
+def step_result(step: Step) -> dict[str, Any] | None:
+    """A step's whole result as the server sent it: from the run's record, where even a large one is kept
+    (its `result` entry), or the step's own inline copy."""
+    entry = step.run.entries.filter(seq=step.result_seq, event="result").first() if step.result_seq else None
+    result = entry.data.get("result") if entry is not None and entry.data.get("step") == step.number else None
+    result = result if isinstance(result, dict) else step.result
+    return result if isinstance(result, dict) else None
