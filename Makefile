@@ -5,6 +5,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 NODE_STAMP := tests/conformance/node_modules/.installed
+# The Python MCP clients (and the task server) the conformance tests run, each in an environment of its own
+# (their pins differ from ours: LangChain's adapters are on the mcp SDK 1.x), pinned in tests/clients/*.txt.
+CLIENTS := fastmcp langchain pydantic-ai
+CLIENT_STAMPS := $(foreach c,$(CLIENTS),tests/clients/envs/$(c)/.installed)
 
 .PHONY: demo test lint bench docs
 
@@ -13,6 +17,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+tests/clients/envs/%/.installed: tests/clients/%.txt
+	test -x tests/clients/envs/$*/bin/python || $(PYTHON) -m venv tests/clients/envs/$*
+	tests/clients/envs/$*/bin/python -m pip install --quiet --upgrade pip
+	tests/clients/envs/$*/bin/python -m pip install --quiet -r $<
+	touch $@
 
 demo: $(STAMP) $(NODE_STAMP)
 	$(PY) -m approver.demo
@@ -39,7 +49,7 @@ docs: $(STAMP)
 	@mkdir -p var; NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict > var/docs.log 2>&1 \
 		|| { cat var/docs.log; exit 1; }; echo "docs: built (mkdocs build --strict)"
 
-test: $(STAMP) $(NODE_STAMP) lint docs
+test: $(STAMP) $(NODE_STAMP) $(CLIENT_STAMPS) lint docs
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@mkdir -p var; status=0; \
 	VAR_DIR=$(CURDIR)/var/test-2 $(PY) -m pytest $(SECOND_HALF) > var/test-second-half.log 2>&1 & second=$$!; \

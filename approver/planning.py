@@ -64,6 +64,7 @@ class StepFacts:
     arguments: dict[str, Any] = field(default_factory=dict)  # what the call sent
     server_tools: tuple[str, ...] = ()  # the tools its server lists now
     compensation_then: list[dict[str, Any]] | None = None  # a recipe's further calls, resolved
+    task_id: str = ""  # the server made the call a task (the MCP tasks extension), still running if pending
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,9 @@ def _without_compensation(step: StepFacts) -> tuple[str, str, str] | None:
     by_hand = what_is_known(step)
     if step.already_undone:
         return "already_undone", "An earlier plan already undid this step.", ""
+    if step.status == "pending" and step.task_id:
+        return ("cannot_undo", f"{step.server} is still running this call as a task ({step.task_id}): "
+                "what it did is not known until the task ends. Ask for a plan again once it has.", by_hand)
     if step.status == "pending":
         return "cannot_undo", "The call's outcome was never recorded, so what it did is not known.", by_hand
     if step.status == "held":

@@ -77,3 +77,50 @@ def worker_env_for_test_database() -> dict:
     )
     return {**os.environ, "DJANGO_SETTINGS_MODULE": "approver.settings", "DATABASE_URL": url,
             "RECORDER_KEY_DIR": str(settings.RECORDER_KEY_DIR)}  # the test's own keys, never the user's
+
+
+# The Python MCP clients the conformance tests run, each in an environment of its own (`make test` builds
+# them from tests/clients/*.txt).
+CLIENT_ENVS = Path(__file__).resolve().parent / "clients" / "envs"
+PYTHON_CLIENTS = ("fastmcp", "langchain", "pydantic-ai")
+
+
+def client_python(name: str) -> str:
+    """The interpreter of the client environment `name` (one of PYTHON_CLIENTS)."""
+    return str(CLIENT_ENVS / name / "bin" / "python")
+
+
+needs_python_clients = pytest.mark.skipif(
+    not REQUIRED and not all((CLIENT_ENVS / name / ".installed").exists() for name in PYTHON_CLIENTS),
+    reason="The pinned Python MCP clients are not installed here (make tests/clients/envs/fastmcp/.installed "
+           "and the same for langchain and pydantic-ai)",
+)
+
+
+@contextlib.contextmanager
+def serving(argv: list[str], port: int, what: str, env: dict | None = None):
+    """A server process (`argv`) that listens on `port`, stopped afterwards; `what` names it when it fails to
+    start."""
+    import socket
+    import time
+
+    process = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    try:
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                error = process.stderr.read().decode(errors="replace")[-2000:] if process.poll() is not None \
+                    else ""
+                raise RuntimeError(f"{what} did not start on port {port}: {error}")
+            time.sleep(0.1)
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -25,7 +25,7 @@ from . import bell
 _FACT_FIELDS = (
     "id", "number", "server_name", "tool", "status", "reversibility", "declaration", "compensation_arguments",
     "compensation_then", "undo_problems", "effect_summary", "effect_resource", "effect_version", "undo_by",
-    "finished_at", "request_meta", "failure_class", "arguments",
+    "finished_at", "request_meta", "failure_class", "arguments", "task_id",
 )
 
 
@@ -79,6 +79,7 @@ def step_facts(run: Run) -> list[planning.StepFacts]:
                 arguments=row["arguments"] if isinstance(row["arguments"], dict) else {},
                 server_tools=tools.get(row["server_name"], ()),
                 compensation_then=row["compensation_then"],
+                task_id=row["task_id"],
             )
         )
     return facts

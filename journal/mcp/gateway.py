@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from .. import declarations, idempotency, keys, outcomes, services
 from ..models import Agent, ToolServer
 from ..upstream.client import DEFAULT_MAX_ANSWER_BYTES, ToolServerError, Upstreams, endpoint_of
+from ..upstream.connection import TASK_RESULT
 from . import bridge, holding, opening, versions
 from . import earlier as earlier_reads
 from .asgi import AnswerAsJson
@@ -59,6 +60,7 @@ from .journal_thread import JournalThread, Outcomes
 from .listening import Listening
 from .relay import Relay, in_call_logs
 from .sessions import SessionStore, streamable_app
+from .task_calls import TaskCalls, declares_tasks, with_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +143,8 @@ class Recorder:
                 on_set_logging_level=self.features.set_logging_level,
                 on_subscriptions_listen=self.features.listen,
             )
+        self.tasks = TaskCalls(self.journal, self.upstreams, self.features.remember)
+        self.tasks.install(self.server)
         # Not JSON-only: a held call streams progress notifications (SSE) while it waits. A request that
         # finishes quickly and emits nothing is still answered with plain JSON. Any process serves any
         # session.
@@ -270,6 +274,7 @@ class Recorder:
                 return tool_error(*refusal), None
         work = self._complete(opened, started, owner=owner, session=session, tool=tool, arguments=arguments,
                               meta=kept_meta, version=version, retry=retry, logged=logged,
+                              tasks=version in versions.MODERN and declares_tasks(meta),
                               progress=progress if progress_token(meta) is not None else None)
         if (
             version in versions.MODERN
@@ -293,8 +298,10 @@ class Recorder:
         retry: dict | None,
         progress,
         logged=None,
+        tasks: bool = False,
     ):
-        """Forward the journaled call and journal what came of it (see `forward`)."""
+        """Forward the journaled call and journal what came of it (see `forward`). `tasks`: the agent declared
+        the tasks extension on this call, so the server is told it may answer with a task handle."""
         server_name = opened.server.name
         sent = []
         try:
@@ -312,7 +319,7 @@ class Recorder:
                     progress=_relayed(progress) if progress is not None else None,
                     sending=lambda: sent.append(True),
                     retry=retry,
-                    capabilities=self.relay.capabilities_of(owner),
+                    capabilities=with_tasks(self.relay.capabilities_of(owner), tasks),
                     logged=logged,
                 )
                 if result.get("resultType") == versions.INPUT_REQUIRED and version not in versions.MODERN:
@@ -353,6 +360,8 @@ class Recorder:
                 else ""
             )
             return tool_error(f"{exc.message} ({exc.failure_class}).{note}", advice, saga), journaled
+        if result.get("resultType") == TASK_RESULT:  # the tasks extension: the call goes on as a task
+            return await self.tasks.started(opened, started, result, declared=tasks), None
         relayed = versions.from_server(result)
         self.features.remember(owner, server_name, relayed)
         try:  # shaped for the agent's version, then through the SDK's own sieve for it, as a reply would be

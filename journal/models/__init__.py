@@ -278,6 +278,10 @@ class Step(models.Model):
     receipt_problem = models.CharField(max_length=300, blank=True)
     # What the autonomy policy decided before the call was forwarded (approver.policy.Decision.as_record).
     policy_decision = models.JSONField(null=True, blank=True)
+    # The server answered with a task handle (the MCP tasks extension): the step stays in flight under the
+    # server's task id until the task's end is seen, or its time to live (`task_until`, None: unlimited) ends.
+    task_id = models.CharField(max_length=200, blank=True, db_index=True)
+    task_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["run", "number"]

@@ -6,6 +6,7 @@ these as `journal.services.X`.
 - `servers`: tool servers, their catalogues and their undo recipes.
 - `record`: a run's chain and its signed checkpoints.
 - `steps`: an agent's call, journaled before it is forwarded and after it returns.
+- `in_flight`: steps still in flight: a call its server made a task, and what a stopped Recorder left.
 - `bundles`: verify, export and import a whole run record.
 """
 
@@ -19,6 +20,7 @@ from .agent_sessions import (
 from .agents import TOKEN_PREFIX, authenticate_agent, create_agent, hash_token, reset_agent_token
 from .bundles import export_bundle, import_bundle, import_chronomcp_log, verify_run
 from .earlier_states import read_again
+from .in_flight import RunningTask, reconcile_stale_steps, running_task, task_cancelled, task_started
 from .record import ForeignRun, append_entry, checkpoint_run, open_run, record_event, step_result
 from .runs import RunRefused, end_run, halt_run, release_run, runs_matching
 from .servers import (
@@ -39,7 +41,6 @@ from .steps import (
     mark_undelivered,
     open_step,
     open_step_in_run,
-    reconcile_stale_steps,
     refuse_step,
     release_held_step,
 )
@@ -76,6 +77,10 @@ __all__ = [
     "open_step",
     "open_step_in_run",
     "reconcile_stale_steps",
+    "RunningTask",
+    "running_task",
+    "task_cancelled",
+    "task_started",
     "record_event",
     "refresh_catalogue",
     "refuse_step",

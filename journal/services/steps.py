@@ -13,7 +13,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
 from .. import dependencies, journaling, ports, recovery, sql
 from ..canonical import to_ijson
@@ -403,44 +402,3 @@ def _index(run: Run, step: Step, values: dict[str, str]) -> None:
         replace=("step_id", "pointer"),
         increment="seen",
     )
-
-
-def reconcile_stale_steps(*, older_than: datetime, now: datetime | None = None) -> int:
-    """Close steps still `pending` long after any call could have lasted: the Recorder stopped (or its
-    database failed) between forwarding a call and recording the answer. The server may have acted, so the
-    step becomes a failed call whose outcome is unknown, never a silent gap in the record. A step still
-    `held` after the longest hold was never forwarded: it is closed as such."""
-    now = now or timezone.now()
-    closed = 0
-    held_before = older_than - timedelta(seconds=ports.MAX_HOLD_SECONDS)
-    # An imported run's record is not ours to close.
-    local = Step.objects.exclude(run__state=Run.State.IMPORTED)
-    for step in local.filter(status=Step.Status.HELD, started_at__lt=held_before).iterator():
-        opened = OpenedStep(step_id=step.pk, run_id=step.run_id, number=step.number)
-        closed += _one_by_one(step, lambda opened=opened: refuse_step(opened=opened, now=now, message=(
-            "The Recorder stopped while this call waited for approval; it was never forwarded.")))
-    stale = local.filter(status=Step.Status.PENDING, started_at__lt=older_than).select_related("server")
-    for step in stale.iterator():
-        opened = OpenedStep(
-            step_id=step.pk, run_id=step.run_id, number=step.number, server=step.server, tool=step.tool,
-            arguments=step.arguments, request_meta=step.request_meta, kind=step.reversibility,
-            source=step.declaration_source,
-        )
-        # close_step closes only a step that is still pending, so a real answer recorded a moment ago wins.
-        closed += _one_by_one(step, lambda opened=opened, step=step: close_step(
-            opened=opened, started=step.started_at, finished=now, outcome=Outcome(
-                error_message="The Recorder stopped before the tool server's answer was recorded.",
-                failure_class=Step.FailureClass.UNKNOWN, may_have_acted=True)))
-    return closed
-
-
-def _one_by_one(step: Step, close) -> int:
-    """Close one stale step (1 if it was closed here). A step that cannot be closed is logged and left for
-    the next round: one bad row must never keep the reconciler from every step after it."""
-    try:
-        return 1 if close() else 0
-    except Exception:
-        logger.exception("could not close stale step %s of run %s; the next round tries again", step.number,
-                         step.run_id)
-        return 0
-

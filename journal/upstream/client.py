@@ -233,6 +233,22 @@ class Upstreams:
                 raise connection.translate(exc, sent=True) from exc
         return result
 
+    async def task_request(self, endpoint: Endpoint, method: str, params: Mapping[str, Any], *,
+                           owner: Owner = None) -> dict[str, Any]:
+        """A request of the tasks extension (`tasks/get`, `tasks/update`, `tasks/cancel`) to `endpoint`, on
+        `owner`'s session; the raw result, or a ToolServerError. Tasks live on the stateless 2026-07-28
+        protocol, so a server on any other is told nothing (the error says why)."""
+        async with self._using(endpoint, owner) as connection:
+            if not connection.direct_calls:
+                raise ToolServerError(f"{endpoint.name} does not speak the 2026-07-28 protocol, where tasks "
+                                      "live", failure_class="not_found")
+            try:
+                return await connection.task_request(method, params, self.timeout)
+            except ToolServerError as exc:
+                if exc.transient:
+                    self._forget(connection)
+                raise
+
     async def list_tools(self, endpoint: Endpoint, *, timeout: float | None = None,
                          owner: Owner = None) -> list[dict[str, Any]]:
         """Every page of the server's raw `tools/list`."""

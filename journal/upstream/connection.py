@@ -37,6 +37,9 @@ from .failures import ToolServerError, http_status_class, too_large, translate
 from .stdio import bounded_stdio_client
 
 CLIENT_INFO = types.Implementation(name="agent-undo-recorder", version="0.1.0")
+# The MCP tasks extension (SEP-2663): a server may answer a tools/call with a task handle of this result type.
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+TASK_RESULT = "task"
 
 
 @dataclass(frozen=True)
@@ -214,16 +217,45 @@ class Connection:
         envelope and the Mcp-* headers), without its per-call machinery: this is the Recorder's hot path.
 
         The answer is validated against the protocol's tools/call result, exactly as the SDK would, so a
-        server that lies still gets the same error."""
-        version = self.client.protocol_version
+        server that lies still gets the same error. A task handle (`resultType: "task"`, the tasks extension)
+        is the extension's own shape, which the protocol's schema does not describe: it is checked by
+        `journal.mcp.task_calls`."""
         request_id = next(self.request_ids)
-        body = _call_body(request_id, version, name, arguments, meta, retry=retry, capabilities=capabilities,
-                          progress=progress is not None, log_level=logged[0] if logged else None)
+        body = _call_body(request_id, self.client.protocol_version, name, arguments, meta, retry=retry,
+                          capabilities=capabilities, progress=progress is not None,
+                          log_level=logged[0] if logged else None)
+        result = await self._exchange(body, name, timeout, progress, logged[1] if logged else None)
+        if result.get("resultType") == TASK_RESULT:
+            return result
+        try:
+            _methods.validate_server_result("tools/call", self.client.protocol_version, result)
+        except (ValidationError, ValueError, KeyError):
+            raise ToolServerError(f"{self.endpoint.name} answered with something that is not a valid MCP "
+                                  "result", failure_class="unknown", may_have_acted=True) from None
+        return result
+
+    async def task_request(self, method: str, params: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+        """One request of the tasks extension (`tasks/get`, `tasks/update`, `tasks/cancel`) about the task
+        `params["taskId"]`, declaring the extension as the extension requires; the raw result."""
+        version = self.client.protocol_version
+        envelope = {
+            PROTOCOL_VERSION_META_KEY: version,
+            CLIENT_INFO_META_KEY: CLIENT_INFO.model_dump(mode="json", exclude_none=True),
+            CLIENT_CAPABILITIES_META_KEY: {"extensions": {TASKS_EXTENSION: {}}},
+        }
+        body = {"jsonrpc": "2.0", "id": next(self.request_ids), "method": method,
+                "params": {**params, "_meta": envelope}}
+        return await self._exchange(body, str(params.get("taskId", "")), timeout)
+
+    async def _exchange(self, body: dict, name: str, timeout: float, progress=None, logged=None) -> dict:
+        """POST one request (`body`) and return its result, or raise ToolServerError: a JSON-RPC error as
+        the server sent it, anything else classified (refused, timed out, over the limit, not MCP)."""
+        version, request_id = self.client.protocol_version, body["id"]
         headers = {
             "accept": "application/json, text/event-stream",
             "content-type": "application/json",
             "mcp-protocol-version": version,
-            "mcp-method": "tools/call",
+            "mcp-method": body["method"],
             "mcp-name": encode_header_value(name),
         }
         server = self.endpoint.name
@@ -242,7 +274,7 @@ class Connection:
                         "text/event-stream"
                     ):  # progress, then the answer, as they come
                         message = await _answer_in(events_bounded(chunks, self.max_answer_bytes), request_id,
-                                                   request_id, progress, logged[1] if logged else None)
+                                                   request_id, progress, logged)
                     else:
                         message = await read_bounded(chunks, self.max_answer_bytes)
                         if not isinstance(message, Oversized):
@@ -286,11 +318,6 @@ class Connection:
                 failure_class="unknown",
                 may_have_acted=True,
             )
-        try:
-            _methods.validate_server_result("tools/call", version, result)
-        except (ValidationError, ValueError, KeyError):
-            raise ToolServerError(f"{server} answered with something that is not a valid MCP result",
-                                  failure_class="unknown", may_have_acted=True) from None
         return result
 
     def translate(self, exc: BaseException, *, sent: bool) -> "ToolServerError":
