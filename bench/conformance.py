@@ -7,10 +7,12 @@ and streamable HTTP, server-memory, server-filesystem, mcp-server-time, mcp-serv
 with the `mcp` SDK's client in both modes and the TypeScript SDK's client, each compared with a direct
 call), test_pairings.py (protocol pairings, verbatim errors, progress, cancellation, input_required),
 test_versions_pairings.py (agents and servers on 2025-03-26, 2025-06-18 and 2025-11-25), test_features.py
-(resources, prompts, completion, logging, elicitation, sampling, roots) and test_large_results.py (5 MB
-results from every kind of server to both client modes, and answers over the limit). Prints the matrix of
-servers by clients, one line per other check, and "pairings passed / total". Needs Node and
-`npm ci --prefix tests/conformance` (make test does it).
+(resources, prompts, completion, logging, elicitation, sampling, roots), test_large_results.py (5 MB
+results from every kind of server to both client modes, and answers over the limit), test_python_clients.py
+(the fastmcp client, LangChain's MCP adapters and pydantic-ai's toolset, feature by feature against
+server-everything) and test_task_calls.py (the tasks extension against fastmcp-tasks). Prints the matrix of
+servers by clients, the Python clients by feature, one line per other check, and "pairings passed / total".
+Needs Node and the pinned npm packages and Python client environments (make test installs them).
 """
 
 import os
@@ -23,7 +25,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ["test_conformance.py", "test_pairings.py", "test_versions_pairings.py", "test_features.py",
-         "test_large_results.py"]
+         "test_large_results.py", "test_python_clients.py", "test_task_calls.py"]
+PYTHON_CLIENT = re.compile(
+    r"test_a_python_client_gets_through_the_recorder_what_it_gets_directly\[(?P<client>.+)\]"
+)
+ALL_FEATURES = ("tools", "call", "error", "resources", "read", "prompt", "progress", "elicitation",
+                "sampling")
 MATRIX = re.compile(
     r"test_every_tool_through_the_recorder_answers_as_it_does_directly\[(?P<server>.+)-(?P<client>sdk-auto|sdk-legacy|typescript)\]"
 )
@@ -54,25 +61,36 @@ def main() -> None:
             env=env,
             stdout=subprocess.DEVNULL,
         )
-        rows = [(case.get("name"), outcome(case)) for case in ET.parse(report).getroot().iter("testcase")]
+        cases = list(ET.parse(report).getroot().iter("testcase"))
+        rows = [(case.get("name"), outcome(case)) for case in cases]
+        features = {case.get("name"): (prop.get("value") or "").split(",") for case in cases
+                    for prop in case.iter("property") if prop.get("name") == "features"}
     matrix: dict[str, dict[str, str]] = {}
+    python_clients: dict[str, dict[str, str]] = {}
     others = []
     for name, result in rows:
-        found = MATRIX.fullmatch(name)
+        found, client = MATRIX.fullmatch(name), PYTHON_CLIENT.fullmatch(name)
         if found:
             matrix.setdefault(found["server"], {})[found["client"]] = result
+        elif client:
+            python_clients[client["client"]] = {f: result for f in features.get(name, ALL_FEATURES)}
         else:
             others.append((name, result))
     clients = ["sdk-auto", "sdk-legacy", "typescript"]
     print(f"  {'every tool of':<18}" + "".join(f"{client:>12}" for client in clients))
     for server, by_client in matrix.items():
         print(f"  {server:<18}" + "".join(f"{by_client.get(client, '-'):>12}" for client in clients))
+    print(f"\n  {'server-everything':<18}" + "".join(f"{feature:>12}" for feature in ALL_FEATURES))
+    for client, by_feature in python_clients.items():
+        print(f"  {client:<18}" + "".join(f"{by_feature.get(f, 'n/a'):>12}" for f in ALL_FEATURES))
+    print()
     width = max(len(name) for name, _ in others)
     for name, result in others:
         print(f"  {name.removeprefix('test_'):<{width}}  {result}")
     passed = sum(result == "pass" for _, result in rows)
     print(f"pairings passed / total: {passed} / {len(rows)} "
-          f"({len(matrix)} servers x {len(clients)} clients, every tool, plus {len(others)} other checks)")
+          f"({len(matrix)} servers x {len(clients)} clients, every tool; {len(python_clients)} Python "
+          f"clients, every feature each has; plus {len(others)} other checks)")
     sys.exit(0 if passed == len(rows) else 1)
 
 

@@ -6,6 +6,7 @@ call is journaled once, in flight while the task runs and with its outcome when 
 """
 
 import json
+import subprocess
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -193,3 +194,30 @@ def test_a_task_nobody_saw_end_is_closed_as_unknown_once_its_time_to_live_is_ove
     assert services.reconcile_stale_steps(older_than=later, now=later) == 1
     step = Step.objects.get()
     assert step.status == "error" and step.may_have_acted and "time to live" in step.error_message
+
+
+FASTMCP_AGENT = """
+import asyncio, json, sys
+import fastmcp_tasks  # noqa: F401 - turns on the fastmcp client's task support
+from fastmcp import Client
+from fastmcp.client.transports import StreamableHttpTransport
+
+async def main():
+    transport = StreamableHttpTransport(sys.argv[1], headers={"Authorization": "Bearer " + sys.argv[2]})
+    async with Client(transport, timeout=30) as client:
+        done = await client.call_tool("tasks__crunch", {"n": 7, "seconds": 0.2})
+        optional = await client.call_tool("tasks__tally", {"n": 8})
+        return [[block.text for block in done.content], [block.text for block in optional.content]]
+
+print(json.dumps(asyncio.run(main())))
+"""
+
+
+def test_the_fastmcp_client_drives_a_task_through_the_recorder(recorder, token):
+    done = subprocess.run([client_python("fastmcp"), "-c", FASTMCP_AGENT, f"{recorder.base}/mcp/", token],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [["added 7"], ["tallied 8"]]
+    settle(recorder)
+    steps = [(s.tool, s.status, bool(s.task_id)) for s in Step.objects.order_by("started_at")]
+    assert steps == [("crunch", "ok", True), ("tally", "ok", True)]
