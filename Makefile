@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 NODE_STAMP := tests/conformance/node_modules/.installed
+# The MCP conformance suite and the Node 22 it runs on (an npm package: Debian's Node stays as it is).
+SUITE_STAMP := tests/conformance-suite/node_modules/.installed
 # The Python MCP clients (and the task server) the conformance tests run, each in an environment of its own
 # (their pins differ from ours: LangChain's adapters are on the mcp SDK 1.x), pinned in tests/clients/*.txt.
 CLIENTS := fastmcp langchain pydantic-ai
@@ -34,6 +36,11 @@ $(NODE_STAMP): tests/conformance/package-lock.json
 		npm ci --prefix tests/conformance --no-audit --no-fund --loglevel=error && touch $(NODE_STAMP); \
 	else echo "npm not found: the tests that need Node's MCP servers will skip"; fi
 
+$(SUITE_STAMP): tests/conformance-suite/package-lock.json
+	@if command -v npm >/dev/null; then \
+		npm ci --prefix tests/conformance-suite --no-audit --no-fund --loglevel=error && touch $(SUITE_STAMP); \
+	else echo "npm not found: the conformance suite's tests will skip"; fi
+
 # Tests keep their database, broker folder and keys apart from the demo's, so a running demo never
 # picks up a test's tasks.
 #
@@ -43,13 +50,14 @@ $(NODE_STAMP): tests/conformance/package-lock.json
 SECOND_HALF := tests/journal/test_conformance.py tests/journal/test_pairings.py tests/journal/test_features.py \
 	tests/journal/test_versions_pairings.py tests/journal/test_large_results.py tests/journal/upstream/test_sessions.py \
 	tests/journal/test_recorder.py tests/journal/test_oauth.py tests/journal/test_hostile.py tests/journal/test_agent_meta.py \
+	tests/journal/test_python_clients.py tests/journal/test_task_calls.py tests/journal/test_conformance_suite.py \
 	tests/browser
 # The documentation site: a broken link or a missing page fails the build (and so the tests).
 docs: $(STAMP)
 	@mkdir -p var; NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict > var/docs.log 2>&1 \
 		|| { cat var/docs.log; exit 1; }; echo "docs: built (mkdocs build --strict)"
 
-test: $(STAMP) $(NODE_STAMP) $(CLIENT_STAMPS) lint docs
+test: $(STAMP) $(NODE_STAMP) $(SUITE_STAMP) $(CLIENT_STAMPS) lint docs
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@mkdir -p var; status=0; \
 	VAR_DIR=$(CURDIR)/var/test-2 $(PY) -m pytest $(SECOND_HALF) > var/test-second-half.log 2>&1 & second=$$!; \

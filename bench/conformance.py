@@ -10,11 +10,14 @@ test_versions_pairings.py (agents and servers on 2025-03-26, 2025-06-18 and 2025
 (resources, prompts, completion, logging, elicitation, sampling, roots), test_large_results.py (5 MB
 results from every kind of server to both client modes, and answers over the limit), test_python_clients.py
 (the fastmcp client, LangChain's MCP adapters and pydantic-ai's toolset, feature by feature against
-server-everything) and test_task_calls.py (the tasks extension against fastmcp-tasks). Prints the matrix of
+server-everything), test_task_calls.py (the tasks extension against fastmcp-tasks) and
+test_conformance_suite.py (the official MCP conformance suite's server scenarios directly and through the
+Recorder, and its client scenarios with the Recorder as the client). Prints the matrix of
 servers by clients, the Python clients by feature, one line per other check, and "pairings passed / total".
 Needs Node and the pinned npm packages and Python client environments (make test installs them).
 """
 
+import json
 import os
 import re
 import subprocess
@@ -25,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ["test_conformance.py", "test_pairings.py", "test_versions_pairings.py", "test_features.py",
-         "test_large_results.py", "test_python_clients.py", "test_task_calls.py"]
+         "test_large_results.py", "test_python_clients.py", "test_task_calls.py", "test_conformance_suite.py"]
 PYTHON_CLIENT = re.compile(
     r"test_a_python_client_gets_through_the_recorder_what_it_gets_directly\[(?P<client>.+)\]"
 )
@@ -65,6 +68,8 @@ def main() -> None:
         rows = [(case.get("name"), outcome(case)) for case in cases]
         features = {case.get("name"): (prop.get("value") or "").split(",") for case in cases
                     for prop in case.iter("property") if prop.get("name") == "features"}
+        suite = {case.get("name"): json.loads(prop.get("value") or "{}") for case in cases
+                 for prop in case.iter("property") if prop.get("name") == "scenarios"}
     matrix: dict[str, dict[str, str]] = {}
     python_clients: dict[str, dict[str, str]] = {}
     others = []
@@ -83,6 +88,17 @@ def main() -> None:
     print(f"\n  {'server-everything':<18}" + "".join(f"{feature:>12}" for feature in ALL_FEATURES))
     for client, by_feature in python_clients.items():
         print(f"  {client:<18}" + "".join(f"{by_feature.get(f, 'n/a'):>12}" for f in ALL_FEATURES))
+    print()
+    for name, scored in suite.items():
+        direct, through = scored.get("direct", {}), scored.get("through", {})
+        if all(isinstance(v, dict) for v in direct.values()):  # the server scenarios, each scored
+            passing = [s for s in direct
+                       if not direct[s].get("FAILURE") and not through.get(s, {}).get("FAILURE")]
+            print(f"  conformance suite, server scenarios passing directly and through the Recorder: "
+                  f"{len(passing)} / {len(direct)}")
+        else:
+            scenario = name.split("[")[-1].rstrip("]")
+            print(f"  conformance suite, client scenario {scenario}: directly {direct}, through {through}")
     print()
     width = max(len(name) for name, _ in others)
     for name, result in others:
