@@ -23,6 +23,9 @@ _CLASS_BY_CODE = {
 }
 # Without a code, the server's own words, read in this order.
 _CLASS_BY_WORDS = (
+    # First: "unavailable on this protocol" is no passing outage.
+    (("protocol version", "this protocol", "unsupported protocol", "not supported by the client",
+      "client capabilit", "did not declare"), "unsupported"),
     (("timed out", "timeout", "temporarily", "unavailable", "try again", "rate limit"), "transient"),
     (("unauthori", "unauthenticated", "invalid token", "not authenticated"), "authentication"),
     (("permission", "forbidden", "not allowed", "access denied"), "permission"),

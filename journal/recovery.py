@@ -18,7 +18,7 @@ from typing import Any
 
 # MCP-Rescue's failure categories, and ours for a call an autonomy policy stopped.
 CATEGORIES = ("transient", "invalid_arguments", "authentication", "permission", "not_found", "conflict",
-              "business_rule", "unknown", "policy")
+              "business_rule", "unsupported", "unknown", "policy")
 # MCP-Rescue's recovery actions.
 RETRY, BACKOFF, REPAIR, REAUTHENTICATE, ASK_USER, STOP = (
     "retry", "backoff", "repair_arguments", "reauthenticate", "ask_user", "stop")
@@ -233,6 +233,15 @@ RULES: tuple[Rule, ...] = (
         ASK_USER,
         False,
         "The credentials may not do this. A person must grant access or do it themselves.",
+    ),
+    Rule(
+        "not on this protocol",
+        lambda f, t: f.category == "unsupported",
+        ASK_USER,
+        False,
+        "The server does not do this for this client, on the protocol version or with the capabilities it "
+        "declared: calling again will fail the same way. A person must decide (another client, or an admin "
+        "to look at the server's registration).",
     ),
     Rule(
         "business rule",

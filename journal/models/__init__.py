@@ -213,6 +213,8 @@ class Step(models.Model):
         NOT_FOUND = "not_found", "Not found"
         CONFLICT = "conflict", "Conflict"
         BUSINESS_RULE = "business_rule", "Business rule"
+        # The server does not do this for this client: its protocol version or declared capabilities.
+        UNSUPPORTED = "unsupported", "Not on this protocol"
         UNKNOWN = "unknown", "Unknown"
         POLICY = "policy", "Stopped by an autonomy policy"
 

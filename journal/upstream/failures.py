@@ -73,6 +73,8 @@ _RPC_CLASSES = {
     -32602: "invalid_arguments",
     -32603: "unknown",
     -32001: "transient",  # request timeout (SDK)
+    -32021: "unsupported",  # a capability the client did not declare (2026-07-28)
+    -32022: "unsupported",  # a protocol version the server does not speak (2026-07-28)
 }
 
 
@@ -89,6 +91,8 @@ def http_status_class(status: int) -> tuple[str, bool]:
         return "not_found", False
     if status == 409:
         return "conflict", False
+    if status in (501, 505):  # not implemented, or not on this HTTP or protocol version: no passing outage
+        return "unsupported", False
     if status in (408, 429) or status >= 500:
         return "transient", True
     return "invalid_arguments", False

@@ -5,9 +5,14 @@ from email.utils import format_datetime
 
 import pytest
 
-from journal import recovery
+from journal import outcomes, recovery
 from journal.recovery import Failure, Tool
-from journal.upstream.failures import MAX_RETRY_AFTER, retry_after_seconds
+from journal.upstream.failures import (
+    MAX_RETRY_AFTER,
+    classify_rpc_error,
+    http_status_class,
+    retry_after_seconds,
+)
 
 WRITE = Tool()  # neither read-only, idempotent nor reversible
 READ = Tool(read_only=True)
@@ -79,6 +84,8 @@ CASES = [
     # Issue 24, 7: the agent cannot renew the Recorder's credentials at the server: who must is said.
     ("authentication", Failure("authentication"), WRITE, "ask_user", False, None),
     ("permission", Failure("permission"), WRITE, "ask_user", False, None),
+    # Issue 24, 7: a server that does not do this on this protocol is no passing outage.
+    ("not on this protocol", Failure("unsupported"), READ, "ask_user", False, None),
     ("business rule", Failure("business_rule"), WRITE, "stop", False, None),
     ("anything else", Failure("unknown"), READ, "ask_user", False, None),
 ]
@@ -160,3 +167,27 @@ def test_retry_after_reads_seconds_and_http_dates_and_caps_them():
 def test_a_servers_refusal_of_the_recorders_credentials_says_who_must_act():
     advice = recovery.advise(Failure("authentication"), WRITE)
     assert advice.action == "ask_user" and "an admin must" in advice.why
+
+
+@pytest.mark.parametrize("text", [
+    "Tool 'ask' is unavailable on this protocol version (2025-03-26)",
+    "sampling is not supported by the client",
+    "This request targets the tasks extension; the client did not declare it for this request.",
+])
+def test_a_servers_not_on_this_protocol_is_not_read_as_a_passing_outage(text):
+    """Before, "unavailable" in the server's words read as transient: back off and retry, forever in vain."""
+    result = {"isError": True, "content": [{"type": "text", "text": text}]}
+    assert outcomes.classify_tool_error(result) == "unsupported"
+    assert recovery.advise(Failure(outcomes.classify_tool_error(result)), READ).action == "ask_user"
+    assert outcomes.classify_tool_error({"isError": True, "content": [
+        {"type": "text", "text": "The service is temporarily unavailable"}]}) == "transient"
+
+
+@pytest.mark.parametrize(("status", "code", "expected"), [
+    (501, None, "unsupported"), (505, None, "unsupported"), (503, None, "transient"),
+    (None, -32022, "unsupported"), (None, -32021, "unsupported")])
+def test_a_server_refusing_the_protocol_or_a_capability_is_not_transient(status, code, expected):
+    if status is not None:
+        assert http_status_class(status) == (expected, expected == "transient")
+    else:
+        assert classify_rpc_error(code) == expected
