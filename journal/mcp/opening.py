@@ -11,7 +11,7 @@ from . import earlier as reads
 from .journal_thread import ServerDirectory
 
 
-def open_step(*, servers: ServerDirectory, agent: Agent, server_name: str, tool: str, arguments: dict,
+def gated_step(*, servers: ServerDirectory, agent: Agent, server_name: str, tool: str, arguments: dict,
               key: str, request_meta: dict | None, now, earlier: dict | None = None,
               read_first: bool = True) -> services.OpenedStep | reads.NeedsRead | None:
     """Find the server, ask the policy gate and journal the intent (with the decision) in one job on the
@@ -37,7 +37,7 @@ def open_step(*, servers: ServerDirectory, agent: Agent, server_name: str, tool:
 
 
 async def open_call(journal, upstreams: Upstreams, begin: dict[str, Any], owner):
-    """Open a call's step (`open_step(**begin)` on the journal thread), its record read first when an admin's
+    """Open a call's step (`gated_step(**begin)` on the journal thread), its record read first when an admin's
     recipe says so: by the server as the Recorder last knew it, so the usual call takes one trip to the
     journal; when that was stale, the journal says so (`reads.NeedsRead`) and the read is made then."""
     known = journal.servers.known(begin["server_name"])
@@ -46,8 +46,8 @@ async def open_call(journal, upstreams: Upstreams, begin: dict[str, Any], owner)
     if recipe is not None:
         earlier = await reads.before(upstreams, reads.NeedsRead(server=known, recipe=recipe),
                                      begin["arguments"], owner)
-    opened = await journal.run(open_step, **begin, earlier=earlier)
+    opened = await journal.run(gated_step, **begin, earlier=earlier)
     if isinstance(opened, reads.NeedsRead):
         earlier = await reads.before(upstreams, opened, begin["arguments"], owner)
-        opened = await journal.run(open_step, **begin, earlier=earlier, read_first=False)
+        opened = await journal.run(gated_step, **begin, earlier=earlier, read_first=False)
     return opened
