@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from journal import services
 from journal.models import Agent, Run, Step
-from journal.services import steps as step_services
+from journal.services import in_flight as step_services  # where the reconciler closes steps
 
 from .helpers import post_stateless_call, register_samples, settle
 
