@@ -106,18 +106,23 @@ async def _answer_in(events, request_id: int, token: int, progress, logged=None)
     return oversized
 
 
+def _envelope(version: str, capabilities: Mapping[str, Any] | None, log_level: str | None = None) -> dict:
+    """The per-request `_meta` envelope of a 2026-07-28 request, as the SDK writes it."""
+    return {
+        PROTOCOL_VERSION_META_KEY: version,
+        CLIENT_INFO_META_KEY: CLIENT_INFO.model_dump(mode="json", exclude_none=True),
+        CLIENT_CAPABILITIES_META_KEY: dict(capabilities or {}),
+        **({LOG_LEVEL_META_KEY: log_level} if log_level else {}),
+    }
+
+
 def _call_body(request_id: int, version: str, name: str, arguments: dict[str, Any],
                meta: Mapping[str, Any] | None, *, retry: Mapping[str, Any] | None,
                capabilities: Mapping[str, Any] | None, progress: bool, log_level: str | None) -> dict:
     """A 2026-07-28 tools/call request as the SDK sends it: the per-request `_meta` envelope (the agent's
     capabilities, declared per request, and its log level when it asked for the call's logs), and a progress
     token of the Recorder's own when progress is relayed."""
-    envelope = {
-        PROTOCOL_VERSION_META_KEY: version,
-        CLIENT_INFO_META_KEY: CLIENT_INFO.model_dump(mode="json", exclude_none=True),
-        CLIENT_CAPABILITIES_META_KEY: dict(capabilities or {}),
-        **({LOG_LEVEL_META_KEY: log_level} if log_level else {}),
-    }
+    envelope = _envelope(version, capabilities, log_level)
     asked = {"progressToken": request_id} if progress else {}
     params = {"name": name, "arguments": arguments, "_meta": {**(meta or {}), **asked, **envelope}}
     return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {**params, **(retry or {})}}
@@ -238,11 +243,7 @@ class Connection:
         """One request of the tasks extension (`tasks/get`, `tasks/update`, `tasks/cancel`) about the task
         `params["taskId"]`, declaring the extension as the extension requires; the raw result."""
         version = self.client.protocol_version
-        envelope = {
-            PROTOCOL_VERSION_META_KEY: version,
-            CLIENT_INFO_META_KEY: CLIENT_INFO.model_dump(mode="json", exclude_none=True),
-            CLIENT_CAPABILITIES_META_KEY: {"extensions": {TASKS_EXTENSION: {}}},
-        }
+        envelope = _envelope(version, {"extensions": {TASKS_EXTENSION: {}}})
         body = {"jsonrpc": "2.0", "id": next(self.request_ids), "method": method,
                 "params": {**params, "_meta": envelope}}
         return await self._exchange(body, str(params.get("taskId", "")), timeout)
