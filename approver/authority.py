@@ -8,6 +8,7 @@ that shows the button and the service that does the work all read it.
 from datetime import datetime
 from typing import Any
 
+from django.db.models import Q
 from django.utils import timezone
 
 from journal import roles
@@ -97,9 +98,9 @@ def counting_approvals(
 
 
 def approvals_for_bundle(run: Run) -> list[dict[str, Any]]:  # the journal's `signed_decisions` port
-    """Every signed decision on the run's plans and held calls, with what an offline verifier needs: the
-    fields the challenge was derived from, the assertion and the passkey's public key
-    (SubjectPublicKeyInfo)."""
+    """Every signed decision on the plans covering the run (a plan since a moment covers several) and on its
+    held calls, with what an offline verifier needs: the fields the challenge was derived from, the assertion
+    and the passkey's public key (SubjectPublicKeyInfo)."""
 
     def signed(approval, fields: dict[str, Any]) -> dict[str, Any]:
         response = approval.assertion.get("response", {}) if isinstance(approval.assertion, dict) else {}
@@ -123,7 +124,7 @@ def approvals_for_bundle(run: Run) -> list[dict[str, Any]]:  # the journal's `si
             a, {"plan": str(a.plan.public_id), "choices": a.choices, "expiresAt": a.expires_at.isoformat()}
         )
         for a in (
-            Approval.objects.filter(plan__run=run)
+            Approval.objects.filter(Q(plan__run=run) | Q(plan__runs=run)).distinct()
             .select_related("plan", "approver", "passkey")
             .order_by("created_at", "pk")
         )

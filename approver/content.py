@@ -31,6 +31,7 @@ _CONTENT_FIELDS = (
     "check_detail",
     "conflict_choice",
     "step__number",
+    "step__run__public_id",
     "step__server_name",
     "step__tool",
     "step__effect_summary",
@@ -93,6 +94,7 @@ def plan_content(plan: Plan, rows: list[dict[str, Any]] | None = None,
                 if compensate
                 else None,
                 conflict_choice=choice,
+                run=str(row["step__run__public_id"]) if plan.since is not None else "",
             )
         )
     return planning.plan_content(
@@ -101,21 +103,25 @@ def plan_content(plan: Plan, rows: list[dict[str, Any]] | None = None,
             "run": str(plan.run.public_id),
             "requestedBy": plan.requested_by.get_username(),
             "reason": plan.reason,
-            "selection": {"fromStep": plan.from_step}
-            if plan.from_step is not None
-            else {"steps": plan.chosen_steps},
+            "selection": _selection(plan),
         },
         items=items,
     )
 
 
+def _selection(plan: Plan) -> dict[str, Any]:
+    if plan.since is not None:  # everything the agent did since then, in every run: each item names its run
+        return {"agent": plan.run.agent_name, "since": plan.since.isoformat()}
+    return {"fromStep": plan.from_step} if plan.from_step is not None else {"steps": plan.chosen_steps}
+
+
 def items_for_page(plan: Plan):
     """Every item with what the plan page shows of its step, in one query whatever the plan's size."""
-    return plan.items.select_related("step", "call_step").order_by("position").only(
+    return plan.items.select_related("step__run", "call_step").order_by("position").only(
         *(f.name for f in PlanItem._meta.concrete_fields if f.name != "plan"), "plan_id",
         "step__number", "step__server_name", "step__tool", "step__effect_summary", "step__effect_resource",
         "step__effect_version", "step__effect_fingerprint", "step__finished_at", "step__run_id",
-        "step__server_id", "call_step__number")
+        "step__server_id", "step__run__public_id", "step__run__started_at", "call_step__number")
 
 
 def conflict_positions(plan: Plan) -> set[int]:

@@ -122,9 +122,29 @@ def depends_on(
     return {n for n in (*declared, *inferred) if n < step}
 
 
+def steps_by_run(facts) -> dict[int, tuple[list[int], dict[int, int]]]:
+    """Each run's step numbers in order, and the step (id) of each number (`facts`: `StepFacts`), for
+    `dependencies`: a step depends only on steps of its own run."""
+    runs: dict[int, tuple[list[int], dict[int, int]]] = {}
+    for fact in sorted(facts, key=lambda f: (f.run_id, f.number)):
+        numbers, ids = runs.setdefault(fact.run_id, ([], {}))
+        numbers.append(fact.number)
+        ids[fact.number] = fact.id
+    return runs
+
+
+def dependencies(facts: dict, step_id: int, runs: dict) -> set[int]:
+    """The steps (ids) of its own run that the step `step_id` depends on (`facts`: id -> `StepFacts`, `runs`
+    from `steps_by_run`)."""
+    step = facts[step_id]
+    numbers, ids = runs[step.run_id]
+    return {ids[n] for n in depends_on(step.number, earlier=numbers, declared=step.declared_deps,
+                                       inferred=set(step.inferred_deps)) if n in ids}
+
+
 def stopped_by(step: int, failed: dict[int, set[int]]) -> int | None:
-    """The failed step (if any) whose dependencies include `step`: undoing `step` would pull the ground
-    from under a change that is staying. `failed` maps each stopping step to what it depends on."""
+    """The failed step (if any, by id) whose dependencies include `step` (its id): undoing `step` would pull
+    the ground from under a change that is staying. `failed` maps each stopping step to what it depends on."""
     for failed_step in sorted(failed, reverse=True):
         if step in failed[failed_step]:
             return failed_step

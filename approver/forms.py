@@ -52,6 +52,26 @@ class UndoRequestForm(forms.Form):
         return cleaned
 
 
+class UndoSinceForm(forms.Form):
+    """Undo everything an agent did since a moment, across its runs. The moment is read in the site's time
+    zone (the page says which), to the second."""
+
+    since = forms.DateTimeField(
+        input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S"],
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local", "step": "1"}, format="%Y-%m-%dT%H:%M:%S"),
+        error_messages={"required": "Say since when: a date and a time.",
+                        "invalid": "Give the moment as a date and a time, like 2026-12-02 03:10."},
+    )
+    reason = forms.CharField(
+        max_length=2000,
+        strip=True,
+        widget=forms.TextInput(
+            attrs={"placeholder": "Why undo? (shown to the approver)", "autocomplete": "off"}
+        ),
+        error_messages={"required": "Say why this should be undone: the approver reads it."},
+    )
+
+
 class PolicyForm(forms.ModelForm):
     """An autonomy policy as admins edit it: one allow/ask/deny choice per class of call. The service
     (`services.clean_policy`) has the last word on what may be saved."""

@@ -61,7 +61,9 @@ def summary(plan: Plan) -> str:
     who = one_line(plan.run.agent_name) + (
         f" for {plan.run.agent.on_behalf_of.get_username()}" if plan.run.agent_id else ""
     )
-    return (f"Undo {plan.compensate_count} action{'s' if plan.compensate_count != 1 else ''} by {who}: "
+    across = f" {plan.selection_text}, in {plan.runs.count()} runs" if plan.since else ""
+    actions = f"{plan.compensate_count} action{'s' if plan.compensate_count != 1 else ''}"
+    return (f"Undo {actions} by {who}{across}: "
             f"{plan.cannot_undo_count} cannot be undone, {plan.conflict_count} changed since. "
             f"Asked by {plan.requested_by.get_username()}: “{one_line(plan.reason, 500)}”.")
 

@@ -7,6 +7,7 @@ app_name = "approver"
 
 urlpatterns = [
     path("runs/<uuid:run_id>/undo/", plans.request_undo, name="request_undo"),
+    path("agents/<slug:name>/undo/", plans.undo_since, name="undo_since"),
     path("plans/", plans.plan_list, name="plan_list"),
     path("plans/<uuid:plan_id>/", plans.plan_detail, name="plan_detail"),
     path("plans/<uuid:plan_id>/check/", plans.check_again, name="check_again"),

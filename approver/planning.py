@@ -65,6 +65,8 @@ class StepFacts:
     server_tools: tuple[str, ...] = ()  # the tools its server lists now
     compensation_then: list[dict[str, Any]] | None = None  # a recipe's further calls, resolved
     task_id: str = ""  # the server made the call a task (the MCP tasks extension), still running if pending
+    run_id: int = 0  # the run it is a step of
+    run: str = ""  # that run's public id, set when a plan reaches across runs (undo since a moment)
 
 
 @dataclass(frozen=True)
@@ -153,23 +155,37 @@ def reverse_completion_order(steps: list[StepFacts]) -> list[StepFacts]:
 
     def key(step: StepFacts):
         finished = step.finished_at.replace(tzinfo=None) if step.finished_at else far_future
-        return finished, step.number
+        return finished, step.number if not step.run else step.id  # across runs: the order they were made
 
     return sorted(steps, key=key, reverse=True)
 
 
-def idempotency_key(plan_id: str, step_number: int, secret: bytes) -> str:
+def idempotency_key(plan_id: str, step_number: int, secret: bytes, run: str = "") -> str:
     """Stable for the plan's life, so a retried compensation is the same request to the server, and
-    unguessable without `secret` (`journal.idempotency`): an agent told the plan's id cannot send it first."""
-    return idempotency.recorder_key(secret, "undo", plan_id, step_number)
+    unguessable without `secret` (`journal.idempotency`): an agent told the plan's id cannot send it first.
+    A plan across runs names the run too (two runs both have a step 1)."""
+    return idempotency.recorder_key(secret, "undo", plan_id, *((run,) if run else ()), step_number)
 
 
 def draft_items(
     steps: list[StepFacts], pulled: dict[int, Pull], *, plan_id: str, key_secret: bytes, now: datetime
 ) -> list[ItemDraft]:
     in_plan = [s for s in steps if s.number in pulled]
+    return _drafts(in_plan, lambda step: pulled[step.number], plan_id=plan_id, key_secret=key_secret, now=now)
+
+
+def draft_items_since(steps: list[StepFacts], *, plan_id: str, key_secret: bytes,
+                      now: datetime) -> list[ItemDraft]:
+    """Everything an agent did since a moment, across its runs (`steps`: each call it made since then). Every
+    one is chosen: in each run they are that run's steps from the first one since the moment onwards, so no
+    dependency has a later step to add. They are undone most recent first, whichever run they are in."""
+    return _drafts(steps, lambda step: Pull("chosen"), plan_id=plan_id, key_secret=key_secret, now=now)
+
+
+def _drafts(in_plan: list[StepFacts], pull_of, *, plan_id: str, key_secret: bytes,
+            now: datetime) -> list[ItemDraft]:
     return [
-        _item(step, position, pulled[step.number], key=idempotency_key(plan_id, step.number, key_secret),
+        _item(step, position, pull_of(step), key=idempotency_key(plan_id, step.number, key_secret, step.run),
               now=now)
         for position, step in enumerate(reverse_completion_order(in_plan), start=1)
     ]
@@ -334,10 +350,12 @@ def item_content(
     effect: dict[str, str],
     check: dict[str, Any] | None,
     conflict_choice: str = "",
+    run: str = "",
 ) -> dict[str, Any]:
     """One item as signed. On a conflict the approver's choice is part of it: "overwrite" makes the
     compensation carry the version they saw as `ifVersion` (so a further change still stops it);
-    "keep_newer" leaves the newer change alone and the item is skipped."""
+    "keep_newer" leaves the newer change alone and the item is skipped. `run`: the step's run, named in a plan
+    across runs."""
     if (
         compensation is not None
         and conflict_choice == OVERWRITE
@@ -347,7 +365,8 @@ def item_content(
         seen = (check.get("current") or {}).get("version") or None
         compensation = {**compensation, "ifVersion": seen}
     return {
-        "position": position, "step": step, "server": server, "tool": tool, "action": action,
+        "position": position, **({"run": run} if run else {}), "step": step, "server": server, "tool": tool,
+        "action": action,
         "pulledInBy": {"rule": rule, "step": pulled_in_by}, "compensation": compensation,
         "needsHuman": needs_human or None, "via": via or None,
         "sideEffect": side_effect or None, "cost": cost, "undoBy": undo_by, "reason": reason or None,

@@ -4,6 +4,7 @@ from django.core.paginator import Paginator
 from django.db.models import Count, Prefetch
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET, require_POST
 
 from . import oauth, roles, services
@@ -142,6 +143,18 @@ def agent_detail(request, name):
     agent = visible_agent(request, name)
     authorizations = agent.client_authorizations.select_related("application", "user")
     runs = Run.objects.for_list().filter(agent=agent)[:10]
+    since = _moment(request.GET.get("since", ""))  # the run page's link says since when
     return render(request, "journal/agent_detail.html", {
         "agent": agent, "authorizations": authorizations, "runs": runs,
-        "may_manage": oauth.may_manage(request.user, agent)})
+        "may_manage": oauth.may_manage(request.user, agent),
+        "may_undo": roles.has_role(request.user, roles.ON_CALL), "since": since,
+        "time_zone": settings.TIME_ZONE})
+
+
+def _moment(text: str) -> str:
+    """A moment given in a link, as a datetime-local field shows it ("" when it is not one)."""
+    try:
+        moment = parse_datetime(text[:40])
+    except ValueError:
+        return ""
+    return moment.strftime("%Y-%m-%dT%H:%M:%S") if moment else ""

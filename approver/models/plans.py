@@ -12,6 +12,11 @@ from ..execution import OUTCOME_WORDS
 from ..planning import inclusion_words
 
 
+def since_words(moment) -> str:
+    """A moment as a plan names it: "2026-12-02 03:10:00 UTC", in the site's time zone, to the second."""
+    return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
 class PlanQuerySet(models.QuerySet):
     def open(self):
         return self.filter(state__in=Plan.OPEN_STATES)
@@ -60,10 +65,14 @@ class Plan(models.Model):
     DECIDED_STATES = (State.APPROVED, State.REJECTED, State.EXECUTING, State.PAUSED, *FINISHED_STATES)
 
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    # The run asked about. A plan of everything an agent did since a moment (`since`) covers several runs:
+    # this is the first of them (its record takes the plan's events), and `runs` lists them all.
     run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="plans")
+    runs = models.ManyToManyField(Run, related_name="undo_plans", blank=True)
+    since = models.DateTimeField(null=True, blank=True)
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     reason = models.TextField(blank=True)
-    # What was asked: "from step N onwards", or a chosen set of step numbers.
+    # What was asked: "from step N onwards", or a chosen set of step numbers (or, above, since a moment).
     from_step = models.PositiveIntegerField(null=True, blank=True)
     chosen_steps = models.JSONField(default=list, blank=True)
     state = models.CharField(max_length=24, choices=State.choices, default=State.DRAFT)
@@ -120,6 +129,8 @@ class Plan(models.Model):
 
     @property
     def selection_text(self) -> str:
+        if self.since is not None:
+            return "since " + since_words(self.since)
         if self.from_step is not None:
             return f"from step {self.from_step}"
         return "steps " + ", ".join(str(n) for n in self.chosen_steps)

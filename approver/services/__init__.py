@@ -77,9 +77,11 @@ from .plans import (
     DRAFT_STALE,
     PlanRefused,
     ask_for_plan,
+    ask_to_undo_since,
     cancel_plan,
     draft_plan,
     request_plan,
+    request_plan_since,
     step_facts,
 )
 from .policies import PolicyRefused, clean_policy, delete_policy, save_policy
@@ -160,6 +162,8 @@ __all__ = [
     "reject",
     "request_for_held_call",
     "request_plan",
+    "request_plan_since",
+    "ask_to_undo_since",
     "resume_plan",
     "retry_unknown",
     "revoke_passkey",

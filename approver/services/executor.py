@@ -18,6 +18,7 @@ from django.utils import timezone
 from journal import declarations
 from journal import services as journal_services
 from journal.errors import Refused
+from journal.models import Step
 from journal.upstream.client import ToolServerError, Upstreams, endpoint_of
 
 from .. import answers, checks, execution, passkeys, planning, signing
@@ -25,7 +26,7 @@ from ..authority import counting_approvals
 from ..models import ApprovalRules, Plan, PlanItem
 from ..policy_book import plan_needs_a_human
 from . import bell, recipe_undo
-from .plans import step_facts
+from .plans import facts_of
 
 NOT_STARTED, RUNNING, DONE = PlanItem.Exec.NOT_STARTED, PlanItem.Exec.RUNNING, PlanItem.Exec.DONE
 
@@ -97,17 +98,17 @@ def execute_plan(*, plan: Plan, later=None, now=timezone.now) -> Plan:
     if not enter_executing(plan=plan, from_states=Plan.RUNNABLE_STATES, now=now()):
         return Plan.objects.get(pk=plan.pk)
     plan = Plan.objects.select_related("run__agent", "requested_by").get(pk=plan.pk)
-    facts = {f.number: f for f in step_facts(plan.run)}
-    numbers = sorted(facts)
-    stops: dict[int, set[int]] = {}
-    for done in plan.items.filter(exec_state=DONE, outcome__in=execution.STOPS_DEPENDENCIES).select_related(
-        "step"
+    facts = {f.id: f for f in facts_of(Step.objects.filter(run_id__in=plan.items.values("step__run_id")))}
+    runs = execution.steps_by_run(facts.values())
+    stops: dict[int, set[int]] = {}  # a step that stays (by id) -> the steps (ids) it depends on
+    for step_id in plan.items.filter(exec_state=DONE, outcome__in=execution.STOPS_DEPENDENCIES).values_list(
+        "step_id", flat=True
     ):
-        stops[done.step.number] = _dependencies(facts, done.step.number, numbers)
+        stops[step_id] = execution.dependencies(facts, step_id, runs)
     while True:
         item = (
             plan.items.filter(exec_state=NOT_STARTED)
-            .select_related("step__server")
+            .select_related("step__server", "step__run")
             .order_by("position")
             .first()
         )
@@ -129,13 +130,13 @@ def execute_plan(*, plan: Plan, later=None, now=timezone.now) -> Plan:
             break
         if not _claim(plan, item, now()):
             return Plan.objects.get(pk=plan.pk)  # another worker has an item of this plan in flight
-        verdict = _run_item(plan, item, stops)
+        verdict = _run_item(plan, item, stops, facts)
         if verdict.retry:
             _let_go(item, verdict, now())
             continue
         _keep_outcome(plan, item, verdict, now())
         if verdict.outcome in execution.STOPS_DEPENDENCIES:
-            stops[item.step.number] = _dependencies(facts, item.step.number, numbers)
+            stops[item.step_id] = execution.dependencies(facts, item.step_id, runs)
     return finish_if_done(plan, now())
 
 
@@ -174,24 +175,20 @@ def _claim(plan: Plan, item: PlanItem, now: datetime) -> bool:
     return True
 
 
-def _dependencies(facts: dict, number: int, numbers: list[int]) -> set[int]:
-    step = facts[number]
-    return execution.depends_on(number, earlier=numbers, declared=step.declared_deps,
-                                inferred=set(step.inferred_deps))
-
-
-def _run_item(plan: Plan, item: PlanItem, stops: dict[int, set[int]]) -> execution.Verdict:
+def _run_item(plan: Plan, item: PlanItem, stops: dict[int, set[int]],
+              facts: dict[int, planning.StepFacts]) -> execution.Verdict:
     if item.action != PlanItem.Action.COMPENSATE:
         return execution.without_compensation(item.action, item.reason)
     if item.conflict_choice == PlanItem.Choice.KEEP_NEWER:
         return execution.Verdict(
             execution.SKIPPED, {"message": "The approver chose to keep the newer change."}
         )
-    blocker = execution.stopped_by(item.step.number, stops)
+    blocker = execution.stopped_by(item.step_id, stops)
     if blocker is not None:
         return execution.Verdict(
             execution.SKIPPED,
-            {"message": f"Step {blocker} was not undone and depends on this one, so this one stays too."},
+            {"message": f"Step {facts[blocker].number} was not undone and depends on this one, so this one "
+                        "stays too."},
         )
     if item.step.server is None:
         return execution.Verdict(
@@ -277,7 +274,7 @@ def _call(plan: Plan, item: PlanItem, run_id: int, tool: str, arguments: dict[st
             "executor": "undo",
             "plan": str(plan.public_id),
             "attempt": attempt,
-            "undoes": {"run": str(plan.run.public_id), "step": item.step.number},
+            "undoes": {"run": str(item.step.run.public_id), "step": item.step.number},
         },
     )
     if first:
@@ -337,7 +334,7 @@ def _keep_outcome(plan: Plan, item: PlanItem, verdict: execution.Verdict, now: d
             exec_state=DONE, outcome=verdict.outcome, outcome_detail=verdict.detail, exec_finished_at=now,
             retry_at=None)
         journal_services.record_event(
-            run_id=plan.run_id,
+            run_id=item.step.run_id,  # the record of the run whose step it undoes
             event="compensation",
             now=now,
             data={

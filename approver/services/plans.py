@@ -14,11 +14,12 @@ from django.utils import timezone
 from journal import idempotency, journaling
 from journal import services as journal_services
 from journal.errors import Refused
-from journal.models import Run, Step, StepDependency, ToolServer
+from journal.models import Agent, Run, Step, StepDependency, ToolServer
 
 from .. import planning
 from ..content import plan_content
 from ..models import Plan, PlanItem
+from ..models.plans import since_words
 from . import bell
 
 # The Step columns planning reads; a 10,000-step run is one query of these.
@@ -40,19 +41,30 @@ class PlanRefused(Refused):
 
 def step_facts(run: Run) -> list[planning.StepFacts]:
     """What planning reads of every step of `run`, in order, in three queries whatever the run's size."""
+    return facts_of(Step.objects.filter(run=run))
+
+
+def facts_since(agent: Agent, since: datetime) -> list[planning.StepFacts]:
+    """What planning reads of every call `agent` made since `since`, in every run of its own (not an imported
+    one), each fact naming its run."""
+    return facts_of(_agent_steps(agent, since), across_runs=True)
+
+
+def facts_of(steps, *, across_runs: bool = False) -> list[planning.StepFacts]:
+    """What planning reads of `steps` (a Step queryset), in run and step order."""
     inferred: dict[int, dict[int, tuple]] = {}
     for step_id, earlier, pointers in (
-        StepDependency.objects.filter(step__run=run, rule=StepDependency.Rule.INFERRED)
+        StepDependency.objects.filter(step__in=steps, rule=StepDependency.Rule.INFERRED)
         .values_list("step_id", "depends_on__number", "pointers")
     ):
         inferred.setdefault(step_id, {})[earlier] = tuple(pointers or ())
     undone = set(
-        PlanItem.objects.filter(step__run=run, outcome="compensated").values_list("step_id", flat=True)
+        PlanItem.objects.filter(step__in=steps, outcome="compensated").values_list("step_id", flat=True)
     )
     facts = []
     tools = {server.name: tuple(sorted(server.tool_names)) for server in ToolServer.objects.filter(
-        name__in=Step.objects.filter(run=run).values("server_name"))}
-    for row in Step.objects.filter(run=run).order_by("number").values(*_FACT_FIELDS):
+        name__in=steps.values("server_name"))}
+    for row in steps.order_by("run_id", "number").values(*_FACT_FIELDS, "run_id", "run__public_id"):
         declared = journaling.agent_journal(row["request_meta"]).get("dependsOn")
         facts.append(
             planning.StepFacts(
@@ -80,6 +92,8 @@ def step_facts(run: Run) -> list[planning.StepFacts]:
                 server_tools=tools.get(row["server_name"], ()),
                 compensation_then=row["compensation_then"],
                 task_id=row["task_id"],
+                run_id=row["run_id"],
+                run=str(row["run__public_id"]) if across_runs else "",
             )
         )
     return facts
@@ -108,11 +122,56 @@ def request_plan(*, run: Run, requested_by, reason: str = "", from_step: int | N
     now = now or timezone.now()
     plan = _open(run=run, requested_by=requested_by, reason=reason, from_step=from_step, steps=steps, now=now,
                  saga=saga)
+    return _draft_now(plan, now)
+
+
+def ask_to_undo_since(*, agent: Agent, since: datetime, requested_by, reason: str = "",
+                      now: datetime | None = None) -> Plan:
+    """What the agent page does: undo everything `agent` did since `since`, across its runs, in one plan
+    with the same checks and sign-off as a run's. Opened at once and drafted by the worker, as
+    `ask_for_plan`'s are. Refused (PlanRefused) when it did nothing since then, or when one of those steps is
+    already in an open plan."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        plan = _open_since(agent=agent, since=since, requested_by=requested_by, reason=reason, now=now)
+        bell.ring(bell.DRAFT_PLAN, plan.pk)
+    return plan
+
+
+def request_plan_since(*, agent: Agent, since: datetime, requested_by, reason: str = "",
+                       now: datetime | None = None) -> Plan:
+    """`ask_to_undo_since` drafted here and now (commands, tests), as `request_plan` is."""
+    now = now or timezone.now()
+    plan = _open_since(agent=agent, since=since, requested_by=requested_by, reason=reason, now=now)
+    return _draft_now(plan, now)
+
+
+def _draft_now(plan: Plan, now: datetime) -> Plan:
     try:
         return _draft(plan, claimed=_claim_draft(plan, now), now=now)
     except PlanRefused:
         Plan.objects.filter(pk=plan.pk).delete()  # never a plan: its items went with it
         raise
+
+
+def _agent_steps(agent: Agent, since: datetime):
+    return Step.objects.filter(run__agent=agent, started_at__gte=since).exclude(run__state=Run.State.IMPORTED)
+
+
+def _open_since(*, agent: Agent, since: datetime, requested_by, reason: str, now: datetime) -> Plan:
+    """Check the request without reading every step, and open the plan as `drafting` on the run of the first
+    call since the moment (its record takes the plan's events; drafting adds the other runs)."""
+    if since > now:
+        raise PlanRefused(f"{since_words(since)} is still to come: say a moment in the past.")
+    first = _agent_steps(agent, since).order_by("started_at", "id").select_related("run").first()
+    if first is None:
+        raise PlanRefused(f"{agent.name} made no calls since {since_words(since)}: there is nothing to undo.")
+    _refuse_if_held_steps(_agent_steps(agent, since).values_list("id", flat=True))
+    plan = Plan.objects.create(
+        run=first.run, since=since, requested_by=requested_by, reason=reason.strip(), created_at=now,
+        updated_at=now, state=Plan.State.DRAFTING)
+    plan.runs.add(first.run)
+    return plan
 
 
 def _open(*, run: Run, requested_by, reason: str, from_step: int | None, steps: list[int] | None,
@@ -135,10 +194,12 @@ def _open(*, run: Run, requested_by, reason: str, from_step: int | None, steps: 
     if steps and (missing := sorted(set(steps) - known)):
         raise PlanRefused(f"The run has no step {', '.join(map(str, missing))}.")
     _refuse_if_held_steps(asked.values_list("id", flat=True))
-    return Plan.objects.create(
+    plan = Plan.objects.create(
         run=run, requested_by=requested_by, reason=reason.strip(), from_step=from_step,
         chosen_steps=sorted(set(steps)) if from_step is None else [], created_at=now, updated_at=now,
         state=Plan.State.DRAFTING, saga=saga)
+    plan.runs.add(run)
+    return plan
 
 
 # A draft's items are written this many at a time, each batch in its own short transaction, so the page can
@@ -180,17 +241,8 @@ def _claim_draft(plan: Plan, now: datetime) -> datetime | None:
 
 
 def _draft(plan: Plan, *, claimed: datetime, now: datetime) -> Plan:
-    plan = Plan.objects.select_related("run", "requested_by").get(pk=plan.pk)
-    facts = step_facts(plan.run)
-    chosen = {s.number for s in facts if s.number >= plan.from_step} if plan.from_step is not None \
-        else set(plan.chosen_steps)
-    try:
-        pulled = planning.closure(facts, chosen)
-    except planning.PlanningError as exc:
-        raise PlanRefused(str(exc)) from None
-    _refuse_if_held(facts, pulled)
-    drafts = planning.draft_items(facts, pulled, plan_id=str(plan.public_id),
-                                  key_secret=idempotency.secret(settings.SECRET_KEY), now=now)
+    plan = Plan.objects.select_related("run__agent", "requested_by").get(pk=plan.pk)
+    drafts = _drafts(plan, now)
     mine = Plan.objects.filter(pk=plan.pk, state=Plan.State.DRAFTING, drafting_since=claimed)
     mine.update(draft_total=len(drafts))
     for start in range(0, len(drafts), DRAFT_BATCH):
@@ -203,17 +255,35 @@ def _draft(plan: Plan, *, claimed: datetime, now: datetime) -> Plan:
                 mine.update(draft_done=F("draft_done") + len(rows), updated_at=timezone.now())
         except IntegrityError:
             # Another plan took one of these steps since we looked.
-            _refuse_if_held(facts, pulled, mine=plan)
+            _refuse_if_held_steps([d.step.id for d in drafts], mine=plan)
             raise PlanRefused(
                 "Another plan for these steps was being made at the same moment; try again."
             ) from None
     return _finish_draft(plan, drafts, claimed=claimed, now=now)
 
 
+def _drafts(plan: Plan, now: datetime) -> list[planning.ItemDraft]:
+    """The plan's items: the chosen steps and every later one depending on them, or
+    (a plan since a moment) every call the agent made since then, in all its runs."""
+    secret = idempotency.secret(settings.SECRET_KEY)
+    if plan.since is not None:
+        facts = facts_since(plan.run.agent, plan.since)
+        _refuse_if_held_steps([s.id for s in facts])
+        return planning.draft_items_since(facts, plan_id=str(plan.public_id), key_secret=secret, now=now)
+    facts = step_facts(plan.run)
+    chosen = {s.number for s in facts if s.number >= plan.from_step} if plan.from_step is not None \
+        else set(plan.chosen_steps)
+    try:
+        pulled = planning.closure(facts, chosen)
+    except planning.PlanningError as exc:
+        raise PlanRefused(str(exc)) from None
+    _refuse_if_held_steps([s.id for s in facts if s.number in pulled])
+    return planning.draft_items(facts, pulled, plan_id=str(plan.public_id), key_secret=secret, now=now)
+
+
 def _finish_draft(plan: Plan, drafts: list[planning.ItemDraft], *, claimed: datetime, now: datetime) -> Plan:
-    """Every item is written: the plan's content gets its digest, the request goes on the run's record, and
-    the
-    checks are queued."""
+    """Every item is written: the plan's content gets its digest, the request goes on the record of each run
+    it covers, and the checks are queued."""
     compensate = sum(d.action == PlanItem.Action.COMPENSATE for d in drafts)
     with transaction.atomic():
         if not Plan.objects.select_for_update().filter(
@@ -237,26 +307,25 @@ def _finish_draft(plan: Plan, drafts: list[planning.ItemDraft], *, claimed: date
                 "digest",
             ]
         )
-        journal_services.record_event(
-            run_id=plan.run_id,
-            event="plan",
-            now=now,
-            data={
-                "plan": str(plan.public_id),
-                "requestedBy": plan.requested_by.get_username(),
-                "reason": plan.reason,
-                "selection": plan.selection_text,
-                "items": len(drafts),
-                "digest": plan.digest,
-            },
-        )
+        runs = sorted({plan.run_id, *(d.step.run_id for d in drafts)})  # locked in one order: no deadlock
+        plan.runs.add(*runs)
+        for run_id in runs:
+            journal_services.record_event(
+                run_id=run_id,
+                event="plan",
+                now=now,
+                data={
+                    "plan": str(plan.public_id),
+                    "requestedBy": plan.requested_by.get_username(),
+                    "reason": plan.reason,
+                    "selection": plan.selection_text,
+                    "items": len(drafts),
+                    "digest": plan.digest,
+                    **({"runs": len(runs)} if plan.since else {}),
+                },
+            )
         bell.ring(bell.CHECK_PLAN, plan.pk, plan.check_round)
     return plan
-
-
-def _refuse_if_held(facts: list[planning.StepFacts], pulled: dict[int, planning.Pull], *,
-                    mine: Plan | None = None) -> None:
-    _refuse_if_held_steps([s.id for s in facts if s.number in pulled], mine=mine)
 
 
 def _refuse_if_held_steps(step_ids, *, mine: Plan | None = None) -> None:

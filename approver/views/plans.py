@@ -10,12 +10,12 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
 from journal import roles
-from journal.access import READERS, require_role
+from journal.access import READERS, require_role, visible_agent
 from journal.models import Run, ToolServer
 from journal.recipe_text import brief
 
 from .. import authority, execution, services, signing
-from ..forms import UndoRequestForm
+from ..forms import UndoRequestForm, UndoSinceForm
 from ..models import ApprovalRules, Plan, PlanItem
 
 PLANS_PER_PAGE = 25
@@ -50,6 +50,30 @@ def request_undo(request, run_id):
     return redirect(services.plan_url(plan))
 
 
+@require_POST
+def undo_since(request, name):
+    """On-call asks to undo everything an agent did since a moment, across its runs ("everything sales-bot
+    did since 03:10"): one plan, drafted and checked by the worker like a run's."""
+    require_role(request, roles.ON_CALL)
+    agent = visible_agent(request, name)
+    back = reverse("journal:agent_detail", args=[agent.name])
+    form = UndoSinceForm(request.POST)
+    if not form.is_valid():
+        for errors in form.errors.values():
+            for error in errors:
+                messages.error(request, error)
+        return redirect(back)
+    try:
+        plan = services.ask_to_undo_since(agent=agent, since=form.cleaned_data["since"],
+                                          requested_by=request.user, reason=form.cleaned_data["reason"])
+    except services.PlanRefused as refused:
+        messages.error(request, refused.message)
+        return redirect(services.plan_url(refused.open_plan) if refused.open_plan else back)
+    messages.success(request, f"Plan asked for: undo what {agent.name} did {plan.selection_text}, in every "
+                              "run. The worker drafts it, then checks every step with the tool servers.")
+    return redirect(services.plan_url(plan))
+
+
 @require_GET
 def plan_list(request):
     require_role(request, *READERS)
@@ -72,9 +96,14 @@ def plan_detail(request, plan_id):
 
 def _plan_context(request, plan: Plan) -> dict:
     items = _name_recipes(list(services.items_for_page(plan)))
+    runs = list(plan.runs.order_by("started_at", "pk")) if plan.since else []
+    for item in items:  # across runs, "step 3" says of which run
+        begun = timezone.localtime(item.step.run.started_at)
+        item.in_run = f" of the run begun {begun:%b %-d, %H:%M:%S}" if plan.since else ""
     by_action = {action: [i for i in items if i.action == action] for action in PlanItem.Action.values}
     return {
         "plan": plan,
+        "runs": runs,
         "undo": by_action[PlanItem.Action.COMPENSATE],
         "cannot": by_action[PlanItem.Action.CANNOT_UNDO],
         "nothing": by_action[PlanItem.Action.NOTHING_TO_UNDO],

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import uuid
 from typing import Any
 
 import mcp_types as types
@@ -168,8 +169,11 @@ def upstream_error(exc: ToolServerError) -> MCPError:
 
 def run_key(meta: Any, session_id: str | None, runs_by: str = "session") -> str:
     """Which run a call joins: the agent's runId, else its MCP session (unless an admin said the agent's
-    runs go by the idle gap alone, `Agent.runs_by`), else none (the idle rule)."""
+    runs go by the idle gap alone, or by its runId only, `Agent.runs_by`), else none (the idle rule). For an
+    agent whose runs go by its runId only, a call without one is a run of its own."""
     run_id = journaling.agent_journal(meta).get(RUN_ID_KEY)
     if isinstance(run_id, str) and run_id.strip():
         return "run:" + run_id.strip()[:190]
+    if runs_by == "run_id":
+        return "call:" + uuid.uuid4().hex
     return "session:" + session_id[:180] if session_id and runs_by == "session" else ""

@@ -99,9 +99,11 @@ class Agent(models.Model):
     class RunsBy(models.TextChoices):
         # How its calls form runs (an agent's own runId always wins): per MCP session, with the idle gap for
         # calls that have none; or by the idle gap alone, for frameworks that open a session per tool call
-        # (langchain-mcp-adapters, LlamaIndex), whose every call would otherwise be a run of its own.
+        # (langchain-mcp-adapters, LlamaIndex), whose every call would otherwise be a run of its own; or by
+        # the agent's runId only, never merged by a session or the idle gap (a call without one is its own).
         SESSION = "session", "per MCP session (else by the idle gap)"
         IDLE = "idle", "by the idle gap, across sessions"
+        RUN_ID = "run_id", "by its runId only (a call without one is a run of its own)"
 
     runs_by = models.CharField(max_length=10, choices=RunsBy.choices, default=RunsBy.SESSION)
 

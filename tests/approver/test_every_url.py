@@ -41,6 +41,7 @@ ACCESS = {
     "journal:api_step_result": ("get", READERS),
     "journal:api_openapi": ("get", READERS),
     "approver:request_undo": ("post", {roles.ON_CALL}),
+    "approver:undo_since": ("post", {roles.ON_CALL}),
     "approver:plan_list": ("get", READERS),
     "approver:plan_detail": ("get", READERS),
     "approver:check_again": ("post", {roles.ON_CALL, roles.APPROVER}),

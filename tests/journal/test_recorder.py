@@ -297,6 +297,24 @@ def test_an_agent_whose_framework_opens_a_session_per_call_may_have_its_runs_go_
     assert runs == {"": 3, "run:nightly": 1}
 
 
+def test_an_agent_whose_runs_go_by_its_run_id_only_is_never_merged_by_a_session_or_the_idle_gap(
+        recorder, sample_servers, dana):
+    """Issue 24, 8: the third choice. Calls with the same runId form one run across sessions; a call
+    without one is a run of its own, even in the same session as another."""
+    register_samples(sample_servers, names=("legacy",))
+    _, token = services.create_agent(name="id-bot", on_behalf_of=dana, runs_by="run_id")
+
+    async def two_calls(client):
+        await client.call_tool("legacy__echo", {"n": 1}, meta={"hatp/journal": {"runId": "nightly"}})
+        await client.call_tool("legacy__echo", {"n": 2})
+        await client.call_tool("legacy__echo", {"n": 3})
+
+    for mode in ("legacy", "auto"):  # a session, then the stateless 2026-07-28 protocol
+        run_agent(recorder, token, two_calls, mode=mode)
+    runs = sorted((run.key.split(":")[0], run.step_count) for run in Run.objects.all())
+    assert runs == [("call", 1)] * 4 + [("run", 2)]
+
+
 def test_third_party_stdio_servers_work_through_the_recorder_and_their_writes_are_unknown(
     recorder, agent_token, tmp_path
 ):

@@ -15,10 +15,11 @@ class Command(BaseCommand):
                             help="Add the advice on a failed call to its content as text too, for frameworks "
                                  "that drop _meta (LangChain, pydantic-ai).")
 
-        parser.add_argument("--runs-by", choices=["session", "idle"], default="session",
-                            help="How its calls form runs when it sends no runId: per MCP session (the "
-                                 "default), or by the idle gap across sessions (for frameworks that open a "
-                                 "session per tool call: langchain-mcp-adapters, LlamaIndex).")
+        parser.add_argument("--runs-by", choices=["session", "idle", "run_id"], default="session",
+                            help="How its calls form runs: per MCP session (the default), or by the idle gap "
+                                 "across sessions (for frameworks that open a session per tool call: "
+                                 "langchain-mcp-adapters, LlamaIndex), its runId winning in both; or by its "
+                                 "runId only (a call without one is a run of its own).")
 
     def handle(self, name, on_behalf_of, advice_in_content=False, runs_by="session", **options):
         user = get_user_model().objects.filter(username=on_behalf_of).first()
