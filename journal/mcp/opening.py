@@ -2,6 +2,8 @@
 (`earlier`), the autonomy policy asked, and the intent journaled, in one job on the journal thread (two
 when the Recorder's copy of the server was stale)."""
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from .. import ports, services
@@ -36,18 +38,38 @@ def gated_step(*, servers: ServerDirectory, agent: Agent, server_name: str, tool
                               earlier=earlier)
 
 
-async def open_call(journal, upstreams: Upstreams, begin: dict[str, Any], owner):
+async def open_call(journal, upstreams: Upstreams, begin: dict[str, Any], owner,
+                    never_sent: Callable[[services.OpenedStep], None]):
     """Open a call's step (`gated_step(**begin)` on the journal thread), its record read first when an admin's
     recipe says so: by the server as the Recorder last knew it, so the usual call takes one trip to the
-    journal; when that was stale, the journal says so (`reads.NeedsRead`) and the read is made then."""
+    journal; when that was stale, the journal says so (`reads.NeedsRead`) and the read is made then.
+    An agent that cancels while the intent is being journaled leaves a step that was opened but never sent:
+    `never_sent(opened)` closes it, so no step is left in flight for the reconciler to guess about."""
     known = journal.servers.known(begin["server_name"])
     recipe = reads.needs_read(known, begin["tool"]) if known is not None else None
     earlier = None
     if recipe is not None:
         earlier = await reads.before(upstreams, reads.NeedsRead(server=known, recipe=recipe),
                                      begin["arguments"], owner)
-    opened = await journal.run(gated_step, **begin, earlier=earlier)
+    opened = await _gated(journal, never_sent, **begin, earlier=earlier)
     if isinstance(opened, reads.NeedsRead):
         earlier = await reads.before(upstreams, opened, begin["arguments"], owner)
-        opened = await journal.run(gated_step, **begin, earlier=earlier, read_first=False)
+        opened = await _gated(journal, never_sent, **begin, earlier=earlier, read_first=False)
     return opened
+
+
+async def _gated(journal, never_sent: Callable[[services.OpenedStep], None], **kwargs):
+    """`gated_step(**kwargs)` on the journal thread, run to its end even when the agent cancels meanwhile
+    (a queued job would otherwise be dropped, or a running one's step left open): the step it opened then
+    goes to `never_sent`."""
+    job = journal.submit(gated_step, **kwargs)
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        def opened_then(done: asyncio.Future) -> None:
+            if not done.cancelled() and done.exception() is None and isinstance(done.result(),
+                                                                               services.OpenedStep):
+                never_sent(done.result())
+
+        job.add_done_callback(opened_then)
+        raise

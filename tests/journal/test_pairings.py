@@ -323,6 +323,38 @@ def test_a_call_cancelled_before_it_reached_the_server_says_nothing_was_sent(rec
     assert step.run.unknown_count == 0
 
 
+def test_a_call_cancelled_while_its_intent_is_journaled_is_closed_as_never_sent(
+    recorder, sample_servers, token, monkeypatch
+):
+    """The agent gives up while the journal is still writing the call's intent (a busy journal): the step it
+    opened is closed as cancelled with nothing sent, never left pending for the reconciler to guess about."""
+    from journal.mcp import opening
+
+    register_samples(sample_servers, names=("legacy",))
+    slowly = opening.gated_step
+
+    def busy_journal(**kwargs):
+        time.sleep(0.6)
+        return slowly(**kwargs)
+
+    monkeypatch.setattr(opening, "gated_step", busy_journal)
+
+    async def script(client):
+        with anyio.move_on_after(0.2):
+            await client.call_tool("legacy__echo", {})
+            raise AssertionError("the call was not cancelled")
+        await anyio.sleep(1.0)
+
+    run_agent(recorder, token, script, mode="legacy")
+    settle(recorder)
+    settle(recorder)
+    step = Step.objects.get()
+    assert step.status == "cancelled" and not step.undo_problems
+    assert step.error_message == (
+        "The agent cancelled the call before it was sent to legacy; nothing was sent.")
+    assert step.run.unknown_count == 0
+
+
 def test_an_answer_the_agent_left_before_getting_is_journaled_as_undelivered(recorder, sample_servers, token):
     """A 2026 agent sends its call and closes the connection at once: the server acts and answers, but nobody
     is there to get it. The step says the answer was not delivered, and keeps it."""
