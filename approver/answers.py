@@ -3,6 +3,8 @@ execution alike. Answers are untrusted input: only bounded strings of the fields
 
 from typing import Any
 
+from journal.fields import field_values
+
 TEXT = 500
 CURRENT_FIELDS = ("version", "summary", "changedBy", "changedAt")
 
@@ -24,10 +26,16 @@ def structured(result: dict[str, Any]) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def conflict_current(content: dict[str, Any]) -> dict[str, str]:
-    """An UNDO_CONFLICT's `current`: the record's version now, its summary, who changed it and when."""
+def conflict_current(content: dict[str, Any]) -> dict[str, Any]:
+    """An UNDO_CONFLICT's `current`: the record's version now, its summary, who changed it and when, and
+    (HATP's optional addition) its field values now, as `fields`; `fieldsUnreadable` when the server sent
+    field values that cannot be shown (nested, too many, not an object)."""
     current = content.get("current") if isinstance(content.get("current"), dict) else {}
-    return {key: bounded(current.get(key)) for key in CURRENT_FIELDS}
+    kept: dict[str, Any] = {key: bounded(current.get(key)) for key in CURRENT_FIELDS}
+    if "fields" in current:
+        fields = field_values(current["fields"])
+        kept.update({"fields": fields} if fields is not None else {"fieldsUnreadable": True})
+    return kept
 
 
 def says_undone(result: dict[str, Any]) -> bool:

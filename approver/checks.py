@@ -23,7 +23,7 @@ import jsonschema
 
 from journal import recipes
 from journal.outcomes import classify_tool_error
-from journal.recipe_text import three_way
+from journal.recipe_text import field_changes, three_way
 from journal.upstream.client import Endpoint, ToolServerError, Upstreams
 from journal.upstream.recipe_reads import read_state
 
@@ -50,6 +50,8 @@ class CheckTarget:
     # Where the agent's run left that record, when later calls in the plan changed it again (their undos come
     # first), or LATER_CHANGES when they changed the server's records another way; else "".
     run_left: str = ""
+    # The changed fields' values before and after the call, when its server gave them (`Step.effect_fields`).
+    effect_fields: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,10 @@ def _from_failure(exc: ToolServerError) -> CheckResult:
     return _error(exc.failure_class, exc.message)
 
 
-def read_hatp_answer(result: dict[str, Any]) -> CheckResult:
-    """A `hatp_check` answer, read as docs/design.md's UNDO_* contract."""
+def read_hatp_answer(result: dict[str, Any], effect_fields: dict[str, Any] | None = None) -> CheckResult:
+    """A `hatp_check` answer, read as docs/design.md's UNDO_* contract. A conflict whose server gave the
+    record's field values now is shown three ways (before the agent, what it left, now) with the call's own
+    `effect_fields`; one that gave none keeps what it gave (`fieldsGiven: false` says so)."""
     content, message = answers.structured(result), answers.first_text(result)
     if result.get("isError") is not True and answers.says_undone(
         result
@@ -84,7 +88,14 @@ def read_hatp_answer(result: dict[str, Any]) -> CheckResult:
                                   or message})
     code = content.get("code")
     if code == "UNDO_CONFLICT":
-        return CheckResult("conflict", {"message": message, "current": answers.conflict_current(content)})
+        current = answers.conflict_current(content)
+        detail = {"message": message, "current": current}
+        if "fields" in current:
+            effect = effect_fields or {}
+            detail["threeWay"] = field_changes(effect.get("before"), effect.get("after"), current["fields"])
+        else:
+            detail["fieldsGiven"] = False
+        return CheckResult("conflict", detail)
     if code == "UNDO_EXPIRED":
         return CheckResult("expired", {"message": message})
     return _error(classify_tool_error(result), message or "The server refused the check.")
@@ -167,7 +178,7 @@ async def check_one(
             answer = await upstreams.call_tool(target.endpoint, HATP_CHECK, arguments, timeout=timeout)
         except ToolServerError as exc:
             return _from_failure(exc)
-        return read_hatp_answer(answer)
+        return read_hatp_answer(answer, target.effect_fields)
     if target.dialect == "recipe" and (target.earlier or {}).get("version"):
         return await check_recipe(target, upstreams=upstreams, timeout=timeout)
     try:

@@ -17,10 +17,11 @@ from django.contrib.auth import get_user_model
 from django.core.mail import send_mail
 
 from journal import visible
+from journal.recipe_text import after_the_agent
 
 from . import authority, execution
 from .content import plan_url
-from .models import ActionRequest, Approval, ApprovalRules, Plan
+from .models import ActionRequest, Approval, ApprovalRules, Plan, PlanItem
 from .services import bell
 from .services.held_calls import action_url
 
@@ -76,9 +77,34 @@ def approvers_to_tell(plan: Plan) -> list:
     return [u for u in users.distinct() if not authority.signing_refusal(plan=plan, user=u, rules=rules)]
 
 
+def changed_since(plan: Plan) -> list[str]:
+    """Each record that changed since the agent acted, as a line: what it is, who changed it and when, and
+    field by field (before the agent / what it left / now) where its server gave the values."""
+    lines = []
+    for item in plan.items.filter(action=PlanItem.Action.COMPENSATE, check_status=PlanItem.Check.CONFLICT
+                                  ).select_related("step").order_by("position"):
+        current = item.check_detail.get("current") or {}
+        who = f" by {current['changedBy']}" if current.get("changedBy") else ""
+        when = after_the_agent(current.get("changedAt"), item.step.finished_at)
+        line = (f"Step {item.step.number}, {item.step.effect_resource or item.step.tool}: changed{who}"
+                f"{', ' + when if when else ''}")
+        rows = (item.check_detail.get("threeWay") or {}).get("fields")
+        if rows:
+            line += ". " + "; ".join(
+                f"{row['field']}: {row['before']} before the agent, {row['left']} as it left it, "
+                f"{row['now']} now" for row in rows)
+        elif item.check_detail.get("fieldsGiven") is False:
+            line += ". The server gave no field values."
+        lines.append("- " + one_line(line, 1000))
+    return lines
+
+
 def plan_ready(plan: Plan) -> int:
     """Email every approver who may sign it, and post to the webhook; returns how many were emailed."""
-    text = f"{summary(plan)}\nDigest: {plan.digest}\nReview and sign: {_link(plan)}"
+    changed = changed_since(plan)
+    text = (f"{summary(plan)}\n" + ("Changed since the agent acted:\n" + "\n".join(changed) + "\n"
+                                    if changed else "")
+            + f"Digest: {plan.digest}\nReview and sign: {_link(plan)}")
     return _tell_approvers([u.email for u in approvers_to_tell(plan)],
                            f"Undo plan ready for sign-off: {plan.run.agent_name}", text, plan)
 

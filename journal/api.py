@@ -72,6 +72,7 @@ def step_json(step: Step) -> dict:
             "summary": step.effect_summary,
             "resource": step.effect_resource,
             "version": step.effect_version,
+            **({"fields": step.effect_fields} if step.effect_fields else {}),
         },
         "compensationToken": step.compensation_token or None,
         "earlierState": step.earlier_state,  # an admin's recipe read the record before (and after) the call

@@ -141,6 +141,10 @@ class Effect(_Strict):
     resource: str | None = Field(None, max_length=_TEXT)
     version: str | None = Field(None, max_length=200)
     fingerprint: Fingerprint | None = None
+    # The changed fields' values before and after the call (optional): read by `journal.fields`, so a bad
+    # one is dropped and said to be, never making the rest of the journal unreadable.
+    before: Any = None
+    after: Any = None
 
     @field_validator("version", mode="before")
     @classmethod

@@ -304,6 +304,8 @@ def result_entry(
         "summary": step.effect_summary,
         "resource": step.effect_resource,
         "version": step.effect_version,
+        # the changed fields' values before and after, as the server gave them (HATP's optional addition)
+        **({"fields": fields} if (fields := getattr(step, "effect_fields", None)) else {}),
     }
     return {
         "step": step.number,

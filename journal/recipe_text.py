@@ -3,18 +3,22 @@
 - `brief`: a compensation's arguments in one line (`write_file {path: "notes.txt", content: 1.2 kB}`), for
   the preview an admin sees when writing a recipe;
 - `three_way`: a conflict shown three ways (before the agent, what the agent left, what is there now): a
-  line diff for text (a file's content), a field diff for records (a knowledge graph's entities), bounded.
+  line diff for text (a file's content), a field diff for records (a knowledge graph's entities), bounded;
+  `field_changes` the same for a HATP server's field values, and `after_the_agent` when, after the agent's
+  change, a record changed again ("12 minutes after the agent's change").
 """
 
 import difflib
 import json
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 _SHORT = 160  # a one-line string up to this long is shown as it is; a longer one (or text) by its size
 _DIFF_LINES = 80  # lines of a text diff shown, each way
 _FIELDS = 40  # fields of a record diff shown
 _VALUE = 200  # characters of one field's value shown
+_NOT_GIVEN = "(not given)"  # a field a server gave no value for, in one of the three states
 
 
 def size(text: str) -> str:
@@ -103,6 +107,25 @@ def three_way(before: Any, left: Any, now: Any) -> dict[str, Any]:
     return _fields([_flat(state) if state is not None else None for state in (before, left, now)])
 
 
+def field_changes(before: dict[str, Any] | None, left: dict[str, Any] | None,
+                  now: dict[str, Any]) -> dict[str, Any]:
+    """A HATP conflict field by field (`{"fields": [{"field", "before", "left", "now"}]}`), from the field
+    values a server gave: the call's effect's `before` and `after` (the fields it changed, and maybe more)
+    and the record's `fields` now. The rows are the fields the effect names, where the three differ; a
+    field the server did not give in one of them reads "(not given)". Without the effect's values, every
+    field given now is shown beside what is not known."""
+    named = [state for state in (before, left) if state is not None]
+    keys = sorted({key for state in named for key in state}) if named else sorted(now)
+    rows = []
+    for key in keys:
+        cells = [(state or {}).get(key, _NOT_GIVEN) for state in (before, left, now)]
+        if len({json.dumps(cell) for cell in cells}) > 1 or not named:
+            rows.append({"field": key, **{name: cell if cell is _NOT_GIVEN else _shown(cell, False)
+                                          for name, cell in zip(("before", "left", "now"), cells,
+                                                                strict=True)}})
+    return {"fields": rows[:_FIELDS], **({"more": len(rows) - _FIELDS} if len(rows) > _FIELDS else {})}
+
+
 def _fields(flats: list[dict[str, Any] | None]) -> dict[str, Any]:
     """The fields that differ between the flattened states (None: a state not kept)."""
     keys = sorted({key for flat in flats if flat is not None for key in flat})
@@ -118,3 +141,24 @@ def _fields(flats: list[dict[str, Any] | None]) -> dict[str, Any]:
         for row in rows:
             row["left"] = "(not kept)"
     return {"fields": rows[:_FIELDS], **({"more": len(rows) - _FIELDS} if len(rows) > _FIELDS else {})}
+
+
+def after_the_agent(value: Any, finished: Any) -> str:
+    """How long after the agent's call (`finished`, when it ended) a server says a record changed (`value`,
+    its RFC 3339 `changedAt`): "12 minutes after the agent's change"; "" when either is not a moment."""
+    if not isinstance(value, str) or not isinstance(finished, datetime):
+        return ""
+    try:
+        changed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return ""
+    if changed.utcoffset() is None or finished.utcoffset() is None:
+        return ""
+    seconds = (changed - finished).total_seconds()
+    if seconds < 0:
+        return "before the agent's change"
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            count = int(seconds // size)
+            return f"{count} {unit}{'s' if count != 1 else ''} after the agent's change"
+    return "less than a minute after the agent's change"

@@ -85,8 +85,10 @@ class HatpServer(SampleServer):
         }
 
     def issue_token(self, *, resource_id: str, undo: dict[str, Any], revert: dict[str, Any], summary: str,
-                    version: str) -> dict[str, Any]:
-        """Record what this change would take back and return the call's signed journal `_meta`."""
+                    version: str, fields: tuple[dict, dict] | None = None) -> dict[str, Any]:
+        """Record what this change would take back and return the call's signed journal `_meta`; `fields`:
+        the record's field values before and after the change, sent as the effect's `before` and `after`
+        (under the receipt, like the rest of the effect)."""
         token = "ctk_" + secrets.token_urlsafe(16)
         undo_by = now() + self.window
         self.store.data["tokens"][token] = {
@@ -96,7 +98,8 @@ class HatpServer(SampleServer):
         journal = {
             "undo": {**undo, "undoBy": rfc3339(undo_by)},
             "compensationToken": token,
-            "effect": {"summary": summary, "resource": self.resource_uri(resource_id), "version": version},
+            "effect": {"summary": summary, "resource": self.resource_uri(resource_id), "version": version,
+                       **({"before": fields[0], "after": fields[1]} if fields is not None else {})},
         }
         return {"hatp/journal": self.sign(journal)}
 
@@ -125,7 +128,8 @@ class HatpServer(SampleServer):
                 f"{token['resource']} changed since: it is at {record['version']}, not {expected}.",
                 code="UNDO_CONFLICT",
                 current={"version": record["version"], "summary": record.get("lastSummary", ""),
-                         "changedBy": record.get("changedBy", ""), "changedAt": record.get("changedAt", "")},
+                         "changedBy": record.get("changedBy", ""), "changedAt": record.get("changedAt", ""),
+                         **({"fields": shown} if (shown := self.field_values(record)) is not None else {})},
             )
         return None
 
@@ -166,6 +170,10 @@ class HatpServer(SampleServer):
         )
         return text_result(f"Undone: {summary}.", structured={
             "ok": True, "summary": summary, "version": record["version"], **notes})
+
+    def field_values(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """The record's field values as an UNDO_CONFLICT's `current.fields` shows them (None: not sent)."""
+        return None
 
     @staticmethod
     def next_version(version: str) -> str:

@@ -96,14 +96,21 @@ class Crm(HatpServer):
         }
         if not changes:
             return tool_error("Nothing to change: the deal already has these values.", code="BUSINESS_RULE")
+        earlier = self.field_values(deal)
         before, summary = self._apply(deal, changes, by="agent")
         meta = self.issue_token(resource_id=f"deal/{deal['id']}", undo={"kind": "compensate", "window": "P7D",
-                                "via": "api"}, revert=before, summary=summary, version=deal["version"])
+                                "via": "api"}, revert=before, summary=summary, version=deal["version"],
+                                fields=(earlier, self.field_values(deal)))
         self.store.record(
             {"op": "update_deal", "deal": deal["id"], "changes": changes, "version": deal["version"]}
         )
         self.store.save()
         return text_result(summary, structured={"deal": dict(deal)}, meta=meta)
+
+    def field_values(self, record):
+        # Every field a deal's change can touch, before and after, so a colleague's later change to another
+        # of them shows beside the agent's.
+        return {field: record[field] for field in self.fields}
 
     def describe_undo(self, token):
         deal = self.records[token["resource"]]

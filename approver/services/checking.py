@@ -105,6 +105,7 @@ def run_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> 
         "idempotency_key",
         "undo_by",
         "step__earlier_state",
+        "step__effect_fields",
         "step__server__name",
         "step__server__transport",
         "step__server__url",
@@ -137,6 +138,7 @@ def run_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> 
                 undo_by=row["undo_by"],
                 earlier=row["step__earlier_state"],
                 run_left=run_left.get(row["id"], ""),
+                effect_fields=row["step__effect_fields"],
             )
         )
     if orphans:

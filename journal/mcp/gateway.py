@@ -257,7 +257,7 @@ class Recorder:
                      request_meta=kept_meta, now=started)
         opened = await opening.open_call(
             self.journal, self.upstreams, begin, owner,
-            never_sent=lambda opened: self._cancelled(opened, started, sent=False))
+            never_sent=lambda opened: self.outcomes.cancelled(opened, started, sent=False))
         if opened is None:
             return tool_error(f"Unknown tool server {server_name!r}.", failed("not_found")), None
         decision = (opened.policy or {}).get("decision", "allow")
@@ -285,14 +285,6 @@ class Recorder:
         ):
             return await self.bridge.start(owner, work)  # a server that asks gets its answer by a retry
         return await work
-
-    def _cancelled(self, opened: services.OpenedStep, started, *, sent: bool) -> None:
-        """Journal that the agent cancelled the call, before or after it was sent (the server may have acted
-        only once it had it), from a call being cancelled, so without waiting for the write."""
-        server_name = opened.server.name
-        why = (f"The agent cancelled the call while {server_name} had it; the server may have acted." if sent
-               else f"The agent cancelled the call before it was sent to {server_name}; nothing was sent.")
-        self.outcomes.write_unawaited(opened, started, services.Outcome(may_have_acted=sent, cancelled=why))
 
     async def _complete(
         self,
@@ -339,7 +331,7 @@ class Recorder:
             # the upstream call tells the server at once: the SDK sends notifications/cancelled on a
             # handshake session, and a 2026 request's connection closes. Once the server had the call it may
             # have acted: the journal says exactly that, never leaving the step for the reconciler to guess.
-            self._cancelled(opened, started, sent=bool(sent))
+            self.outcomes.cancelled(opened, started, sent=bool(sent))
             raise
         except ToolServerError as exc:
             if (

@@ -123,6 +123,14 @@ class Outcomes:
 
         written.add_done_callback(logged)
 
+    def cancelled(self, opened: services.OpenedStep, started, *, sent: bool) -> None:
+        """Journal that the agent cancelled the call, before or after it was sent (the server may have acted
+        only once it had it), from a call being cancelled, so without waiting for the write."""
+        server_name = opened.server.name
+        why = (f"The agent cancelled the call while {server_name} had it; the server may have acted." if sent
+               else f"The agent cancelled the call before it was sent to {server_name}; nothing was sent.")
+        self.write_unawaited(opened, started, services.Outcome(may_have_acted=sent, cancelled=why))
+
     async def not_delivered(self, journaled: Journaled, why: str) -> None:
         """The agent went away before it had the server's answer: the step, closed as answered, says so."""
         await journaled

@@ -275,6 +275,9 @@ class Step(models.Model):
     effect_version = models.CharField(max_length=200, blank=True)
     # For a change made through an app's screens: what its version fingerprints (screen and visible fields).
     effect_fingerprint = models.JSONField(null=True, blank=True)
+    # The changed fields' values before and after the call, when its server gave them (HATP's optional
+    # `effect.before`/`after`): {"before", "after"}, with "unreadable" when what it sent could not be shown.
+    effect_fields = models.JSONField(null=True, blank=True)
     compensation_token = models.CharField(max_length=500, blank=True)
     undo_by = models.DateTimeField(null=True, blank=True)
     receipt = models.JSONField(null=True, blank=True)

@@ -82,3 +82,47 @@ def test_arguments_the_schema_refuses_are_an_invalid_arguments_error():
 def test_a_hostile_or_broken_schema_is_an_error_not_a_crash(schema):
     result = checks.read_catalogue([{"name": "refund_payment", "inputSchema": schema}], TARGET)
     assert result.status == "error" and result.detail["failureClass"] == "invalid_arguments"
+
+
+def _conflict(current):
+    return {"isError": True, "content": [{"type": "text", "text": "changed"}],
+            "structuredContent": {"code": "UNDO_CONFLICT", "current": current}}
+
+
+PRIYA = {"version": "v14", "summary": "Deal D-881 amount: 48000 → 45000", "changedBy": "priya",
+         "changedAt": "2026-11-29T10:12:00Z"}
+EFFECT = {"before": {"stage": "Proposal", "amount": "48000", "owner": "dana"},
+          "after": {"stage": "Won", "amount": "48000", "owner": "dana"}}
+
+
+def test_a_conflict_with_field_values_is_shown_three_ways_field_by_field():
+    now = {"stage": "Won", "amount": "45000", "owner": "dana", "close_date": "2026-12-15"}
+    result = checks.read_hatp_answer(_conflict({**PRIYA, "fields": now}), EFFECT)
+    assert result.detail["current"]["fields"] == now
+    # Only what differs, of the fields the agent's effect names: the agent's stage, priya's amount.
+    assert result.detail["threeWay"] == {"fields": [
+        {"field": "amount", "before": "48000", "left": "48000", "now": "45000"},
+        {"field": "stage", "before": "Proposal", "left": "Won", "now": "Won"},
+    ]}
+    assert "fieldsGiven" not in result.detail
+
+
+def test_a_conflict_without_field_values_keeps_what_the_server_gave_and_says_it_gave_none():
+    result = checks.read_hatp_answer(_conflict(PRIYA), EFFECT)
+    assert result.detail["current"] == PRIYA and result.detail["fieldsGiven"] is False
+    assert "threeWay" not in result.detail
+
+
+def test_field_values_now_without_the_agents_are_shown_beside_what_is_not_known():
+    result = checks.read_hatp_answer(_conflict({**PRIYA, "fields": {"amount": 45000}}), None)
+    assert result.detail["threeWay"] == {"fields": [
+        {"field": "amount", "before": "(not given)", "left": "(not given)", "now": "45000"}]}
+
+
+@pytest.mark.parametrize("fields", [
+    {"nested": {"a": 1}}, [1, 2], "all of them", {f"f{n}": n for n in range(41)}, {"": 1}, {"x": [1]},
+])
+def test_field_values_that_cannot_be_shown_are_dropped_and_said_to_be(fields):
+    result = checks.read_hatp_answer(_conflict({**PRIYA, "fields": fields}), EFFECT)
+    assert result.status == "conflict" and result.detail["current"]["fieldsUnreadable"] is True
+    assert "fields" not in result.detail["current"] and "threeWay" not in result.detail

@@ -59,6 +59,30 @@ def test_a_successful_answer_keeps_its_result_and_the_undo_facts_the_server_gave
     assert fields["effect_version"] == "v13" and fields["undo_problems"] == []
 
 
+def _deal_update(effect: dict) -> dict:
+    return {"content": [], "_meta": {"hatp/journal": {"compensationToken": "ctk_1", "effect": {
+        "summary": "Deal D-881 stage: Proposal → Won", "version": "v13", **effect}}}}
+
+
+def test_the_changed_fields_values_a_server_gives_are_kept_with_the_effect():
+    fields, _ = closed(Outcome(result=_deal_update({"before": {"stage": "Proposal", "amount": 48000},
+                                                    "after": {"stage": "Won", "amount": 48000}})),
+                       tool=Tool(definition=UPDATE_DEAL, catalogue=CRM))
+    assert fields["effect_fields"] == {"before": {"stage": "Proposal", "amount": 48000},
+                                       "after": {"stage": "Won", "amount": 48000}}
+    assert fields["reversibility"] == "compensate"
+
+
+@pytest.mark.parametrize("before", [{"stage": {"$gt": ""}}, ["Proposal"], "Proposal", {"": 1},
+                                    {f"f{n}": n for n in range(41)}])
+def test_field_values_that_cannot_be_shown_are_dropped_and_the_change_stays_undoable(before):
+    fields, _ = closed(Outcome(result=_deal_update({"before": before, "after": {"stage": "Won"}})),
+                       tool=Tool(definition=UPDATE_DEAL, catalogue=CRM))
+    assert fields["effect_fields"] == {"before": None, "after": {"stage": "Won"}, "unreadable": True}
+    assert fields["reversibility"] == "compensate" and fields["undo_problems"] == []
+    assert fields["effect_version"] == "v13"
+
+
 def test_a_large_result_is_kept_in_the_record_only_with_its_size_and_digest():
     result = {"content": [{"type": "text", "text": "x" * 200}]}
     fields, journaled = closed(Outcome(result=result), inline_limit=100)

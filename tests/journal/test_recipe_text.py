@@ -50,3 +50,17 @@ def test_a_huge_conflict_is_bounded():
     assert len(text) == 81 and text[-1].startswith("… ")
     long = three_way({"k": "x" * 5000, "n": 1}, None, {"k": "y", "n": 1})["fields"][0]
     assert len(long["before"]) == 201
+
+
+def test_how_long_after_the_agent_a_record_changed_reads_in_words():
+    from datetime import UTC, datetime
+
+    from journal.recipe_text import after_the_agent
+
+    agent = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+    assert after_the_agent("2026-11-29T10:12:40Z", agent) == "12 minutes after the agent's change"
+    assert after_the_agent("2026-11-29T11:00:00+00:00", agent) == "1 hour after the agent's change"
+    assert after_the_agent("2026-11-29T10:00:20Z", agent) == "less than a minute after the agent's change"
+    assert after_the_agent("2026-11-29T09:00:00Z", agent) == "before the agent's change"
+    assert after_the_agent("yesterday", agent) == after_the_agent("2026-11-29T10:12:00", agent) == ""
+    assert after_the_agent(None, agent) == after_the_agent("2026-11-29T10:12:00Z", None) == ""

@@ -32,8 +32,11 @@ def test_update_deal_reports_the_change_with_a_signed_receipt(sample_servers, wo
 
     from journal.chain import b64url_decode
 
+    # The deal's fields before and after the change travel with the effect, under the receipt.
+    fields = {"amount": "48000", "owner": "dana", "close_date": "2026-12-15"}
     assert won["effect"] == {"summary": "Deal D-881 stage: Proposal → Won", "resource": "crm://acme/deal/D-881",
-                             "version": "v13"}
+                             "version": "v13", "before": {"stage": "Proposal", **fields},
+                             "after": {"stage": "Won", **fields}}
     assert won["undo"]["kind"] == "compensate" and won["undo"]["window"] == "P7D"
     crm = sample_servers.servers["crm"]
     body = {k: v for k, v in won.items() if k != "receipt"}
@@ -71,6 +74,8 @@ def test_a_colleagues_edit_is_a_conflict_naming_who_and_what(sample_servers, won
     assert structured["code"] == "UNDO_CONFLICT"
     assert structured["current"]["version"] == "v14" and structured["current"]["changedBy"] == "priya"
     assert structured["current"]["summary"] == "Deal D-881 stage: Won → Negotiation"
+    assert structured["current"]["fields"] == {"stage": "Negotiation", "amount": "48000", "owner": "dana",
+                                               "close_date": "2026-12-15"}
     refused = call(sample_servers, "crm", "hatp_compensate", {"compensationToken": won["compensationToken"],
                                                               "ifVersion": "v13", "idempotencyKey": "k"})
     assert refused["structuredContent"]["code"] == "UNDO_CONFLICT"

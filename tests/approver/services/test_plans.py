@@ -3,10 +3,11 @@
 import uuid
 
 import pytest
+from django.core import mail
 from django.core.management import call_command
 from django.urls import reverse
 
-from approver import planning, services
+from approver import content, notifications, planning, services
 from approver.models import Plan, PlanItem
 from journal.canonical import sha256_hex
 from journal.models import Step
@@ -69,6 +70,41 @@ def test_a_colleagues_edit_shows_as_a_conflict_with_both_versions(globex, on_cal
     assert deal.check_detail["current"]["version"] == "v14"
     assert deal.check_detail["current"]["changedBy"] == "priya" and deal.check_detail["current"]["changedAt"]
     assert plan.conflict_count == 1
+
+
+def test_a_colleagues_edit_is_shown_field_by_field_on_the_page_in_the_email_and_in_what_is_signed(
+    globex, on_call, approver_user, sample_servers, client
+):
+    """The CRM gives the deal's fields before and after the agent's change (under its receipt) and now: the
+    conflict reads three ways, the changed cells marked, with how long after the agent priya changed it."""
+    agents_change = Step.objects.get(run=globex, tool="update_deal")
+    assert agents_change.receipt_verified is True
+    assert agents_change.effect_fields["before"]["stage"] == "Proposal"
+    assert agents_change.effect_fields["after"]["stage"] == "Won"
+    sample_servers.colleague_update("D-881", {"amount": 45000}, by="priya")
+    plan = checked(services.request_plan(run=globex, requested_by=on_call, reason="r", from_step=2))
+    deal = next(i for i in services.items_for_page(plan) if i.step.tool == "update_deal")
+    rows = [{"field": "amount", "before": "48000", "left": "48000", "now": "45000"},
+            {"field": "stage", "before": "Proposal", "left": "Won", "now": "Won"}]
+    assert deal.check_detail["threeWay"] == {"fields": rows}
+    # What is shown is what is signed: the rows are in the digested content.
+    signed = next(i for i in content.plan_content(plan)["items"] if i["step"] == agents_change.number)
+    assert signed["check"]["threeWay"] == {"fields": rows}
+
+    client.force_login(approver_user)
+    page = client.get(reverse("approver:plan_detail", args=[plan.public_id])).content.decode()
+    assert '<td class="changed" data-changed="agent"><mark>Won</mark>' in page
+    assert '<td class="changed" data-changed="since"><mark>45000</mark>' in page
+    assert "after the agent&#x27;s change" in page or "after the agent's change" in page
+
+    approver_user.email = "ana@acme.example"
+    approver_user.save()
+    assert notifications.plan_ready(plan) == 1
+    [message] = mail.outbox
+    assert "Changed since the agent acted:" in message.body
+    assert ("amount: 48000 before the agent, 48000 as it left it, 45000 now; stage: Proposal before the "
+            "agent, Won as it left it, Won now") in message.body
+    assert "changed by priya, less than a minute after the agent's change" in message.body
 
 
 def test_checks_can_run_again_and_new_results_change_the_digest(globex, on_call, sample_servers):
