@@ -93,6 +93,8 @@ def changed_since(plan: Plan) -> list[str]:
             line += ". " + "; ".join(
                 f"{row['field']}: {row['before']} before the agent, {row['left']} as it left it, "
                 f"{row['now']} now" for row in rows)
+        elif current.get("fieldsUnreadable"):
+            line += ". The server's field values could not be shown."
         elif item.check_detail.get("fieldsGiven") is False:
             line += ". The server gave no field values."
         lines.append("- " + one_line(line, 1000))

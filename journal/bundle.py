@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from . import chain, strict_json
 from .errors import Refused
-from .fields import field_values
+from .fields import field_change
 
 BUNDLE_FORMAT = "agent-undo/run-bundle@1"
 
@@ -264,6 +264,7 @@ def _called(data: dict[str, Any], at: datetime | None) -> dict[str, Any]:
 def _answered(data: dict[str, Any], at: datetime | None) -> dict[str, Any]:
     """A step's columns from its `result` entry; what is not of the right type keeps the column's default."""
     undo, effect = _dict(data.get("undo")), _dict(data.get("effect"))
+    fields = _dict(effect.get("fields"))
     kind, problems, verified = undo.get("kind"), undo.get("problems"), data.get("receiptVerified")
     compensation = undo.get("compensationArguments")
     return {
@@ -281,19 +282,10 @@ def _answered(data: dict[str, Any], at: datetime | None) -> dict[str, Any]:
         "effect_summary": _text(effect.get("summary"), 500),
         "effect_resource": _text(effect.get("resource"), 500),
         "effect_version": _text(effect.get("version"), 200),
-        "effect_fields": _effect_fields(effect.get("fields")),
+        "effect_fields": field_change(fields.get("before"), fields.get("after"),
+                                      unreadable=fields.get("unreadable") is True),
         "receipt_verified": verified if isinstance(verified, bool) else None,
     }
-
-
-def _effect_fields(raw: Any) -> dict[str, Any] | None:
-    """An imported effect's field values, read as the Recorder reads a server's (bounded, plain values)."""
-    if not isinstance(raw, dict):
-        return None
-    before, after = field_values(raw.get("before")), field_values(raw.get("after"))
-    if before is None and after is None:
-        return None
-    return {"before": before, "after": after, **({"unreadable": True} if raw.get("unreadable") else {})}
 
 
 def step_fields(entries: list[dict[str, Any]], *, started_at: datetime) -> list[dict[str, Any]]:

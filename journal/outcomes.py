@@ -12,7 +12,7 @@ from typing import Any
 from . import chain, declarations, recipes
 from .bindings import BindingError, NothingToUndo, resolve_arguments
 from .canonical import to_ijson
-from .fields import field_values
+from .fields import field_change
 
 # The MCP-Rescue failure class of an `isError` result's structured code.
 _CLASS_BY_CODE = {
@@ -62,17 +62,6 @@ def _effect(parsed, declaration: declarations.UndoDeclaration, *, earlier: Any, 
         if (earlier or {}).get("version") == after_version and declaration.kind == "compensate":
             problems.append("nothing to undo: the call left the record as it found it")
     return effect
-
-
-def _field_change(effect: declarations.Effect) -> dict[str, Any] | None:
-    """The changed fields' values before and after the call, as its server gave them (None: it gave none).
-    Values that cannot be shown are left out and said to be, never a reason the call cannot be undone."""
-    if effect.before is None and effect.after is None:
-        return None
-    before, after = (field_values(values) for values in (effect.before, effect.after))
-    unreadable = any(raw is not None and kept is None
-                     for raw, kept in ((effect.before, before), (effect.after, after)))
-    return {"before": before, "after": after, **({"unreadable": True} if unreadable else {})}
 
 
 def _compensation_arguments(spec: declarations.Compensation, *, token: str | None,
@@ -172,7 +161,7 @@ def undo_facts(*, tool_def: dict[str, Any] | None, catalogue: set[str], receipt_
         "effect_resource": effect.resource or "",
         "effect_version": effect.version or "",
         "effect_fingerprint": effect.fingerprint.model_dump(mode="json") if effect.fingerprint else None,
-        "effect_fields": _field_change(effect),
+        "effect_fields": field_change(effect.before, effect.after),
         "compensation_token": token or "",
         "undo_by": declaration.deadline(finished),
         "receipt": journal_raw.get("receipt") if isinstance(journal_raw, dict) else None,

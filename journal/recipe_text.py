@@ -14,11 +14,12 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from .fields import NOT_GIVEN, NOT_KEPT
+
 _SHORT = 160  # a one-line string up to this long is shown as it is; a longer one (or text) by its size
 _DIFF_LINES = 80  # lines of a text diff shown, each way
 _FIELDS = 40  # fields of a record diff shown
 _VALUE = 200  # characters of one field's value shown
-_NOT_GIVEN = "(not given)"  # a field a server gave no value for, in one of the three states
 
 
 def size(text: str) -> str:
@@ -118,9 +119,9 @@ def field_changes(before: dict[str, Any] | None, left: dict[str, Any] | None,
     keys = sorted({key for state in named for key in state}) if named else sorted(now)
     rows = []
     for key in keys:
-        cells = [(state or {}).get(key, _NOT_GIVEN) for state in (before, left, now)]
+        cells = [(state or {}).get(key, NOT_GIVEN) for state in (before, left, now)]
         if len({json.dumps(cell) for cell in cells}) > 1 or not named:
-            rows.append({"field": key, **{name: cell if cell is _NOT_GIVEN else _shown(cell, False)
+            rows.append({"field": key, **{name: cell if cell is NOT_GIVEN else _shown(cell, False)
                                           for name, cell in zip(("before", "left", "now"), cells,
                                                                 strict=True)}})
     return {"fields": rows[:_FIELDS], **({"more": len(rows) - _FIELDS} if len(rows) > _FIELDS else {})}
@@ -139,7 +140,7 @@ def _fields(flats: list[dict[str, Any] | None]) -> dict[str, Any]:
                                           in zip(("before", "left", "now"), cells, strict=True)}})
     if flats[1] is None:
         for row in rows:
-            row["left"] = "(not kept)"
+            row["left"] = NOT_KEPT
     return {"fields": rows[:_FIELDS], **({"more": len(rows) - _FIELDS} if len(rows) > _FIELDS else {})}
 
 

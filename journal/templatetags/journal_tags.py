@@ -8,7 +8,7 @@ from django.utils.formats import date_format
 from django.utils.html import conditional_escape, format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from journal import recipe_text, visible
+from journal import fields, recipe_text, visible
 from journal.views import STEPS_PER_PAGE
 
 register = template.Library()
@@ -65,8 +65,13 @@ def moment(value, fmt: str = "M j, H:i"):
     return format_html('<time datetime="{}">{}</time>', parsed.isoformat(), date_format(parsed, fmt))
 
 
-
 @register.simple_tag
 def after_the_agent(value, finished) -> str:
     """How long after the agent's call a server says a record changed (`recipe_text.after_the_agent`)."""
     return recipe_text.after_the_agent(value, finished)
+
+
+@register.filter
+def changed_cells(row) -> dict[str, bool]:
+    """Which cells of a three-way row to mark as changed (`journal.fields.marks`)."""
+    return fields.marks(row)

@@ -243,3 +243,13 @@ def test_the_result_entry_says_what_the_record_covers():
     assert entry["effect"] == {"summary": "Deal won", "resource": "crm://deal", "version": "v1"}
     assert entry["dependsOn"] == [{"step": 1, "rule": "inferred"}] and "recovery" not in entry
     assert entry["resultSize"] == 10 and "resultDropped" not in entry and entry["error"] is None
+
+
+def test_an_imported_records_field_values_are_read_as_a_servers_are():
+    from journal.fields import field_change
+
+    kept = field_change({"stage": "Proposal"}, {"stage": "Won"})
+    assert field_change(kept["before"], kept["after"]) == kept
+    assert field_change(None, {"stage": "Won"}, unreadable=True) == {
+        "before": None, "after": {"stage": "Won"}, "unreadable": True}
+    assert field_change(None, None) is None

@@ -64,3 +64,13 @@ def test_how_long_after_the_agent_a_record_changed_reads_in_words():
     assert after_the_agent("2026-11-29T09:00:00Z", agent) == "before the agent's change"
     assert after_the_agent("yesterday", agent) == after_the_agent("2026-11-29T10:12:00", agent) == ""
     assert after_the_agent(None, agent) == after_the_agent("2026-11-29T10:12:00Z", None) == ""
+
+
+def test_a_three_way_rows_changed_cells_are_the_agents_and_those_since():
+    from journal.fields import marks
+
+    assert marks({"before": "Proposal", "left": "Won", "now": "Won"}) == {"agent": True, "since": False}
+    assert marks({"before": "48000", "left": "48000", "now": "45000"}) == {"agent": False, "since": True}
+    assert marks({"before": "a", "left": "(not kept)", "now": "b"}) == {"agent": False, "since": True}
+    assert marks({"before": "(not given)", "left": "(not given)", "now": "1"}) == {"agent": False,
+                                                                                  "since": False}
