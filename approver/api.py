@@ -27,4 +27,11 @@ def plan_detail(request, plan_id):
         "checks": {"total": plan.checks_total, "done": plan.checks_done},
         "digest": planning.digest(content),
         "content": content,
+        # Who asked for each override and when (its reason is in the content, signed)
+        "overrides": [
+            {"item": item.position, "by": item.override_by.get_username() if item.override_by else None,
+             "at": item.override_at.isoformat() if item.override_at else None, "reason": item.override_reason}
+            for item in plan.items.exclude(override_reason="").select_related("override_by")
+            .order_by("position")
+        ],
     })

@@ -121,7 +121,8 @@ def approvals_for_bundle(run: Run) -> list[dict[str, Any]]:  # the journal's `si
 
     bundle = [
         signed(
-            a, {"plan": str(a.plan.public_id), "choices": a.choices, "expiresAt": a.expires_at.isoformat()}
+            a, {"plan": str(a.plan.public_id), "choices": a.choices,
+                **({"overrides": a.overrides} if a.overrides else {}), "expiresAt": a.expires_at.isoformat()}
         )
         for a in (
             Approval.objects.filter(Q(plan__run=run) | Q(plan__runs=run)).distinct()

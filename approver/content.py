@@ -30,6 +30,7 @@ _CONTENT_FIELDS = (
     "check_status",
     "check_detail",
     "conflict_choice",
+    "override_reason",
     "step__number",
     "step__run__public_id",
     "step__server_name",
@@ -45,14 +46,15 @@ def content_rows(plan: Plan) -> list[dict[str, Any]]:
     return list(plan.items.order_by("position").values(*_CONTENT_FIELDS))
 
 
-def plan_content(plan: Plan, rows: list[dict[str, Any]] | None = None,
-                 choices: dict[str, str] | None = None) -> dict[str, Any]:
+def plan_content(plan: Plan, rows: list[dict[str, Any]] | None = None, choices: dict[str, str] | None = None,
+                 overrides: dict[str, str] | None = None) -> dict[str, Any]:
     """The plan's content, exactly as it is digested (`rows` from `content_rows`, read if not given), or as
-    it would be with these conflict `choices` (item position as text -> choice) in place of the stored
-    ones."""
+    it would be with these conflict `choices` (item position as text -> choice) and the reasons for their
+    overwrites (`overrides`, position -> why) in place of the stored ones."""
     items = []
     for row in content_rows(plan) if rows is None else rows:
         choice = row["conflict_choice"] if choices is None else choices.get(str(row["position"]), "")
+        why = row["override_reason"] if choices is None else (overrides or {}).get(str(row["position"]), "")
         compensate = row["action"] == PlanItem.Action.COMPENSATE
         items.append(
             planning.item_content(
@@ -94,6 +96,7 @@ def plan_content(plan: Plan, rows: list[dict[str, Any]] | None = None,
                 if compensate
                 else None,
                 conflict_choice=choice,
+                override_reason=why,
                 run=str(row["step__run__public_id"]) if plan.since is not None else "",
             )
         )
@@ -117,11 +120,12 @@ def _selection(plan: Plan) -> dict[str, Any]:
 
 def items_for_page(plan: Plan):
     """Every item with what the plan page shows of its step, in one query whatever the plan's size."""
-    return plan.items.select_related("step__run", "call_step").order_by("position").only(
+    return plan.items.select_related("step__run", "call_step", "override_by").order_by("position").only(
         *(f.name for f in PlanItem._meta.concrete_fields if f.name != "plan"), "plan_id",
         "step__number", "step__server_name", "step__tool", "step__effect_summary", "step__effect_resource",
         "step__effect_version", "step__effect_fingerprint", "step__finished_at", "step__run_id",
-        "step__server_id", "step__run__public_id", "step__run__started_at", "call_step__number")
+        "step__server_id", "step__run__public_id", "step__run__started_at", "call_step__number",
+        "override_by__username")
 
 
 def conflict_positions(plan: Plan) -> set[int]:

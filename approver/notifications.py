@@ -239,6 +239,11 @@ def plan_executed(plan: Plan) -> int:
         words = item.remedy if item.outcome == execution.IRREVERSIBLE and item.remedy else (
             item.outcome_detail or {}).get("message", "")
         lines.append(f"To do by hand, step {item.step.number} ({item.step.tool}): {words}")
+    overrides = plan.items.exclude(override_reason="").select_related("step", "override_by")
+    for item in overrides.order_by("position"):
+        lines.append(f"Override, step {item.step.number} ({item.step.effect_resource or item.step.tool}): "
+                     f"{item.override_words}: “{one_line(item.override_reason)}” "
+                     f"({item.outcome_words or 'not run'})")
     lines.append(_link(plan))
     recipients = {
         plan.requested_by.email,

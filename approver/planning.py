@@ -350,12 +350,13 @@ def item_content(
     effect: dict[str, str],
     check: dict[str, Any] | None,
     conflict_choice: str = "",
+    override_reason: str = "",
     run: str = "",
 ) -> dict[str, Any]:
     """One item as signed. On a conflict the approver's choice is part of it: "overwrite" makes the
-    compensation carry the version they saw as `ifVersion` (so a further change still stops it);
-    "keep_newer" leaves the newer change alone and the item is skipped. `run`: the step's run, named in a plan
-    across runs."""
+    compensation carry the version they saw as `ifVersion` (so a further change still stops it), and is an
+    override with its written reason (`overrideReason`, signed by every approver alike); "keep_newer" leaves
+    the newer change alone and the item is skipped. `run`: the step's run, named in a plan across runs."""
     if (
         compensation is not None
         and conflict_choice == OVERWRITE
@@ -371,6 +372,7 @@ def item_content(
         "needsHuman": needs_human or None, "via": via or None,
         "sideEffect": side_effect or None, "cost": cost, "undoBy": undo_by, "reason": reason or None,
         "remedy": remedy or None, "effect": effect, "check": check, "conflictChoice": conflict_choice or None,
+        **({"overrideReason": override_reason} if conflict_choice == OVERWRITE and override_reason else {}),
     }
 
 

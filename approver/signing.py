@@ -63,6 +63,37 @@ def clean_choices(raw: Any, *, conflicts: set[int], decision: str) -> dict[str, 
     return choices
 
 
+REASON_LENGTH = 1000  # an override's reason: a few sentences, read by every other approver
+
+
+def clean_overrides(raw: Any, *, choices: dict[str, str], decision: str) -> dict[str, str]:
+    """Why the approver overwrites each newer change they chose to overwrite (item position as text -> their
+    words). Approving an overwrite needs a reason: the other approvers read it before they sign, and it is
+    journaled. A reason goes with an overwrite and nothing else; a rejection carries none."""
+    if decision != APPROVE:
+        return {}
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SigningRefused("Override reasons must map item positions to your words.")
+    overwrites = {key for key, choice in choices.items() if choice == OVERWRITE}
+    reasons: dict[str, str] = {}
+    for key, value in raw.items():
+        if key not in overwrites:
+            raise SigningRefused(f"Item {key}: a reason goes with an overwrite, and it is not one.")
+        if not isinstance(value, str):
+            raise SigningRefused(f"Item {key}: the reason must be text.")
+        if len(value.strip()) > REASON_LENGTH:
+            raise SigningRefused(f"Item {key}: keep the reason under {REASON_LENGTH} characters.")
+        if value.strip():
+            reasons[key] = value.strip()
+    missing = sorted(overwrites - reasons.keys(), key=int)
+    if missing:
+        raise SigningRefused("Overwriting a newer change is an override: say why, the other approvers read "
+                             "it (item " + ", ".join(missing) + ").")
+    return reasons
+
+
 def expiry(*, now: datetime, valid_for: timedelta, deadlines: list[datetime]) -> datetime:
     """An approval lasts `valid_for`, and never past the earliest undo deadline in the plan."""
     return min([now + valid_for, *deadlines])
@@ -94,4 +125,6 @@ def _describe(key: str, old: Any, new: Any) -> str:
         return f"check went from {(old or {}).get('status')} to {(new or {}).get('status')}."
     if key == "conflictChoice":
         return f"conflict choice went from {old or 'none'} to {new or 'none'}."
+    if key == "overrideReason":
+        return f"the reason to overwrite went from “{old or 'none'}” to “{new or 'none'}”."
     return f"{key} changed."

@@ -104,10 +104,17 @@ document.addEventListener("submit", async (event) => {
   document.querySelectorAll('input[type=radio][form="sign-off"]:checked').forEach((input) => {
     choices[input.name.replace("choice-", "")] = input.value;
   });
+  // An overwrite is an override: its reason goes with it (only with it).
+  const overrides = {};
+  Object.entries(choices).forEach(([position, choice]) => {
+    const words = document.querySelector(`textarea[form="sign-off"][name="override-${position}"]`);
+    if (choice === "overwrite" && words) overrides[position] = words.value;
+  });
   const buttons = form.querySelectorAll("button");
   buttons.forEach((b) => { b.disabled = true; });
   try {
-    const begun = await post(form.dataset.begin, form, {decision, choices, reason: form.elements.reason.value});
+    const begun = await post(form.dataset.begin, form,
+                             {decision, choices, overrides, reason: form.elements.reason.value});
     const credential = await navigator.credentials.get({publicKey: requestOptions(begun.publicKey)});
     const done = await post(form.dataset.complete, form, {nonce: begun.nonce, credential: assertionJSON(credential)});
     window.location.assign(done.redirect);

@@ -83,6 +83,7 @@ class SigningRequest(models.Model):
     nonce = models.CharField(max_length=64, unique=True)
     decision = models.CharField(max_length=10)  # approve | reject
     choices = models.JSONField(default=dict, blank=True)
+    overrides = models.JSONField(default=dict, blank=True)  # item position -> why overwrite
     reason = models.TextField(blank=True)
     digest = models.CharField(max_length=64)
     challenge = models.CharField(max_length=64, help_text="base64url of the 32 bytes the passkey signs")
@@ -108,6 +109,7 @@ class Approval(models.Model):
     reason = models.TextField(blank=True)
     digest = models.CharField(max_length=64)
     choices = models.JSONField(default=dict, blank=True)
+    overrides = models.JSONField(default=dict, blank=True)  # item position -> why overwrite (in `content`)
     content = models.JSONField(help_text="The plan's content as signed, to show what changed since.")
     nonce = models.CharField(max_length=64, unique=True)
     challenge = models.CharField(max_length=64)

@@ -198,6 +198,11 @@ class PlanItem(models.Model):
         OVERWRITE = "overwrite", "Overwrite the version I saw"
 
     conflict_choice = models.CharField(max_length=12, choices=Choice.choices, blank=True)
+    # An overwrite is an override, asked for by name: why (signed, in the content), who asked and when.
+    override_reason = models.TextField(blank=True)
+    override_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True,
+                                    related_name="+")
+    override_at = models.DateTimeField(null=True, blank=True)
 
     # `exec_state`'s values: "" until claimed, running while in flight, done once its outcome is kept
     class Exec:
@@ -232,6 +237,13 @@ class PlanItem(models.Model):
     @property
     def why_included(self) -> str:
         return inclusion_words(self.rule, self.pulled_in_by, self.pointers)
+
+    @property
+    def override_words(self) -> str:
+        """Who asked to overwrite whose newer change: "ana asked to overwrite priya's newer change"."""
+        by = ((self.check_detail or {}).get("current") or {}).get("changedBy") or ""
+        asker = self.override_by.get_username() if self.override_by_id else "an approver"
+        return f"{asker} asked to overwrite {by + chr(39) + 's' if by else 'the'} newer change"
 
     @property
     def outcome_words(self) -> str:

@@ -108,10 +108,11 @@ def _keep_passkey_use(passkey: Passkey, new_count: int, now: datetime) -> None:
 # -- plans ---------------------------------------------------------------------------------------------------
 
 
-def begin_signing(*, plan: Plan, user, decision: str, choices: Any = None, reason: str = "",
-                  now: datetime | None = None) -> tuple[SigningRequest, str]:
+def begin_signing(*, plan: Plan, user, decision: str, choices: Any = None, overrides: Any = None,
+                  reason: str = "", now: datetime | None = None) -> tuple[SigningRequest, str]:
     """A one-time challenge for `user` to approve or reject `plan` as it is now, with their conflict
-    choices, and the options for their browser. SigningRefused says why not."""
+    choices and why they overwrite where they do (`overrides`), and the options for their browser.
+    SigningRefused says why not."""
     now = now or timezone.now()
     plan = Plan.objects.select_related("run__agent", "requested_by").get(pk=plan.pk)
     if decision not in signing.DECISIONS:
@@ -127,7 +128,9 @@ def begin_signing(*, plan: Plan, user, decision: str, choices: Any = None, reaso
         raise signing.SigningRefused("Say why you reject the plan: the requester reads it.")
     keys = _signing_keys(user, none_words="Enrol a passkey first: approvals are signed with it.")
     choices = signing.clean_choices(choices, conflicts=conflict_positions(plan), decision=decision)
-    digest = planning.digest(plan_content(plan, choices=choices if decision == signing.APPROVE else None))
+    overrides = signing.clean_overrides(overrides, choices=choices, decision=decision)
+    digest = planning.digest(plan_content(plan, choices=choices if decision == signing.APPROVE else None,
+                                          overrides=overrides))
     return _issue(
         user=user,
         keys=keys,
@@ -136,6 +139,7 @@ def begin_signing(*, plan: Plan, user, decision: str, choices: Any = None, reaso
         now=now,
         plan=plan,
         choices=choices,
+        overrides=overrides,
         digest=digest,
         payload=lambda nonce: signing.challenge_payload(
             plan=str(plan.public_id), digest=digest, decision=decision, choices=choices, nonce=nonce
@@ -159,7 +163,8 @@ def complete_signing(*, user, nonce: str, credential: Any, plan: Plan | None = N
         refusal = signing_refusal(plan=plan, user=user)
         if refusal:
             raise signing.SigningRefused(refusal)
-        content = plan_content(plan, choices=request.choices if request.decision == signing.APPROVE else None)
+        content = plan_content(plan, choices=request.choices if request.decision == signing.APPROVE else None,
+                               overrides=request.overrides)
         if planning.digest(content) != request.digest:
             raise signing.SigningRefused(
                 "The plan changed while you were signing; read it again and sign the new version."
@@ -181,23 +186,26 @@ def complete_signing(*, user, nonce: str, credential: Any, plan: Plan | None = N
         if locked.state != Plan.State.READY or locked.digest != plan.digest:
             raise signing.SigningRefused("The plan changed while you were signing; nothing was signed.")
         _keep_passkey_use(passkey, new_count, now)
+        overridden = []
         if request.decision == signing.APPROVE:
-            for position, choice in request.choices.items():
-                plan.items.filter(position=int(position)).exclude(conflict_choice=choice).update(conflict_choice=choice)
+            overridden = _keep_choices(plan, request, user=user, now=now)
             plan.digest = (
                 request.digest
             )  # the choices are now part of the plan: earlier approvals of other choices lapse
         approval = Approval.objects.create(
             plan=plan, approver=user, passkey=passkey, decision=request.decision, reason=request.reason,
-            digest=request.digest, choices=request.choices, content=content, nonce=request.nonce,
-            challenge=request.challenge, assertion=credential, created_at=now,
+            digest=request.digest, choices=request.choices, overrides=request.overrides, content=content,
+            nonce=request.nonce, challenge=request.challenge, assertion=credential, created_at=now,
             expires_at=signing.expiry(now=now, valid_for=rules.valid_for, deadlines=_deadlines(plan)),
         )
         journal_services.record_event(run_id=plan.run_id, event="approval", now=now, data={
             "plan": str(plan.public_id), "decision": approval.decision, "by": user.get_username(),
             "passkey": passkey.credential_id, "digest": approval.digest, "choices": approval.choices,
+            **({"overrides": approval.overrides} if approval.overrides else {}),
             "nonce": approval.nonce, "reason": approval.reason or None,
         })
+        for item in overridden:
+            _journal_override(plan, item, by=user, digest=approval.digest, now=now)
         plan.updated_at = now
         plan.save(update_fields=["digest", "updated_at"])
         if approval.decision == Approval.Decision.REJECT:
@@ -207,6 +215,37 @@ def complete_signing(*, user, nonce: str, credential: Any, plan: Plan | None = N
         if plan.state in (Plan.State.APPROVED, Plan.State.REJECTED):
             bell.ring(bell.NOTIFY_PLAN_DECIDED, plan.pk)
     return approval
+
+
+def _keep_choices(plan: Plan, request: SigningRequest, *, user, now: datetime) -> list[PlanItem]:
+    """The signed choices become the plan's. An overwrite asked for now, or with other words than before, is
+    this approver's override (who and when are kept with it); returns those items."""
+    overridden = []
+    for item in plan.items.select_related("step__run").filter(
+            position__in=[int(p) for p in request.choices]):
+        choice = request.choices[str(item.position)]
+        why = request.overrides.get(str(item.position), "") if choice == PlanItem.Choice.OVERWRITE else ""
+        if (item.conflict_choice, item.override_reason) == (choice, why):
+            continue
+        item.conflict_choice, item.override_reason = choice, why
+        item.override_by, item.override_at = (user, now) if why else (None, None)
+        item.save(update_fields=["conflict_choice", "override_reason", "override_by", "override_at"])
+        if why:
+            overridden.append(item)
+    return overridden
+
+
+def _journal_override(plan: Plan, item: PlanItem, *, by, digest: str, now: datetime) -> None:
+    """An override is its own event in the plan's run: who asked, why, the version the agent left and the
+    newer one the undo will overwrite."""
+    current = (item.check_detail or {}).get("current") or {}
+    journal_services.record_event(run_id=plan.run_id, event="override", now=now, data={
+        "plan": str(plan.public_id), "item": item.position, "step": item.step.number,
+        **({"run": str(item.step.run.public_id)} if item.step.run_id != plan.run_id else {}),
+        "by": by.get_username(), "reason": item.override_reason,
+        "agentLeft": item.if_version or None, "overwrites": current.get("version") or None,
+        "changedBy": current.get("changedBy") or None, "digest": digest,
+    })
 
 
 def _deadlines(plan: Plan) -> list[datetime]:

@@ -36,7 +36,8 @@ def queue_checks(*, plan: Plan, now: datetime | None = None, ring: bool = True) 
             return False
         # Conflict choices answered the old results; a new round must be chosen on afresh.
         plan.items.filter(action=PlanItem.Action.COMPENSATE).update(
-            check_status=PlanItem.Check.PENDING, check_detail={}, checked_at=None, conflict_choice="")
+            check_status=PlanItem.Check.PENDING, check_detail={}, checked_at=None, conflict_choice="",
+            override_reason="", override_by=None, override_at=None)
         plan.refresh_from_db()
         if ring:
             bell.ring(bell.CHECK_PLAN, plan.pk, plan.check_round)

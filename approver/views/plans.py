@@ -16,7 +16,7 @@ from journal.recipe_text import brief
 
 from .. import authority, execution, services, signing
 from ..forms import UndoRequestForm, UndoSinceForm
-from ..models import ApprovalRules, Plan, PlanItem
+from ..models import Approval, ApprovalRules, Plan, PlanItem
 
 PLANS_PER_PAGE = 25
 
@@ -115,7 +115,8 @@ def _plan_context(request, plan: Plan) -> dict:
         "now": timezone.now(),
         **authority.plan_buttons(request.user, plan),
         "report": _report(plan, items),
-        **_sign_off_context(request, plan),
+        "overrides": [i for i in items if i.override_reason],
+        **_sign_off_context(request, plan, items),
     }
 
 
@@ -139,11 +140,15 @@ def _report(plan: Plan, items: list) -> dict | None:
     if plan.state not in (Plan.State.EXECUTING, Plan.State.PAUSED, *Plan.FINISHED_STATES):
         return None
     return {"done": sum(i.exec_state == PlanItem.Exec.DONE for i in items), "total": len(items),
-            "to_do": [i for i in items if i.outcome in execution.NEEDS_A_HUMAN]}
+            "to_do": [i for i in items if i.outcome in execution.NEEDS_A_HUMAN],
+            "overrides": [i for i in items if i.override_reason],
+            "signers": sorted({a.approver.get_username() for a in plan.approvals.filter(
+                decision=Approval.Decision.APPROVE, digest=plan.digest).select_related("approver")})}
 
 
-def _sign_off_context(request, plan: Plan) -> dict:
-    """Who signed what, what counts, and whether this user may sign now (and if not, why)."""
+def _sign_off_context(request, plan: Plan, items: list) -> dict:
+    """Who signed what, what counts, whether the approvers signed different choices (then the plan cannot
+    run as it stands), and whether this user may sign now (and if not, why)."""
     rules = ApprovalRules.current()
     approvals = list(plan.approvals.select_related("approver", "passkey").order_by("created_at"))
     counting = {a.pk for a in authority.counting_approvals(plan=plan, rules=rules)}
@@ -160,7 +165,11 @@ def _sign_off_context(request, plan: Plan) -> dict:
     ]
     refusal = (lambda: authority.signing_refusal(plan=plan, user=request.user, rules=rules)) \
         if plan.state == Plan.State.READY else None
-    return {"rules": rules, "signed": signed, "counting": len(counting),
+    chosen = ({str(i.position): i.conflict_choice for i in items if i.conflict_choice},
+              {str(i.position): i.override_reason for i in items if i.override_reason})
+    differ = any(a.decision == Approval.Decision.APPROVE and a.digest != plan.digest
+                 and (a.choices, a.overrides) != chosen for a in approvals)
+    return {"rules": rules, "signed": signed, "counting": len(counting), "choices_differ": differ,
             **authority.signing_state(request.user, role=roles.APPROVER, refusal=refusal)}
 
 

@@ -46,7 +46,7 @@ def sign_begin(request, plan_id):
     plan = get_object_or_404(Plan, public_id=plan_id)
     return signing_step(request, "decision", lambda body: challenge(*services.begin_signing(
         plan=plan, user=request.user, decision=str(body.get("decision", "")), choices=body.get("choices"),
-        reason=str(body.get("reason") or ""))))
+        overrides=body.get("overrides"), reason=str(body.get("reason") or ""))))
 
 
 @require_POST

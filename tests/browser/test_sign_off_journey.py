@@ -1,5 +1,7 @@
-"""Two approvers sign the Globex plan with passkeys in Chromium (DevTools virtual authenticators); the
-requester is refused; a plan checked again after signing must be signed again."""
+"""Two approvers sign the Globex plan with passkeys in Chromium (DevTools virtual authenticators): the
+first overwrites a colleague's newer change with a reason, the second reads that override and signs it, a
+real worker runs the plan and the report lists the override; the requester is refused; a plan checked again
+after signing must be signed again."""
 
 import re
 
@@ -13,8 +15,9 @@ from journal import roles
 from journal import services as journal_services
 from journal.models import Run
 from samples import agent as scripted
+from tests.approver.services.test_approvals import WHY
 from tests.journal.helpers import register_samples, settle
-from tests.services import needs_chromium
+from tests.services import needs_chromium, running_worker, worker_env_for_test_database
 
 pytestmark = [pytest.mark.browser, needs_chromium, pytest.mark.django_db(transaction=True)]
 
@@ -67,7 +70,15 @@ def test_two_approvers_sign_with_passkeys_and_the_requester_cannot(
         assert "0 of 2 approvals that count" in ana.locator("#signatures").inner_text()
         conflict = ana.locator("#changed-since li.item")
         assert "it is now at v14" in conflict.inner_text()
+        # Field by field: the agent's stage change and priya's amount change since, each cell marked.
+        assert conflict.locator("td[data-changed=agent]").inner_text().startswith("Won")
+        assert conflict.locator("td[data-changed=since]").inner_text().startswith("45000")
         conflict.locator("input[value=overwrite]").check()
+        ana.click("#sign-off button[value=approve]")  # an override needs a reason: nothing is signed yet
+        problem = ana.locator("#sign-problem")
+        problem.wait_for(timeout=15_000)
+        assert "Overwriting a newer change is an override: say why" in problem.inner_text()
+        conflict.locator("textarea[name=override-3]").fill(WHY)
         ana.click("#sign-off button[value=approve]")
         ana.locator("text=It needs more approvals before it may run").wait_for(timeout=15_000)
         assert "1 of 2 approvals that count" in ana.locator(".quorum").inner_text()
@@ -81,15 +92,28 @@ def test_two_approvers_sign_with_passkeys_and_the_requester_cannot(
         bo = authenticated_page(browser, base, "bo")
         enrol(bo, base, "Bo's laptop")
         bo.goto(plan_url)
-        # Ana's choice is there for Bo to read and sign as it is.
+        # Ana's override is there for Bo to read, by name and with her reason, and to sign as it is.
+        asked_at = bo.locator("#override-3 time").inner_text()
+        assert bo.locator("#override-3").inner_text() == (
+            f"Override: ana asked to overwrite priya's newer change (v14), {asked_at}: “{WHY}”")
+        assert "item 3 by ana" in bo.locator(".overrides-to-sign").inner_text()
         assert bo.locator("#changed-since input[value=overwrite]").is_checked()
         bo.click("#sign-off button[value=approve]")
         bo.locator("text=The quorum is reached").wait_for(timeout=15_000)
         assert "approved, it may run" in bo.locator(".quorum").inner_text()
+        # The worker checks every signature again before it starts, for this site's origin.
+        with running_worker({**worker_env_for_test_database(), "WEBAUTHN_ORIGINS": base}, "override-journey"):
+            bo.locator("#report h2", has_text="Completed").wait_for(timeout=60_000)
+        overrides = bo.locator("#report ul.overrides").inner_text()
 
     plan.refresh_from_db()
-    assert plan.state == "approved"
+    assert plan.state == "completed"
     assert sorted(a.approver.username for a in Approval.objects.all()) == ["ana", "bo"]
+    assert overrides.startswith("Step 2, crm://acme/deal/D-881: ana asked to overwrite priya's newer change "
+                                "(v14, the agent had left v13)")
+    assert "signed by ana and bo · Undone" in overrides
+    [override] = run.entries.filter(event="override")
+    assert (override.data["by"], override.data["reason"]) == ("ana", WHY)
 
 
 def test_a_plan_checked_again_after_signing_shows_what_changed_and_needs_signing_again(

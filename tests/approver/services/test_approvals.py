@@ -39,9 +39,15 @@ def conflicted_plan(globex, on_call, sample_servers) -> Plan:
     return plan
 
 
-def sign(plan, user, key, decision="approve", choices=None, reason="", **tamper):
+WHY = "The client confirmed the agent's change was wrong."
+
+
+def sign(plan, user, key, decision="approve", choices=None, reason="", overrides=None, **tamper):
+    """Sign as `user`; an overwrite goes with a reason (WHY) unless `overrides` gives others."""
+    if overrides is None:
+        overrides = {k: WHY for k, v in (choices or {}).items() if v == "overwrite" and decision == "approve"}
     request, options = services.begin_signing(
-        plan=plan, user=user, decision=decision, choices=choices, reason=reason
+        plan=plan, user=user, decision=decision, choices=choices, overrides=overrides, reason=reason
     )
     assert base64url_to_bytes(request.challenge) == signing.challenge(signing.challenge_payload(
         plan=str(plan.public_id), digest=request.digest, decision=decision, choices=request.choices,
@@ -49,9 +55,10 @@ def sign(plan, user, key, decision="approve", choices=None, reason="", **tamper)
     return request, key.sign(base64url_to_bytes(request.challenge), **tamper)
 
 
-def approve(plan, user, key, choices=None, **tamper) -> Approval:
+def approve(plan, user, key, choices=None, overrides=None, **tamper) -> Approval:
     request, assertion = sign(
-        plan, user, key, choices=choices if choices is not None else {"3": "overwrite"}, **tamper
+        plan, user, key, choices=choices if choices is not None else {"3": "overwrite"}, overrides=overrides,
+        **tamper
     )
     return services.complete_signing(user=user, nonce=request.nonce, credential=assertion)
 
@@ -78,7 +85,8 @@ def test_two_approvers_sign_the_exact_plan_and_it_is_approved(
         second_approver,
     }
     events = [e.event for e in conflicted_plan.run.entries.order_by("seq")]
-    assert events[-3:] == ["approval", "approval", "plan_approved"]
+    # Ana's overwrite is an override, journaled as its own event; Bo signed the same one.
+    assert events[-4:] == ["approval", "override", "approval", "plan_approved"]
 
 
 def test_every_conflict_needs_a_choice_and_only_conflicts_take_one(conflicted_plan, approver_user):
@@ -102,12 +110,13 @@ def test_the_requester_and_the_person_the_agent_acted_for_cannot_approve(conflic
         enrolled(user)
         with pytest.raises(signing.SigningRefused, match="separation of duties"):
             services.begin_signing(
-                plan=conflicted_plan, user=user, decision="approve", choices={"3": "overwrite"}
+                plan=conflicted_plan, user=user, decision="approve", choices={"3": "overwrite"},
+                overrides={"3": WHY}
             )
     ApprovalRules.objects.create(pk=1, separation_of_duties=False)
     fresh = type(on_call).objects.get(pk=on_call.pk)
     assert services.begin_signing(
-        plan=conflicted_plan, user=fresh, decision="approve", choices={"3": "overwrite"}
+        plan=conflicted_plan, user=fresh, decision="approve", choices={"3": "overwrite"}, overrides={"3": WHY}
     )
 
 
