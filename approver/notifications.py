@@ -19,8 +19,8 @@ from django.core.mail import send_mail
 from journal import visible
 from journal.recipe_text import after_the_agent
 
-from . import authority, execution
-from .content import plan_url
+from . import authority, execution, planning
+from .content import plan_content, plan_url
 from .models import ActionRequest, Approval, ApprovalRules, Plan, PlanItem
 from .services import bell
 from .services.held_calls import action_url
@@ -54,8 +54,19 @@ def slack_escaped(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _link(plan: Plan) -> str:
-    return f"{settings.PUBLIC_URL.rstrip('/')}{plan_url(plan)}"
+def _link(plan: Plan, *, digest: bool = False) -> str:
+    """The plan's page; for a message asking for a signature, with the digest it showed (`?digest=`), so the
+    page can say if the plan changed since the message was sent."""
+    seen = f"?digest={plan.digest[:planning.SHORT_DIGEST]}" if digest and plan.digest else ""
+    return f"{settings.PUBLIC_URL.rstrip('/')}{plan_url(plan)}{seen}"
+
+
+def _digest_line(plan: Plan) -> str:
+    return f"Digest: {planning.short_digest(plan.digest)} (whole: {plan.digest})"
+
+
+def _keep_what_was_sent(plan: Plan) -> None:
+    Plan.objects.filter(pk=plan.pk).update(messaged_digest=plan.digest, messaged_content=plan_content(plan))
 
 
 def summary(plan: Plan) -> str:
@@ -106,7 +117,8 @@ def plan_ready(plan: Plan) -> int:
     changed = changed_since(plan)
     text = (f"{summary(plan)}\n" + ("Changed since the agent acted:\n" + "\n".join(changed) + "\n"
                                     if changed else "")
-            + f"Digest: {plan.digest}\nReview and sign: {_link(plan)}")
+            + f"{_digest_line(plan)}\nReview and sign: {_link(plan, digest=True)}")
+    _keep_what_was_sent(plan)
     return _tell_approvers([u.email for u in approvers_to_tell(plan)],
                            f"Undo plan ready for sign-off: {plan.run.agent_name}", text, plan)
 
@@ -116,6 +128,7 @@ def saga_plans_ready(plans: list[Plan]) -> int:
     listing the plans they may sign; the webhook once, listing them all. Returns how many were emailed."""
     mine: dict[str, list[Plan]] = {}
     for plan in plans:
+        _keep_what_was_sent(plan)
         for user in approvers_to_tell(plan):
             mine.setdefault(user.email, []).append(plan)
     together: dict[tuple[int, ...], list[str]] = {}
@@ -136,7 +149,8 @@ def _saga_digest(plans: list[Plan]) -> tuple[str, str]:
     count = len(plans)
     subject = (f"Undo plan ready for sign-off after a failed call: {plans[0].run.agent_name}" if count == 1
                else f"{count} undo plans ready for sign-off after failed calls")
-    lines = [f"{summary(plan)}\nDigest: {plan.digest}\nReview and sign: {_link(plan)}" for plan in plans]
+    lines = [f"{summary(plan)}\n{_digest_line(plan)}\nReview and sign: {_link(plan, digest=True)}"
+             for plan in plans]
     return subject, "\n\n".join(lines)
 
 

@@ -378,3 +378,20 @@ def item_content(
 
 def digest(content: dict[str, Any]) -> str:
     return sha256_hex(content)
+
+
+SHORT_DIGEST = 12  # hex characters: what a person compares at a glance, in three groups of four
+
+
+def short_digest(value: str) -> str:
+    """A digest's short form, as shown by the sign button and in messages: "9c3f 21aa 07be"."""
+    head = (value or "")[:SHORT_DIGEST]
+    return " ".join(head[i:i + 4] for i in range(0, len(head), 4))
+
+
+def seen_digest(raw: Any) -> str:
+    """The digest a message's link carried (its short form without spaces, or the whole), or "" if it is not
+    one: only lowercase hex, at least the short form's length, at most a whole SHA-256."""
+    text = raw if isinstance(raw, str) else ""
+    ok = SHORT_DIGEST <= len(text) <= 64 and all(c in "0123456789abcdef" for c in text)
+    return text if ok else ""

@@ -77,6 +77,10 @@ class Plan(models.Model):
     chosen_steps = models.JSONField(default=list, blank=True)
     state = models.CharField(max_length=24, choices=State.choices, default=State.DRAFT)
     digest = models.CharField(max_length=64, blank=True)
+    # The content the approvers' latest "ready for sign-off" message showed: a link from it carries its
+    # digest, and a plan opened from it after a change says what changed since the message was sent.
+    messaged_digest = models.CharField(max_length=64, blank=True)
+    messaged_content = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     # Drafting's progress (items written of the plan's steps), and since when a worker has been at it.

@@ -14,7 +14,7 @@ from journal.access import READERS, require_role, visible_agent
 from journal.models import Run, ToolServer
 from journal.recipe_text import brief
 
-from .. import authority, execution, services, signing
+from .. import authority, execution, planning, services, signing
 from ..forms import UndoRequestForm, UndoSinceForm
 from ..models import Approval, ApprovalRules, Plan, PlanItem
 
@@ -116,6 +116,8 @@ def _plan_context(request, plan: Plan) -> dict:
         **authority.plan_buttons(request.user, plan),
         "report": _report(plan, items),
         "overrides": [i for i in items if i.override_reason],
+        "short_digest": planning.short_digest(plan.digest),
+        "since_message": _since_message(plan, planning.seen_digest(request.GET.get("digest"))),
         **_sign_off_context(request, plan, items),
     }
 
@@ -134,6 +136,16 @@ def _name_recipes(items: list[PlanItem]) -> list[PlanItem]:
                        "call": ", then ".join(brief(call["tool"], call["arguments"]) for call in [
                            {"tool": item.tool, "arguments": item.arguments or {}}, *(item.then or [])])}
     return items
+
+
+def _since_message(plan: Plan, seen: str) -> dict | None:
+    """Opened from a message whose plan has changed since (its link's digest is not the plan's): what changed,
+    where the message's content was kept, else just that it changed."""
+    if not seen or plan.digest.startswith(seen):
+        return None
+    kept = plan.messaged_digest.startswith(seen) and plan.messaged_content
+    return {"seen": planning.short_digest(seen), "changes": signing.content_changes(
+        plan.messaged_content, services.plan_content(plan)) if kept else []}
 
 
 def _report(plan: Plan, items: list) -> dict | None:

@@ -1,15 +1,18 @@
 """Approvers hear when a plan is ready (email and a Slack-compatible webhook); requesters hear the outcome."""
 
+import re
 import smtplib
 
 import pytest
 from django.core import mail
+from django.test import Client
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from approver import notifications, services, tasks
+from approver.models import Plan
 from approver.services import bell
 from journal import services as journal_services
 from tests.conftest import ServerThread, free_port
@@ -192,3 +195,34 @@ def test_a_notification_that_keeps_failing_is_retried_with_growing_waits_then_gi
         assert tasks.retry_notice(channel, message, about, attempt) is False
     assert attempt == notifications.RETRIES
     assert "gave up on the webhook about a test after 6 attempts" in caplog.text
+
+
+def test_the_message_shows_the_digest_and_its_link_says_if_the_plan_changed_since(
+        globex, on_call, approver_user, emails, sample_servers, settings, monkeypatch):
+    plan = ready_plan(globex, on_call, monkeypatch)
+    assert tasks.notify_plan_ready(plan.pk, plan.check_round) == 1
+    [message] = mail.outbox
+    short = " ".join([plan.digest[:4], plan.digest[4:8], plan.digest[8:12]])
+    assert f"Digest: {short} (whole: {plan.digest})" in message.body
+    link = re.search(r"http\S+", message.body.split("Review and sign: ")[1])[0]
+    assert link.endswith(f"/plans/{plan.public_id}/?digest={plan.digest[:12]}")
+    path = link.split("localhost:8000")[1]
+    enrolled(approver_user)
+    web = Client()
+    web.force_login(approver_user)
+    page = web.get(path).content.decode()
+    assert "changed since the message was sent" not in page
+    assert f'<code title="{plan.digest}">{short}</code>' in page  # by the sign button
+    # A colleague edits the deal and the plan is checked again: the link now says so, and what changed.
+    sample_servers.colleague_update("D-881", {"amount": 1}, by="priya")
+    assert services.queue_checks(plan=plan, ring=False)
+    plan = Plan.objects.get(pk=plan.pk)
+    plan = services.run_checks(plan=plan, check_round=plan.check_round)
+    page = web.get(path).content.decode()
+    banner = page[page.index('id="since-message"'):page.index("</section>", page.index('id="since-message"'))]
+    assert "This plan changed since the message was sent" in banner and short in banner
+    assert "check went from ok to conflict" in banner
+    # A link that carries no digest, or something that is not one, opens the plan as it is.
+    for junk in ("", "?digest=zz", "?digest=" + "a" * 80, "?digest[]=1"):
+        response = web.get(f"/plans/{plan.public_id}/{junk}")
+        assert response.status_code == 200 and "since-message" not in response.content.decode()
