@@ -12,7 +12,7 @@ from journal.access import READERS, require_role
 
 from . import planning
 from .models import Plan
-from .services import plan_content
+from .services import live_rest, plan_content
 
 
 @require_GET
@@ -27,6 +27,9 @@ def plan_detail(request, plan_id):
         "checks": {"total": plan.checks_total, "done": plan.checks_done},
         "digest": planning.digest(content),
         "content": content,
+        # Plan the rest: the plan this one takes up, and where this one's rest went
+        "restOf": str(plan.rest_of.public_id) if plan.rest_of_id else None,
+        "rest": str(rest.public_id) if (rest := live_rest(plan)) else None,
         # Who asked for each override and when (its reason is in the content, signed)
         "overrides": [
             {"item": item.position, "by": item.override_by.get_username() if item.override_by else None,

@@ -22,6 +22,7 @@ MAY_CHECK = (roles.ON_CALL, roles.APPROVER)
 MAY_CANCEL = (roles.ON_CALL, roles.ADMIN)
 MAY_CONTROL = (roles.APPROVER, roles.ADMIN)  # pause, resume, abort, and try an unknown outcome again
 MAY_SETTLE = (roles.ON_CALL, roles.APPROVER, roles.ADMIN)  # look at an unknown outcome, say how it ended
+MAY_PLAN_REST = (roles.ON_CALL, roles.APPROVER)  # ask for a plan of what a finished plan did not undo
 
 
 def plan_buttons(user, plan: Plan) -> dict[str, bool]:
@@ -38,6 +39,7 @@ def plan_buttons(user, plan: Plan) -> dict[str, bool]:
         and running,
         "may_resume": roles.has_any_role(user, *MAY_CONTROL) and plan.state == Plan.State.PAUSED and running,
         "may_settle": roles.has_any_role(user, *MAY_SETTLE) and plan.state in Plan.FINISHED_STATES,
+        "may_plan_rest": roles.has_any_role(user, *MAY_PLAN_REST) and plan.state in Plan.FINISHED_STATES,
         "may_retry": roles.has_any_role(user, *MAY_CONTROL)
         and plan.state in Plan.FINISHED_STATES
         and running,

@@ -113,6 +113,8 @@ def plan_content(plan: Plan, rows: list[dict[str, Any]] | None = None, choices: 
 
 
 def _selection(plan: Plan) -> dict[str, Any]:
+    if plan.rest_of_id is not None:  # what a plan that stopped short did not undo: its items say which
+        return {"restOf": str(plan.rest_of.public_id)}
     if plan.since is not None:  # everything the agent did since then, in every run: each item names its run
         return {"agent": plan.run.agent_name, "since": plan.since.isoformat()}
     return {"fromStep": plan.from_step} if plan.from_step is not None else {"steps": plan.chosen_steps}

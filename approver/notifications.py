@@ -24,6 +24,7 @@ from .content import plan_content, plan_url
 from .models import ActionRequest, Approval, ApprovalRules, Plan, PlanItem
 from .services import bell
 from .services.held_calls import action_url
+from .services.rest import rest_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,16 @@ def summary(plan: Plan) -> str:
             f"Asked by {plan.requested_by.get_username()}: “{one_line(plan.reason, 500)}”.")
 
 
+def _rest_line(plan: Plan) -> str:
+    """For the rest of a plan that stopped short: which, and how it ended."""
+    if plan.rest_of_id is None:
+        return ""
+    first = plan.rest_of
+    return (f"This is the rest of plan {str(first.public_id)[:8]}, which stopped short "
+            f"({first.get_state_display().lower()}: {one_line(first.execution_summary)}): "
+            f"{_link(first)}\n")
+
+
 def approvers_to_tell(plan: Plan) -> list:
     rules = ApprovalRules.current()
     users = (
@@ -115,8 +126,8 @@ def changed_since(plan: Plan) -> list[str]:
 def plan_ready(plan: Plan) -> int:
     """Email every approver who may sign it, and post to the webhook; returns how many were emailed."""
     changed = changed_since(plan)
-    text = (f"{summary(plan)}\n" + ("Changed since the agent acted:\n" + "\n".join(changed) + "\n"
-                                    if changed else "")
+    changes = "Changed since the agent acted:\n" + "\n".join(changed) + "\n" if changed else ""
+    text = (f"{summary(plan)}\n" + _rest_line(plan) + changes
             + f"{_digest_line(plan)}\nReview and sign: {_link(plan, digest=True)}")
     _keep_what_was_sent(plan)
     return _tell_approvers([u.email for u in approvers_to_tell(plan)],
@@ -258,6 +269,10 @@ def plan_executed(plan: Plan) -> int:
         lines.append(f"Override, step {item.step.number} ({item.step.effect_resource or item.step.tool}): "
                      f"{item.override_words}: “{one_line(item.override_reason)}” "
                      f"({item.outcome_words or 'not run'})")
+    left = plan.not_yet_undone().count()
+    if left and not rest_refusal(plan):
+        lines.append(f"{left} undo{'s' if left != 1 else ''} did not take effect: the plan's page offers "
+                     "Plan the rest, a new plan for them and what depends on them.")
     lines.append(_link(plan))
     recipients = {
         plan.requested_by.email,

@@ -182,6 +182,13 @@ def draft_items_since(steps: list[StepFacts], *, plan_id: str, key_secret: bytes
     return _drafts(steps, lambda step: Pull("chosen"), plan_id=plan_id, key_secret=key_secret, now=now)
 
 
+def draft_items_pulled(steps: list[StepFacts], pulls: dict[int, Pull], *, plan_id: str, key_secret: bytes,
+                       now: datetime) -> list[ItemDraft]:
+    """`draft_items` for steps that may be in several runs: `pulls` are by step id (each run's `closure`)."""
+    in_plan = [s for s in steps if s.id in pulls]
+    return _drafts(in_plan, lambda step: pulls[step.id], plan_id=plan_id, key_secret=key_secret, now=now)
+
+
 def _drafts(in_plan: list[StepFacts], pull_of, *, plan_id: str, key_secret: bytes,
             now: datetime) -> list[ItemDraft]:
     return [

@@ -22,7 +22,7 @@ class PlanQuerySet(models.QuerySet):
         return self.filter(state__in=Plan.OPEN_STATES)
 
     def for_page(self):
-        return self.select_related("run__agent__on_behalf_of", "requested_by", "compensation_run")
+        return self.select_related("run__agent__on_behalf_of", "requested_by", "compensation_run", "rest_of")
 
 
 class Plan(models.Model):
@@ -70,6 +70,10 @@ class Plan(models.Model):
     run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="plans")
     runs = models.ManyToManyField(Run, related_name="undo_plans", blank=True)
     since = models.DateTimeField(null=True, blank=True)
+    # "Plan the rest": the plan that stopped short, whose steps not yet undone this one takes up (its
+    # report links here; this one's page links back).
+    rest_of = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True,
+                                related_name="rest_plans")
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     reason = models.TextField(blank=True)
     # What was asked: "from step N onwards", or a chosen set of step numbers (or, above, since a moment).
@@ -131,8 +135,15 @@ class Plan(models.Model):
     def is_open(self) -> bool:
         return self.state in self.OPEN_STATES
 
+    def not_yet_undone(self):
+        """Its items with a compensation that did not take effect (skipped, failed, left alone on a conflict,
+        or not known): what "Plan the rest" takes up, once none is unknown."""
+        return self.items.filter(action=PlanItem.Action.COMPENSATE).exclude(outcome="compensated")
+
     @property
     def selection_text(self) -> str:
+        if self.rest_of_id is not None:
+            return f"the rest of plan {str(self.rest_of.public_id)[:8]}"
         if self.since is not None:
             return "since " + since_words(self.since)
         if self.from_step is not None:

@@ -8,6 +8,7 @@
 - `executor`: run an approved plan, and the reconciler.
 - `controls`: pause, resume and abort a plan.
 - `outcomes`: unknown outcomes, checked again, settled by hand or tried again.
+- `rest`: plan the rest of a plan that stopped short.
 - `policies`: autonomy policies and their signed change log.
 - `approval_rules`: who may sign and how many must, changes logged with the policies'.
 - `recipes`: admins' undo recipes for servers that declare nothing, changes logged with the policies'.
@@ -87,6 +88,7 @@ from .plans import (
 from .policies import PolicyRefused, clean_policy, delete_policy, save_policy
 from .recipes import PackUsed, Preview, preview, recipes_off, remove_recipe, save_recipe, use_pack
 from .recipes import changes as recipe_changes
+from .rest import live_rest, plan_the_rest, rest_refusal
 
 FINISHED_STATES = Plan.FINISHED_STATES
 
@@ -147,6 +149,9 @@ __all__ = [
     "finish_checks",
     "held_call_state",
     "items_for_page",
+    "live_rest",
+    "plan_the_rest",
+    "rest_refusal",
     "passkey_registration_options",
     "pause_plan",
     "plan_content",

@@ -166,7 +166,7 @@ def _open_since(*, agent: Agent, since: datetime, requested_by, reason: str, now
     first = _agent_steps(agent, since).order_by("started_at", "id").select_related("run").first()
     if first is None:
         raise PlanRefused(f"{agent.name} made no calls since {since_words(since)}: there is nothing to undo.")
-    _refuse_if_held_steps(_agent_steps(agent, since).values_list("id", flat=True))
+    refuse_if_held_steps(_agent_steps(agent, since).values_list("id", flat=True))
     plan = Plan.objects.create(
         run=first.run, since=since, requested_by=requested_by, reason=reason.strip(), created_at=now,
         updated_at=now, state=Plan.State.DRAFTING)
@@ -193,7 +193,7 @@ def _open(*, run: Run, requested_by, reason: str, from_step: int | None, steps: 
         raise PlanRefused(f"The run has no step {from_step}.")
     if steps and (missing := sorted(set(steps) - known)):
         raise PlanRefused(f"The run has no step {', '.join(map(str, missing))}.")
-    _refuse_if_held_steps(asked.values_list("id", flat=True))
+    refuse_if_held_steps(asked.values_list("id", flat=True))
     plan = Plan.objects.create(
         run=run, requested_by=requested_by, reason=reason.strip(), from_step=from_step,
         chosen_steps=sorted(set(steps)) if from_step is None else [], created_at=now, updated_at=now,
@@ -241,7 +241,7 @@ def _claim_draft(plan: Plan, now: datetime) -> datetime | None:
 
 
 def _draft(plan: Plan, *, claimed: datetime, now: datetime) -> Plan:
-    plan = Plan.objects.select_related("run__agent", "requested_by").get(pk=plan.pk)
+    plan = Plan.objects.select_related("run__agent", "requested_by", "rest_of").get(pk=plan.pk)
     drafts = _drafts(plan, now)
     mine = Plan.objects.filter(pk=plan.pk, state=Plan.State.DRAFTING, drafting_since=claimed)
     mine.update(draft_total=len(drafts))
@@ -255,7 +255,7 @@ def _draft(plan: Plan, *, claimed: datetime, now: datetime) -> Plan:
                 mine.update(draft_done=F("draft_done") + len(rows), updated_at=timezone.now())
         except IntegrityError:
             # Another plan took one of these steps since we looked.
-            _refuse_if_held_steps([d.step.id for d in drafts], mine=plan)
+            refuse_if_held_steps([d.step.id for d in drafts], mine=plan)
             raise PlanRefused(
                 "Another plan for these steps was being made at the same moment; try again."
             ) from None
@@ -266,9 +266,11 @@ def _drafts(plan: Plan, now: datetime) -> list[planning.ItemDraft]:
     """The plan's items: the chosen steps and every later one depending on them, or
     (a plan since a moment) every call the agent made since then, in all its runs."""
     secret = idempotency.secret(settings.SECRET_KEY)
+    if plan.rest_of_id is not None:
+        return _rest_drafts(plan, secret, now)
     if plan.since is not None:
         facts = facts_since(plan.run.agent, plan.since)
-        _refuse_if_held_steps([s.id for s in facts])
+        refuse_if_held_steps([s.id for s in facts])
         return planning.draft_items_since(facts, plan_id=str(plan.public_id), key_secret=secret, now=now)
     facts = step_facts(plan.run)
     chosen = {s.number for s in facts if s.number >= plan.from_step} if plan.from_step is not None \
@@ -277,8 +279,28 @@ def _drafts(plan: Plan, now: datetime) -> list[planning.ItemDraft]:
         pulled = planning.closure(facts, chosen)
     except planning.PlanningError as exc:
         raise PlanRefused(str(exc)) from None
-    _refuse_if_held_steps([s.id for s in facts if s.number in pulled])
+    refuse_if_held_steps([s.id for s in facts if s.number in pulled])
     return planning.draft_items(facts, pulled, plan_id=str(plan.public_id), key_secret=secret, now=now)
+
+
+def _rest_drafts(plan: Plan, secret: bytes, now: datetime) -> list[planning.ItemDraft]:
+    """The rest of a plan that stopped short: the steps it did not undo, and in each of their runs every
+    later step that depends on one of them (the agent may have gone on since). A step undone meanwhile is
+    drafted as already undone, so nothing is done twice."""
+    first = plan.rest_of
+    left = set(first.not_yet_undone().values_list("step_id", flat=True))
+    facts = facts_of(Step.objects.filter(run__in=first.runs.all()), across_runs=first.since is not None)
+    pulls: dict[int, planning.Pull] = {}
+    for run_id in sorted({f.run_id for f in facts}):
+        in_run = [f for f in facts if f.run_id == run_id]
+        chosen = {f.number for f in in_run if f.id in left}
+        if chosen:
+            pulled = planning.closure(in_run, chosen)
+            pulls.update({f.id: pulled[f.number] for f in in_run if f.number in pulled})
+    if not pulls:
+        raise PlanRefused(f"Plan {str(first.public_id)[:8]} has nothing left to undo.")
+    refuse_if_held_steps(list(pulls))
+    return planning.draft_items_pulled(facts, pulls, plan_id=str(plan.public_id), key_secret=secret, now=now)
 
 
 def _finish_draft(plan: Plan, drafts: list[planning.ItemDraft], *, claimed: datetime, now: datetime) -> Plan:
@@ -322,13 +344,14 @@ def _finish_draft(plan: Plan, drafts: list[planning.ItemDraft], *, claimed: date
                     "items": len(drafts),
                     "digest": plan.digest,
                     **({"runs": len(runs)} if plan.since else {}),
+                    **({"restOf": str(plan.rest_of.public_id)} if plan.rest_of_id else {}),
                 },
             )
         bell.ring(bell.CHECK_PLAN, plan.pk, plan.check_round)
     return plan
 
 
-def _refuse_if_held_steps(step_ids, *, mine: Plan | None = None) -> None:
+def refuse_if_held_steps(step_ids, *, mine: Plan | None = None) -> None:
     held = (
         PlanItem.objects.filter(step_id__in=step_ids, holds_step=True)
         .exclude(plan=mine)

@@ -74,6 +74,22 @@ def undo_since(request, name):
     return redirect(services.plan_url(plan))
 
 
+@require_POST
+def plan_rest(request, plan_id):
+    """Plan the rest of a plan that stopped short: a new plan for what it did not undo, linked both ways,
+    drafted and checked by the worker, its approvers told when it is ready."""
+    require_role(request, *authority.MAY_PLAN_REST)
+    plan = get_object_or_404(Plan, public_id=plan_id)
+    try:
+        rest = services.plan_the_rest(plan=plan, requested_by=request.user)
+    except services.PlanRefused as refused:
+        messages.error(request, refused.message)
+        return redirect(services.plan_url(refused.open_plan or plan))
+    messages.success(request, f"The rest of plan {str(plan.public_id)[:8]} is planned: the worker drafts it, "
+                              "then checks every step with the tool servers.")
+    return redirect(services.plan_url(rest))
+
+
 @require_GET
 def plan_list(request):
     require_role(request, *READERS)
@@ -151,7 +167,14 @@ def _since_message(plan: Plan, seen: str) -> dict | None:
 def _report(plan: Plan, items: list) -> dict | None:
     if plan.state not in (Plan.State.EXECUTING, Plan.State.PAUSED, *Plan.FINISHED_STATES):
         return None
-    return {"done": sum(i.exec_state == PlanItem.Exec.DONE for i in items), "total": len(items),
+    finished = plan.state in Plan.FINISHED_STATES
+    return {
+        # What it did not undo, where that went, or why there is no rest to plan now.
+        "left": [i for i in items if i.action == PlanItem.Action.COMPENSATE and i.outcome
+                 and i.outcome != execution.COMPENSATED] if finished else [],
+        "rest_plan": services.live_rest(plan) if finished else None,
+        "rest_refusal": services.rest_refusal(plan) if finished else "",
+        "done": sum(i.exec_state == PlanItem.Exec.DONE for i in items), "total": len(items),
             "to_do": [i for i in items if i.outcome in execution.NEEDS_A_HUMAN],
             "overrides": [i for i in items if i.override_reason],
             "signers": sorted({a.approver.get_username() for a in plan.approvals.filter(

@@ -49,6 +49,7 @@ ACCESS = {
     "approver:abort": ("post", {roles.APPROVER, roles.ADMIN}),
     "approver:pause": ("post", {roles.APPROVER, roles.ADMIN}),
     "approver:resume": ("post", {roles.APPROVER, roles.ADMIN}),
+    "approver:plan_rest": ("post", {roles.ON_CALL, roles.APPROVER}),
     "approver:check_outcome": ("post", READERS),
     "approver:settle_outcome": ("post", READERS),
     "approver:retry_outcome": ("post", {roles.APPROVER, roles.ADMIN}),
