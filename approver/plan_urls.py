@@ -16,6 +16,7 @@ urlpatterns = [
     path("plans/<uuid:plan_id>/pause/", plans.pause, name="pause"),
     path("plans/<uuid:plan_id>/resume/", plans.resume, name="resume"),
     path("plans/<uuid:plan_id>/rest/", plans.plan_rest, name="plan_rest"),
+    path("plans/<uuid:plan_id>/leases/<int:lease_id>/break/", plans.break_lease, name="break_lease"),
     path("plans/<uuid:plan_id>/items/<int:position>/check/", outcomes.check_outcome, name="check_outcome"),
     path("plans/<uuid:plan_id>/items/<int:position>/settle/", outcomes.settle_outcome, name="settle_outcome"),
     path("plans/<uuid:plan_id>/items/<int:position>/retry/", outcomes.retry_outcome, name="retry_outcome"),

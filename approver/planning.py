@@ -383,6 +383,13 @@ def item_content(
     }
 
 
+def record_key(tool: str, arguments: Any) -> str:
+    """A record named by the call that reads it (an admin's recipe reads the record before the call): the
+    tool and its arguments as canonical JSON, shortened with their digest when long."""
+    text = f"{tool} {json.dumps(arguments, sort_keys=True, separators=(',', ':'), ensure_ascii=False)}"
+    return text if len(text) <= 500 else f"{text[:420]} … {sha256_hex(arguments)[:16]}"
+
+
 def digest(content: dict[str, Any]) -> str:
     return sha256_hex(content)
 

@@ -116,6 +116,7 @@ def execute_plan(plan_id: int) -> str:
 def reconcile_execution() -> int:
     """Ring again for plans a killed worker left mid-way (see `services.reconcile_execution`)."""
     horizon = timezone.now() - timedelta(seconds=4 * settings.TOOL_SERVER_TIMEOUT + GRACE_SECONDS)
+    services.expire_leases()  # approvals that took a lease and expired: the record goes to the next plan
     plans = services.reconcile_execution(older_than=horizon)
     for plan_id in plans:
         execute_plan.delay(plan_id)

@@ -1,9 +1,10 @@
 """The approval side's state, one module a concept: reversal plans and their items (`plans`), passkeys and
-approvals (`approvals`), autonomy policies (`policies`) and the calls they hold (`held_calls`). Every change
-goes through `approver.services`."""
+approvals (`approvals`), autonomy policies (`policies`), the calls they hold (`held_calls`) and the plans'
+holds on records (`leases`). Every change goes through `approver.services`."""
 
 from .approvals import Approval, ApprovalRules, Passkey, PasskeyQuerySet, SigningRequest
 from .held_calls import ActionApproval, ActionRequest
+from .leases import RecordLease
 from .plans import Plan, PlanItem, PlanQuerySet
 from .policies import ALREADY_COVERED, AutonomyPolicy, PolicyChange
 
@@ -20,5 +21,6 @@ __all__ = [
     "PlanItem",
     "PlanQuerySet",
     "PolicyChange",
+    "RecordLease",
     "SigningRequest",
 ]

@@ -235,6 +235,9 @@ class PlanItem(models.Model):
     call_step = models.ForeignKey(Step, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
     exec_started_at = models.DateTimeField(null=True, blank=True)
     exec_finished_at = models.DateTimeField(null=True, blank=True)
+    # The record its compensation will change, as its lease names it: the step's `effect.resource`, or for
+    # an admin's recipe the read that names the record ("" when there is none).
+    record = models.CharField(max_length=500, blank=True)
     # True while the plan is open: a step can be in at most one open plan (the constraint below).
     holds_step = models.BooleanField(default=True)
 

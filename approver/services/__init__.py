@@ -9,6 +9,7 @@
 - `controls`: pause, resume and abort a plan.
 - `outcomes`: unknown outcomes, checked again, settled by hand or tried again.
 - `rest`: plan the rest of a plan that stopped short.
+- `leases`: plans' leases on the records they will change.
 - `policies`: autonomy policies and their signed change log.
 - `approval_rules`: who may sign and how many must, changes logged with the policies'.
 - `recipes`: admins' undo recipes for servers that declare nothing, changes logged with the policies'.
@@ -73,6 +74,9 @@ from .held_calls import (
     held_call_state,
     request_for_held_call,
 )
+from .leases import LeaseRefused, break_lease
+from .leases import expire as expire_leases
+from .leases import for_page as leases_for_page
 from .outcomes import SETTLEMENTS, NotSettled, check_unknown, retry_unknown, settle_unknown
 from .plans import (
     DRAFT_STALE,
@@ -150,6 +154,10 @@ __all__ = [
     "held_call_state",
     "items_for_page",
     "live_rest",
+    "LeaseRefused",
+    "break_lease",
+    "expire_leases",
+    "leases_for_page",
     "plan_the_rest",
     "rest_refusal",
     "passkey_registration_options",

@@ -32,7 +32,7 @@ from ..models import (
     PlanItem,
     SigningRequest,
 )
-from . import bell
+from . import bell, leases
 
 SIGNING_SECONDS = passkeys.CHALLENGE_SECONDS  # how long a challenge waits for the signer's passkey
 
@@ -206,6 +206,8 @@ def complete_signing(*, user, nonce: str, credential: Any, plan: Plan | None = N
         })
         for item in overridden:
             _journal_override(plan, item, by=user, digest=approval.digest, now=now)
+        if approval.decision == Approval.Decision.APPROVE:  # from its first approval, it holds its records
+            leases.take(plan=plan, now=now, until=approval.expires_at)
         plan.updated_at = now
         plan.save(update_fields=["digest", "updated_at"])
         if approval.decision == Approval.Decision.REJECT:
@@ -269,6 +271,7 @@ def approve(*, plan: Plan, approvers: list[str] | None, now: datetime) -> None:
         fields.append("approved_by_policy")
         data["byPolicy"] = True
     plan.save(update_fields=fields)
+    leases.take(plan=plan, now=now)
     bell.ring(bell.EXECUTE_PLAN, plan.pk)
     journal_services.record_event(run_id=plan.run_id, event="plan_approved", now=now, data=data)
 
@@ -278,6 +281,7 @@ def reject(*, plan: Plan) -> None:
     plan.state = Plan.State.REJECTED
     plan.save(update_fields=["state"])
     plan.items.update(holds_step=False)
+    leases.release(plan=plan, now=timezone.now(), why="the plan was rejected")
 
 
 # -- held calls ----------------------------------------------------------------------------------------------

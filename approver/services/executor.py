@@ -25,7 +25,7 @@ from .. import answers, checks, execution, passkeys, planning, signing
 from ..authority import counting_approvals
 from ..models import ApprovalRules, Plan, PlanItem
 from ..policy_book import plan_needs_a_human
-from . import bell, recipe_undo
+from . import bell, leases, recipe_undo
 from .plans import facts_of
 
 NOT_STARTED, RUNNING, DONE = PlanItem.Exec.NOT_STARTED, PlanItem.Exec.RUNNING, PlanItem.Exec.DONE
@@ -128,6 +128,8 @@ def execute_plan(*, plan: Plan, later=None, now=timezone.now) -> Plan:
         except ExecutionStopped as stopped:
             stop_what_is_left(plan, stopped.message, now())
             break
+        if leases.wait_for(plan=plan, item=item, now=now()) is not None:
+            return Plan.objects.get(pk=plan.pk)  # another plan holds its record: handed over, it rings again
         if not _claim(plan, item, now()):
             return Plan.objects.get(pk=plan.pk)  # another worker has an item of this plan in flight
         verdict = _run_item(plan, item, stops, facts)
@@ -194,7 +196,9 @@ def _run_item(plan: Plan, item: PlanItem, stops: dict[int, set[int]],
         return execution.Verdict(
             execution.COMPENSATION_FAILED, {"message": "The tool server is no longer registered."}
         )
-    return _attempt(plan, item, item.attempts + 1)  # this claim's attempt
+    item.plan = plan
+    rechecked = leases.recheck(item=item, if_version=_if_version(item))
+    return rechecked or _attempt(plan, item, item.attempts + 1)  # this claim's attempt
 
 
 def _compensation_run(plan: Plan) -> int:
@@ -220,10 +224,7 @@ def compensation_call(item: PlanItem) -> tuple[dict[str, Any], dict[str, Any] | 
     """The arguments and request `_meta` of an item's compensation: its ifVersion (the version the approver
     chose to overwrite, when they did) and its stable idempotency key, in the arguments for HATP and in
     `_meta["hatp/journal"]` for the other dialects."""
-    if_version = item.if_version
-    if item.conflict_choice == PlanItem.Choice.OVERWRITE and item.check_status == PlanItem.Check.CONFLICT:
-        if_version = ((item.check_detail or {}).get("current") or {}).get("version") or if_version
-    contract = {"ifVersion": if_version, "idempotencyKey": item.idempotency_key}
+    contract = {"ifVersion": _if_version(item), "idempotencyKey": item.idempotency_key}
     if item.dialect == planning.HATP:
         return {**(item.arguments or {}), **contract}, None
     return dict(item.arguments or {}), {declarations.HATP_KEY: contract}
@@ -250,6 +251,14 @@ def _attempt(plan: Plan, item: PlanItem, attempt: int) -> execution.Verdict:
     if earlier is not None:
         verdict = anyio.run(recipe_undo.after, item, earlier, verdict)
     return verdict
+
+
+def _if_version(item: PlanItem) -> str:
+    """The version an item's compensation is conditional on: the newer one the approvers chose to overwrite,
+    when they did, else the one the agent left."""
+    if item.conflict_choice == PlanItem.Choice.OVERWRITE and item.check_status == PlanItem.Check.CONFLICT:
+        return ((item.check_detail or {}).get("current") or {}).get("version") or item.if_version
+    return item.if_version
 
 
 def _numbered(meta: dict[str, Any] | None, n: int) -> dict[str, Any] | None:
@@ -402,6 +411,7 @@ def finish_if_done(plan: Plan, now: datetime) -> Plan:
             return locked  # another worker is still at it, or it is already finished
         recount(plan=locked, now=now, paused_by="", paused_at=None)
         plan.items.update(holds_step=False)
+        leases.release(plan=plan, now=now, why="the plan ended")
         journal_services.record_event(run_id=plan.run_id, event="plan_executed", now=now, data={
             "plan": str(plan.public_id), "state": locked.state, "summary": locked.execution_summary,
             "stopReason": locked.stop_reason or None})

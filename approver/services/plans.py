@@ -20,7 +20,7 @@ from .. import planning
 from ..content import plan_content
 from ..models import Plan, PlanItem
 from ..models.plans import since_words
-from . import bell
+from . import bell, leases
 
 # The Step columns planning reads; a 10,000-step run is one query of these.
 _FACT_FIELDS = (
@@ -245,8 +245,9 @@ def _draft(plan: Plan, *, claimed: datetime, now: datetime) -> Plan:
     drafts = _drafts(plan, now)
     mine = Plan.objects.filter(pk=plan.pk, state=Plan.State.DRAFTING, drafting_since=claimed)
     mine.update(draft_total=len(drafts))
+    records = _recipe_records(drafts)
     for start in range(0, len(drafts), DRAFT_BATCH):
-        rows = [_item_row(plan, draft) for draft in drafts[start:start + DRAFT_BATCH]]
+        rows = [_item_row(plan, draft, records) for draft in drafts[start:start + DRAFT_BATCH]]
         try:
             with transaction.atomic():
                 if not mine.select_for_update().exists():  # cancelled meanwhile, or taken over
@@ -365,8 +366,17 @@ def refuse_if_held_steps(step_ids, *, mine: Plan | None = None) -> None:
             "finish or cancel that plan first.", open_plan=held.plan)
 
 
-def _item_row(plan: Plan, draft: planning.ItemDraft) -> PlanItem:
+def _recipe_records(drafts: list[planning.ItemDraft]) -> dict[int, str]:
+    """The record each recipe undo changes, when its step names none: the read the recipe made of it."""
+    ids = [d.step.id for d in drafts if d.dialect == planning.RECIPE and not d.step.effect_resource]
+    return {step_id: planning.record_key(tool, arguments) for step_id, tool, arguments in Step.objects.filter(
+        id__in=ids).values_list("id", "earlier_state__tool", "earlier_state__arguments") if tool}
+
+
+def _item_row(plan: Plan, draft: planning.ItemDraft, records: dict[int, str]) -> PlanItem:
+    compensate = draft.action == PlanItem.Action.COMPENSATE
     return PlanItem(
+        record=(draft.step.effect_resource or records.get(draft.step.id, ""))[:500] if compensate else "",
         plan=plan,
         step_id=draft.step.id,
         position=draft.position,
@@ -403,6 +413,7 @@ def cancel_plan(*, plan: Plan, by, now: datetime | None = None) -> bool:
         if not cancelled:
             return False
         plan.items.update(holds_step=False)
+        leases.release(plan=plan, now=now, why="the plan was cancelled")
         journal_services.record_event(run_id=plan.run_id, event="plan_cancelled", now=now, data={
             "plan": str(plan.public_id), "by": by.get_username()})
     plan.refresh_from_db()

@@ -16,7 +16,7 @@ from journal.recipe_text import brief
 
 from .. import authority, execution, planning, services, signing
 from ..forms import UndoRequestForm, UndoSinceForm
-from ..models import Approval, ApprovalRules, Plan, PlanItem
+from ..models import Approval, ApprovalRules, Plan, PlanItem, RecordLease
 
 PLANS_PER_PAGE = 25
 
@@ -90,6 +90,22 @@ def plan_rest(request, plan_id):
     return redirect(services.plan_url(rest))
 
 
+@require_POST
+def break_lease(request, plan_id, lease_id):
+    """An admin breaks a plan's lease on a record, saying why: the next plan in line gets the record."""
+    require_role(request, roles.ADMIN)
+    plan = get_object_or_404(Plan, public_id=plan_id)
+    lease = get_object_or_404(RecordLease, pk=lease_id)
+    try:
+        services.break_lease(lease=lease, by=request.user, reason=request.POST.get("reason", ""))
+    except services.LeaseRefused as refused:
+        messages.error(request, refused.message)
+    else:
+        messages.success(request, f"Lease broken: plan {str(lease.plan.public_id)[:8]} no longer holds "
+                                  f"{lease.resource}. The next plan in line checks it again before it runs.")
+    return redirect(services.plan_url(plan))
+
+
 @require_GET
 def plan_list(request):
     require_role(request, *READERS)
@@ -112,6 +128,7 @@ def plan_detail(request, plan_id):
 
 def _plan_context(request, plan: Plan) -> dict:
     items = _name_recipes(list(services.items_for_page(plan)))
+    services.leases_for_page(plan, items)
     runs = list(plan.runs.order_by("started_at", "pk")) if plan.since else []
     for item in items:  # across runs, "step 3" says of which run
         begun = timezone.localtime(item.step.run.started_at)
@@ -130,6 +147,7 @@ def _plan_context(request, plan: Plan) -> dict:
             PlanItem.Action.COMPENSATE, PlanItem.Action.CANNOT_UNDO)],
         "now": timezone.now(),
         **authority.plan_buttons(request.user, plan),
+        "may_break_lease": roles.has_role(request.user, roles.ADMIN),
         "report": _report(plan, items),
         "overrides": [i for i in items if i.override_reason],
         "short_digest": planning.short_digest(plan.digest),
@@ -169,6 +187,9 @@ def _report(plan: Plan, items: list) -> dict | None:
         return None
     finished = plan.state in Plan.FINISHED_STATES
     return {
+        # Executing, and its next item waits for another plan's lease on its record.
+        "waits": next((i for i in items if i.exec_state == PlanItem.Exec.NOT_STARTED and getattr(
+            i, "held_by", None)), None) if plan.state == Plan.State.EXECUTING else None,
         # What it did not undo, where that went, or why there is no rest to plan now.
         "left": [i for i in items if i.action == PlanItem.Action.COMPENSATE and i.outcome
                  and i.outcome != execution.COMPENSATED] if finished else [],

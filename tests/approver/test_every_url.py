@@ -50,6 +50,7 @@ ACCESS = {
     "approver:pause": ("post", {roles.APPROVER, roles.ADMIN}),
     "approver:resume": ("post", {roles.APPROVER, roles.ADMIN}),
     "approver:plan_rest": ("post", {roles.ON_CALL, roles.APPROVER}),
+    "approver:break_lease": ("post", {roles.ADMIN}),
     "approver:check_outcome": ("post", READERS),
     "approver:settle_outcome": ("post", READERS),
     "approver:retry_outcome": ("post", {roles.APPROVER, roles.ADMIN}),
@@ -110,6 +111,7 @@ def objects(dana, on_call, approver_user):
         "plan_id": plan.public_id,
         "passkey_id": passkey.pk,
         "position": 1,
+        "lease_id": 1,  # none: an admin is told there is no such lease, everyone else is refused first
         "number": 1,
         "action_id": action.public_id,
         "policy_id": rule.pk,

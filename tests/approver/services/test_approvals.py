@@ -85,8 +85,9 @@ def test_two_approvers_sign_the_exact_plan_and_it_is_approved(
         second_approver,
     }
     events = [e.event for e in conflicted_plan.run.entries.order_by("seq")]
-    # Ana's overwrite is an override, journaled as its own event; Bo signed the same one.
-    assert events[-4:] == ["approval", "override", "approval", "plan_approved"]
+    # Ana's overwrite is an override, journaled as its own event; Bo signed the same one. From Ana's
+    # approval on, the plan holds the records it will change (the deal and the meeting).
+    assert events[-6:] == ["approval", "override", "lease_taken", "lease_taken", "approval", "plan_approved"]
 
 
 def test_every_conflict_needs_a_choice_and_only_conflicts_take_one(conflicted_plan, approver_user):

@@ -53,11 +53,11 @@ def test_a_draft_a_dead_worker_left_is_started_again_from_nothing(globex, on_cal
     made = plan_services._item_row
     calls = []
 
-    def dies_on_the_third(plan_, draft):
+    def dies_on_the_third(plan_, draft, *rest):
         calls.append(draft)
         if len(calls) == 3:
             raise SystemExit("the worker was killed")
-        return made(plan_, draft)
+        return made(plan_, draft, *rest)
 
     monkeypatch.setattr(plan_services, "_item_row", dies_on_the_third)
     with pytest.raises(SystemExit):
@@ -83,10 +83,10 @@ def test_a_plan_cancelled_while_drafting_stops_and_holds_no_step(
     monkeypatch.setattr(plan_services, "DRAFT_BATCH", 2)
     made = plan_services._item_row
 
-    def cancelled_midway(plan_, draft):
+    def cancelled_midway(plan_, draft, *rest):
         if PlanItem.objects.filter(plan_id=plan.pk).count() == 2 and Plan.objects.get(pk=plan.pk).is_open:
             assert services.cancel_plan(plan=plan, by=approver_user)
-        return made(plan_, draft)
+        return made(plan_, draft, *rest)
 
     monkeypatch.setattr(plan_services, "_item_row", cancelled_midway)
     assert services.draft_plan(plan=plan).state == "cancelled"

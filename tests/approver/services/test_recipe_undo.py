@@ -61,6 +61,8 @@ def test_an_agents_file_writes_are_undone_byte_for_byte_and_a_persons_later_edit
     assert items[2].check_status == "conflict" and "Changed since the agent's call" in (
         items[2].check_detail["message"])
     assert items[1].needs_human  # a recipe's undo: a person signs, whatever the policies say
+    # The record each undo changes, as leases name it: a filesystem has no resource, so the recipe's read.
+    assert items[1].record.startswith("read_text_file {") and str(world / "crlf.txt") in items[1].record
     web = Client()
     web.force_login(on_call)
     page = web.get(f"/plans/{plan.public_id}/").content.decode()
@@ -85,6 +87,8 @@ def test_an_agents_file_writes_are_undone_byte_for_byte_and_a_persons_later_edit
         approve(plan, user, enrolled(user), choices={conflict: "keep_newer"})
     plan.refresh_from_db()
     assert plan.state == "approved"
+    # It holds the file it will write back; the one whose newer change it keeps, it leaves to others.
+    assert list(plan.leases.held().values_list("resource", flat=True)) == [items[1].record]
     plan = run_plan(plan)
     outcomes = {i.step.number: i.outcome for i in plan.items.select_related("step")}
     assert outcomes == {1: "compensated", 2: "skipped", 3: "irreversible"}
