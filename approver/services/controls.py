@@ -27,6 +27,8 @@ def abort_plan(*, plan: Plan, by, now: datetime | None = None) -> bool:
     if enter_executing(plan=plan, from_states=(Plan.State.APPROVED, Plan.State.PAUSED), now=now):
         stop_what_is_left(plan, reason, now)
         finish_if_done(plan, now)  # leaves it to the executor if an item is still in flight
+    else:
+        queue_execution(plan=plan)  # executing: one that waits for another plan's lease ends now too
     return True
 
 

@@ -178,6 +178,24 @@ def test_leases_go_when_a_plan_is_cancelled_rejected_or_its_approvals_expire(
     assert events(waiter, "lease_released")[-1]["why"] == "the plan was rejected"
 
 
+def test_a_waiting_plan_aborted_ends_and_leaves_the_line(
+    two_plans, rung, approver_user, second_approver
+):
+    holder, waiter = two_plans
+    ana, bo = enrolled(approver_user), enrolled(second_approver)
+    approve(holder, approver_user, ana, choices={})
+    for user, key in ((approver_user, ana), (second_approver, bo)):
+        approve(waiter, user, key)
+    waiter = run_plan(waiter)
+    assert waiter.state == "executing"
+    rung.clear()
+    assert services.abort_plan(plan=waiter, by=second_approver) and rung == [waiter.pk]  # rung to end it
+    waiter = run_plan(Plan.objects.get(pk=waiter.pk))
+    assert waiter.state == "partially_completed" and "Not started: Aborted by bo" in \
+        waiter.items.get(position=3).outcome_detail["message"]
+    assert [lease.plan for lease in RecordLease.objects.open()] == [holder]  # it left the line
+
+
 @pytest.mark.postgres
 def test_two_plans_approved_at_once_exactly_one_holds_the_record(two_plans):
     holder, waiter = two_plans
