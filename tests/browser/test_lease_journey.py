@@ -60,7 +60,8 @@ def test_the_second_plan_waits_for_the_first_plans_lease(
     assert "at the latest" in waits and "checked again with the server first" in waits
     assert held.startswith(f"This plan holds the lease on {DEAL} since ")
     assert f"Waiting for it: plan {str(waiter.public_id)[:8]} (asked for by olivia)" in held
-    assert "Left alone: changed since" in deal and "Checked again after waiting for another plan's lease" in deal
+    assert "Left alone: changed since" in deal
+    assert "Checked again after waiting for another plan's lease" in deal
     holder.refresh_from_db()
     waiter.refresh_from_db()
     assert holder.state == "completed" and waiter.state == "partially_completed"
