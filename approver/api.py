@@ -11,7 +11,7 @@ from django.views.decorators.http import require_GET
 from journal.access import READERS, require_role
 
 from . import planning
-from .models import Plan
+from .models import Plan, RecordLease
 from .services import live_rest, plan_content
 
 
@@ -30,6 +30,8 @@ def plan_detail(request, plan_id):
         # Plan the rest: the plan this one takes up, and where this one's rest went
         "restOf": str(plan.rest_of.public_id) if plan.rest_of_id else None,
         "rest": str(rest.public_id) if (rest := live_rest(plan)) else None,
+        # Its leases on the records it will change: held, or waiting in line behind the plan that holds it
+        "leases": [_lease_json(lease) for lease in plan.leases.open().order_by("asked_at", "id")],
         # Who asked for each override and when (its reason is in the content, signed)
         "overrides": [
             {"item": item.position, "by": item.override_by.get_username() if item.override_by else None,
@@ -38,3 +40,12 @@ def plan_detail(request, plan_id):
             .order_by("position")
         ],
     })
+
+
+def _lease_json(lease: RecordLease) -> dict:
+    holder = None if lease.is_held else RecordLease.objects.held().filter(
+        server=lease.server, resource=lease.resource).select_related("plan").first()
+    return {"server": lease.server, "resource": lease.resource, "held": lease.is_held,
+            "since": lease.held_since.isoformat() if lease.held_since else None,
+            "until": lease.until.isoformat() if lease.until else None, "askedAt": lease.asked_at.isoformat(),
+            "heldBy": str(holder.plan.public_id) if holder else None}

@@ -21,7 +21,7 @@ from journal.recipe_text import after_the_agent
 
 from . import authority, execution, planning
 from .content import plan_content, plan_url
-from .models import ActionRequest, Approval, ApprovalRules, Plan, PlanItem
+from .models import ActionRequest, Approval, ApprovalRules, Plan, PlanItem, RecordLease
 from .services import bell
 from .services.held_calls import action_url
 from .services.rest import rest_refusal
@@ -81,6 +81,21 @@ def summary(plan: Plan) -> str:
             f"Asked by {plan.requested_by.get_username()}: “{one_line(plan.reason, 500)}”.")
 
 
+def _held_lines(plan: Plan) -> str:
+    """Each record of the plan another plan holds a lease on: its item waits for that plan."""
+    lines = []
+    for item in plan.items.filter(action=PlanItem.Action.COMPENSATE).exclude(record="").select_related(
+            "step").order_by("position"):
+        lease = RecordLease.objects.held().filter(server=item.step.server_name, resource=item.record).exclude(
+            plan=plan).select_related("plan__requested_by").first()
+        if lease is not None:
+            asker = lease.plan.requested_by.get_username()
+            holder = f"plan {str(lease.plan.public_id)[:8]} (asked for by {asker})"
+            lines.append(f"- Step {item.step.number} waits for {holder}, which holds "
+                         f"{one_line(item.record)}.")
+    return "Records other plans hold:\n" + "\n".join(lines) + "\n" if lines else ""
+
+
 def _rest_line(plan: Plan) -> str:
     """For the rest of a plan that stopped short: which, and how it ended."""
     if plan.rest_of_id is None:
@@ -127,7 +142,7 @@ def plan_ready(plan: Plan) -> int:
     """Email every approver who may sign it, and post to the webhook; returns how many were emailed."""
     changed = changed_since(plan)
     changes = "Changed since the agent acted:\n" + "\n".join(changed) + "\n" if changed else ""
-    text = (f"{summary(plan)}\n" + _rest_line(plan) + changes
+    text = (f"{summary(plan)}\n" + _rest_line(plan) + changes + _held_lines(plan)
             + f"{_digest_line(plan)}\nReview and sign: {_link(plan, digest=True)}")
     _keep_what_was_sent(plan)
     return _tell_approvers([u.email for u in approvers_to_tell(plan)],

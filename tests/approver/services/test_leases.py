@@ -7,12 +7,13 @@ from datetime import timedelta
 
 import anyio
 import pytest
+from django.core import mail
 from django.db import connection, transaction
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from approver import services, tasks
+from approver import notifications, services, tasks
 from approver.models import Plan, RecordLease
 from approver.services import leases
 from journal import services as journal_services
@@ -20,6 +21,7 @@ from journal.models import Run
 from samples import agent as scripted
 from tests.journal.helpers import settle
 
+from ..test_notifications import emails  # noqa: F401 - a fixture
 from .test_approvals import approve, enrolled, relying_party, sign  # noqa: F401 - fixture and helpers
 from .test_executor import ops, run_plan
 
@@ -70,8 +72,9 @@ def events(plan: Plan, name: str) -> list[dict]:
 
 
 def test_the_second_plan_waits_for_the_first_and_checks_the_record_again(
-    two_plans, rung, sample_servers, approver_user, second_approver, on_call
+    two_plans, rung, sample_servers, approver_user, second_approver, on_call, emails, settings  # noqa: F811
 ):
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     holder, waiter = two_plans
     ana, bo = enrolled(approver_user), enrolled(second_approver)
     approve(holder, approver_user, ana, choices={})  # one of two approvals: it holds the deal from now
@@ -92,6 +95,15 @@ def test_the_second_plan_waits_for_the_first_and_checks_the_record_again(
     assert 'id="lease-wait-3"' in html and f"plan {str(holder.public_id)[:8]}</a>, which holds" in html
     assert "asked for by olivia, held since" in html and "at the latest" in html
     assert 'class="break-lease"' not in html  # only an admin may break a lease
+    api = Client()
+    api.force_login(on_call)
+    [line] = [lease for lease in api.get(reverse("approver:api_plan_detail", args=[waiter.public_id])).json()[
+        "leases"] if lease["resource"] == DEAL]
+    assert (line["held"], line["heldBy"], line["since"]) == (False, str(holder.public_id), None)
+    mail.outbox.clear()
+    notifications.plan_ready(waiter)
+    assert (f"Records other plans hold:\n- Step 2 waits for plan {str(holder.public_id)[:8]} (asked for by "
+            f"olivia), which holds {DEAL}.") in mail.outbox[0].body
 
     waiter = run_plan(waiter)  # the kickoff is undone; the deal waits for the holder
     assert waiter.state == "executing" and ops(sample_servers, "crm") == []
