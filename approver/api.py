@@ -30,6 +30,9 @@ def plan_detail(request, plan_id):
         # Plan the rest: the plan this one takes up, and where this one's rest went
         "restOf": str(plan.rest_of.public_id) if plan.rest_of_id else None,
         "rest": str(rest.public_id) if (rest := live_rest(plan)) else None,
+        # What each undo does, as the change it makes to the record (not signed: the content has the call)
+        "undo": [{"item": item.position, "does": item.undo_words} for item in plan.items.filter(
+            action="compensate").select_related("step").order_by("position")],
         # Its leases on the records it will change: held, or waiting in line behind the plan that holds it
         "leases": [_lease_json(lease) for lease in plan.leases.open().order_by("asked_at", "id")],
         # Who asked for each override and when (its reason is in the content, signed)

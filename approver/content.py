@@ -125,7 +125,8 @@ def items_for_page(plan: Plan):
     return plan.items.select_related("step__run", "call_step", "override_by").order_by("position").only(
         *(f.name for f in PlanItem._meta.concrete_fields if f.name != "plan"), "plan_id",
         "step__number", "step__server_name", "step__tool", "step__effect_summary", "step__effect_resource",
-        "step__effect_version", "step__effect_fingerprint", "step__finished_at", "step__run_id",
+        "step__effect_version", "step__effect_fingerprint", "step__effect_fields", "step__finished_at",
+        "step__run_id",
         "step__server_id", "step__run__public_id", "step__run__started_at", "call_step__number",
         "override_by__username")
 

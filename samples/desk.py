@@ -136,8 +136,10 @@ class Desk(HatpServer):
             )
         before = {f: record[f] for f in changes}
         summary = f"{record['id']} " + "; ".join(f"{f}: {before[f]} → {v}" for f, v in changes.items())
+        # Its undo, as the change it makes: back from what the agent left to what was there before.
+        undone = f"{record['id']} " + "; ".join(f"{f}: {v} → {before[f]}" for f, v in changes.items())
         procedure = [{"screen": screen_of(record), "do": "edit", "set": before}]
-        return self._changed(record, changes, summary, procedure)
+        return self._changed(record, changes, summary, procedure, undone)
 
     async def trash_record(self, arguments):
         record = self._record(str(arguments["id"]))
@@ -148,10 +150,11 @@ class Desk(HatpServer):
             {"screen": "Trash", "do": "select", "record": record["id"]},
             {"do": "click", "button": "Restore"},
         ]
-        return self._changed(record, {"trashed": True}, summary, procedure)
+        undone = f"{record['id']} ({record['title']}) restored from the trash"
+        return self._changed(record, {"trashed": True}, summary, procedure, undone)
 
     def _changed(
-        self, record, changes: dict[str, Any], summary: str, procedure: list
+        self, record, changes: dict[str, Any], summary: str, procedure: list, undone: str
     ) -> types.CallToolResult:
         """Apply a change made through the screens, and keep its way back behind a compensation token."""
         earlier = fingerprint_fields(record)
@@ -161,7 +164,7 @@ class Desk(HatpServer):
             resource_id=f"record/{record['id']}", undo=self.undo, revert={}, summary=summary, version=version
         )
         token = self.store.data["tokens"][meta["hatp/journal"]["compensationToken"]]
-        token.update(procedure=procedure, earlier=earlier)
+        token.update(procedure=procedure, earlier=earlier, undone=undone)
         # The fingerprint's inputs go with the call, so a person sees what it covers (and the receipt signs
         # them).
         journal = {key: value for key, value in meta["hatp/journal"].items() if key != "receipt"}
@@ -239,7 +242,7 @@ class Desk(HatpServer):
                     record.update(step["set"])
                 elif step["do"] == "click" and step["button"] == "Restore":
                     record["trashed"] = False
-        record.update(changedBy="undo", changedAt=rfc3339(now()), lastSummary=f"Undone: {token['summary']}")
+        record.update(changedBy="undo", changedAt=rfc3339(now()), lastSummary=f"Put back: {token['undone']}")
         token["compensated"] = True
         self.store.record(
             {
@@ -251,14 +254,14 @@ class Desk(HatpServer):
             }
         )
         return text_result(f"Replayed the way back for {record['id']} on its screens.", structured={
-            "ok": True, "summary": f"Undone through the app's screens: {token['summary']}",
+            "ok": True, "summary": f"Put back through the app's screens: {token['undone']}",
             "version": fingerprint(record)})
 
     def describe_undo(self, token: dict[str, Any]) -> str:
         steps = " → ".join(
             f"{s.get('screen', '')} {s['do']}".strip() + (f" {s['button']}" if "button" in s else "")
             for s in token["procedure"])
-        return f"Take back “{token['summary']}” through the app's screens ({steps})"
+        return f"Put back {token['undone']} through the app's screens ({steps})"
 
     def colleague_routes(self):
         return [Route("/colleague/edit_record", self.colleague_edit, methods=["POST"])]

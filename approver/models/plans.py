@@ -9,7 +9,7 @@ from django.utils import timezone
 from journal.models import Run, Step
 
 from ..execution import OUTCOME_WORDS
-from ..planning import inclusion_words
+from ..planning import inclusion_words, undo_words
 
 
 def since_words(moment) -> str:
@@ -255,6 +255,13 @@ class PlanItem(models.Model):
     @property
     def why_included(self) -> str:
         return inclusion_words(self.rule, self.pulled_in_by, self.pointers)
+
+    @property
+    def undo_words(self) -> str:
+        """What undoing the step does, as the change it makes (its server's own words come first, when the
+        check gave them)."""
+        return (self.check_detail or {}).get("wouldDo") or undo_words(self.step.effect_summary,
+                                                                      self.step.effect_fields)
 
     @property
     def override_words(self) -> str:

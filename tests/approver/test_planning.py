@@ -222,3 +222,19 @@ def test_the_remedy_of_a_step_nobody_can_undo_names_what_is_known():
 ])
 def test_inverse_looking_tools_are_named_never_guessed_into_a_call(tool, tools, found):
     assert planning.inverse_tools(tool, tools) == found
+
+
+@pytest.mark.parametrize("summary, fields, words", [
+    ("Deal D-881 stage: Proposal → Won", {"before": {"stage": "Proposal"}, "after": {"stage": "Won"}},
+     "Put back stage: Won → Proposal (the agent's change was “Deal D-881 stage: Proposal → Won”)"),
+    ("", {"before": {"amount": 40000, "stage": "Proposal", "owner": "dana"},
+          "after": {"amount": 45000, "stage": "Won", "owner": "dana"}},
+     "Put back amount: 45000 → 40000; stage: Won → Proposal"),  # only what changed
+    ("Deal D-881 stage: Proposal → Won", None,
+     "Take back the agent's change “Deal D-881 stage: Proposal → Won”"),
+    ("Deal D-881 stage: Proposal → Won", {"before": None, "after": {"stage": "Won"}, "unreadable": True},
+     "Take back the agent's change “Deal D-881 stage: Proposal → Won”"),
+    ("", "not a mapping", ""),
+])
+def test_an_undo_reads_as_the_change_it_makes(summary, fields, words):
+    assert planning.undo_words(summary, fields) == words

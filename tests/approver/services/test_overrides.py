@@ -114,3 +114,18 @@ def test_the_report_and_the_email_list_the_override(
     assert ("Override, step 2 (crm://acme/deal/D-881): ana asked to overwrite priya's newer change: “"
             + WHY) in message.body
     assert Approval.objects.filter(plan=plan, overrides={"3": WHY}).count() == 2
+
+
+def test_a_conflicted_undo_reads_as_the_change_it_makes(
+    conflicted_plan, approver_user  # noqa: F811 - the fixture imported above
+):
+    deal = conflicted_plan.items.select_related("step").get(position=3)
+    assert "wouldDo" not in deal.check_detail  # a conflict: the server did not say what the undo would do
+    html = page(conflicted_plan, approver_user)
+    item = html[html.index('id="item-3"'):]
+    assert "Put back stage: Won → Proposal (the agent&#x27;s change was “Deal D-881" in item[:600]
+    assert "Undo: Deal D-881" not in html
+    api = Client()
+    api.force_login(approver_user)
+    body = api.get(reverse("approver:api_plan_detail", args=[conflicted_plan.public_id])).json()
+    assert body["undo"][-1]["does"].startswith("Put back stage: Won → Proposal")

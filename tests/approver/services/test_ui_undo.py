@@ -82,10 +82,14 @@ def test_executing_replays_the_apps_way_back_and_checks_the_earlier_state_shows(
         approve(plan, user, enrolled(user), choices={})
     plan = run_plan(Plan.objects.get(pk=plan.pk))
     assert plan.state == "completed" and plan.execution_summary == "Reversed 2 of 2 actions"
-    for item in plan.items.filter(action="compensate"):
+    summaries = []
+    for item in plan.items.filter(action="compensate").order_by("position"):
         assert item.outcome == "compensated"
         assert item.outcome_detail["postcondition"] == "The app shows the earlier state again."
-        assert item.outcome_detail["summary"].startswith("Undone through the app's screens")
+        summaries.append(item.outcome_detail["summary"])
+    # Each undo reads as the change it makes: back to the state before the agent, never the agent's own.
+    assert summaries[0] == "Put back through the app's screens: C-78 (Initech) restored from the trash"
+    assert summaries[1].startswith("Put back through the app's screens: C-77 status: Customer → Prospect")
     replays = [e for e in sample_servers.ledger("desk") if e["op"] == "compensate"]
     assert [e["record"] for e in replays] == ["C-78", "C-77"]  # most recent first
     assert replays[0]["procedure"][-1] == {"do": "click", "button": "Restore"}
