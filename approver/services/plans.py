@@ -20,7 +20,7 @@ from .. import planning
 from ..content import plan_content
 from ..models import Plan, PlanItem
 from ..models.plans import since_words
-from . import bell, leases
+from . import bell, leases, nothing_left
 
 # The Step columns planning reads; a 10,000-step run is one query of these.
 _FACT_FIELDS = (
@@ -306,7 +306,7 @@ def _rest_drafts(plan: Plan, secret: bytes, now: datetime) -> list[planning.Item
 
 def _finish_draft(plan: Plan, drafts: list[planning.ItemDraft], *, claimed: datetime, now: datetime) -> Plan:
     """Every item is written: the plan's content gets its digest, the request goes on the record of each run
-    it covers, and the checks are queued."""
+    it covers, and the checks are queued (a plan with nothing to compensate ends here instead)."""
     compensate = sum(d.action == PlanItem.Action.COMPENSATE for d in drafts)
     with transaction.atomic():
         if not Plan.objects.select_for_update().filter(
@@ -348,7 +348,10 @@ def _finish_draft(plan: Plan, drafts: list[planning.ItemDraft], *, claimed: date
                     **({"restOf": str(plan.rest_of.public_id)} if plan.rest_of_id else {}),
                 },
             )
-        bell.ring(bell.CHECK_PLAN, plan.pk, plan.check_round)
+        if compensate:
+            bell.ring(bell.CHECK_PLAN, plan.pk, plan.check_round)
+        else:  # nobody signs nothing: it ends now, saying why
+            nothing_left.end_at_once(plan, now=now)
     return plan
 
 
