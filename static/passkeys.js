@@ -127,3 +127,11 @@ document.addEventListener("submit", async (event) => {
     buttons.forEach((b) => { b.disabled = false; });
   }
 });
+
+// Without JavaScript the passkey buttons stay disabled: nothing can be signed or enrolled without it, and a
+// click must never send the form (and its CSRF token) anywhere. Enabled here, and in fragments htmx brings.
+function enablePasskeyButtons(root) {
+  root.querySelectorAll("button[data-needs-js][disabled]").forEach((button) => { button.disabled = false; });
+}
+enablePasskeyButtons(document);
+document.addEventListener("htmx:afterSettle", (event) => enablePasskeyButtons(event.target));

@@ -39,8 +39,31 @@ def test_an_approver_enrols_and_revokes_a_passkey(recorder, approver_user, chrom
         page.click("#enrol button")
         page.locator("#enrol-problem").wait_for(state="visible", timeout=15_000)
 
-        row.locator("button", has_text="Revoke").click()
+        row.locator("summary", has_text="Revoke…").click()  # asked to confirm, with what revoking does
+        assert "Approvals signed with it stop counting" in row.inner_text()
+        row.locator("button", has_text="Revoke this passkey").click()
         page.locator("text=revoked").first.wait_for()
 
     passkey = Passkey.objects.get()
     assert passkey.user == approver_user and passkey.name == "Work laptop" and passkey.revoked_at is not None
+
+
+def test_without_javascript_the_passkey_buttons_are_disabled_and_send_nothing(
+        recorder, approver_user, chromium):
+    base = f"http://localhost:{recorder.port}"
+    with chromium() as browser:
+        context = browser.new_context(java_script_enabled=False)
+        page = context.new_page()
+        page.goto(f"{base}/passkeys/")
+        page.fill("input[name=username]", "ana")
+        page.fill("input[name=password]", "ana-password-1")
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{base}/passkeys/")
+        form = page.locator("#enrol")
+        assert form.get_attribute("method") == "post"  # never a GET with the CSRF token in its query
+        assert form.locator("button").is_disabled()
+        assert "Enrolling a passkey needs JavaScript" in page.content()
+        page.fill("#enrol input[name=name]", "No script")
+        page.press("#enrol input[name=name]", "Enter")  # implicit submission: a form whose button is off
+        assert page.url == f"{base}/passkeys/" and "csrfmiddlewaretoken" not in page.url
+    assert not Passkey.objects.exists()
