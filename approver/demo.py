@@ -52,6 +52,13 @@ def wait_for(url: str, what: str, seconds: float = 60) -> None:
     raise SystemExit(f"{what} did not start within {seconds:.0f} s ({url}); see the output above.")
 
 
+def public_url(environ=os.environ, port: int = WEB_PORT) -> str:
+    """The site's public URL for every process the demo starts: PUBLIC_URL when it is given, else the demo's
+    own address on DEMO_PORT, so passkeys (whose origin must be the page's) and emailed links work on any
+    port."""
+    return environ.setdefault("PUBLIC_URL", f"http://localhost:{port}")
+
+
 def setup_django():
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "approver.settings")
     import django
@@ -242,6 +249,7 @@ def wait_for_worker(seconds: float = 60) -> bool:
 
 def main() -> None:
     VAR.mkdir(parents=True, exist_ok=True)
+    site = public_url()  # before Django reads its settings, and inherited by every process started here
     setup_django()
     passwords = ensure_users()
     python = sys.executable
@@ -315,6 +323,7 @@ def main() -> None:
         f"Ready: http://localhost:{WEB_PORT}/   (health: http://localhost:{WEB_PORT}/health/; worker "
         f"{worker})"
     )
+    say(f"Passkeys and emailed links use {site} (set PUBLIC_URL to change it).")
     say("Log in as:")
     for username, role, what in USERS:
         say(f"  {username:<7} {passwords[username]:<16} {role or 'no role':<9} {what}")
