@@ -51,11 +51,14 @@ NO_PASSKEY = "no-passkey"  # the refusal the sign-off form turns into a link to 
 
 def signing_state(user, *, role: str, refusal) -> dict[str, Any]:
     """Whether `user` may sign now (`may_sign`), and if not why (`sign_refusal`), for a plan or a held call:
-    written once for both. Someone outside `role` is told nothing, since it is not theirs to sign; `refusal`
+    written once for both. Someone outside `role` is told that signing is not theirs; `refusal`
     is the subject's own rule (a callable giving "" when it lets them), or None when there is nothing to
     sign now; with no active passkey, the refusal is NO_PASSKEY."""
-    if refusal is None or not roles.has_role(user, role):
+    if refusal is None:
         return {"may_sign": False, "sign_refusal": ""}
+    if not roles.has_role(user, role):  # say why there is no button, rather than leave it missing
+        return {"may_sign": False, "sign_refusal": f"Signing is for members of {role}, and you are not one: "
+                                                   "there is nothing for you to sign here."}
     why = refusal() or ("" if Passkey.objects.active().filter(user=user).exists() else NO_PASSKEY)
     return {"may_sign": not why, "sign_refusal": why}
 

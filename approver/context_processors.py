@@ -12,6 +12,8 @@ def roles(request):
         "is_on_call": role_names.has_role(user, role_names.ON_CALL),
         "is_approver": role_names.has_role(user, role_names.APPROVER),
         "is_admin": role_names.has_role(user, role_names.ADMIN),
+        # May read runs, plans and held calls: the nav offers them only then
+        "is_reader": role_names.has_any_role(user, role_names.ON_CALL, role_names.APPROVER, role_names.ADMIN),
     }
 
 

@@ -178,7 +178,7 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "journal:run_list"
+LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
 
 # Failed logins are throttled by django-axes (approver.lockouts): after LOGIN_FAILURE_LIMIT failures on one

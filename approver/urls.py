@@ -1,14 +1,13 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from django.views.generic import RedirectView
 
 from .views import site
 
 handler404 = site.not_found
 
 urlpatterns = [
-    path("", RedirectView.as_view(pattern_name="journal:run_list", permanent=False)),
+    path("", site.home, name="home"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("health/", site.health, name="health"),

@@ -1,12 +1,25 @@
-"""What is not a section of its own: the health check, the not-found page and django-axes' lock-out page."""
+"""What is not a section of its own: the landing page, the health check, the not-found page and django-axes'
+lock-out page."""
 
 from django.conf import settings
+from django.contrib.auth.decorators import login_required
 from django.http import JsonResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from journal import roles
+
 from .. import health as health_report
+
+
+@require_GET
+@login_required
+def home(request):
+    """Where signing in lands: the runs, for whoever may read them; the person an agent acts for, who may
+    not, lands on their agents (and their runs) instead of a refusal."""
+    reader = roles.has_any_role(request.user, roles.ON_CALL, roles.APPROVER, roles.ADMIN)
+    return redirect("journal:run_list" if reader else "journal:agent_list")
 
 
 def not_found(request, exception):

@@ -11,11 +11,21 @@ from tests.services import REDIS_URL, needs_redis, running_worker
 
 def test_login_and_logout(client, on_call):
     response = client.post(reverse("login"), {"username": "olivia", "password": "olivia-password-1"})
-    assert response.status_code == 302 and response.url == reverse("journal:run_list")
+    assert response.status_code == 302 and response.url == reverse("home")
+    assert client.get(reverse("home")).url == reverse("journal:run_list")  # on-call lands on the runs
     assert client.get(reverse("journal:run_list")).status_code == 200
     assert client.get(reverse("logout")).status_code == 405  # logging out is a POST, so a link cannot do it
     assert client.post(reverse("logout")).status_code == 302
     assert client.get(reverse("journal:run_list")).status_code == 302
+
+
+def test_the_person_an_agent_acts_for_lands_on_their_agents_and_sees_only_what_they_may_open(client, dana):
+    client.force_login(dana)
+    assert client.get(reverse("home")).url == reverse("journal:agent_list")
+    page = client.get(reverse("journal:agent_list")).content.decode()
+    assert "Your agents" in page
+    for closed in ("journal:run_list", "approver:plan_list", "approver:action_list"):
+        assert f'href="{reverse(closed)}"' not in page
 
 
 def test_a_wrong_password_says_so(client, on_call):

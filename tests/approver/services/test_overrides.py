@@ -129,3 +129,11 @@ def test_a_conflicted_undo_reads_as_the_change_it_makes(
     api.force_login(approver_user)
     body = api.get(reverse("approver:api_plan_detail", args=[conflicted_plan.public_id])).json()
     assert body["undo"][-1]["does"].startswith("Put back stage: Won → Proposal")
+
+
+def test_an_admin_who_is_not_an_approver_is_told_why_there_is_no_sign_button(
+    conflicted_plan, admin_user  # noqa: F811 - the fixture imported above
+):
+    html = page(conflicted_plan, admin_user)
+    assert 'id="sign-off"' not in html
+    assert "Signing is for members of approver, and you are not one" in html
