@@ -8,6 +8,7 @@ that shows the button and the service that does the work all read it.
 from datetime import datetime
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db.models import Q
 from django.utils import timezone
 
@@ -75,6 +76,14 @@ def signing_refusal(*, plan: Plan, user, rules: ApprovalRules | None = None) -> 
         if agent is not None and user.pk == agent.on_behalf_of_id:
             return "The agent acted for you, so someone else must approve undoing it (separation of duties)."
     return ""
+
+
+def who_may_sign(plan: Plan, rules: ApprovalRules | None = None) -> list:
+    """Everyone who may approve or reject `plan` now (in the role, active, not barred by separation of
+    duties), whether or not they have an email address."""
+    rules = rules or ApprovalRules.current()
+    users = get_user_model().objects.filter(is_active=True, groups__name=rules.approver_role).distinct()
+    return [u for u in users.order_by("username") if not signing_refusal(plan=plan, user=u, rules=rules)]
 
 
 def counting_approvals(

@@ -383,24 +383,6 @@ def item_content(
     }
 
 
-def undo_words(summary: str, fields: Any) -> str:
-    """An undo as the change it makes, never as the agent's own: "Put back stage: Won → Proposal (the
-    agent's change was “Deal D-881 stage: Proposal → Won”)" from the changed fields' values its server gave
-    (`Step.effect_fields`), else "Take back the agent's change “…”"; "" with nothing to say."""
-    before = (fields or {}).get("before") if isinstance(fields, dict) else None
-    after = (fields or {}).get("after") if isinstance(fields, dict) else None
-    changed = [name for name in (after or {}) if name in (before or {}) and after[name] != before[name]]
-    if changed:
-        back = "; ".join(f"{name}: {_plain(after[name])} → {_plain(before[name])}" for name in changed)
-        return f"Put back {back}" + (f" (the agent's change was “{summary}”)" if summary else "")
-    return f"Take back the agent's change “{summary}”" if summary else ""
-
-
-def _plain(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return text[:60] + "…" if len(text) > 60 else text
-
-
 def record_key(tool: str, arguments: Any) -> str:
     """A record named by the call that reads it (an admin's recipe reads the record before the call): the
     tool and its arguments as canonical JSON, shortened with their digest when long."""

@@ -15,6 +15,7 @@ PURE = (
     "approver.signing",
     "approver.execution",
     "approver.answers",
+    "approver.wording",
     "journal.canonical",
     "journal.chain",
     "journal.declarations",

@@ -9,7 +9,8 @@ from django.utils import timezone
 from journal.models import Run, Step
 
 from ..execution import OUTCOME_WORDS
-from ..planning import inclusion_words, undo_words
+from ..planning import inclusion_words
+from ..wording import choice_words, undo_words
 
 
 def since_words(moment) -> str:
@@ -262,6 +263,13 @@ class PlanItem(models.Model):
         check gave them)."""
         return (self.check_detail or {}).get("wouldDo") or undo_words(self.step.effect_summary,
                                                                       self.step.effect_fields)
+
+    @property
+    def choice_words(self) -> dict[str, str]:
+        """What each answer to its conflict does to the record, in words (`wording.choice_words`)."""
+        detail = self.check_detail or {}
+        return choice_words(((detail.get("threeWay") or {}).get("fields")) or [],
+                            (detail.get("current") or {}).get("changedBy") or "")
 
     @property
     def override_words(self) -> str:

@@ -225,7 +225,11 @@ def _sign_off_context(request, plan: Plan, items: list) -> dict:
               {str(i.position): i.override_reason for i in items if i.override_reason})
     differ = any(a.decision == Approval.Decision.APPROVE and a.digest != plan.digest
                  and (a.choices, a.overrides) != chosen for a in approvals)
+    counted_by = {a.approver_id for a in approvals if a.pk in counting}
+    names = [u.get_username() for u in authority.who_may_sign(plan, rules) if u.pk not in counted_by] \
+        if plan.state == Plan.State.READY else []
     return {"rules": rules, "signed": signed, "counting": len(counting), "choices_differ": differ,
+            "still_needed": max(rules.quorum - len(counting), 0), "may_sign_names": names,
             **authority.signing_state(request.user, role=roles.APPROVER, refusal=refusal)}
 
 

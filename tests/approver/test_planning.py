@@ -4,7 +4,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from approver import planning
+from approver import planning, wording
+from approver.models import PlanItem
 from approver.planning import StepFacts
 from journal.declarations import NO_VERSION_PROBLEM
 
@@ -237,4 +238,19 @@ def test_inverse_looking_tools_are_named_never_guessed_into_a_call(tool, tools, 
     ("", "not a mapping", ""),
 ])
 def test_an_undo_reads_as_the_change_it_makes(summary, fields, words):
-    assert planning.undo_words(summary, fields) == words
+    assert wording.undo_words(summary, fields) == words
+
+
+@pytest.mark.parametrize("rows, by, overwrite", [
+    ([{"field": "stage", "before": "Proposal", "left": "Won", "now": "Won"},
+      {"field": "amount", "before": 1, "left": 1, "now": 2}], "priya",
+     "Undo the stage anyway: priya's amount change is kept"),
+    ([{"field": "stage", "before": "Proposal", "left": "Won", "now": "Negotiation"}], "priya",
+     "Undo the stage anyway, overwriting priya's change to the stage"),
+    ([], "", "Undo it anyway, over the newer change"),
+])
+def test_the_answers_to_a_conflict_say_what_they_do_to_the_record(rows, by, overwrite):
+    item = PlanItem(check_detail={"current": {"changedBy": by}, "threeWay": {"fields": rows}})
+    assert item.choice_words["overwrite"] == overwrite
+    assert item.choice_words["keep"] == (f"Leave it as {by} left it: skip this undo" if by
+                                         else "Leave it as it is now: skip this undo")

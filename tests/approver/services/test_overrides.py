@@ -137,3 +137,24 @@ def test_an_admin_who_is_not_an_approver_is_told_why_there_is_no_sign_button(
     html = page(conflicted_plan, admin_user)
     assert 'id="sign-off"' not in html
     assert "Signing is for members of approver, and you are not one" in html
+
+
+def test_the_sign_button_and_the_choices_say_what_they_do(
+    conflicted_plan, approver_user, second_approver  # noqa: F811 - the fixture imported above
+):
+    ana = enrolled(approver_user)
+    enrolled(second_approver)
+    html = page(conflicted_plan, approver_user)
+    assert "Leave it as priya left it: skip this undo" in html
+    assert "Undo the stage anyway: priya&#x27;s amount change is kept" in html
+    assert ("if you overwrite, only if still at version <code>v14</code> (the one you saw; the agent had "
+            "left <code>v13</code>); if you keep the newer change, nothing is sent") in html
+    assert "0 of 2 approvals that count; 2 more needed, from: ana, bo" in html
+    assert "You are approval 1 of 2: 1 more will be needed after you." in html
+    assert f'<code class="whole-digest">{conflicted_plan.digest}</code>' in html
+    assert '<button type="submit" class="secondary">Check again</button>' in html
+    approve(conflicted_plan, approver_user, ana)
+    html = page(conflicted_plan, second_approver)
+    assert "1 of 2 approvals that count; 1 more needed, from: bo" in html
+    assert "You are approval 2 of 2: undoing starts as soon as you sign." in html
+    assert "If anything changed, the approvals given so far no longer count." in html
