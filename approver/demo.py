@@ -304,8 +304,10 @@ def main() -> None:
         ],
         "web app and Recorder",
     )
-    start([python, "-m", "celery", "-A", "approver", "worker", "--beat", "--pool=solo", "--loglevel=WARNING",
-           f"--schedule={VAR / 'celerybeat-schedule'}", "--hostname=demo@%h"], "Celery worker (with beat)")
+    # --quiet: no banner; the worker still says what goes wrong, and prints the emails it sends.
+    start([python, "-m", "celery", "-A", "approver", "--quiet", "worker", "--beat", "--pool=solo",
+           "--loglevel=WARNING", f"--schedule={VAR / 'celerybeat-schedule'}", "--hostname=demo@%h"],
+          "Celery worker (with beat)")
     try:
         wait_for(f"http://localhost:{SAMPLES_PORT}/crm/ledger", "The sample tool servers")
         wait_for(f"http://localhost:{WEB_PORT}/login/", "The web app")
