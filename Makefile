@@ -46,7 +46,8 @@ $(SUITE_STAMP): tests/conformance-suite/package-lock.json
 #
 # The suite runs as two halves at once, each with its own database, broker folder and keys: the tests spend
 # much of their time waiting on servers and browsers, so two cores take about half the time. The second
-# half's output follows the first's. With PYTEST_ARGS (one file, say), it is one run, as before.
+# half's lines are printed as they come, marked "[second half]", and kept in var/test-second-half.log; its
+# exit status counts as the first's does. With PYTEST_ARGS (one file, say), it is one run, as before.
 SECOND_HALF := tests/journal/test_conformance.py tests/journal/test_pairings.py tests/journal/test_features.py \
 	tests/journal/test_versions_pairings.py tests/journal/test_large_results.py tests/journal/upstream/test_sessions.py \
 	tests/journal/test_recorder.py tests/journal/test_oauth.py tests/journal/test_hostile.py tests/journal/test_agent_meta.py \
@@ -59,11 +60,14 @@ docs: $(STAMP)
 
 test: $(STAMP) $(NODE_STAMP) $(SUITE_STAMP) $(CLIENT_STAMPS) lint docs
 ifeq ($(strip $(PYTEST_ARGS)),)
-	@mkdir -p var; status=0; \
-	VAR_DIR=$(CURDIR)/var/test-2 $(PY) -m pytest $(SECOND_HALF) > var/test-second-half.log 2>&1 & second=$$!; \
+	@mkdir -p var; status=0; rm -f var/test-second-half.status; \
+	{ VAR_DIR=$(CURDIR)/var/test-2 $(PY) -m pytest $(SECOND_HALF) 2>&1; echo $$? > var/test-second-half.status; } \
+		| tee var/test-second-half.log | sed -u 's/^/[second half] /' & second=$$!; \
 	VAR_DIR=$(CURDIR)/var/test $(PY) -m pytest $(addprefix --ignore=,$(SECOND_HALF)) || status=$$?; \
-	wait $$second || status=$$?; \
-	echo "--- the second half: $(SECOND_HALF)"; cat var/test-second-half.log; exit $$status
+	wait $$second; half=$$(cat var/test-second-half.status 2>/dev/null || echo 1); \
+	[ "$$half" = 0 ] || status=$$half; \
+	echo "--- the second half ($(SECOND_HALF)) exited $$half; its whole output: var/test-second-half.log"; \
+	tail -n 1 var/test-second-half.log; exit $$status
 else
 	VAR_DIR=$(CURDIR)/var/test $(PY) -m pytest $(PYTEST_ARGS)
 endif
