@@ -1,6 +1,6 @@
-"""Nobody signs nothing: a plan with no compensation to run (every step in it was undone by an earlier plan,
-changed nothing, or cannot be undone) ends as soon as it is drafted, saying why, with no checks, no
-signatures and no messages. What cannot be undone is on its report's to-do list, with its remedy."""
+"""Nobody signs nothing: a plan with nothing left to undo (every step in it was undone by an earlier plan, or
+changed nothing) ends as soon as it is drafted, saying why, with no checks, no signatures and no messages.
+A plan with a step that cannot be undone still goes to its approvers, who read its remedy and sign for it."""
 
 from datetime import datetime
 

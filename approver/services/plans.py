@@ -306,7 +306,7 @@ def _rest_drafts(plan: Plan, secret: bytes, now: datetime) -> list[planning.Item
 
 def _finish_draft(plan: Plan, drafts: list[planning.ItemDraft], *, claimed: datetime, now: datetime) -> Plan:
     """Every item is written: the plan's content gets its digest, the request goes on the record of each run
-    it covers, and the checks are queued (a plan with nothing to compensate ends here instead)."""
+    it covers, and the checks are queued (a plan with nothing left to undo ends here instead)."""
     compensate = sum(d.action == PlanItem.Action.COMPENSATE for d in drafts)
     with transaction.atomic():
         if not Plan.objects.select_for_update().filter(
@@ -348,9 +348,9 @@ def _finish_draft(plan: Plan, drafts: list[planning.ItemDraft], *, claimed: date
                     **({"restOf": str(plan.rest_of.public_id)} if plan.rest_of_id else {}),
                 },
             )
-        if compensate:
+        if compensate or plan.cannot_undo_count:  # what cannot be undone, a person reads and signs for
             bell.ring(bell.CHECK_PLAN, plan.pk, plan.check_round)
-        else:  # nobody signs nothing: it ends now, saying why
+        else:  # nobody signs nothing: everything was undone already or changed nothing; it ends now
             nothing_left.end_at_once(plan, now=now)
     return plan
 

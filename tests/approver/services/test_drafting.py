@@ -113,7 +113,7 @@ def test_a_step_another_plan_took_meanwhile_ends_the_draft_saying_which(globex, 
 
 
 def test_what_the_request_refuses_at_once_makes_no_plan(globex, on_call, rung):
-    services.request_plan(run=globex, requested_by=on_call, reason="r", from_step=3)  # holds 3 and 4
+    services.request_plan(run=globex, requested_by=on_call, reason="r", from_step=4)
     for ask in ({"from_step": 9}, {"steps": [2, 7]}, {"from_step": 3}, {"steps": [4]}):
         with pytest.raises(services.PlanRefused):
             services.ask_for_plan(run=globex, requested_by=on_call, reason="r", **ask)

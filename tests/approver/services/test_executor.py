@@ -418,24 +418,31 @@ def test_a_plan_the_policy_let_run_alone_stops_if_the_policy_changes_before_it_r
                                 "“Trusting” does not let plans run without a human.")
 
 
-def test_a_second_plan_names_what_the_first_undid_and_ends_at_once(approved, on_call, client):
+def test_a_second_plan_names_what_the_first_undid_and_completes(
+    approved, on_call, approver_user, second_approver, client
+):
     first = run_plan(approved("overwrite"))
     assert first.state == "completed"
     second = services.request_plan(run=first.run, requested_by=on_call, reason="again", from_step=1)
+    second = services.run_checks(plan=second, check_round=second.check_round)
     assert sorted(second.items.values_list("action", flat=True)) == [
         "already_undone", "already_undone", "cannot_undo", "nothing_to_undo"]
-    # Nothing is left to compensate, so nobody is asked to sign it: it ends as it is drafted.
-    assert second.state == "completed" and not second.approvals.exists()
-    assert second.execution_summary.startswith(
-        f"Nothing left to undo: steps 2–3 were undone by plan {str(first.public_id)[:8]} at ")
-    assert second.execution_summary.endswith(
-        "; step 1 changed nothing; step 4 cannot be undone (see the to-do list)")
+    for user in (approver_user, second_approver):
+        approve(second, user, enrolled(user), choices={})
+    second = run_plan(Plan.objects.get(pk=second.pk))
+    assert second.state == "completed"
+    assert (
+        second.execution_summary
+        == "Reversed 0 of 1 action; 1 cannot be undone; 2 already undone by an earlier plan"
+    )
     assert set(second.items.filter(action="already_undone").values_list("outcome", flat=True)) == {
         "already_undone"
     }
     client.force_login(on_call)
     page = client.get(f"/plans/{second.public_id}/").content.decode()
-    assert "Completed: Nothing left to undo: steps 2–3 were undone by plan" in page
+    assert (
+        "Completed: Reversed 0 of 1 action; 1 cannot be undone; 2 already undone by an earlier plan" in page
+    )
     assert "1 with nothing to undo, 2 already undone</summary>" in page and "skipped" not in page.lower()
 
 

@@ -219,8 +219,9 @@ def test_approvers_hear_of_plans_after_failed_calls_in_one_message_per_window(
         user.email = f"{user.username}@acme.example"
         user.save()
     saga_policy(admin_user, "propose")
-    for task in ("task-1", "task-2", "task-3"):
-        calls(recorder, bot, [("crm__update_deal", {"deal_id": "D-881", "stage": "Won"}), MISSING],
+    # Each task changes the deal (a call that changed nothing would leave nothing to sign for).
+    for task, stage in (("task-1", "Won"), ("task-2", "Lost"), ("task-3", "Negotiation")):
+        calls(recorder, bot, [("crm__update_deal", {"deal_id": "D-881", "stage": stage}), MISSING],
               run_id=task)
         release_as(on_call, Run.objects.get(key=f"run:{task}"))
     plans = list(Plan.objects.order_by("created_at"))
