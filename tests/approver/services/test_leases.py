@@ -14,11 +14,12 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approver import notifications, services, tasks
-from approver.models import Plan, RecordLease
+from approver.models import Plan, PlanItem, RecordLease
 from approver.services import leases
 from journal import services as journal_services
 from journal.models import Run
 from samples import agent as scripted
+from tests.journal.factories import make_run
 from tests.journal.helpers import settle
 
 from ..test_notifications import emails  # noqa: F401 - a fixture
@@ -209,8 +210,13 @@ def test_a_waiting_plan_aborted_ends_and_leaves_the_line(
 
 
 @pytest.mark.postgres
-def test_two_plans_approved_at_once_exactly_one_holds_the_record(two_plans):
-    holder, waiter = two_plans
+def test_two_plans_approved_at_once_exactly_one_holds_the_record(dana, on_call):
+    # Two plans whose items change the same record (no Recorder here: its server thread would keep a
+    # database session open past the test, on PostgreSQL).
+    agent, _ = journal_services.create_agent(name="sales-bot", on_behalf_of=dana)
+    runs = [make_run(agent, steps=1, run_key=f"run:{name}") for name in ("one", "two")]
+    two = [services.request_plan(run=run, requested_by=on_call, reason="race", steps=[1]) for run in runs]
+    PlanItem.objects.update(action="compensate", record=DEAL, exec_state="", conflict_choice="")
     barrier = threading.Barrier(2)
     crashed = []
 
@@ -224,7 +230,7 @@ def test_two_plans_approved_at_once_exactly_one_holds_the_record(two_plans):
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=first_approval, args=(plan,)) for plan in two_plans]
+    threads = [threading.Thread(target=first_approval, args=(plan,)) for plan in two]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -233,4 +239,4 @@ def test_two_plans_approved_at_once_exactly_one_holds_the_record(two_plans):
     on_deal = RecordLease.objects.open().filter(resource=DEAL)
     assert on_deal.filter(held_since__isnull=False).count() == 1 and on_deal.count() == 2
     [line] = on_deal.filter(held_since__isnull=True)
-    assert line.waited and line.plan in (holder, waiter)
+    assert line.waited and line.plan in two
