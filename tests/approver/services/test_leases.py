@@ -25,6 +25,7 @@ from tests.journal.helpers import settle
 from ..test_notifications import emails  # noqa: F401 - a fixture
 from .test_approvals import approve, enrolled, relying_party, sign  # noqa: F401 - fixture and helpers
 from .test_executor import ops, run_plan
+from .test_overrides import page
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -57,14 +58,6 @@ def two_plans(globex, recorder, dana, on_call) -> tuple[Plan, Plan]:
     assert holder.state == waiter.state == "ready" and services.conflict_positions(waiter) == {3}
     assert holder.items.get().record == waiter.items.get(position=3).record == DEAL
     return holder, waiter
-
-
-def page(plan, user) -> str:
-    web = Client()
-    web.force_login(user)
-    response = web.get(services.plan_url(plan))
-    assert response.status_code == 200
-    return response.content.decode()
 
 
 def events(plan: Plan, name: str) -> list[dict]:

@@ -13,16 +13,9 @@ from approver.models import Plan
 from ..test_notifications import emails  # noqa: F401 - a fixture
 from .test_approvals import approve, enrolled, relying_party  # noqa: F401 - fixture and helpers
 from .test_executor import approved, ops, run_plan  # noqa: F401 - a fixture and helpers
+from .test_overrides import page
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def page(plan, user) -> str:
-    web = Client()
-    web.force_login(user)
-    response = web.get(services.plan_url(plan))
-    assert response.status_code == 200
-    return response.content.decode()
 
 
 def drafted_and_checked(rest: Plan) -> Plan:
