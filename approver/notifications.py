@@ -83,12 +83,13 @@ def summary(plan: Plan) -> str:
 
 def _held_lines(plan: Plan) -> str:
     """Each record of the plan another plan holds a lease on: its item waits for that plan."""
+    items = list(plan.items.filter(action=PlanItem.Action.COMPENSATE).exclude(record="").select_related(
+        "step").order_by("position"))
+    held = {(lease.server, lease.resource): lease for lease in RecordLease.objects.held().filter(
+        resource__in={i.record for i in items}).exclude(plan=plan).select_related("plan__requested_by")}
     lines = []
-    for item in plan.items.filter(action=PlanItem.Action.COMPENSATE).exclude(record="").select_related(
-            "step").order_by("position"):
-        lease = RecordLease.objects.held().filter(server=item.step.server_name, resource=item.record).exclude(
-            plan=plan).select_related("plan__requested_by").first()
-        if lease is not None:
+    for item in items:
+        if (lease := held.get((item.step.server_name, item.record))) is not None:
             asker = lease.plan.requested_by.get_username()
             holder = f"plan {str(lease.plan.public_id)[:8]} (asked for by {asker})"
             lines.append(f"- Step {item.step.number} waits for {holder}, which holds "
