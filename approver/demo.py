@@ -255,9 +255,10 @@ def main() -> None:
     python = sys.executable
     children: list[subprocess.Popen] = []
 
-    def start(argv: list[str], name: str) -> None:
+    def start(argv: list[str], name: str, env: dict[str, str] | None = None) -> None:
         say(f"  starting {name}")
-        children.append(subprocess.Popen(argv, cwd=ROOT, start_new_session=True))
+        children.append(subprocess.Popen(argv, cwd=ROOT, start_new_session=True,
+                                         env={**os.environ, **(env or {})}))
 
     def stop(*_args) -> None:
         say("\nStopping the demo…")
@@ -304,10 +305,13 @@ def main() -> None:
         ],
         "web app and Recorder",
     )
-    # --quiet: no banner; the worker still says what goes wrong, and prints the emails it sends.
+    # --quiet: no banner; the worker still says what goes wrong, and prints the emails it sends as they are
+    # (not as log lines). Celery's warning about running as root (a container's user) is not news here.
     start([python, "-m", "celery", "-A", "approver", "--quiet", "worker", "--beat", "--pool=solo",
            "--loglevel=WARNING", f"--schedule={VAR / 'celerybeat-schedule'}", "--hostname=demo@%h"],
-          "Celery worker (with beat)")
+          "Celery worker (with beat)",
+          env={"CELERY_WORKER_REDIRECT_STDOUTS": "false",
+               "PYTHONWARNINGS": "ignore:You're running the worker with superuser privileges"})
     try:
         wait_for(f"http://localhost:{SAMPLES_PORT}/crm/ledger", "The sample tool servers")
         wait_for(f"http://localhost:{WEB_PORT}/login/", "The web app")

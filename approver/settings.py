@@ -247,6 +247,8 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+# The demo turns this off so the emails its worker prints read as emails, not as warning lines of a log.
+CELERY_WORKER_REDIRECT_STDOUTS = env_bool("CELERY_WORKER_REDIRECT_STDOUTS", True)
 # Celery beat (run it with `celery -A approver beat`, or `worker --beat` for a single worker as the demo
 # does).
 CELERY_BEAT_SCHEDULE = {

@@ -91,12 +91,22 @@ class _Lines:
         return self.tokens.replacement(request_id, oversized)
 
 
+def _errlog():
+    """Where the server's own stderr goes: this process's, or its original one when `sys.stderr` is not a
+    file (a Celery worker's is a logging proxy, with no file descriptor a child process could write to)."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return sys.__stderr__
+    return sys.stderr
+
+
 @contextlib.asynccontextmanager
 async def bounded_stdio_client(server: StdioServerParameters, limit: int, tokens: Tokens):
     """The SDK's `stdio_client`, reading lines of at most `limit` bytes (see the module)."""
     process = await sdk.create_process(
         command=server.command, args=server.args, env=get_default_environment() | (server.env or {}),
-        errlog=sys.stderr, cwd=server.cwd)
+        errlog=_errlog(), cwd=server.cwd)
     read_writer, read_stream = anyio.create_memory_object_stream(0)
     write_stream, write_reader = anyio.create_memory_object_stream(0)
     writer_done = anyio.Event()

@@ -2,12 +2,14 @@
 agents, or two sessions of one agent. A stdio server gets a process per agent session, started on first
 use and stopped when the session ends, when it has been idle, or to make room."""
 
+import logging
 import sys
 import time
 from pathlib import Path
 
 import anyio
 import pytest
+from celery.utils.log import LoggingProxy
 
 from journal import services
 from journal.models import Step
@@ -166,3 +168,17 @@ def test_a_stateless_http_server_serves_every_owner_on_one_connection(sample_ser
         return [upstreams.open_sessions(owner) for owner in (("ada", ""), ("bob", "s1"), None)]
 
     assert upstream_calls(script) == [[], [], ["legacy"]]
+
+
+def test_a_stdio_server_starts_where_stderr_is_no_file_as_in_a_celery_worker(tmp_path, monkeypatch):
+    """A Celery worker replaces `sys.stderr` with a logging proxy, which has no file descriptor: the checks
+    and undos it sends to a stdio server (the official filesystem and memory servers) still start it."""
+    ledger = tmp_path / "ledger"
+    slow = Endpoint("slow", "stdio", command=" ".join([*SLOW, str(ledger)]))
+    monkeypatch.setattr(sys, "stderr", LoggingProxy(logging.getLogger("celery.redirected")))
+
+    async def script(upstreams):
+        return (await upstreams.call_tool(slow, "pid", {}, owner=("ada", "")))["content"][0]["text"]
+
+    assert upstream_calls(script).isdigit()
+    assert ledger.read_text().startswith("started\n")
