@@ -12,6 +12,7 @@ class ApproverConfig(AppConfig):
         from . import tasks  # noqa: F401 - registers the tasks the doorbell rings by name, in every process
         from .authority import approvals_for_bundle
         from .services.held_calls import HeldCallGate
+        from .story import Story
 
         # The Recorder asks the approval side through these; the journal itself never imports it.
-        ports.install(gate=HeldCallGate(), signed_decisions=approvals_for_bundle)
+        ports.install(gate=HeldCallGate(), signed_decisions=approvals_for_bundle, story=Story())

@@ -3,6 +3,8 @@
 - A **policy gate** decides each agent call before it is forwarded (allow, ask, deny), holds the calls it
   asks about until someone decides, and lets an approved call through once.
 - A **source of signed decisions** adds the approvals of a run's plans and held calls to its exported bundle.
+- A **run story** tells the journal's pages what became of a run's steps: undone by which plan, held and
+  approved by whom.
 
 The approval side plugs its own in when the app starts (`approver.apps.ApproverConfig.ready`). Until then,
 and whenever the journal runs on its own, the defaults allow every call, hold none and add no decisions, so
@@ -17,6 +19,10 @@ from typing import Any, Protocol
 # The longest a gate may hold a call. The reconciler closes a step still held after this (plus the time a
 # call may take): the Recorder that held it stopped.
 MAX_HOLD_SECONDS = 3600
+# How often the process holding a call marks it as still held, and after how long without a mark nobody holds
+# it any more (its Recorder stopped): the reconciler then settles the step as never sent.
+HOLD_BEAT_SECONDS = 10
+HOLD_LOST_SECONDS = 45
 # How long a held call waits when its decision names no time of its own.
 DEFAULT_HOLD_SECONDS = 60
 
@@ -122,20 +128,55 @@ def no_decisions(run: Any) -> list[dict[str, Any]]:
     return []
 
 
-_installed: dict[str, Any] = {"gate": AllowEverything(), "signed_decisions": no_decisions}
+class RunStory(Protocol):
+    """What became of runs and their steps on the approval side, for the journal's pages."""
+
+    def steps(self, steps: list[Any]) -> dict[int, dict[str, Any]]:
+        """By step id, where it applies: `undone` (`{"id", "short", "state", "url", "at", "by"}`: the plan
+        that undid it, when, and who let it run), `inPlan` (the open plan holding it) and `held` (`{"url",
+        "state", "trail": [{"what", "at"}]}`: its held call, held → approved by … → sent)."""
+
+    def run(self, run: Any) -> dict[str, Any]:
+        """`compensates`: the plan whose undo calls this run journals, if it is one."""
+
+    def runs(self, runs: list[Any]) -> dict[int, dict[str, Any]]:
+        """By run id: `openPlan` (an open plan covering it) and `compensates`, where they apply."""
+
+
+class NoStory:
+    """Without the approval side nothing happened to a run but its own calls."""
+
+    def steps(self, steps: list[Any]) -> dict[int, dict[str, Any]]:
+        return {}
+
+    def run(self, run: Any) -> dict[str, Any]:
+        return {}
+
+    def runs(self, runs: list[Any]) -> dict[int, dict[str, Any]]:
+        return {}
+
+
+_installed: dict[str, Any] = {"gate": AllowEverything(), "signed_decisions": no_decisions, "story": NoStory()}
 
 
 def install(*, gate: PolicyGate | None = None,
-            signed_decisions: Callable[[Any], list[dict[str, Any]]] | None = None) -> None:
+            signed_decisions: Callable[[Any], list[dict[str, Any]]] | None = None,
+            story: RunStory | None = None) -> None:
     """Plug in the approval side's answers (once, when the app starts)."""
     if gate is not None:
         _installed["gate"] = gate
     if signed_decisions is not None:
         _installed["signed_decisions"] = signed_decisions
+    if story is not None:
+        _installed["story"] = story
 
 
 def gate() -> PolicyGate:
     return _installed["gate"]
+
+
+def story() -> RunStory:
+    return _installed["story"]
 
 
 def signed_decisions(run: Any) -> list[dict[str, Any]]:

@@ -1,18 +1,21 @@
 from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import Count, Prefetch
+from django.db.models import Count, OuterRef, Prefetch, Subquery
+from django.db.models.fields.json import KeyTextTransform, KeyTransform
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET, require_POST
 
-from . import oauth, roles, services
+from . import oauth, ports, roles, services, tally
 from .access import READERS, LoginRequired, require_role, visible_agent, visible_agents
+from .declarations import HATP_KEY
 from .forms import RunFilterForm
 from .models import Run, Step, StepDependency
 
 RUNS_PER_PAGE = 25
+RUN_NAME_KEY = "runName"  # what an agent may call its run, in `_meta["hatp/journal"]`
 STEPS_PER_PAGE = 200
 
 
@@ -21,11 +24,27 @@ def run_list(request):
     require_role(request, *READERS)
     form = RunFilterForm(request.GET or None)
     runs = form.filter(Run.objects.for_list()) if form.is_bound else Run.objects.for_list()
-    page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    page = Paginator(runs.annotate(**_gist()), RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    page.object_list = list(page.object_list)
+    stories = ports.story().runs(page.object_list)
+    for run in page.object_list:
+        run.story = stories.get(run.pk, {})
     query = request.GET.copy()
     query.pop("page", None)
     template = "journal/run_list.html#runs" if request.htmx else "journal/run_list.html"
     return render(request, template, {"form": form, "page": page, "query": query.urlencode()})
+
+
+def _gist() -> dict:
+    """What tells runs apart in the list: the name the agent gave the run (`_meta["hatp/journal"]["runName"]`
+    on its first call) and the first change it made."""
+    steps = Step.objects.filter(run=OuterRef("pk"))
+    return {
+        "named": Subquery(steps.filter(number=1).annotate(
+            name=KeyTextTransform(RUN_NAME_KEY, KeyTransform(HATP_KEY, "request_meta"))).values("name")[:1]),
+        "first_change": Subquery(
+            steps.exclude(effect_summary="").order_by("number").values("effect_summary")[:1]),
+    }
 
 
 @require_GET
@@ -72,9 +91,18 @@ def run_detail(request, run_id):
             "result_sha256",
             "recovery",
             "earlier_state",
+            "may_have_acted",
+            "finished_at",
+            "task_id",
+            "task_until",
+            "held_call",
         )
     )
     page = Paginator(steps, STEPS_PER_PAGE).get_page(request.GET.get("page"))
+    page.object_list = list(page.object_list)
+    stories = ports.story().steps(page.object_list)
+    for step in page.object_list:
+        step.story = stories.get(step.pk, {})
     return render(
         request,
         "journal/run_detail.html",
@@ -83,8 +111,18 @@ def run_detail(request, run_id):
             "page": page,
             "now": timezone.now(),
             "idle_minutes": settings.RECORDER_RUN_IDLE_SECONDS // 60,
+            **_header(run),
         },
     )
+
+
+def _header(run: Run) -> dict:
+    """What the run page's header says of the whole run: its steps counted by kind, every step once, and
+    the plan it is the undo calls of, if it is one."""
+    groups = (Step.objects.filter(run=run).order_by()
+              .values_list("status", "reversibility", "failure_class", "may_have_acted")
+              .annotate(n=Count("id")))
+    return {"tally": tally.header(groups), "story": ports.story().run(run)}
 
 
 @require_GET
@@ -98,7 +136,8 @@ def run_verify(request, run_id):
     steps = Step.objects.none()
     page = Paginator(steps, STEPS_PER_PAGE).get_page(1)
     return render(request, "journal/run_detail.html", {"run": run, "page": page, "now": timezone.now(),
-                                                        "verdict": verdict, "verdict_only": True})
+                                                        "verdict": verdict, "verdict_only": True,
+                                                        **_header(run)})
 
 
 @require_POST

@@ -31,6 +31,7 @@ PURE = (
     "journal.recipe_text",
     "journal.recipe_chains",
     "journal.fields",
+    "journal.tally",
 )
 # Imports inside functions that are there for another reason than a loop: Django's app loading (models
 # are ready only in `ready`), and the demo, which configures Django before it may import any model.

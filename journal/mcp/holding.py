@@ -31,10 +31,13 @@ async def hold(journal: JournalThread, agent: Agent, opened: services.OpenedStep
         gate.hold, agent=agent, server=opened.server, tool=opened.tool, arguments=opened.arguments, meta=meta,
         decision=opened.policy, run_id=opened.run_id, step_id=opened.step_id, now=timezone.now())
     url = held.url
+    await journal.run(services.held_step_alive, step_id=opened.step_id, now=timezone.now(),
+                      held_call=held.public_id)
     read = sync_to_async(lambda: gate.state(held.id))
     timeout = float(asked.get("askTimeout") or ports.DEFAULT_HOLD_SECONDS)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    beat = loop.time() + ports.HOLD_BEAT_SECONDS
     while True:
         standing = await read()
         waited = timeout - max(deadline - loop.time(), 0.0)
@@ -63,6 +66,9 @@ async def hold(journal: JournalThread, agent: Agent, opened: services.OpenedStep
             if progress is not None:
                 with contextlib.suppress(Exception):  # a client that went away must not end the hold
                     await progress(waited, timeout, f"Waiting for approval: {url}")
+            if loop.time() >= beat:  # still waiting on it: the reconciler leaves this step alone
+                beat = loop.time() + ports.HOLD_BEAT_SECONDS
+                await journal.run(services.held_step_alive, step_id=opened.step_id, now=timezone.now())
             await asyncio.sleep(HOLD_POLL_SECONDS)
             continue
         advice = failed("policy", opened.traits, held=held)

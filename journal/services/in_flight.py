@@ -14,6 +14,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from .. import ports, sql
@@ -23,6 +24,8 @@ from .record import append_entry, locked_run, save_moving
 from .steps import OpenedStep, close_step, refuse_step
 
 logger = logging.getLogger(__name__)
+
+NEVER_SENT = "The Recorder restarted while this call waited for approval: this attempt was never sent."
 
 
 @dataclass(frozen=True)
@@ -83,17 +86,20 @@ def reconcile_stale_steps(*, older_than: datetime, now: datetime | None = None) 
     """Close steps still `pending` long after any call could have lasted: the Recorder stopped (or its
     database failed) between forwarding a call and recording the answer. The server may have acted, so the
     step becomes a failed call whose outcome is unknown, never a silent gap in the record. A step still
-    `held` after the longest hold was never forwarded: it is closed as such. A task's step waits for its
-    task's time to live (and one without a limit for good): the task may still be at work."""
+    `held` that its process stopped marking (`ports.HOLD_LOST_SECONDS`) has nobody waiting on it: it was
+    never forwarded, and is closed as such (its held call stays as it is: an approval lets the agent's next
+    identical call through). A task's step waits for its task's time to live (and one without a limit for
+    good): the task may still be at work."""
     now = now or timezone.now()
     closed = 0
-    held_before = older_than - timedelta(seconds=ports.MAX_HOLD_SECONDS)
     # An imported run's record is not ours to close.
     local = Step.objects.exclude(run__state=Run.State.IMPORTED)
-    for step in local.filter(status=Step.Status.HELD, started_at__lt=held_before).iterator():
+    lost = local.filter(status=Step.Status.HELD).annotate(seen=Coalesce("held_seen_at", "started_at")).filter(
+        seen__lt=now - timedelta(seconds=ports.HOLD_LOST_SECONDS))
+    for step in lost.iterator():
         opened = OpenedStep(step_id=step.pk, run_id=step.run_id, number=step.number)
         closed += _one_by_one(step, lambda opened=opened: refuse_step(opened=opened, now=now, message=(
-            "The Recorder stopped while this call waited for approval; it was never forwarded.")))
+            NEVER_SENT)))
     running = Q(task_id__gt="") & (Q(task_until__isnull=True) | Q(task_until__gt=now))
     stale = (local.filter(status=Step.Status.PENDING, started_at__lt=older_than).exclude(running)
              .select_related("server"))

@@ -235,6 +235,13 @@ def release_held_step(*, opened: OpenedStep, approval: dict[str, Any], now: date
     return True
 
 
+def held_step_alive(*, step_id: int, now: datetime, held_call: str = "") -> bool:
+    """The process holding this call still waits on it (`ports.HOLD_BEAT_SECONDS`), on the held call
+    `held_call` when it says which; False once it is not held any more."""
+    values = {"held_seen_at": now, **({"held_call": held_call[:36]} if held_call else {})}
+    return bool(sql.update(Step, step_id, values, only_if={"status": Step.Status.HELD}))
+
+
 def refuse_step(
     *, opened: OpenedStep, message: str, now: datetime, advice: dict[str, Any] | None = None
 ) -> bool:

@@ -50,19 +50,27 @@ def step_url(run_public_id, number: int) -> str:
 @register.simple_tag
 def moment(value, fmt: str = "M j, H:i"):
     """A moment kept as text (an ISO 8601 string in a JSON field, or a server's RFC 3339 `changedAt`) as a
-    person reads it, in a <time> element; text that is not a moment is shown as it is."""
+    person reads it (`when`); text that is not a moment is shown as it is."""
+    return when(value, fmt)
+
+
+@register.filter
+def when(value, fmt: str = "M j, H:i"):
+    """A moment (a datetime, or ISO 8601 text from a JSON field) as a person reads it, with its zone named:
+    `<time datetime="…" data-format="…">Dec 4, 02:31 UTC</time>`; the page's script (`times.js`) shows it in
+    the viewer's own time zone, naming that zone. Text that is not a moment is shown as it is."""
     if isinstance(value, str):
         try:
-            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
             return value
-    elif isinstance(value, datetime):
-        parsed = value
-    else:
+    if not isinstance(value, datetime):
         return "" if value is None else value
-    if timezone.is_aware(parsed):
-        parsed = timezone.localtime(parsed)
-    return format_html('<time datetime="{}">{}</time>', parsed.isoformat(), date_format(parsed, fmt))
+    if timezone.is_aware(value):
+        value = timezone.localtime(value)
+    zone = f" {value.tzname()}" if value.tzinfo else ""
+    return format_html('<time datetime="{}" data-format="{}">{}{}</time>', value.isoformat(), fmt,
+                       date_format(value, fmt), zone)
 
 
 @register.simple_tag

@@ -41,13 +41,24 @@ def test_the_worker_undoes_the_plan_and_the_page_reports_it(
             to_do = page.locator(".to-do").inner_text()
         page.click("text=the journaled call >> nth=0")
         journaled = page.locator("p.compensations").inner_text()
+        undo_controls = page.locator("details.undo, #undo-chosen, input[name=steps]").count()
+        page.goto(f"{base}/runs/{plan.run.public_id}/")
+        undone = page.locator("li.step:has(p.undone)")
+        undone_lines = undone.locator("p.undone").all_inner_texts()
+        undone_offers = undone.locator("details.undo, input[name=steps]").count()
 
     calendar = [e for e in sample_servers.ledger("calendar") if e["op"] == "compensate"]
     crm = [e for e in sample_servers.ledger("crm") if e["op"] == "compensate"]
     assert [n["to"] for n in calendar[0]["notices"]] == ["dana@acme.example", "buyer@globex.example",
                                                          "cto@globex.example"]
     assert "send a correction email" in to_do  # the email, not undone, with its remedy
-    assert "compensation calls of an undo plan" in journaled
+    # The undo calls read as part of their plan's report, with nothing to undo an undo with.
+    assert f"These are the undo calls of plan {str(plan.public_id)[:8]}" in journaled and undo_controls == 0
+    # On the agent's run, each step the plan undid says so, and offers no undo of its own any more.
+    short = str(plan.public_id)[:8]
+    assert undone_lines and all(
+        line.startswith(f"Undone by plan {short} on ") and ", let run by ana and bo." in line
+        for line in undone_lines) and undone_offers == 0
     if choice == "overwrite":
         assert heading == "Completed: Reversed 2 of 3 actions; 1 cannot be undone"
         assert len(crm) == 1

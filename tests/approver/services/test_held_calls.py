@@ -291,10 +291,12 @@ def test_approvers_are_told_of_a_held_call_once(held_email, approver_user, secon
     assert f"/actions/{action.public_id}/" in message.body and "buyer@globex.example" in message.body
 
 
-def test_the_run_page_shows_the_decision_and_a_held_call_left_by_a_dead_recorder_is_closed(held_email, client,
-                                                                                          on_call):
+def test_the_run_page_shows_the_decision_and_a_held_call_left_by_a_dead_recorder_is_settled(
+        held_email, client, on_call):
     from django.urls import reverse
     from django.utils import timezone
+
+    from journal.ports import HOLD_LOST_SECONDS
 
     opened, action = held_email
     client.force_login(on_call)
@@ -304,14 +306,27 @@ def test_the_run_page_shows_the_decision_and_a_held_call_left_by_a_dead_recorder
         "must approve it first by policy “everything policy” (every call)." in page
     )
     assert "Waiting for an approver now." in page
-    # The Recorder died while it held the call: past the longest hold, the reconciler closes it as never sent.
-    later = timezone.now() + timezone.timedelta(hours=3)
+    # Its process marks it while it waits: the reconciler leaves a marked hold alone, long as it may last.
+    soon = timezone.now() + timezone.timedelta(seconds=HOLD_LOST_SECONDS + 5)
+    assert journal_services.held_step_alive(step_id=opened.step_id, now=soon - timezone.timedelta(seconds=5))
+    assert journal_services.reconcile_stale_steps(older_than=soon, now=soon) == 0
+    # The Recorder died while it held the call: nobody marks it, and well before its 10 minutes are over the
+    # reconciler settles it as never sent.
+    later = soon + timezone.timedelta(seconds=HOLD_LOST_SECONDS)
     assert journal_services.reconcile_stale_steps(older_than=later, now=later) == 1
     step = Step.objects.get(pk=opened.step_id)
-    assert (step.status, step.failure_class) == (
-        "error",
-        "policy",
-    ) and "never forwarded" in step.error_message
+    assert (step.status, step.failure_class, step.error_message) == (
+        "error", "policy",
+        "The Recorder restarted while this call waited for approval: this attempt was never sent.")
+    assert not journal_services.held_step_alive(step_id=opened.step_id, now=later)
+    # Every page agrees: the run page no longer says anyone waits, and the held call (still open, since an
+    # approval lets the agent's next identical call through) says its first attempt was never sent.
+    page = client.get(reverse("journal:run_detail", args=[action.run.public_id])).content.decode()
+    assert "Waiting for an approver now." not in page and "this attempt was never sent" in page
+    held = client.get(reverse("approver:action_detail", args=[action.public_id])).content.decode()
+    assert "Nobody is waiting for it now: the attempt at step 1 was not sent" in held
+    assert "The Recorder restarted while this call waited for approval" in held
+    assert "the agent's next identical call goes through (once)" in held
 
 
 def test_a_long_hold_keeps_the_agents_connection_alive_and_delivers_the_answer(

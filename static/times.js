@@ -1,0 +1,23 @@
+// Every moment a page shows (<time data-format>, written by the `when` filter in the server's zone, named) is
+// shown in the viewer's own time zone, named too ("Dec 4, 03:31 CET"); the server's reading stays in its
+// title. Without JavaScript the server's reading, with its zone, is what shows.
+const parts = (format) => ({
+  ...(format.includes("M") ? { month: "short", day: "numeric" } : {}),
+  ...(format.includes("Y") ? { year: "numeric" } : {}),
+  ...(format.includes("H") ? { hour: "2-digit", minute: "2-digit", hourCycle: "h23" } : {}),
+  ...(format.includes("s") ? { second: "2-digit" } : {}),
+  timeZoneName: "short",
+});
+
+function localise(root) {
+  for (const time of root.querySelectorAll("time[data-format]:not([data-local])")) {
+    const moment = new Date(time.getAttribute("datetime"));
+    if (Number.isNaN(moment.getTime())) continue;
+    time.title = time.textContent;
+    time.textContent = new Intl.DateTimeFormat(undefined, parts(time.dataset.format)).format(moment);
+    time.dataset.local = "";
+  }
+}
+
+localise(document);
+document.addEventListener("htmx:afterSettle", (event) => localise(event.target));
