@@ -26,7 +26,7 @@ from journal.ports import MAX_HOLD_SECONDS
 CLASSES = ("compensate_api", "compensate_ui", "compensate_no_version", "none", "unknown")
 CLASS_WORDS = {
     "compensate_api": "can be undone through the API",
-    "compensate_ui": "can only be undone by hand in the tool's own UI",
+    "compensate_ui": "can be undone through the app's own screens, which its server replays",
     "compensate_no_version": "can be undone, but the server reports no versions, so a later change by "
                              "someone else would go unnoticed",
     "none": "cannot be undone",
@@ -35,7 +35,7 @@ CLASS_WORDS = {
 # The policy form's labels, one per class.
 CLASS_LABELS = {
     "compensate_api": "Can be undone through the API",
-    "compensate_ui": "Can only be undone by hand, in the tool's UI",
+    "compensate_ui": "Can be undone through the app's own screens",
     "compensate_no_version": "Can be undone, but without versions (later changes go unseen)",
     "none": "Cannot be undone",
     "unknown": "The server does not say",

@@ -323,7 +323,8 @@ class Step(models.Model):
             if self.undo_problems:
                 return "needs-human", "Reversible with a human"
             via = self.declaration.get("via") or "api"
-            return "reversible", f"Reversible via {via}"
+            words = "Reversible through the app's screens" if via == "ui" else "Reversible via the API"
+            return "reversible", words
         return {
             self.Reversibility.NONE: ("irreversible", "Cannot be undone"),
             self.Reversibility.READ_ONLY: ("read-only", "Read-only"),

@@ -39,10 +39,10 @@ def test_on_call_opens_the_globex_run_and_reads_its_badges(recorder, sample_serv
         steps = page.locator("li.step")
         assert steps.count() == 4
         deal, meeting, email = steps.nth(1), steps.nth(2), steps.nth(3)
-        assert deal.locator(".badge").inner_text() == "Reversible via api"
+        assert deal.locator(".badge").inner_text() == "Reversible via the API"
         assert "Deal D-881 stage: Proposal → Won" in deal.inner_text()
         assert re.search(r"Undo possible for 6\s+days", deal.inner_text())
-        assert meeting.locator(".badge").inner_text() == "Reversible via api"
+        assert meeting.locator(".badge").inner_text() == "Reversible via the API"
         assert "attendees get a cancellation notice" in meeting.inner_text()
         assert email.locator(".badge").inner_text() == "Cannot be undone"
         assert "send a correction email" in email.inner_text()

@@ -33,7 +33,7 @@ def test_on_call_undoes_a_change_made_through_the_desks_screens(
         page.goto(f"{base}/runs/{run.public_id}/")
         sign_in(page, "olivia")
         page.wait_for_url(f"{base}/runs/{run.public_id}/")
-        assert "Reversible via ui" in page.locator("#step-1 .badge").inner_text()
+        assert "Reversible through the app's screens" in page.locator("#step-1 .badge").inner_text()
         page.locator("#step-1 details.undo summary").click()
         page.locator("#step-1 input[name=reason]").fill("the agent trashed a live customer")
         page.locator("#step-1 button", has_text="Undo from step 1").click()

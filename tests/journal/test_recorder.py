@@ -72,7 +72,7 @@ def test_globex_story_is_journaled_with_the_right_undo_facts(recorder, sample_se
     assert crm.effect_version == "v13" and crm.effect_resource == "crm://acme/deal/D-881"
     assert crm.compensation_arguments == {"compensationToken": crm.compensation_token}
     assert crm.receipt_verified is True
-    assert crm.undo_by is not None and crm.badge == ("reversible", "Reversible via api")
+    assert crm.undo_by is not None and crm.badge == ("reversible", "Reversible via the API")
     assert calendar.declaration["side_effect"] == "attendees get a cancellation notice"
     assert calendar.reversibility == "compensate" and calendar.receipt_verified is True
     assert email.reversibility == "none"

@@ -14,5 +14,6 @@ def test_every_step_counts_once_and_held_or_unsent_calls_are_named_for_what_they
 
 
 def test_a_failed_call_that_may_have_acted_counts_by_what_undoing_it_takes():
-    assert kind(status="error", reversibility="unknown", failure_class="unknown", may_have_acted=True) == "unknown"
+    assert kind(status="error", reversibility="unknown", failure_class="unknown",
+                may_have_acted=True) == "unknown"
     assert kind(status="cancelled", reversibility="none", failure_class="", may_have_acted=True) == "none"

@@ -66,7 +66,7 @@ def test_run_page_shows_effect_badge_deadline_and_failure(client, agent, crm, on
     client.force_login(on_call)
     html = client.get(reverse("journal:run_detail", args=[run.public_id])).content.decode()
     assert "Deal D-881 stage: Proposal → Won" in html
-    assert "Reversible via api" in html and "hatp/journal (call)" in html
+    assert "Reversible via the API" in html and "hatp/journal (call)" in html
     assert "Undo possible for" in html
     assert "Failed (transient): crm refused the connection" in html
     assert "First step" in html

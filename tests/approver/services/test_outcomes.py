@@ -49,7 +49,9 @@ def test_an_unknown_outcome_is_checked_then_tried_again_with_the_same_key(answer
     from django.utils.formats import date_format
 
     at = timezone.localtime(datetime.fromisoformat(checked["at"]))
-    assert f'Asked <time datetime="{at.isoformat()}">{date_format(at, "M j, H:i")}</time> by olivia' in page
+    shown = date_format(at, "M j, H:i")
+    moment = f'<time datetime="{at.isoformat()}" data-format="M j, H:i">{shown} UTC</time>'
+    assert f"Asked {moment} by olivia" in page
 
     client.force_login(approver_user)
     response = client.post(reverse("approver:retry_outcome", args=[plan.public_id, event.position]))

@@ -1,0 +1,129 @@
+"""Pages read right the first time, at phone size and on a laptop, by each persona: nothing is wider than a
+390 px screen and the top bar's Log out stays on it; the run page counts every step once and shows what
+became of a held call whose Recorder stopped (held → never sent → approved by ana); the run list tells runs
+apart and marks an open plan; times show in the viewer's own zone, named; a missing control is explained; an
+error reads as one. Screenshots of every page at phone size land in VAR_DIR/screenshots."""
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from approver import services
+from journal import services as journal_services
+from journal.models import Run, Step
+from journal.ports import HOLD_LOST_SECONDS
+from tests.approver.services.test_held_calls import decide, hold_email, set_policy
+from tests.services import needs_chromium
+
+pytestmark = [pytest.mark.browser, needs_chromium, pytest.mark.django_db(transaction=True)]
+
+PHONE = {"width": 390, "height": 844}
+SHOTS = Path(os.environ.get("VAR_DIR", "var")) / "screenshots"
+
+
+def log_in(browser, base, username, **context):
+    page = browser.new_context(**context).new_page()
+    page.goto(f"{base}/login/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", f"{username}-password-1")
+    page.click("button[type=submit]")
+    page.wait_for_load_state()
+    return page
+
+
+def fits(page, name: str) -> tuple[int, float]:
+    """How wide the page is, and where Log out ends, after saving its screenshot."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"phone-{name}.png"), full_page=True)
+    logout = page.locator("header.top button", has_text="Log out")
+    right = logout.bounding_box()["x"] + logout.bounding_box()["width"] if logout.count() else 0
+    return page.evaluate("document.documentElement.scrollWidth"), right
+
+
+@pytest.fixture
+def story(globex, sample_servers, on_call, admin_user, approver_user):
+    """The Globex run with a plan open on it (checked after priya's change: a conflict), and a second run
+    whose email was held while its Recorder stopped, settled as never sent, then approved by ana."""
+    sample_servers.colleague_update("D-881", {"amount": 45000}, by="priya")
+    plan = services.request_plan(run=globex, requested_by=on_call, reason="wrong deal", from_step=2)
+    plan = services.run_checks(plan=plan, check_round=plan.check_round)
+    set_policy(admin_user, quorum=1)
+    opened, action = hold_email(globex.agent)
+    # Its Recorder stopped: nothing has marked the hold for longer than a live one goes unmarked.
+    Step.objects.filter(pk=opened.step_id).update(
+        started_at=timezone.now() - timezone.timedelta(seconds=HOLD_LOST_SECONDS + 1))
+    assert journal_services.reconcile_stale_steps(older_than=timezone.now()) == 1
+    decide(action, approver_user, "approve")
+    return globex, plan, opened, action
+
+
+def test_every_page_fits_a_phone_and_reads_right(recorder, story, chromium, approver_user, dana):
+    run, plan, opened, action = story
+    base = f"http://localhost:{recorder.port}"
+    held_public = Run.objects.get(pk=opened.run_id).public_id
+    pages = {
+        "olivia": {"runs": "/runs/", "run": f"/runs/{run.public_id}/", "held-run": f"/runs/{held_public}/",
+                   "plans": "/plans/", "plan": f"/plans/{plan.public_id}/", "held-calls": "/actions/",
+                   "held-call": f"/actions/{action.public_id}/", "agents": "/agents/",
+                   "agent": "/agents/sales-bot/"},
+        "ana": {"passkeys": "/passkeys/", "plan-to-sign": f"/plans/{plan.public_id}/"},
+        "ada": {"policies": "/policies/", "servers": "/servers/", "plan-admin": f"/plans/{plan.public_id}/"},
+        "dana": {"her-agents": "/agents/"},
+    }
+    widths, read = {}, {}
+    with chromium() as browser:
+        for who, paths in pages.items():
+            page = log_in(browser, base, who, viewport=PHONE, timezone_id="America/New_York")
+            read[f"{who}-landing"] = (page.url, page.locator("header.top nav").inner_text())
+            for name, path in paths.items():
+                page.goto(base + path)
+                widths[name] = fits(page, name)
+                read[name] = page.locator("main").inner_text()
+            if who == "olivia":
+                page.goto(f"{base}/runs/{run.public_id}/")
+                page.fill("#undo-chosen input[name=reason]", "nothing ticked")
+                page.click("#undo-chosen button")
+                error = page.locator("p.message.error")
+                read["error"] = (error.inner_text(), error.get_attribute("role"),
+                                 error.evaluate("e => getComputedStyle(e).color"))
+        page = browser.new_context(viewport=PHONE).new_page()
+        page.goto(f"{base}/login/")
+        widths["login"] = (page.evaluate("document.documentElement.scrollWidth"), 0)
+
+    # Nothing is wider than the phone, and Log out is on the screen.
+    assert {name: width for name, (width, _) in widths.items() if width > PHONE["width"]} == {}
+    assert all(0 < right <= PHONE["width"] for name, (_, right) in widths.items() if name != "login")
+
+    # The run page counts every step once (the email went through: no policy held it then).
+    assert "4 steps: 2 reversible, 1 cannot be undone, 1 read-only" in read["run"]
+    assert "1 step: 1 not sent (stopped by a policy)" in read["held-run"]
+    # The held call's trail, in the viewer's zone, named (New York in December: EST).
+    trail = re.search(r"Its held call: (.*)", read["held-run"]).group(1)
+    assert re.fullmatch(r"held \d\d:\d\d EST → this attempt was never sent: the Recorder restarted "
+                        r"\d\d:\d\d EST → approved by ana \d\d:\d\d EST", trail), trail
+    assert "Waiting for an approver now" not in read["held-run"]
+    assert "Nobody is waiting for it now: the attempt at step 1 was not sent" in read["held-call"]
+    assert "The agent's next identical call goes through (once)" in read["held-call"]
+    # Steps in the open plan offer no second undo, and say where they are.
+    assert f"Being undone by plan {str(plan.public_id)[:8]} (ready for sign-off)" in read["run"]
+    # The run list tells the two runs apart, shows their state and marks the open plan.
+    assert "Deal D-881 stage: Proposal → Won" in read["runs"] and "has failed calls" in read["runs"]
+    assert f"undo plan {str(plan.public_id)[:8]}: ready for sign-off" in read["runs"]
+    # Human words first: no protocol names or versions in a first read, no raw ISO times anywhere.
+    assert "hatp/journal" not in read["run"] and "signed through" not in read["run"]
+    assert "v13" not in read["plan"]
+    assert not [name for name, text in read.items()
+                if isinstance(text, str) and re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d", text)]
+    assert re.search(r"Dec \d+, \d\d:\d\d:\d\d EST", read["policies"])  # the change log's times
+    # A missing control is explained; the person an agent acts for lands on her agents.
+    assert "Signing is for members of approver, and you are not one" in read["plan-admin"]
+    assert read["dana-landing"][0].endswith("/agents/") and "Runs" not in read["dana-landing"][1]
+    assert "Your agents" in read["dana-landing"][1]
+    assert "Runs" in read["olivia-landing"][1] and read["olivia-landing"][0].endswith("/runs/")
+    # An error reads as one: red, announced, and says nothing was done.
+    text, role, color = read["error"]
+    assert text.startswith("Not done: Tick the steps to undo") and role == "alert"
+    assert color == "rgb(179, 38, 30)"
