@@ -97,6 +97,20 @@ def _held_lines(plan: Plan) -> str:
     return "Records other plans hold:\n" + "\n".join(lines) + "\n" if lines else ""
 
 
+UNDO_LINES = 20  # an email lists this many undos; the page has them all
+
+
+def _undo_lines(plan: Plan) -> str:
+    """What signing undoes, in the order it will be done, each as the change it makes ("Put back stage:
+    Won → Proposal")."""
+    items = list(plan.items.filter(action=PlanItem.Action.COMPENSATE).select_related("step")
+                 .order_by("position")[:UNDO_LINES + 1])
+    lines = [f"- Step {item.step.number}: {one_line(item.undo_words)}" for item in items[:UNDO_LINES]]
+    if len(items) > UNDO_LINES:
+        lines.append(f"- and {plan.compensate_count - UNDO_LINES} more: see the plan's page")
+    return "Signing undoes, in this order:\n" + "\n".join(lines) + "\n" if lines else ""
+
+
 def _rest_line(plan: Plan) -> str:
     """For the rest of a plan that stopped short: which, and how it ended."""
     if plan.rest_of_id is None:
@@ -143,7 +157,7 @@ def plan_ready(plan: Plan) -> int:
     """Email every approver who may sign it, and post to the webhook; returns how many were emailed."""
     changed = changed_since(plan)
     changes = "Changed since the agent acted:\n" + "\n".join(changed) + "\n" if changed else ""
-    text = (f"{summary(plan)}\n" + _rest_line(plan) + changes + _held_lines(plan)
+    text = (f"{summary(plan)}\n" + _rest_line(plan) + _undo_lines(plan) + changes + _held_lines(plan)
             + f"{_digest_line(plan)}\nReview and sign: {_link(plan, digest=True)}")
     _keep_what_was_sent(plan)
     return _tell_approvers([u.email for u in approvers_to_tell(plan)],

@@ -51,6 +51,18 @@ def _undone(step_ids: list[int]) -> dict[int, dict[str, Any]]:
             for item in items}
 
 
+def _left(step_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """The last finished plan that meant to undo each step and did not (a conflict kept, a failure, a
+    stop)."""
+    left = {}
+    for item in (PlanItem.objects.filter(step_id__in=step_ids, outcome__in=execution.STOPS_DEPENDENCIES
+                                         | {execution.SKIPPED}, plan__state__in=Plan.FINISHED_STATES)
+                 .select_related("plan").order_by("exec_finished_at", "pk")):
+        left[item.step_id] = {**_plan(item.plan), "at": item.exec_finished_at,
+                              "outcome": execution.OUTCOME_WORDS.get(item.outcome, item.outcome)}
+    return left
+
+
 def _in_open_plan(step_ids: list[int]) -> dict[int, dict[str, Any]]:
     return {item.step_id: {**_plan(item.plan), "undoes": item.action == PlanItem.Action.COMPENSATE}
             for item in PlanItem.objects.filter(step_id__in=step_ids, holds_step=True,
@@ -107,12 +119,13 @@ class Story:
     """The journal's `story` port, answered from the plans and held calls."""
 
     def steps(self, steps: list[Step]) -> dict[int, dict[str, Any]]:
-        """By step id: `undone` (the plan, when, `by` whom), `inPlan` (the open plan holding it) and `held`
-        (its held call's page and trail), each only where it applies."""
+        """By step id: `undone` (the plan, when, `by` whom), `left` (the last finished plan that did not
+        undo it, and its outcome), `inPlan` (the open plan holding it) and `held` (its held call's page and
+        trail), each only where it applies."""
         by_id = {step.pk: step for step in steps}
         stories: dict[int, dict[str, Any]] = defaultdict(dict)
-        for key, found in (("undone", _undone(list(by_id))), ("inPlan", _in_open_plan(list(by_id))),
-                           ("held", _held(by_id))):
+        for key, found in (("undone", _undone(list(by_id))), ("left", _left(list(by_id))),
+                           ("inPlan", _in_open_plan(list(by_id))), ("held", _held(by_id))):
             for step_id, story in found.items():
                 stories[step_id][key] = story
         return dict(stories)

@@ -133,7 +133,8 @@ class RunStory(Protocol):
 
     def steps(self, steps: list[Any]) -> dict[int, dict[str, Any]]:
         """By step id, where it applies: `undone` (`{"id", "short", "state", "url", "at", "by"}`: the plan
-        that undid it, when, and who let it run), `inPlan` (the open plan holding it) and `held` (`{"url",
+        that undid it, when, and who let it run), `left` (the last finished plan that did not, with its
+        `outcome` in words), `inPlan` (the open plan holding it) and `held` (`{"url",
         "state", "trail": [{"what", "at"}]}`: its held call, held → approved by … → sent)."""
 
     def run(self, run: Any) -> dict[str, Any]:

@@ -61,6 +61,10 @@ def test_approvers_get_an_email_and_the_webhook_a_message_once(globex, on_call, 
     [message] = mail.outbox
     assert sorted(message.to) == ["ana@acme.example", "bo@acme.example"]  # not the requester, not Dana
     assert "Undo 2 actions by sales-bot for dana" in message.body
+    # What signing undoes, each as the change it makes, in the order it is done.
+    undoes = message.body.split("Signing undoes, in this order:\n")[1].split("\n")[:2]
+    assert undoes[0].startswith("- Step 3: Cancel 'Kickoff with Globex'") and undoes[1].startswith(
+        "- Step 2: Deal D-881 stage: Won → Proposal")  # its server's own words for the undo
     assert f"https://undo.acme.example/plans/{plan.public_id}/" in message.body
     assert len(received) == 1 and "ready for sign-off" in received[0]["text"]
     # A second run of the task sends nothing more.

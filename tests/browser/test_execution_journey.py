@@ -46,6 +46,7 @@ def test_the_worker_undoes_the_plan_and_the_page_reports_it(
         undone = page.locator("li.step:has(p.undone)")
         undone_lines = undone.locator("p.undone").all_inner_texts()
         undone_offers = undone.locator("details.undo, input[name=steps]").count()
+        left_lines = page.locator("p.left-by").all_inner_texts()
 
     calendar = [e for e in sample_servers.ledger("calendar") if e["op"] == "compensate"]
     crm = [e for e in sample_servers.ledger("crm") if e["op"] == "compensate"]
@@ -59,6 +60,13 @@ def test_the_worker_undoes_the_plan_and_the_page_reports_it(
     assert undone_lines and all(
         line.startswith(f"Undone by plan {short} on ") and ", let run by ana and bo." in line
         for line in undone_lines) and undone_offers == 0
+    # A step the plan left alone says so, and can still be undone by another plan.
+    if choice == "overwrite":
+        assert left_lines == []
+    else:
+        [left] = left_lines
+        assert left.startswith(f"Not undone by plan {short} (skipped, ") and left.endswith(
+            "): it can still be undone.")
     if choice == "overwrite":
         assert heading == "Completed: Reversed 2 of 3 actions; 1 cannot be undone"
         assert len(crm) == 1
