@@ -230,6 +230,9 @@ def _sign_off_context(request, plan: Plan, items: list) -> dict:
         if plan.state == Plan.State.READY else []
     return {"rules": rules, "signed": signed, "counting": len(counting), "choices_differ": differ,
             "still_needed": max(rules.quorum - len(counting), 0), "may_sign_names": names,
+            # A plan that ended with nothing left to undo was never anyone's to sign (services.nothing_left).
+            "nothing_to_sign": plan.state in Plan.FINISHED_STATES and not approvals
+            and not plan.approved_by_policy,
             **authority.signing_state(request.user, role=roles.APPROVER, refusal=refusal)}
 
 

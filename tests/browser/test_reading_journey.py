@@ -12,10 +12,14 @@ import pytest
 from django.utils import timezone
 
 from approver import services
+from approver.models import Plan
 from journal import services as journal_services
 from journal.models import Run, Step
 from journal.ports import HOLD_LOST_SECONDS
+from tests.approver.services.test_approvals import approve, conflicted_plan, enrolled  # noqa: F401
+from tests.approver.services.test_executor import run_plan
 from tests.approver.services.test_held_calls import decide, hold_email, set_policy
+from tests.approver.services.test_leases import two_plans  # noqa: F401
 from tests.services import needs_chromium
 
 pytestmark = [pytest.mark.browser, needs_chromium, pytest.mark.django_db(transaction=True)]
@@ -127,3 +131,57 @@ def test_every_page_fits_a_phone_and_reads_right(recorder, story, chromium, appr
     text, role, color = read["error"]
     assert text.startswith("Not done: Tick the steps to undo") and role == "alert"
     assert color == "rgb(179, 38, 30)"
+
+
+def test_an_approver_on_a_phone_reads_what_signing_does(
+        recorder, conflicted_plan, chromium, approver_user, second_approver):  # noqa: F811 - a fixture
+    plan = conflicted_plan
+    base = f"http://localhost:{recorder.port}"
+    approve(plan, second_approver, enrolled(second_approver), choices={"3": "keep_newer"})
+    plan.refresh_from_db()  # bo's choice is part of what the next approver signs
+    enrolled(approver_user)  # so the sign button shows
+    with chromium() as browser:
+        page = log_in(browser, base, "ana", viewport=PHONE)
+        page.goto(f"{base}/plans/{plan.public_id}/")
+        width = page.evaluate("document.documentElement.scrollWidth")
+        undo = page.locator("#will-be-undone li.item").all_inner_texts()
+        choice = page.locator("fieldset.choice").inner_text()
+        sign = page.locator("#signatures").inner_text()
+        check_again = page.locator("form.check-again")
+        secondary = check_again.locator("button").get_attribute("class")
+        warning = check_again.inner_text()
+
+    assert width <= PHONE["width"]
+    # The deal's undo reads as the change it makes (its server's words are not there after a conflict).
+    assert any("Put back stage: Won → Proposal (the agent's change was “Deal D-881 stage: Proposal → Won”)"
+               in item for item in undo), undo
+    # The conflict's answers say what each does to the record, and which version an overwrite is sent at.
+    assert "Leave it as priya left it: skip this undo" in choice
+    assert "Undo the stage anyway: priya's amount change is kept" in choice
+    assert "version you saw, v14" in choice
+    # The sign button's line says what signing does; the quorum says who is still needed.
+    assert "You are approval 2 of 2: undoing starts as soon as you sign" in sign
+    assert "1 of 2 approvals that count; 1 more needed, from: ana" in sign
+    assert plan.digest in sign  # the whole digest beside its short form
+    assert secondary == "secondary" and "the approvals given so far no longer count" in warning
+
+
+
+def test_nobody_signs_nothing_and_the_page_says_why_without_javascript(
+        recorder, two_plans, chromium, approver_user, second_approver, on_call):  # noqa: F811 - a fixture
+    first, _ = two_plans  # ops-bot's change to the deal's amount, its run's only step
+    base = f"http://localhost:{recorder.port}"
+    for user in (approver_user, second_approver):
+        approve(first, user, enrolled(user), choices={})
+    first = run_plan(Plan.objects.get(pk=first.pk))
+    again = services.request_plan(run=first.run, requested_by=on_call, reason="once more", steps=[1])
+    assert again.state == "completed" and not again.approvals.exists()
+    with chromium() as browser:
+        page = log_in(browser, base, "ana", viewport=PHONE, java_script_enabled=False)
+        page.goto(f"{base}/plans/{again.public_id}/")
+        ended = page.locator("main").inner_text()
+        forms = page.locator("#sign-off, form.check-again").count()
+        width = page.evaluate("document.documentElement.scrollWidth")
+    assert f"Nothing left to undo: step 1 was undone by plan {str(first.public_id)[:8]} at " in ended
+    assert "Nobody needed to sign: nothing was left to undo." in ended
+    assert forms == 0 and "approvals that count" not in ended and width <= PHONE["width"]
