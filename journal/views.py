@@ -1,8 +1,8 @@
 from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import Count, OuterRef, Prefetch, Subquery
-from django.db.models.fields.json import KeyTextTransform, KeyTransform
+from django.db.models import Count, JSONField, OuterRef, Prefetch, Subquery
+from django.db.models.fields.json import KeyTransform
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -29,6 +29,7 @@ def run_list(request):
     stories = ports.story().runs(page.object_list)
     for run in page.object_list:
         run.story = stories.get(run.pk, {})
+        run.named = run.named if isinstance(run.named, str) else ""  # the agent may send anything there
     query = request.GET.copy()
     query.pop("page", None)
     template = "journal/run_list.html#runs" if request.htmx else "journal/run_list.html"
@@ -41,7 +42,8 @@ def _gist() -> dict:
     steps = Step.objects.filter(run=OuterRef("pk"))
     return {
         "named": Subquery(steps.filter(number=1).annotate(
-            name=KeyTextTransform(RUN_NAME_KEY, KeyTransform(HATP_KEY, "request_meta"))).values("name")[:1]),
+            name=KeyTransform(RUN_NAME_KEY, KeyTransform(HATP_KEY, "request_meta"))).values("name")[:1],
+            output_field=JSONField()),
         "first_change": Subquery(
             steps.exclude(effect_summary="").order_by("number").values("effect_summary")[:1]),
     }

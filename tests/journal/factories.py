@@ -6,7 +6,7 @@ from journal import services
 
 
 def journal_call(agent, *, run_key="run:test", server=None, server_name="crm", tool="update_deal",
-                 arguments=None, result=None, error=None, at=None):
+                 arguments=None, result=None, error=None, at=None, request_meta=None):
     at = at or datetime(2026, 11, 29, 10, tzinfo=UTC)
     opened = services.open_step(
         agent=agent,
@@ -15,7 +15,7 @@ def journal_call(agent, *, run_key="run:test", server=None, server_name="crm", t
         server_name=server_name,
         tool=tool,
         arguments=arguments or {"deal_id": "D-881"},
-        request_meta=None,
+        request_meta=request_meta,
         now=at,
     )
     outcome = (

@@ -115,6 +115,21 @@ def test_run_list_filters_by_agent_and_state_and_paginates(client, dana, on_call
     assert "Page 2 of 2" in client.get(reverse("journal:run_list"), {"page": 2}).content.decode()
 
 
+def test_run_list_tells_runs_of_one_agent_apart_by_the_name_it_gave_or_its_first_change(client, agent, crm,
+                                                                                      on_call):
+    journal_call(agent, run_key="run:named", request_meta={"hatp/journal": {"runName": "Renew Globex\u202e"}})
+    journal_call(agent, run_key="run:plain", server=crm, result=HATP_RESULT)
+    for key, name in (("run:odd", {"not": "a name"}), ("run:long", "x" * 5000)):  # whatever the agent sends
+        journal_call(agent, run_key=key, request_meta={"hatp/journal": {"runName": name}})
+    client.force_login(on_call)
+    html = client.get(reverse("journal:run_list")).content.decode()
+    gists = [line.strip() for line in html.split('<span class="gist">')[1:]]
+    assert any("Renew Globex" in g and "U+202E" in g for g in gists)  # a hidden character, shown
+    assert any(g.startswith("Deal D-881 stage: Proposal → Won</span>") for g in gists)
+    assert any(g.startswith("x" * 119 + "…") for g in gists) and html.count('<span class="gist">') == 3
+    assert "&quot;not&quot;" not in html  # not a string: no name, and no first change either
+
+
 def test_run_list_htmx_request_gets_only_the_fragment(client, agent, on_call):
     make_run(agent, steps=1)
     client.force_login(on_call)
