@@ -73,7 +73,8 @@ def _trail(action: ActionRequest, step: Step, decisions: list[ActionApproval]) -
     """How one held call went for this step, in order: held, each decision, and what became of the call."""
     trail: list[dict[str, Any]] = [{"what": "held", "at": action.created_at}]
     waited_here = action.step_id == step.pk or step.held_call == str(action.public_id)
-    if waited_here and step.status == Step.Status.ERROR and action.used_step_id != step.pk:
+    if (waited_here and step.status == Step.Status.ERROR and action.used_step_id != step.pk
+            and action.state != ActionRequest.State.DENIED):  # a denial says itself why nothing was sent
         why = ("this attempt was never sent: the Recorder restarted" if step.error_message == NEVER_SENT
                else "the agent stopped waiting; this attempt was not sent")
         trail.append({"what": why, "at": step.finished_at})

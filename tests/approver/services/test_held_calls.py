@@ -169,6 +169,18 @@ def test_a_held_call_times_out_with_the_url_and_the_next_identical_call_runs_onc
     once_more = call(recorder, token, "mail__send_email", EMAIL)
     assert once_more.is_error and "awaits approval" in once_more.content[0].text
     assert len(sent_emails(sample_servers)) == 1
+    # The run page tells each attempt's story from the held call's own state.
+    from journal import ports
+
+    steps = list(Step.objects.filter(tool="send_email", arguments=EMAIL).order_by("pk"))
+    stories = ports.story().steps(steps)
+    trails = [[part["what"] for part in stories[step.pk]["held"]["trail"]] for step in steps]
+    assert trails == [
+        ["held", "the agent stopped waiting; this attempt was not sent", "approved by ana",
+         f"sent with the agent's next identical call (step {steps[1].number})"],
+        ["held", "approved by ana", "sent"],
+        ["held", "the agent stopped waiting; this attempt was not sent"],
+    ], trails
 
 
 def test_a_policy_change_applies_to_the_next_call(recorder, sales_bot, sample_servers, admin_user):
