@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-# The longest a gate may hold a call. The reconciler closes a step still held after this (plus the time a
-# call may take): the Recorder that held it stopped.
+# The longest a gate may hold a call (a policy's `askTimeout`).
 MAX_HOLD_SECONDS = 3600
 # How often the process holding a call marks it as still held, and after how long without a mark nobody holds
 # it any more (its Recorder stopped): the reconciler then settles the step as never sent.
