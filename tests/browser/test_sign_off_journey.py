@@ -69,7 +69,7 @@ def test_two_approvers_sign_with_passkeys_and_the_requester_cannot(
         ana.goto(plan_url)
         assert "0 of 2 approvals that count" in ana.locator("#signatures").inner_text()
         conflict = ana.locator("#changed-since li.item")
-        assert "it is now at v14" in conflict.inner_text()
+        assert "Since then priya changed it" in conflict.inner_text()
         # Field by field: the agent's stage change and priya's amount change since, each cell marked.
         assert conflict.locator("td[data-changed=agent]").inner_text().startswith("Won")
         assert conflict.locator("td[data-changed=since]").inner_text().startswith("45000")
