@@ -58,7 +58,7 @@ def test_an_admin_sees_where_each_tools_undo_comes_from_and_puts_a_pack_in_force
     change = PolicyChange.objects.get(event="recipes_changed")
     assert change.data["by"] == "ada" and change.data["before"]["recipes"] == []
     assert change.data["after"]["pack"] == "filesystem"
-    assert f"#{change.seq}" in shown  # the server's own change log
+    assert f'id="change-{change.seq}" title="Entry {change.seq} of the change log"' in shown  # its own log
 
 
 def test_an_admin_may_let_a_packs_undos_run_under_the_plan_policies(fs, admin):

@@ -98,9 +98,10 @@ def test_the_recorder_keeps_the_earlier_state_and_binds_the_undo_to_it(recorder,
     web = Client()
     web.force_login(on_call)
     page = web.get(f"/runs/{rewritten.run.public_id}/").content.decode()
-    assert 'id="read-1"' in page and "The Recorder's own read for this call's undo" in page
-    assert "just before the call and again just after" in page and "rewritten by the agent" in page
-    assert "failed just before the call" in page  # the new file's read: ENOENT
+    assert 'id="read-1"' in page and "The Recorder read the record just before the call" in page
+    assert "just before the call and again just after, so the undo can put it back" in page
+    assert "rewritten by the agent" in page
+    assert "The Recorder could not read the record before the call, for its undo" in page  # ENOENT
     api = web.get(f"/api/runs/{rewritten.run.public_id}/steps/").json()
     assert api["items"][0]["earlierState"]["left"] == {"content": "rewritten by the agent\n"}
 

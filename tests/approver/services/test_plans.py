@@ -93,8 +93,8 @@ def test_a_colleagues_edit_is_shown_field_by_field_on_the_page_in_the_email_and_
 
     client.force_login(approver_user)
     page = client.get(reverse("approver:plan_detail", args=[plan.public_id])).content.decode()
-    assert '<td class="changed" data-changed="agent"><mark>Won</mark>' in page
-    assert '<td class="changed" data-changed="since"><mark>45000</mark>' in page
+    assert '<td data-label="The agent left" class="changed" data-changed="agent"><mark>Won</mark>' in page
+    assert '<td data-label="Now" class="changed" data-changed="since"><mark>45000</mark>' in page
     assert "after the agent&#x27;s change" in page or "after the agent's change" in page
 
     approver_user.email = "ana@acme.example"
