@@ -64,7 +64,7 @@ def test_a_url_only_client_signs_in_in_the_browser_acts_as_the_picked_agent_and_
             browser = await playwright.chromium.launch(
                 executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
             )
-            page = await browser.new_page()
+            page = await browser.new_page(viewport={"width": 390, "height": 844})  # signing in from a phone
             redirected = anyio.Event()
 
             async def on_redirect(route):
@@ -82,6 +82,7 @@ def test_a_url_only_client_signs_in_in_the_browser_acts_as_the_picked_agent_and_
                 await page.click("button[type=submit]")
                 await page.wait_for_selector("#authorizationForm")
                 seen["consent"] = await page.inner_text("main")
+                seen["consent width"] = await page.evaluate("document.documentElement.scrollWidth")
                 await page.check("input[name=agent][value=dana-desk]")
                 await page.click("button[name=allow]")
 
@@ -120,6 +121,7 @@ def test_a_url_only_client_signs_in_in_the_browser_acts_as_the_picked_agent_and_
     asked = parse_qs(urlsplit(seen["authorization_url"]).query)
     assert asked["resource"] == [server_url] and asked["code_challenge_method"] == ["S256"]
     assert "Desk Assistant" in seen["consent"] and server_url in seen["consent"]
+    assert seen["consent width"] <= 390  # nothing wider than the phone
     assert "dana-laptop" in seen["consent"] and "dana-desk" in seen["consent"]
     assert "crm__get_deal" in seen["tools"] and not seen["result"].is_error
     step = Step.objects.select_related("run__agent").get(tool="get_deal")

@@ -6,15 +6,16 @@ error reads as one. Screenshots of every page at phone size land in VAR_DIR/scre
 
 import os
 import re
+import uuid
 from pathlib import Path
 
 import pytest
 from django.utils import timezone
 
 from approver import services
-from approver.models import Plan
+from approver.models import AutonomyPolicy, Plan
 from journal import services as journal_services
-from journal.models import Run, Step
+from journal.models import Run, Step, ToolServer
 from journal.ports import HOLD_LOST_SECONDS
 from tests.approver.services.test_approvals import approve, conflicted_plan, enrolled  # noqa: F401
 from tests.approver.services.test_executor import run_plan
@@ -68,13 +69,17 @@ def test_every_page_fits_a_phone_and_reads_right(recorder, story, chromium, appr
     run, plan, opened, action = story
     base = f"http://localhost:{recorder.port}"
     held_public = Run.objects.get(pk=opened.run_id).public_id
+    policy, crm = AutonomyPolicy.objects.get(), ToolServer.objects.get(name="crm")
     pages = {
         "olivia": {"runs": "/runs/", "run": f"/runs/{run.public_id}/", "held-run": f"/runs/{held_public}/",
                    "plans": "/plans/", "plan": f"/plans/{plan.public_id}/", "held-calls": "/actions/",
                    "held-call": f"/actions/{action.public_id}/", "agents": "/agents/",
                    "agent": "/agents/sales-bot/"},
         "ana": {"passkeys": "/passkeys/", "plan-to-sign": f"/plans/{plan.public_id}/"},
-        "ada": {"policies": "/policies/", "servers": "/servers/", "plan-admin": f"/plans/{plan.public_id}/"},
+        "ada": {"policies": "/policies/", "policy": f"/policies/{policy.pk}/", "new-policy": "/policies/new/",
+                "servers": "/servers/", "server": f"/servers/{crm.pk}/",
+                "recipe": f"/servers/{crm.pk}/?tool=update_deal", "plan-admin": f"/plans/{plan.public_id}/",
+                "not-found": f"/plans/{uuid.UUID(int=0)}/"},
         "dana": {"her-agents": "/agents/"},
     }
     widths, read = {}, {}
