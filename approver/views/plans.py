@@ -221,19 +221,25 @@ def _sign_off_context(request, plan: Plan, items: list) -> dict:
     ]
     refusal = (lambda: authority.signing_refusal(plan=plan, user=request.user, rules=rules)) \
         if plan.state == Plan.State.READY else None
-    chosen = ({str(i.position): i.conflict_choice for i in items if i.conflict_choice},
-              {str(i.position): i.override_reason for i in items if i.override_reason})
-    differ = any(a.decision == Approval.Decision.APPROVE and a.digest != plan.digest
-                 and (a.choices, a.overrides) != chosen for a in approvals)
     counted_by = {a.approver_id for a in approvals if a.pk in counting}
     names = [u.get_username() for u in authority.who_may_sign(plan, rules) if u.pk not in counted_by] \
         if plan.state == Plan.State.READY else []
-    return {"rules": rules, "signed": signed, "counting": len(counting), "choices_differ": differ,
+    return {"rules": rules, "signed": signed, "counting": len(counting),
+            "choices_differ": _choices_differ(plan, items, approvals),
             "still_needed": max(rules.quorum - len(counting), 0), "may_sign_names": names,
             # A plan that ended with nothing left to undo was never anyone's to sign (services.nothing_left).
             "nothing_to_sign": plan.state in Plan.FINISHED_STATES and not approvals
             and not plan.approved_by_policy,
             **authority.signing_state(request.user, role=roles.APPROVER, refusal=refusal)}
+
+
+def _choices_differ(plan: Plan, items: list, approvals: list[Approval]) -> bool:
+    """Whether an approver signed other choices or override reasons than the plan now holds (then it
+    cannot run as it stands)."""
+    chosen = ({str(i.position): i.conflict_choice for i in items if i.conflict_choice},
+              {str(i.position): i.override_reason for i in items if i.override_reason})
+    return any(a.decision == Approval.Decision.APPROVE and a.digest != plan.digest
+               and (a.choices, a.overrides) != chosen for a in approvals)
 
 
 @require_POST
