@@ -1,0 +1,156 @@
+"""The journal thread commits in groups: the jobs waiting at one moment share one transaction, each in a
+savepoint; a job's result is handed back only once that transaction committed; a failing job undoes only
+its own writes; one that fails on the database, and every job after it, run alone in order; a failed commit
+fails every job of its group; closing runs every queued job first."""
+
+import asyncio
+import threading
+
+import pytest
+from django.contrib.auth.models import Group
+from django.db import IntegrityError, OperationalError, connection
+
+from journal import roles
+from journal.mcp.journal_thread import JournalThread
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+def names() -> list[str]:
+    """The groups the jobs wrote (not the roles the migrations made)."""
+    return sorted(Group.objects.exclude(name__in=roles.ALL).values_list("name", flat=True))
+
+
+def add(name: str) -> str:
+    Group.objects.create(name=name)
+    return name
+
+
+def grouped(journal: JournalThread, *jobs) -> list:
+    """Hand `jobs` ((fn, kwargs) pairs) in while the thread is busy, so they wait together and run as one
+    group; what each gave (or raised), in order, and how many commits the group took."""
+    commits, busy, release = [], threading.Event(), threading.Event()
+
+    def hold() -> None:
+        real = connection.commit
+        connection.commit = lambda: (commits.append(1), real())[1]  # this thread's connection
+        busy.set()
+        release.wait(10)
+
+    async def main():
+        first = journal.submit(hold)
+        await asyncio.to_thread(busy.wait, 10)
+        futures = [journal.submit(fn, **kwargs) for fn, kwargs in jobs]
+        release.set()
+        await first
+        return await asyncio.gather(*futures, return_exceptions=True)
+
+    given = asyncio.run(main())
+    journal.settle()
+    return given, len(commits)
+
+
+@pytest.fixture
+def journal():
+    thread = JournalThread()
+    yield thread
+    thread.close()
+
+
+def test_jobs_waiting_together_commit_once_and_each_gets_its_own_result(journal):
+    given, commits = grouped(journal, *[(add, {"name": f"g{n}"}) for n in range(20)])
+    assert given == [f"g{n}" for n in range(20)] and names() == sorted(f"g{n}" for n in range(20))
+    assert commits == 1  # twenty writes, one transaction
+
+
+def test_a_result_is_handed_back_only_once_its_group_committed(journal):
+    busy, inside, release_busy, release_last = (threading.Event() for _ in range(4))
+
+    def hold() -> None:
+        busy.set()
+        release_busy.wait(10)
+
+    def last() -> None:
+        inside.set()  # `first` has run, in this group's transaction, not yet committed
+        release_last.wait(10)
+
+    async def main():
+        held = journal.submit(hold)
+        await asyncio.to_thread(busy.wait, 10)
+        first, slow = journal.submit(add, name="first"), journal.submit(last)
+        release_busy.set()
+        await held
+        await asyncio.to_thread(inside.wait, 10)
+        await asyncio.sleep(0.05)
+        before = first.done()
+        release_last.set()
+        await slow
+        return before, await first
+
+    assert asyncio.run(main()) == (False, "first")
+
+
+def test_a_failing_job_undoes_only_its_own_writes_and_gets_its_own_error(journal):
+    def fails() -> None:
+        add("half-done")
+        raise ValueError("this job broke")
+
+    given, _ = grouped(journal, (add, {"name": "a"}), (fails, {}), (add, {"name": "b"}))
+    assert given[0] == "a" and given[2] == "b" and isinstance(given[1], ValueError)
+    assert names() == ["a", "b"]
+
+
+def test_from_a_job_that_fails_on_the_database_on_the_rest_run_alone_in_order(journal):
+    attempts, order = [], []
+
+    def deadlocked_once() -> str:
+        add("retried")
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise OperationalError("deadlock detected")  # another process's group held the lock
+        return "retried"
+
+    def after(name) -> str:
+        order.append((name, Group.objects.filter(name="retried").exists()))
+        return add(name)
+
+    given, _ = grouped(journal, (add, {"name": "before"}), (deadlocked_once, {}), (after, {"name": "then"}),
+                       (add, {"name": "duplicate"}))
+    assert given == ["before", "retried", "then", "duplicate"] and len(attempts) == 2
+    assert order == [("then", True)]  # it ran after the retried job, as it was handed in
+    assert names() == ["before", "duplicate", "retried", "then"]  # the first attempt's row was undone
+    given, _ = grouped(journal, (add, {"name": "c"}), (add, {"name": "before"}), (add, {"name": "d"}))
+    assert given[0] == "c" and isinstance(given[1], IntegrityError) and given[2] == "d"
+
+
+def test_a_commit_that_fails_fails_every_job_of_its_group_and_writes_nothing(journal):
+    def breaks_the_commit() -> None:
+        real = connection.commit
+
+        def fails():
+            connection.commit = real  # once
+            raise OperationalError("disk I/O error")
+
+        connection.commit = fails
+
+    given, _ = grouped(journal, (add, {"name": "x"}), (breaks_the_commit, {}), (add, {"name": "y"}))
+    assert all(isinstance(g, OperationalError) for g in given) and names() == []
+    assert asyncio.run(_one(journal, add, name="z")) == "z" and names() == ["z"]  # it reconnects
+
+
+async def _one(journal, fn, **kwargs):
+    return await journal.submit(fn, **kwargs)
+
+
+def test_closing_runs_every_queued_job_first():
+    journal = JournalThread()
+
+    async def main():
+        for n in range(50):
+            journal.submit(add, name=f"q{n}")
+
+    asyncio.run(main())
+    journal.close()
+    assert len(names()) == 50
+    with pytest.raises(RuntimeError, match="closed"):
+        asyncio.run(_one(journal, add, name="late"))
