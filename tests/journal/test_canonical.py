@@ -3,8 +3,11 @@
 import struct
 
 import pytest
+import rfc8785
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from journal.canonical import canonical_bytes, to_ijson
+from journal.canonical import _plain, canonical_bytes, to_ijson
 
 
 def test_rfc8785_section_3_2_2_example_is_reproduced():
@@ -78,3 +81,32 @@ def test_lone_surrogates_become_replacement_characters():
 
 def test_non_finite_floats_are_kept_as_words():
     assert to_ijson([float("nan"), float("inf")]) == ["nan", "inf"]
+
+
+I_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53 - 1), 2**53 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: st.lists(children, max_size=6) | st.dictionaries(st.text(), children, max_size=6),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(I_JSON)
+def test_the_fast_path_writes_exactly_the_librarys_bytes_for_every_i_json_value(value):
+    assert canonical_bytes(value) == rfc8785.dumps(value)
+
+
+@pytest.mark.parametrize("value", [
+    {"durationMs": 9.123, "seq": 12, "data": {"text": "Proposal → Won\n\t\u0001\"\\", "ok": True, "n": None}},
+    [1, -(2**53 - 1), "x", {"": []}],
+])
+def test_a_journal_entrys_usual_values_take_the_fast_path(value):
+    assert _plain(value) and canonical_bytes(value) == rfc8785.dumps(value)
+
+
+@pytest.mark.parametrize("value", [
+    1e-7, 1e21, 1.0, -0.0, 1e16, {"\U0001f600": 1, "\ufb33": 2}, 2**53, (1, 2),
+])
+def test_what_the_fast_path_might_write_differently_goes_to_the_library(value):
+    assert not _plain(value)
