@@ -62,29 +62,34 @@ def canonical_bytes(value: Any) -> bytes:
 
 
 def _plain(value: Any) -> bool:
-    """Whether the fast path writes `value` exactly as JCS does (see the module)."""
+    """Whether the fast path writes `value` exactly as JCS does (see the module). Exact types only: a
+    subclass of str or int may write itself otherwise, so it goes to the library."""
     stack = [value]
+    pop, push, extend = stack.pop, stack.append, stack.extend
     while stack:
-        item = stack.pop()
-        if isinstance(item, str | bool) or item is None:
+        item = pop()
+        kind = type(item)
+        if kind is str or kind is bool or item is None:
             continue
-        if isinstance(item, int):
+        if kind is dict:
+            for key, child in item.items():
+                if type(key) is not str or not (key.isascii() or max(key) < _BEYOND_BMP):
+                    return False
+                kind = type(child)
+                if kind is str or kind is bool or child is None:
+                    continue
+                push(child)
+        elif kind is list:
+            extend(item)
+        elif kind is int:
             if not -_MAX_SAFE_INT <= item <= _MAX_SAFE_INT:
                 return False  # not I-JSON: the library refuses it
-            continue
-        if isinstance(item, dict):
-            for key in item:
-                if not isinstance(key, str) or (key and max(key) >= _BEYOND_BMP):
-                    return False
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, float):
+        elif kind is float:
             written = repr(item)
             if "e" in written or written.endswith(".0") or not math.isfinite(item):
                 return False
         else:
-            return False  # a tuple, or anything the library is to judge
+            return False  # a tuple, a subclass, or anything else the library is to judge
     return True
 
 

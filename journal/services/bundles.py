@@ -2,6 +2,7 @@
 or a ChronoMCP audit log (all or nothing, after verifying it)."""
 
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -24,11 +25,21 @@ from ..models import ChainEntry, Checkpoint, RecorderKey, Run, Step
 from .record import append_entry, checkpoint_run, open_run, sign_checkpoint
 from .steps import count
 
+# A chain entry as the wire has it, read as plain rows (no model instance per entry).
+_COLUMNS = ("seq", "ts", "event", "data", "prev_hash", "hash")
+_WIRE = ("seq", "ts", "event", "data", "prevHash", "hash")
+
+
+def _wire(entries) -> Iterator[dict[str, Any]]:
+    """Chain entries (a query) as the wire has them, read in chunks."""
+    for row in entries.values_list(*_COLUMNS).iterator(chunk_size=2000):
+        yield dict(zip(_WIRE, row, strict=True))
+
 
 def verify_run(*, run: Run) -> chain.Verdict:
     """Check a run's chain and checkpoints. Entries are read in the order they were stored (by row id), not
     sorted by `seq`, so a reordering shows up as a wrong seq."""
-    entries = (entry.as_wire() for entry in run.entries.order_by("id").iterator(chunk_size=2000))
+    entries = _wire(run.entries.order_by("id"))
     checkpoints = [
         checkpoint.as_wire() for checkpoint in run.checkpoints.order_by("seq").select_related("run")
     ]
@@ -56,7 +67,7 @@ def export_bundle(*, run: Run) -> dict[str, Any]:
     return {
         "format": "agent-undo/run-bundle@1",
         "run": header,
-        "entries": [entry.as_wire() for entry in run.entries.order_by("seq")],
+        "entries": list(_wire(run.entries.order_by("seq"))),
         "checkpoints": [
             checkpoint.as_wire() for checkpoint in run.checkpoints.order_by("seq").select_related("run")
         ],
