@@ -4,13 +4,14 @@ or a ChronoMCP audit log (all or nothing, after verifying it)."""
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from .. import chain, keys, ports
+from .. import chain, keys, ports, sql
 from ..bundle import (
     ImportRefused,
     aware_moment,
@@ -185,20 +186,9 @@ def _store(bundle, *, public_id: uuid.UUID, pin: bool) -> Run:
             head_hash=entries[-1]["hash"],
             checkpointed_seq=bundle.checkpoints[-1].seq,
         )
-        ChainEntry.objects.bulk_create(
-            [
-                ChainEntry(
-                    run=run,
-                    seq=e["seq"],
-                    ts=e["ts"],
-                    event=e["event"],
-                    data=e["data"],
-                    prev_hash=e["prevHash"],
-                    hash=e["hash"],
-                )
-                for e in entries
-            ]
-        )
+        sql.insert_many(ChainEntry, [
+            {"run_id": run.pk, "seq": e["seq"], "ts": e["ts"], "event": e["event"], "data": e["data"],
+             "prev_hash": e["prevHash"], "hash": e["hash"]} for e in entries])
         Checkpoint.objects.bulk_create([
             Checkpoint(run=run, seq=c.seq, head_hash=c.headHash, key_id=c.keyId, signature=c.signature)
             for c in bundle.checkpoints
@@ -218,9 +208,11 @@ def _store(bundle, *, public_id: uuid.UUID, pin: bool) -> Run:
                     if key.keyId in signing
                 ]
             )
-        steps = [Step(run=run, **fields) for fields in step_fields(entries, started_at=run.started_at)]
-        Step.objects.bulk_create(steps)
-        _recount(run, steps)
+        steps = step_fields(entries, started_at=run.started_at)
+        sql.insert_many(Step, [{"run_id": run.pk, **fields} for fields in steps])
+        _recount(run, [SimpleNamespace(status=fields.get("status", Step.Status.PENDING),
+                                       reversibility=fields.get("reversibility", Step.Reversibility.UNKNOWN))
+                       for fields in steps])
         run.save()
     return run
 
@@ -260,7 +252,8 @@ def _check_dates(bundle, *, now) -> None:
             )
 
 
-def _recount(run: Run, steps: list[Step]) -> None:
+def _recount(run: Run, steps: list) -> None:
+    """The run list's counters of an imported run, from its steps' status and reversibility."""
     run.step_count = len(steps)
     for step in steps:
         count(run, step, acted=step.status == Step.Status.OK)
