@@ -93,6 +93,21 @@ def _plain(value: Any) -> bool:
     return True
 
 
+def from_jsonb(value: Any) -> Any:
+    """A value as PostgreSQL's jsonb gives it back, with its floats' type restored. jsonb keeps a number's
+    value, not its form: the float 1e21 comes back as the integer 1000000000000000000000, which JCS cannot
+    write. Nothing is stored as an integer beyond ±(2**53 - 1) (`to_ijson` makes those strings), so such
+    an integer was a float, and is given back as the float it was."""
+    kind = type(value)
+    if kind is int:
+        return float(value) if not -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT else value
+    if kind is dict:
+        return {key: from_jsonb(child) for key, child in value.items()}
+    if kind is list:
+        return [from_jsonb(child) for child in value]
+    return value
+
+
 def sha256_hex(value: Any) -> str:
     return hashlib.sha256(canonical_bytes(value)).hexdigest()
 

@@ -7,7 +7,7 @@ import rfc8785
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from journal.canonical import _plain, canonical_bytes, to_ijson
+from journal.canonical import _plain, canonical_bytes, from_jsonb, to_ijson
 
 
 def test_rfc8785_section_3_2_2_example_is_reproduced():
@@ -110,3 +110,13 @@ def test_a_journal_entrys_usual_values_take_the_fast_path(value):
 ])
 def test_what_the_fast_path_might_write_differently_goes_to_the_library(value):
     assert not _plain(value)
+
+
+def test_a_float_jsonb_gave_back_as_an_integer_is_a_float_again():
+    # PostgreSQL's jsonb keeps 1e21's value, not its form; nothing is stored as an integer that big.
+    stored = {"big": 10**21, "safe": 2**53 - 1, "nested": [{"tiny": 1e-06, "n": -(10**22)}], "s": "1e21"}
+    restored = from_jsonb(stored)
+    assert restored == {"big": 1e21, "safe": 2**53 - 1, "nested": [{"tiny": 1e-06, "n": -1e22}], "s": "1e21"}
+    assert type(restored["big"]) is float and type(restored["safe"]) is int
+    assert canonical_bytes(restored) == (
+        b'{"big":1e+21,"nested":[{"n":-1e+22,"tiny":0.000001}],"s":"1e21","safe":9007199254740991}')

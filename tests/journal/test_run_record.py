@@ -412,6 +412,7 @@ def test_this_recorders_own_run_is_already_here(run, tmp_path):
     refuses(export(run, tmp_path), "already here")
 
 
+@pytest.mark.postgres  # jsonb gives its 1e21 back as an integer: it must verify there too
 def test_a_chronomcp_audit_log_imports_after_its_own_chain_verifies(db):
     call_command("import_run", str(FIXTURES / "chronomcp-audit.jsonl"), stdout=open("/dev/null", "w"))
     run = Run.objects.get()
