@@ -105,6 +105,7 @@ def run_detail(request, run_id):
     stories = ports.story().steps(page.object_list)
     for step in page.object_list:
         step.story = stories.get(step.pk, {})
+        step.offers_undo = not (step.story.get("undone") or step.story.get("inPlan"))
     return render(
         request,
         "journal/run_detail.html",
@@ -119,12 +120,15 @@ def run_detail(request, run_id):
 
 
 def _header(run: Run) -> dict:
-    """What the run page's header says of the whole run: its steps counted by kind, every step once, and
-    the plan it is the undo calls of, if it is one."""
+    """What the run page's header says of the whole run: its steps counted by kind, every step once, the
+    plan it is the undo calls of, if it is one, and whether its steps may be undone from here at all."""
     groups = (Step.objects.filter(run=run).order_by()
               .values_list("status", "reversibility", "failure_class", "may_have_acted")
               .annotate(n=Count("id")))
-    return {"tally": tally.header(groups), "story": ports.story().run(run)}
+    story = ports.story().run(run)
+    return {"tally": tally.header(groups), "story": story,
+            # Imported runs are undone where they ran, and a plan's undo calls are part of that plan.
+            "may_undo": run.state != Run.State.IMPORTED and not story.get("compensates")}
 
 
 @require_GET

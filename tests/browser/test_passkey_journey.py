@@ -3,6 +3,7 @@
 import pytest
 
 from approver.models import Passkey
+from tests.browser.conftest import sign_in
 from tests.services import needs_chromium
 
 pytestmark = [pytest.mark.browser, needs_chromium, pytest.mark.django_db(transaction=True)]
@@ -55,9 +56,7 @@ def test_without_javascript_the_passkey_buttons_are_disabled_and_send_nothing(
         context = browser.new_context(java_script_enabled=False)
         page = context.new_page()
         page.goto(f"{base}/passkeys/")
-        page.fill("input[name=username]", "ana")
-        page.fill("input[name=password]", "ana-password-1")
-        page.click("button[type=submit]")
+        sign_in(page, "ana")
         page.wait_for_url(f"{base}/passkeys/")
         form = page.locator("#enrol")
         assert form.get_attribute("method") == "post"  # never a GET with the CSRF token in its query

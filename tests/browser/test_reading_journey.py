@@ -21,6 +21,7 @@ from tests.approver.services.test_approvals import approve, conflicted_plan, enr
 from tests.approver.services.test_executor import run_plan
 from tests.approver.services.test_held_calls import decide, hold_email, set_policy
 from tests.approver.services.test_leases import two_plans  # noqa: F401
+from tests.browser.conftest import sign_in
 from tests.services import needs_chromium
 
 pytestmark = [pytest.mark.browser, needs_chromium, pytest.mark.django_db(transaction=True)]
@@ -32,9 +33,7 @@ SHOTS = Path(os.environ.get("VAR_DIR", "var")) / "screenshots"
 def log_in(browser, base, username, **context):
     page = browser.new_context(**context).new_page()
     page.goto(f"{base}/login/")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", f"{username}-password-1")
-    page.click("button[type=submit]")
+    sign_in(page, username)
     page.wait_for_load_state()
     return page
 

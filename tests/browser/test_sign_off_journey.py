@@ -16,6 +16,7 @@ from journal import services as journal_services
 from journal.models import Run
 from samples import agent as scripted
 from tests.approver.services.test_approvals import WHY, enrolled
+from tests.browser.conftest import sign_in
 from tests.journal.helpers import register_samples, settle
 from tests.services import needs_chromium, running_worker, worker_env_for_test_database
 
@@ -148,12 +149,8 @@ def test_a_plan_checked_again_after_signing_shows_what_changed_and_needs_signing
 
 
 def test_without_javascript_the_sign_off_buttons_are_disabled_and_say_why(
-        recorder, sample_servers, dana, on_call, approver_user, chromium):
-    register_samples(sample_servers)
-    _, token = journal_services.create_agent(name="sales-bot", on_behalf_of=dana)
-    anyio.run(lambda: scripted.replay(f"{recorder.base}/mcp/", token, say=lambda _: None))
-    settle(recorder)
-    plan = services.request_plan(run=Run.objects.get(), requested_by=on_call, reason="r", from_step=1)
+        recorder, globex, on_call, approver_user, chromium):
+    plan = services.request_plan(run=globex, requested_by=on_call, reason="r", from_step=1)
     plan = services.run_checks(plan=plan, check_round=plan.check_round)
     enrolled(approver_user)
     base = f"http://localhost:{recorder.port}"
@@ -161,9 +158,7 @@ def test_without_javascript_the_sign_off_buttons_are_disabled_and_say_why(
     with chromium() as browser:
         page = browser.new_context(java_script_enabled=False).new_page()
         page.goto(f"{base}/plans/{plan.public_id}/")
-        page.fill("input[name=username]", "ana")
-        page.fill("input[name=password]", "ana-password-1")
-        page.click("button[type=submit]")
+        sign_in(page, "ana")
         page.wait_for_url(f"{base}/plans/{plan.public_id}/")
         form = page.locator("#sign-off")
         assert form.get_attribute("method") == "post"
