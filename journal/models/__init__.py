@@ -14,6 +14,7 @@ from django.utils import timezone
 from .. import recovery
 from .clients import ClientAuthorization as ClientAuthorization  # re-exported: one place to import from
 from .clients import RedeemedCode as RedeemedCode
+from .record_json import RecordJSONField as RecordJSONField  # re-exported: migrations name it here
 
 
 class ToolServer(models.Model):
@@ -380,7 +381,7 @@ class ChainEntry(models.Model):
     seq = models.PositiveIntegerField()
     ts = models.CharField(max_length=40)
     event = models.CharField(max_length=40)
-    data = models.JSONField()
+    data = RecordJSONField()
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
 

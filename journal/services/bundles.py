@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from .. import chain, keys, ports, sql
@@ -21,7 +21,7 @@ from ..bundle import (
     step_fields,
     verify_bundle,
 )
-from ..canonical import from_jsonb, to_ijson
+from ..canonical import to_ijson
 from ..models import ChainEntry, Checkpoint, RecorderKey, Run, Step
 from .record import append_entry, checkpoint_run, open_run, sign_checkpoint
 from .steps import count
@@ -32,14 +32,9 @@ _WIRE = ("seq", "ts", "event", "data", "prevHash", "hash")
 
 
 def _wire(entries) -> Iterator[dict[str, Any]]:
-    """Chain entries (a query) as the wire has them, read in chunks (on PostgreSQL with their floats'
-    type as it was written: `canonical.from_jsonb`)."""
-    jsonb = connection.vendor == "postgresql"
+    """Chain entries (a query) as the wire has them, read in chunks."""
     for row in entries.values_list(*_COLUMNS).iterator(chunk_size=2000):
-        entry = dict(zip(_WIRE, row, strict=True))
-        if jsonb:
-            entry["data"] = from_jsonb(entry["data"])
-        yield entry
+        yield dict(zip(_WIRE, row, strict=True))
 
 
 def verify_run(*, run: Run) -> chain.Verdict:
