@@ -7,6 +7,7 @@ repeats the same few rules with nothing but `cryptography` and a JCS library.
 """
 
 import base64
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -46,8 +47,30 @@ def make_entry(*, seq: int, ts: str, event: str, data: Any, prev_hash: str) -> d
     return {**body, "hash": sha256_hex(body)}
 
 
+# An entry's members, sorted as JCS sorts them (by UTF-16 code units), without `hash`.
+_BODY = ("data", "event", "prevHash", "seq", "ts")
+
+
 def entry_hash(entry: Mapping[str, Any]) -> str:
-    return sha256_hex({key: value for key, value in entry.items() if key != "hash"})
+    return entry_digest(entry)[0]
+
+
+def entry_digest(entry: Mapping[str, Any]) -> tuple[str, bytes | None]:
+    """An entry's hash (everything but `hash` itself), and the JCS bytes of its `data` when they were
+    written on the way, so a caller storing the entry need not write them again (None otherwise).
+
+    An entry of exactly the five members, its scalars of their own types, is hashed from its members' JCS
+    bytes joined in JCS's order, which are by definition the bytes of the whole object; anything else (a
+    tampered entry with another member, a seq that is not an integer) is canonicalised whole."""
+    if len(entry) - ("hash" in entry) == len(_BODY) and all(name in entry for name in _BODY):
+        seq, ts, event, prev = entry["seq"], entry["ts"], entry["event"], entry["prevHash"]
+        if type(seq) is int and type(ts) is str and type(event) is str and type(prev) is str:
+            data = canonical_bytes(entry["data"])
+            whole = b"".join((b'{"data":', data, b',"event":', canonical_bytes(event), b',"prevHash":',
+                              canonical_bytes(prev), b',"seq":', canonical_bytes(seq), b',"ts":',
+                              canonical_bytes(ts), b"}"))
+            return hashlib.sha256(whole).hexdigest(), data
+    return sha256_hex({key: value for key, value in entry.items() if key != "hash"}), None
 
 
 def checkpoint_payload(*, run: str, seq: int, head_hash: str) -> dict[str, Any]:
@@ -96,6 +119,69 @@ class Verdict:
         return f"broken at {where}: {self.problem}"
 
 
+class ChainCheck:
+    """A run's entries checked one at a time as they are read, so a record of any length is checked in
+    constant memory: only the hashes of the entries a checkpoint covers are kept. `add` each entry in stored
+    order (by position, not sorted by `seq`: a reordering is only visible if the entries are read as they
+    were kept), then `finish` with the checkpoints."""
+
+    def __init__(self, *, covered: set[Any] | None = None) -> None:
+        self.count = 0
+        self._covered = covered
+        self._hashes: dict[int, str] = {}
+        self._expected, self._prev = FIRST_SEQ, GENESIS
+
+    def add(self, entry: Mapping[str, Any]) -> tuple[Verdict | None, bytes | None]:
+        """The verdict if this entry breaks the chain (else None), and the JCS bytes of its data when they
+        were written on the way (see `entry_digest`)."""
+        self.count += 1
+        seq, expected = entry.get("seq"), self._expected
+        if seq != expected:
+            return Verdict(False, self.count, 0, expected, f"expected seq {expected}, found {seq!r}"), None
+        if entry.get("prevHash") != self._prev:
+            problem = "prevHash does not match the previous entry's hash"
+            return Verdict(False, self.count, 0, seq, problem), None
+        try:
+            recomputed, data = entry_digest(entry)
+        except Exception as exc:  # a tampered entry may not even be canonicalisable
+            return Verdict(False, self.count, 0, seq, f"cannot canonicalise: {exc}"), None
+        if entry.get("hash") != recomputed:
+            return Verdict(False, self.count, 0, seq, "content does not match its hash"), None
+        if self._covered is None or seq in self._covered:
+            self._hashes[seq] = recomputed
+        self._prev, self._expected = recomputed, expected + 1
+        return None, data
+
+    def finish(
+        self,
+        *,
+        run: str,
+        checkpoints: Iterable[Mapping[str, Any]],
+        public_keys: Mapping[str, Ed25519PublicKey],
+    ) -> Verdict:
+        """The verdict on the whole record: each checkpoint `{"run", "seq", "headHash", "keyId",
+        "signature"}` names this run, is signed by one of `public_keys`, and covers an entry that was read
+        with the hash it signs. A checkpoint beyond the last entry means the tail was cut."""
+        count, last_seq, checked = self.count, self._expected - 1, 0
+        for checkpoint in checkpoints:
+            checked += 1
+            seq = checkpoint.get("seq")
+            if checkpoint.get("run") != run:
+                return Verdict(False, count, checked, None, f"checkpoint for seq {seq} names another run")
+            key = public_keys.get(checkpoint.get("keyId", ""))
+            payload = checkpoint_payload(run=run, seq=seq, head_hash=checkpoint.get("headHash"))
+            if key is None or not signature_valid(key, payload, checkpoint.get("signature", "")):
+                return Verdict(False, count, checked, seq, "checkpoint signature does not verify")
+            if not isinstance(seq, int) or seq > last_seq:
+                return Verdict(False, count, checked, last_seq + 1,
+                               f"a signed checkpoint covers seq {seq}; entries after {last_seq} were cut")
+            if self._hashes.get(seq) != checkpoint.get("headHash"):
+                return Verdict(
+                    False, count, checked, seq, "entry differs from the one a signed checkpoint covers"
+                )
+        return Verdict(True, count, checked)
+
+
 def verify(
     *,
     run: str,
@@ -103,52 +189,13 @@ def verify(
     checkpoints: Iterable[Mapping[str, Any]],
     public_keys: Mapping[str, Ed25519PublicKey],
 ) -> Verdict:
-    """Check a run's chain and its checkpoints; name the first entry that does not fit.
-
-    `entries` must be in stored order (by position, not sorted by `seq`): a reordering is only visible
-    if the verifier reads the entries as they were kept. Each checkpoint is `{"run", "seq", "headHash",
-    "keyId", "signature"}`. A checkpoint beyond the last entry means the tail was cut.
-    """
-    hashes: dict[int, str] = {}
-    expected_seq, prev = FIRST_SEQ, GENESIS
-    count = 0
+    """Check a run's chain and its checkpoints; name the first entry that does not fit (see `ChainCheck`).
+    `entries` may be any iterable, read once, in stored order."""
+    checkpoints = list(checkpoints)
+    check = ChainCheck(covered={checkpoint.get("seq") for checkpoint in checkpoints
+                                if isinstance(checkpoint.get("seq"), int)})
     for entry in entries:
-        count += 1
-        seq = entry.get("seq")
-        if seq != expected_seq:
-            return Verdict(False, count, 0, expected_seq, f"expected seq {expected_seq}, found {seq!r}")
-        if entry.get("prevHash") != prev:
-            return Verdict(False, count, 0, seq, "prevHash does not match the previous entry's hash")
-        try:
-            recomputed = entry_hash(entry)
-        except Exception as exc:  # a tampered entry may not even be canonicalisable
-            return Verdict(False, count, 0, seq, f"cannot canonicalise: {exc}")
-        if entry.get("hash") != recomputed:
-            return Verdict(False, count, 0, seq, "content does not match its hash")
-        hashes[seq] = prev = recomputed
-        expected_seq += 1
-
-    last_seq = expected_seq - 1
-    checked = 0
-    for checkpoint in checkpoints:
-        checked += 1
-        seq = checkpoint.get("seq")
-        if checkpoint.get("run") != run:
-            return Verdict(False, count, checked, None, f"checkpoint for seq {seq} names another run")
-        key = public_keys.get(checkpoint.get("keyId", ""))
-        payload = checkpoint_payload(run=run, seq=seq, head_hash=checkpoint.get("headHash"))
-        if key is None or not signature_valid(key, payload, checkpoint.get("signature", "")):
-            return Verdict(False, count, checked, seq, "checkpoint signature does not verify")
-        if not isinstance(seq, int) or seq > last_seq:
-            return Verdict(
-                False,
-                count,
-                checked,
-                last_seq + 1,
-                f"a signed checkpoint covers seq {seq}; entries after {last_seq} were cut",
-            )
-        if hashes.get(seq) != checkpoint.get("headHash"):
-            return Verdict(
-                False, count, checked, seq, "entry differs from the one a signed checkpoint covers"
-            )
-    return Verdict(True, count, checked)
+        broken, _ = check.add(entry)
+        if broken is not None:
+            return broken
+    return check.finish(run=run, checkpoints=checkpoints, public_keys=public_keys)

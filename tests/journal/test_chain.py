@@ -1,9 +1,13 @@
 """The run record's chain and checkpoints, as pure functions: every single-entry tampering is found."""
 
 import copy
+import hashlib
 
 import pytest
+import rfc8785
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from journal import chain
 
@@ -155,3 +159,30 @@ def test_checkpoints_by_old_and_new_keys_both_verify():
     verdict = chain.verify(run=RUN, entries=entries, checkpoints=checkpoints,
                            public_keys={"old": old.public_key(), "new": new.public_key()})
     assert verdict.ok
+
+
+ENTRY_DATA = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53 - 1), 2**53 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(), children, max_size=5),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seq=st.integers(1, 2**53 - 1), ts=st.text(), event=st.text(), prev=st.text(), data=ENTRY_DATA)
+def test_an_entrys_hash_from_its_members_is_the_hash_of_the_whole_entry(seq, ts, event, prev, data):
+    body = {"seq": seq, "ts": ts, "event": event, "data": data, "prevHash": prev}
+    digest, data_bytes = chain.entry_digest({**body, "hash": "x"})
+    assert digest == hashlib.sha256(rfc8785.dumps(body)).hexdigest()
+    assert data_bytes == rfc8785.dumps(data)
+
+
+@pytest.mark.parametrize("entry", [
+    {"seq": 1, "ts": "t", "event": "e", "data": {}, "prevHash": "p", "extra": 1},
+    {"seq": 1.0, "ts": "t", "event": "e", "data": {}, "prevHash": "p"},
+    {"seq": True, "ts": "t", "event": "e", "data": {}, "prevHash": "p"},
+    {"seq": 1, "ts": "t", "event": "e", "data": {}},
+])
+def test_an_entry_of_other_members_or_types_is_hashed_whole(entry):
+    assert chain.entry_digest(entry) == (hashlib.sha256(rfc8785.dumps(entry)).hexdigest(), None)
