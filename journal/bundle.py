@@ -114,10 +114,11 @@ class WireRun(_Wire):
         return value
 
 
-class Bundle(_Wire):
+class BundleHead(_Wire):
+    """A bundle's members but its entries, which are read one at a time (`read_entry`)."""
+
     format: Literal["agent-undo/run-bundle@1"]
     run: WireRun
-    entries: list[WireEntry] = Field(min_length=1)
     checkpoints: list[WireCheckpoint]
     publicKeys: list[WireKey]
     approvals: list[dict[str, Any]] = Field(default_factory=list)
@@ -139,31 +140,23 @@ def describe_validation(error: ValidationError, *, line: int | None = None) -> s
 BUNDLE_MAX_DEPTH = strict_json.MAX_DEPTH + 8
 
 
-def parse_bundle(text: str, *, max_bytes: int) -> Bundle:
-    """A bundle's wire form, read strictly: bounded in size and depth before parsing, no key named twice."""
+def read_head(members: dict[str, Any]) -> BundleHead:
+    """A bundle's members but `entries`, validated strictly."""
     try:
-        raw = strict_json.loads(text, max_bytes=max_bytes, max_depth=BUNDLE_MAX_DEPTH, what="the bundle")
-    except strict_json.JsonRefused as exc:
-        raise ImportRefused(str(exc)) from None
-    try:
-        return Bundle.model_validate(raw)
+        return BundleHead.model_validate(members)
     except ValidationError as exc:
         raise ImportRefused(describe_validation(exc)) from None
 
 
-def verify_bundle(bundle: Bundle) -> chain.Verdict:
-    keys = {}
-    for key in bundle.publicKeys:
-        try:
-            keys[key.keyId] = chain.public_key_from_text(key.publicKey)
-        except ValueError:
-            raise ImportRefused(f"publicKeys: {key.keyId} is not an Ed25519 public key") from None
-    return chain.verify(
-        run=bundle.run.id,
-        entries=[entry.model_dump() for entry in bundle.entries],
-        checkpoints=[checkpoint.model_dump() for checkpoint in bundle.checkpoints],
-        public_keys=keys,
-    )
+def read_entry(raw: Any, index: int) -> WireEntry:
+    """The bundle's entry at `index` (from 0), validated strictly; the refusal names it as `entries.N`."""
+    try:
+        return WireEntry.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        location = ".".join(str(part) for part in ("entries", index, *first["loc"]))
+        more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
+        raise ImportRefused(f"{location}: {first['msg']}{more}") from None
 
 
 # -- ChronoMCP --------------------------------------------------------------------------------------------
@@ -288,24 +281,51 @@ def _answered(data: dict[str, Any], at: datetime | None) -> dict[str, Any]:
     }
 
 
-def step_fields(entries: list[dict[str, Any]], *, started_at: datetime) -> list[dict[str, Any]]:
-    """The step rows of an imported run, rebuilt from its call and result events: each row's column values,
-    in step order. Anything the record does not say keeps the column's default."""
-    steps: dict[int, dict[str, Any]] = {}
-    for entry in entries:
+class StepBuilder:
+    """The step rows of an imported run, rebuilt from its call and result events as they are read: each
+    row's column values. A step is finished once its result is in (nothing later in a record changes it), so
+    only the calls still waiting for theirs are held, with the numbers of those finished. Anything the record
+    does not say keeps the column's default."""
+
+    def __init__(self, *, started_at: datetime) -> None:
+        self._started_at = started_at
+        self._open: dict[int, dict[str, Any]] = {}
+        self._done: set[int] = set()
+        self.finished: list[dict[str, Any]] = []
+
+    def add(self, entry: dict[str, Any]) -> None:
         data = _dict(entry["data"])
         number = data.get("step")
-        if not isinstance(number, int) or isinstance(number, bool) or number < 1:
-            continue
-        at = parse_ts(entry["ts"], started_at)
-        if entry["event"] == "call" and number not in steps:
-            steps[number] = _called(data, at)
-        elif entry["event"] == "released" and number in steps and steps[number]["status"] == "held":
+        if not isinstance(number, int) or isinstance(number, bool) or number < 1 or number in self._done:
+            return
+        event, steps = entry["event"], self._open
+        if event == "call" and number not in steps:
+            steps[number] = _called(data, parse_ts(entry["ts"], self._started_at))
+        elif event == "released" and number in steps and steps[number]["status"] == "held":
             steps[number]["status"] = "pending"
-        elif entry["event"] == "result" and number in steps:
-            steps[number].update(_answered(data, at))
-            if "readAfter" in data and isinstance(steps[number].get("earlier_state"), dict):
-                steps[number]["earlier_state"]["left"] = data["readAfter"]
-        elif entry["event"] == "earlier_state" and number in steps:  # an admin's recipe read the record
+        elif event == "result" and number in steps:
+            step = steps.pop(number)
+            step.update(_answered(data, parse_ts(entry["ts"], self._started_at)))
+            if "readAfter" in data and isinstance(step.get("earlier_state"), dict):
+                step["earlier_state"]["left"] = data["readAfter"]
+            self._done.add(number)
+            self.finished.append(step)
+        elif event == "earlier_state" and number in steps:  # an admin's recipe read the record
             steps[number]["earlier_state"] = {k: v for k, v in data.items() if k != "step"}
-    return [steps[n] for n in sorted(steps)]
+
+    def take(self) -> list[dict[str, Any]]:
+        """The steps finished since the last `take`."""
+        finished, self.finished = self.finished, []
+        return finished
+
+    def unfinished(self) -> list[dict[str, Any]]:
+        """The steps whose result never came (held, or in flight when the record was exported), in order."""
+        return [self._open[n] for n in sorted(self._open)]
+
+
+def step_fields(entries: list[dict[str, Any]], *, started_at: datetime) -> list[dict[str, Any]]:
+    """The step rows of a whole record, in step order (see `StepBuilder`)."""
+    builder = StepBuilder(started_at=started_at)
+    for entry in entries:
+        builder.add(entry)
+    return sorted(builder.take() + builder.unfinished(), key=lambda fields: fields["number"])

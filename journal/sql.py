@@ -45,6 +45,12 @@ _AS_IT_IS = {"CharField": str, "TextField": str, "BooleanField": bool, "FloatFie
              "PositiveBigIntegerField": int, "PositiveSmallIntegerField": int, "SmallIntegerField": int}
 
 
+class JsonText(str):
+    """A JSON column's value already written as JSON text (the JCS bytes a chain entry was hashed from), for
+    `insert_many` to pass as it is instead of writing it again: SQLite keeps JSON as text, and PostgreSQL
+    reads a text parameter of unknown type as the column's jsonb."""
+
+
 def insert_many(model: type[Model], rows: list[dict[str, Any]], *, chunk: int = 500) -> None:
     """Insert many rows with one prepared statement (no model instance per row, no query compiled per
     batch). Fields a row does not give take their model default. Returns nothing: for records that are
@@ -62,7 +68,10 @@ def insert_many(model: type[Model], rows: list[dict[str, Any]], *, chunk: int = 
         values = []
         for name, default, kind, prep in columns:
             value = row[name] if name in row else default
-            values.append(value if kind is not None and type(value) is kind else prep(value, database))
+            if type(value) is JsonText:
+                values.append(str(value))
+            else:
+                values.append(value if kind is not None and type(value) is kind else prep(value, database))
         return values
 
     with connection.cursor() as cursor:

@@ -7,7 +7,6 @@ clear answer; and `{"agent": "bo", "agent": "mallory"}` reads as mallory to one 
 """
 
 import json
-import re
 from typing import Any
 
 # Deep enough for any real tool call (the MCP SDKs' own schemas nest a few levels), shallow enough that
@@ -16,8 +15,9 @@ MAX_DEPTH = 64
 # A JSON-RPC message carries such a value two levels down (`params.arguments`, `result.content`).
 MESSAGE_MAX_DEPTH = MAX_DEPTH + 2
 
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_BRACKET = re.compile(rb"[\[\]{}]")
+# Bytes outside strings, brackets only, each object's braces as an array's: what the depth depends on.
+_AS_BRACKETS = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
 
 
 class JsonRefused(ValueError):
@@ -25,11 +25,33 @@ class JsonRefused(ValueError):
 
 
 def nesting_depth(text: str | bytes) -> int:
-    """How deep the arrays and objects of a JSON text nest, without parsing it (0 for a scalar)."""
+    """How deep the arrays and objects of a JSON text nest, without parsing it (0 for a scalar).
+
+    All in bytes operations: escaped backslashes and quotes are dropped, so every quote left opens or closes
+    a string; what is outside strings is kept, its brackets only; then each pass drops every innermost
+    pair, and the passes it takes to empty it are the depth (the rest, unbalanced or very deep, is counted
+    one bracket at a time)."""
     data = text.encode("utf-8", errors="surrogatepass") if isinstance(text, str) else bytes(text)
+    if b'"' in data:
+        data = b"".join(data.replace(b"\\\\", b"").replace(b'\\"', b"").split(b'"')[::2])
+    brackets = data.translate(_AS_BRACKETS, _NOT_BRACKETS)
+    depth = 0
+    while brackets and depth < _PASSES:
+        inner = brackets.replace(b"[]", b"")
+        if len(inner) == len(brackets):
+            break
+        brackets, depth = inner, depth + 1
+    return depth + _counted(brackets) if brackets else depth
+
+
+# Passes of `nesting_depth` before the rest is counted bracket by bracket (each pass reads the whole text).
+_PASSES = 100
+
+
+def _counted(brackets: bytes) -> int:
     deepest = depth = 0
-    for bracket in _BRACKET.findall(_STRING.sub(b'""', data)):
-        if bracket in b"[{":
+    for bracket in brackets:
+        if bracket == 0x5B:  # [
             depth += 1
             deepest = max(deepest, depth)
         else:
@@ -61,16 +83,17 @@ def value_depth(value: Any, *, limit: int = MAX_DEPTH) -> int:
     return deepest
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result = {}
-    for key, value in pairs:
-        if key in result:
-            raise JsonRefused(f"the key {key[:80]!r} appears twice in one object")
-        result[key] = value
+def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The object of `pairs` (an `object_pairs_hook`), refused when it names a key twice."""
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise JsonRefused(f"the key {twice[:80]!r} appears twice in one object")
     return result
 
 
-def _no_constants(name: str) -> Any:
+def no_constants(name: str) -> Any:
     raise JsonRefused(f"{name} is not a JSON number")
 
 
@@ -85,7 +108,7 @@ def loads(
     if depth > max_depth:
         raise JsonRefused(f"{what} nests {depth} levels deep; the limit is {max_depth}")
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+        return json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constants)
     except JsonRefused:
         raise
     except (ValueError, RecursionError) as exc:

@@ -7,7 +7,7 @@ these as `journal.services.X`.
 - `record`: a run's chain and its signed checkpoints.
 - `steps`: an agent's call, journaled before it is forwarded and after it returns.
 - `in_flight`: steps still in flight: a call its server made a task, and what a stopped Recorder left.
-- `bundles`: verify, export and import a whole run record.
+- `bundles`: verify and export a whole run record, import a ChronoMCP log; `imports`: import a bundle.
 """
 
 from .agent_sessions import (
@@ -18,8 +18,9 @@ from .agent_sessions import (
     touch_agent_session,
 )
 from .agents import TOKEN_PREFIX, authenticate_agent, create_agent, hash_token, reset_agent_token
-from .bundles import export_bundle, import_bundle, import_chronomcp_log, verify_run
+from .bundles import export_bundle, import_chronomcp_log, verify_run, write_bundle
 from .earlier_states import read_again
+from .imports import import_bundle
 from .in_flight import RunningTask, reconcile_stale_steps, running_task, task_cancelled, task_started
 from .record import ForeignRun, append_entry, checkpoint_run, open_run, record_event, step_result
 from .runs import RunRefused, end_run, halt_run, release_run, runs_matching
@@ -73,6 +74,7 @@ __all__ = [
     "export_bundle",
     "hash_token",
     "import_bundle",
+    "write_bundle",
     "import_chronomcp_log",
     "mark_undelivered",
     "open_step",

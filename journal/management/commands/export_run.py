@@ -1,5 +1,6 @@
-import json
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 from django.core.management.base import BaseCommand
 
@@ -17,10 +18,10 @@ class Command(BaseCommand):
         parser.add_argument("-o", "--output", type=Path, help="File to write (default: standard output).")
 
     def handle(self, run, output, **options):
-        bundle = services.export_bundle(run=find_run(run))
-        text = json.dumps(bundle, indent=1, ensure_ascii=False)
+        run = find_run(run)
         if output:
-            output.write_text(text, encoding="utf-8")
-            self.stderr.write(f"Wrote {len(bundle['entries'])} entries to {output}")
+            with output.open("w", encoding="utf-8") as out:
+                written = services.write_bundle(run=run, out=out)
+            self.stderr.write(f"Wrote {written} entries to {output}")
         else:
-            self.stdout.write(text)
+            services.write_bundle(run=run, out=SimpleNamespace(write=partial(self.stdout.write, ending="")))

@@ -15,25 +15,32 @@ class Command(BaseCommand):
 
     def handle(self, file, format, **options):
         try:
-            text = file.read_text(encoding="utf-8")
+            if format == "auto":
+                format = "bundle" if _looks_like_bundle(file) else "chronomcp"
+            if format == "bundle":
+                run = services.import_bundle(path=file)
+            else:
+                run = services.import_chronomcp_log(text=file.read_text(encoding="utf-8"), source=file.name)
         except (OSError, UnicodeDecodeError) as exc:
             raise CommandError(f"Cannot read {file}: {exc}") from None
-        if format == "auto":
-            format = "bundle" if _looks_like_bundle(text) else "chronomcp"
-        try:
-            if format == "bundle":
-                run = services.import_bundle(text=text)
-            else:
-                run = services.import_chronomcp_log(text=text, source=file.name)
         except ImportRefused as exc:
             raise CommandError(f"Refused {file.name}: {exc}. Nothing was imported.") from None
         self.stdout.write(f"Imported run {run.public_id}: {run.step_count} steps, {run.head_seq} entries.")
 
 
-def _looks_like_bundle(text: str) -> bool:
+# A ChronoMCP line longer than this is taken for a bundle's start (a bundle's first line is short).
+_FIRST_LINE = 1 << 20
+
+
+def _looks_like_bundle(file: Path) -> bool:
     """A ChronoMCP log is one object per line, each with a "kind"; anything else is taken as a bundle, whose
     reader says clearly what is wrong with it. Only the first line is read here, and strictly."""
-    first = next((line for line in text.split("\n") if line.strip()), "")
+    with file.open(encoding="utf-8", errors="replace") as text:
+        first = ""
+        while not first.strip():
+            first = text.readline(_FIRST_LINE)
+            if not first:
+                return True
     try:
         document = strict_json.loads(first, max_bytes=len(first) * 4 + 1)
     except strict_json.JsonRefused:
