@@ -1,18 +1,19 @@
-"""How fast a long run's record is verified, exported and imported.
+"""How fast a long run's record is verified, exported and imported, and in how much memory.
 
-    .venv/bin/python bench/record_speed.py [--entries 30000]
+    .venv/bin/python bench/record_speed.py [--entries 3000 30000]
 
-Builds one run of N chain entries on a scratch SQLite database (calls and results as the Recorder writes
-them, a signed checkpoint every RECORDER_CHECKPOINT_EVERY entries), then times `verify_run`, the export
-(`export_bundle` and its JSON text, as `manage.py export_run` writes it) and the import of that text as
-another Recorder's (`import_bundle`: parse, verify, store). Prints entries per second for each (target: at
-least 25,000) and the process's peak resident memory after each.
+For each size, builds one run of N chain entries on a scratch SQLite database (calls and results as the
+Recorder writes them, a signed checkpoint every RECORDER_CHECKPOINT_EVERY entries), then, each in a process
+of its own so that its peak memory is its own, times `verify_run`, the export to a file (`write_bundle`, as
+`manage.py export_run -o` writes it) and the import of that file as another Recorder's (`import_bundle`:
+read, verify, store). Prints entries per second for each (target: at least 25,000) and each process's peak
+resident memory, above what it held before the work began: flat in the run's length is the target.
 """
 
 import argparse
-import json
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -20,37 +21,36 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+PHASES = ("verify", "export", "import")
 
 
 def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--entries", type=int, default=30_000)
-    parser.add_argument("--profile", choices=("verify", "export", "import"), help="profile one of them")
-    args = parser.parse_args()
-    scratch = Path(tempfile.mkdtemp(prefix="record-speed-"))
+def setup(scratch: Path) -> None:
     os.environ.update({"VAR_DIR": str(scratch), "RECORDER_KEY_DIR": str(scratch / "keys"),
                        "DJANGO_SETTINGS_MODULE": "approver.settings", "PUBLIC_URL": "http://here.example"})
     import django
 
     django.setup()
+
+
+def build(entries: int) -> Path:
+    """A scratch database holding one run of `entries` entries."""
+    scratch = Path(tempfile.mkdtemp(prefix="record-speed-"))
+    setup(scratch)
     from django.core.management import call_command
     from django.db import transaction
-    from django.test import override_settings
     from django.utils import timezone
 
-    from journal import services
-    from journal.models import Run
     from journal.services.record import append_entry, open_run, save_moving
 
     call_command("migrate", verbosity=0)
     now = timezone.now()
     with transaction.atomic():
         run = open_run(agent=None, key="", now=now, label="bench-bot")
-        for n in range(1, args.entries):
+        for n in range(1, entries):
             step = (n + 1) // 2
             if n % 2:
                 data = {"step": step, "server": "crm", "tool": "update_deal",
@@ -66,32 +66,81 @@ def main() -> None:
                 event = "result"
             append_entry(run=run, event=event, data=data, now=now)
         save_moving(run, now=None)
-    run = Run.objects.get(pk=run.pk)
-    print(f"one run of {run.head_seq} entries, {run.checkpoints.count()} signed checkpoints")
+    return scratch
 
-    def timed(name, work):
-        started = time.perf_counter()
-        if args.profile == name:
-            import cProfile
-            import pstats
 
-            profiler = cProfile.Profile()
-            result = profiler.runcall(work)
-            pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
-        else:
-            result = work()
-        seconds = time.perf_counter() - started
-        print(f"  {name:<8} {args.entries / seconds:>9,.0f} entries/s ({seconds:.2f} s), "
-              f"peak memory so far {peak_mb():.0f} MB")
-        return result
+def phase(name: str, scratch: Path, profile: bool) -> None:
+    """One phase on the scratch database, in this process; prints one line."""
+    setup(scratch)
+    from django.test import override_settings
 
-    verdict = timed("verify", lambda: services.verify_run(run=run))
-    assert verdict.ok, verdict
-    text = timed("export", lambda: json.dumps(services.export_bundle(run=run)))
-    Run.objects.filter(pk=run.pk).delete()
-    with override_settings(PUBLIC_URL="http://elsewhere.example"):
-        imported = timed("import", lambda: services.import_bundle(text=text))
-    assert imported.head_seq == args.entries
+    from journal import services
+    from journal.models import Run
+
+    run = Run.objects.order_by("id").first()
+    bundle = scratch / "run.json"
+    if name == "verify":
+        def work():
+            verdict = services.verify_run(run=run)
+            assert verdict.ok, verdict
+    elif name == "export":
+        def work():
+            with bundle.open("w", encoding="utf-8") as out:
+                services.write_bundle(run=run, out=out)
+    else:
+        Run.objects.filter(pk=run.pk).delete()
+
+        def work():
+            with override_settings(PUBLIC_URL="http://elsewhere.example"):
+                return services.import_bundle(path=bundle)
+    entries = run.head_seq
+    before = peak_mb()
+    started = time.perf_counter()
+    if profile:
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.runcall(work)
+        pstats.Stats(profiler).sort_stats(os.environ.get("PROFILE_SORT", "cumulative")).print_stats(25)
+    else:
+        work()
+    seconds = time.perf_counter() - started
+    if name == "import":
+        assert Run.objects.get().head_seq == entries
+    print(f"  {name:<8} {entries / seconds:>9,.0f} entries/s ({seconds:.2f} s), "
+          f"peak memory {peak_mb():.0f} MB ({peak_mb() - before:+.0f} MB over the process before it)",
+          flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--entries", type=int, nargs="+", default=[3_000, 30_000])
+    parser.add_argument("--profile", choices=PHASES, help="profile one of them")
+    parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
+    parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase:
+        phase(args.phase, args.scratch, args.profile == args.phase)
+        return
+    for entries in args.entries:
+        scratch = _built(entries)
+        size = f"one run of {entries:,} entries"
+        print(size, flush=True)
+        for name in PHASES:
+            command = [sys.executable, __file__, "--phase", name, "--scratch", str(scratch)]
+            if args.profile:
+                command += ["--profile", args.profile]
+            subprocess.run(command, check=True)
+        print(f"  bundle file {(scratch / 'run.json').stat().st_size / 2**20:.1f} MiB", flush=True)
+
+
+def _built(entries: int) -> Path:
+    """Build the run in a child process too, so the parent stays small and each size starts clean."""
+    output = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+                             f"from bench.record_speed import build; print(build({entries}))"],
+                            check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    return Path(output.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

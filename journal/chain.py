@@ -66,11 +66,21 @@ def entry_digest(entry: Mapping[str, Any]) -> tuple[str, bytes | None]:
         seq, ts, event, prev = entry["seq"], entry["ts"], entry["event"], entry["prevHash"]
         if type(seq) is int and type(ts) is str and type(event) is str and type(prev) is str:
             data = canonical_bytes(entry["data"])
-            whole = b"".join((b'{"data":', data, b',"event":', canonical_bytes(event), b',"prevHash":',
-                              canonical_bytes(prev), b',"seq":', canonical_bytes(seq), b',"ts":',
-                              canonical_bytes(ts), b"}"))
+            whole = b"".join((b'{"data":', data, b',"event":', _scalar(event), b',"prevHash":',
+                              _scalar(prev), b',"seq":', _scalar(seq), b',"ts":', _scalar(ts), b"}"))
             return hashlib.sha256(whole).hexdigest(), data
     return sha256_hex({key: value for key, value in entry.items() if key != "hash"}), None
+
+
+def _scalar(value: int | str) -> bytes:
+    """A seq, timestamp, event name or hash as JCS writes it: the usual ones (a safe integer, printable
+    ASCII with nothing to escape) directly, anything else by the library."""
+    if type(value) is int:
+        if -(2**53) < value < 2**53:
+            return str(value).encode()
+    elif value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+        return b'"' + value.encode() + b'"'
+    return canonical_bytes(value)
 
 
 def checkpoint_payload(*, run: str, seq: int, head_hash: str) -> dict[str, Any]:

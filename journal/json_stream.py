@@ -95,12 +95,13 @@ class ObjectStream:
                     pass
                 raise self._too_deep(nesting_depth(self._buf[self._pos:]) + around) from None
             except json.JSONDecodeError as exc:
-                if self._more():  # the value may only go on past the buffer
+                if self._more(grow=True):  # the value may only go on past the buffer
                     continue
                 raise self._refused(exc.msg, at=exc.pos) from None
             if type(value) in (int, float) and self._number_may_go_on(end) and self._more():
                 continue
             break
+        self._chunk = _CHUNK
         span = self._buf[start:end]
         if span.count("[") + span.count("{") > self._max_depth - around:
             depth = nesting_depth(span) + around
@@ -139,12 +140,14 @@ class ObjectStream:
             return char == close
         raise self._refused(f"expecting ',' or {close!r}", at=self._pos)
 
-    def _more(self) -> bool:
-        """Read another chunk onto the buffer (dropping what has been read); False at the end."""
+    def _more(self, *, grow: bool = False) -> bool:
+        """Read another chunk onto the buffer (dropping what has been read); False at the end. With `grow`
+        (a value did not fit), each chunk is twice the last, so a long value is not parsed over and over."""
         if self._eof:
             return False
         chunk = self._source.read(self._chunk)
-        self._chunk = min(self._chunk * 2, 64 * _CHUNK)  # a value that does not fit is not re-read often
+        if grow:
+            self._chunk = min(self._chunk * 2, 64 * _CHUNK)
         if isinstance(chunk, str):
             self._bytes += len(chunk.encode("utf-8", errors="surrogatepass"))
             text = chunk

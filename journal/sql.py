@@ -59,15 +59,19 @@ def insert_many(model: type[Model], rows: list[dict[str, Any]], *, chunk: int = 
     sql = returning[:returning.rindex(" RETURNING ")]
     names = {f.attname for f in fields}
     database = connections[connection.alias]  # the wrapper itself, not the proxy, for every value
-    columns = [(f.attname, f.get_default(), _AS_IT_IS.get(f.get_internal_type()), f.get_db_prep_save)
-               for f in fields]
+    # Each column's default is prepared once, not once a row (a row of an imported step leaves most out).
+    columns = [(f.attname, f.get_db_prep_save(f.get_default(), database),
+                _AS_IT_IS.get(f.get_internal_type()), f.get_db_prep_save) for f in fields]
 
     def prepared(row):
         if unknown := row.keys() - names:
             raise TypeError(f"{model.__name__} has no field(s) {sorted(unknown)}")
         values = []
         for name, default, kind, prep in columns:
-            value = row[name] if name in row else default
+            if name not in row:
+                values.append(default)
+                continue
+            value = row[name]
             if type(value) is JsonText:
                 values.append(str(value))
             else:
