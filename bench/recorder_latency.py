@@ -101,15 +101,18 @@ def measure_three(direct_url: str, pass_url: str, recorder_url: str, token: str,
 
 
 @contextlib.contextmanager
-def sample_stack(prefix: str, *, samples_port: int, web_port: int):
+def sample_stack(prefix: str, *, samples_port: int, web_port: int, database_url: str | None = None):
     """The sample tool servers and the web app (Recorder included) as separate uvicorn processes on a
-    scratch database, with the sample `legacy` server registered and an agent for a user `bench`: yields
-    (the web app's process, the user, the agent's token), and stops both processes after."""
+    scratch database (SQLite, or the empty database `database_url`), with the sample `legacy` server
+    registered and an agent for a user `bench`: yields (the web app's process, the user, the agent's
+    token), and stops both processes after."""
     scratch = Path(tempfile.mkdtemp(prefix=prefix))
     # DEBUG off, as in production: with it on, Django also records every SQL statement it runs.
     env = {**os.environ, "VAR_DIR": str(scratch), "RECORDER_KEY_DIR": str(scratch / "keys"),
            "DJANGO_SETTINGS_MODULE": "approver.settings", "LOG_LEVEL": "WARNING", "DEBUG": "0"}
     env.pop("DATABASE_URL", None)
+    if database_url:
+        env["DATABASE_URL"] = database_url
     os.environ.update(env)
     import django
 
