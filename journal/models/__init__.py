@@ -228,7 +228,7 @@ class Step(models.Model):
     )
     server_name = models.CharField(max_length=60)
     tool = models.CharField(max_length=200)
-    arguments = models.JSONField(default=dict)
+    arguments = RecordJSONField(default=dict)
     request_meta = models.JSONField(null=True, blank=True)
     class ResultStorage(models.TextChoices):
         INLINE = "inline", "Kept with the step"
@@ -238,7 +238,7 @@ class Step(models.Model):
     status = models.CharField(max_length=12, choices=Status.choices, default=Status.PENDING)
     # A small result is kept here and in the run's record; a large one only in the record (its `result`
     # entry), so its bytes are stored once and listing steps never reads it.
-    result = models.JSONField(null=True, blank=True)
+    result = RecordJSONField(null=True, blank=True)
     result_storage = models.CharField(max_length=8, choices=ResultStorage.choices, blank=True)
     result_size = models.PositiveBigIntegerField(null=True, blank=True, help_text="Bytes of the answer.")
     result_sha256 = models.CharField(max_length=64, blank=True)
@@ -264,13 +264,13 @@ class Step(models.Model):
     reversibility = models.CharField(
         max_length=12, choices=Reversibility.choices, default=Reversibility.UNKNOWN
     )
-    compensation_arguments = models.JSONField(null=True, blank=True)
+    compensation_arguments = RecordJSONField(null=True, blank=True)
     # A recipe's further compensating calls, in order, each {"tool", "arguments"} resolved like the first.
-    compensation_then = models.JSONField(null=True, blank=True)
+    compensation_then = RecordJSONField(null=True, blank=True)
     undo_problems = models.JSONField(default=list, blank=True)
     # An admin's recipe read the record just before the call was sent (journal.recipes): what it read, the
     # version of it, and its size and digest; the answer itself only when within the inline bound.
-    earlier_state = models.JSONField(null=True, blank=True)
+    earlier_state = RecordJSONField(null=True, blank=True)
     effect_summary = models.CharField(max_length=500, blank=True)
     effect_resource = models.CharField(max_length=500, blank=True)
     effect_version = models.CharField(max_length=200, blank=True)
@@ -278,7 +278,7 @@ class Step(models.Model):
     effect_fingerprint = models.JSONField(null=True, blank=True)
     # The changed fields' values before and after the call, when its server gave them (HATP's optional
     # `effect.before`/`after`): {"before", "after"}, with "unreadable" when what it sent could not be shown.
-    effect_fields = models.JSONField(null=True, blank=True)
+    effect_fields = RecordJSONField(null=True, blank=True)
     compensation_token = models.CharField(max_length=500, blank=True)
     undo_by = models.DateTimeField(null=True, blank=True)
     receipt = models.JSONField(null=True, blank=True)

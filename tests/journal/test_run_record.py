@@ -449,3 +449,15 @@ def test_a_removed_chronomcp_line_is_refused(db, tmp_path):
     path = tmp_path / "audit.jsonl"
     path.write_text("\n".join(lines[:2] + lines[3:]))
     refuses(path, "line 3: prevHash")
+
+
+@pytest.mark.postgres  # jsonb keeps 1e21's value, not its form: a step's JSON must give the float back
+def test_a_steps_json_gives_its_floats_back_on_every_database(run):
+    floats = {"big": 1e21, "below": [-1e22, 1e-7], "safe": 2**53 - 1}
+    step = run.steps.order_by("number").first()
+    Step.objects.filter(pk=step.pk).update(arguments=floats, result={"value": floats},
+                                           compensation_arguments=floats, earlier_state={"read": floats})
+    step = Step.objects.get(pk=step.pk)
+    assert step.arguments == floats and type(step.arguments["big"]) is float
+    assert step.compensation_arguments == floats and step.result == {"value": floats}
+    assert type(step.earlier_state["read"]["below"][0]) is float
