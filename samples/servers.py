@@ -465,7 +465,7 @@ class Legacy(SampleServer):
     async def create_ticket(self, arguments):
         ticket = "T-" + secrets.token_hex(3).upper()
         self.store.data["tickets"][ticket] = {"title": arguments["title"]}
-        self.store.record({"op": "create_ticket", "ticket": ticket})
+        self.store.record({"op": "create_ticket", "ticket": ticket, "title": arguments["title"]})
         self.store.save()
         return text_result(f"Opened {ticket}", structured={"ticket": ticket})
 

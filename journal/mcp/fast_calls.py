@@ -123,17 +123,15 @@ class FastCalls:
         if reply is None:  # the agent went away: nobody to answer
             return True
         self.answered += 1
-        try:
-            if stream is not None and stream.open:
-                await stream.finish(reply)
-            else:
-                await Response(json.dumps(reply, separators=(",", ":")), status_code=status,
-                               media_type="application/json")(scope, receive, send)
-        finally:
-            if (
-                journaled is not None
-            ):  # queued before the reply, so it is journaled before the agent's next call
-                await journaled
+        if journaled is not None:
+            # The answer waits for its outcome's commit (grouped with whatever else is being written): an
+            # agent is never told of a result that a Recorder killed a moment later would lose.
+            await journaled
+        if stream is not None and stream.open:
+            await stream.finish(reply)
+        else:
+            await Response(json.dumps(reply, separators=(",", ":")), status_code=status,
+                           media_type="application/json")(scope, receive, send)
         return True
 
     async def _call(self, agent: Agent, request: dict, version: str, receive, stream: "_HeldStream | None"):

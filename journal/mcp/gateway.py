@@ -12,8 +12,8 @@ resolved once per HTTP request by `BearerAgent` and handed to the handlers throu
 The SDK's server answers everything, except that plain 2026-07-28 `tools/call` requests take `FastCalls`,
 which gives the same answer with less work per call (the Recorder's latency is the product's tax on every
 agent action). All journal work runs on one thread of its own (`JournalThread`), in the order it was handed
-in; the outcome of a call is queued before its answer goes back, so it is journaled before anything the
-agent does next, but the answer does not wait for the commit.
+in, committed in groups; a call goes out only once its intent has committed, and its answer goes back only
+once its outcome has, so a Recorder killed at any moment loses nothing an agent was told.
 """
 
 import contextlib

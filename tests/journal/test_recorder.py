@@ -468,7 +468,7 @@ def test_when_the_intent_cannot_be_journaled_nothing_is_forwarded(
     assert sample_servers.ledger("crm") == []
 
 
-def test_the_answer_does_not_wait_for_the_outcome_commit_but_the_next_call_does(
+def test_the_answer_waits_for_its_outcome_commit_and_the_next_call_comes_after_it(
         sample_servers, agent_token, monkeypatch):
     import time
 
@@ -499,8 +499,9 @@ def test_the_answer_does_not_wait_for_the_outcome_commit_but_the_next_call_does(
                 return await script(client)
 
         first_answer = anyio.run(main)
-        # No settling here: the server stops at once, and its shutdown runs the queued outcome first.
-    assert first_answer < 0.8
+    # An agent is told of a result only once it is journaled: a Recorder killed a moment later loses nothing
+    # it was told (tests/faults/test_killed_recorder.py kills one in the middle of a group).
+    assert first_answer >= 1.0
     run = Run.objects.get(key="run:slow-db")
     assert [(s.number, s.status) for s in run.steps.order_by("number")] == [(1, "ok"), (2, "ok")]
     # The first outcome was journaled before the second call's intent: the chain keeps call order.
