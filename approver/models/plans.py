@@ -193,7 +193,8 @@ class PlanItem(models.Model):
     # A recipe's further calls, made in order after the first: [{"tool", "arguments"}], signed with it.
     then = models.JSONField(default=list, blank=True)
     if_version = models.CharField(max_length=200, blank=True)
-    idempotency_key = models.CharField(max_length=100, blank=True)
+    # `undo:<plan>:<run>:<step>:<mac>` for a plan across runs: 36 + 36 + 32 characters and the step number.
+    idempotency_key = models.CharField(max_length=200, blank=True)
     dialect = models.CharField(max_length=20, blank=True)
     via = models.CharField(max_length=10, blank=True)
     side_effect = models.TextField(blank=True)

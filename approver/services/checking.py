@@ -188,7 +188,8 @@ def finish_checks(*, plan: Plan, check_round: int, now: datetime | None = None) 
     """Every item of the round has an answer: the plan is ready, with a digest over the new results."""
     now = now or timezone.now()
     with transaction.atomic():
-        plan = Plan.objects.select_for_update().select_related("run", "requested_by").get(pk=plan.pk)
+        plan = Plan.objects.select_for_update(of=("self",)).select_related("run", "requested_by").get(
+            pk=plan.pk)
         if plan.state != Plan.State.CHECKING or plan.check_round != check_round:
             return plan
         rows = content_rows(plan)

@@ -97,7 +97,7 @@ def claim_approved_action(*, action_id: int, step_id: int, now: datetime | None 
     again (the call keeps waiting, and the approvers are asked anew)."""
     now = now or timezone.now()
     with transaction.atomic():
-        action = (ActionRequest.objects.select_for_update().select_related("agent")
+        action = (ActionRequest.objects.select_for_update(of=("self",)).select_related("agent")
                   .filter(pk=action_id, state=ActionRequest.State.APPROVED, expires_at__gt=now).first())
         if action is None:
             return False

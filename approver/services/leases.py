@@ -154,7 +154,8 @@ def break_lease(*, lease: RecordLease, by, reason: str, now: datetime | None = N
     if len(reason) > 1000:
         raise LeaseRefused("Keep the reason under 1000 characters.")
     with transaction.atomic():
-        lease = RecordLease.objects.select_for_update().select_related("plan__run").get(pk=lease.pk)
+        lease = RecordLease.objects.select_for_update(of=("self",)).select_related("plan__run").get(
+            pk=lease.pk)
         if not lease.is_held:
             raise LeaseRefused("This lease is not held any more: nothing was broken.")
         _release(lease, now=now, why=f"broken by {by.get_username()}", broken_by=by, break_reason=reason)

@@ -57,7 +57,9 @@ def save_policy(*, row: AutonomyPolicy, by, now: datetime | None = None) -> Auto
         before = None
         if row.pk:
             before = policy_record(
-                AutonomyPolicy.objects.select_for_update().select_related("agent", "server").get(pk=row.pk)
+                # Only the policy row is locked: PostgreSQL cannot lock the nullable side of an outer join.
+                AutonomyPolicy.objects.select_for_update(of=("self",)).select_related("agent", "server")
+                .get(pk=row.pk)
             )
         row.updated_at = now
         try:

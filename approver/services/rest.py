@@ -50,7 +50,7 @@ def plan_the_rest(*, plan: Plan, requested_by, now: datetime | None = None) -> P
     of those steps is in another open plan (`open_plan` names it)."""
     now = now or timezone.now()
     with transaction.atomic():
-        first = Plan.objects.select_for_update().select_related("run").get(pk=plan.pk)
+        first = Plan.objects.select_for_update(of=("self",)).select_related("run").get(pk=plan.pk)
         refusal = rest_refusal(first)
         if refusal:
             raise PlanRefused(refusal, open_plan=live_rest(first))

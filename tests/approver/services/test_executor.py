@@ -404,6 +404,7 @@ def test_a_safe_plan_runs_without_a_human_when_the_policy_lets_it(globex, deal_r
     assert deal_run.entries.filter(event="plan_approved", data__byPolicy=True).count() == 1
 
 
+@pytest.mark.postgres  # saving a policy locks its row, not the nullable agent and server it names
 def test_a_plan_the_policy_let_run_alone_stops_if_the_policy_changes_before_it_runs(
         deal_run, trusting, on_call, admin_user, sample_servers, monkeypatch):
     monkeypatch.setattr(tasks.execute_plan, "delay", lambda *args: None)

@@ -78,6 +78,7 @@ def test_everything_since_a_moment_is_one_plan_across_runs_most_recent_first(sto
         assert (entry.event, entry.data["plan"], entry.data["runs"]) == ("plan", str(plan.public_id), 3)
 
 
+@pytest.mark.postgres  # its items' keys name the plan, the run and the step: they must fit the column
 def test_it_is_checked_signed_and_undone_like_a_runs_plan(story, globex, on_call, approver_user,
                                                            second_approver, sample_servers, monkeypatch):
     monkeypatch.setattr(tasks.execute_plan, "delay", lambda *args: None)
