@@ -43,8 +43,15 @@ def format_ts(moment: datetime) -> str:
 
 
 def make_entry(*, seq: int, ts: str, event: str, data: Any, prev_hash: str) -> dict[str, Any]:
+    return new_entry(seq=seq, ts=ts, event=event, data=data, prev_hash=prev_hash)[0]
+
+
+def new_entry(*, seq: int, ts: str, event: str, data: Any, prev_hash: str) -> tuple[dict[str, Any], bytes]:
+    """The entry (`make_entry`) and the JCS bytes of its `data`, written on the way to its hash, for the
+    caller to store as they are."""
     body = {"seq": seq, "ts": ts, "event": event, "data": to_ijson(data), "prevHash": prev_hash}
-    return {**body, "hash": sha256_hex(body)}
+    digest, data_bytes = entry_digest(body)
+    return {**body, "hash": digest}, data_bytes if data_bytes is not None else canonical_bytes(body["data"])
 
 
 # An entry's members, sorted as JCS sorts them (by UTF-16 code units), without `hash`.

@@ -17,7 +17,7 @@ from typing import Any
 from . import declarations
 
 KEY = "idempotencyKey"
-_MAC_HEX = 32  # 128 bits: not guessable, and the key stays within the 100 characters a plan item keeps
+_MAC_HEX = 32  # 128 bits: not guessable, and the key stays within the 200 characters a plan item keeps
 
 
 def secret(secret_key: str) -> bytes:

@@ -170,7 +170,7 @@ def _halt(run: Run, agent: Agent | None, *, now: datetime) -> tuple[str, str] | 
     agent in another run (a saga policy), and the plan undoing it is still open; a halt whose plan has ended
     is released here, on the record. The caller holds the run's row lock. The agent's halt is read here, by
     its key (the agent the request carries may be seconds old)."""
-    halted = Agent.objects.filter(pk=agent.pk).values_list("halted_by_plan", "halted_reason").first() \
+    halted = sql.first_row(Agent, ("halted_by_plan", "halted_reason"), "id = %s", [agent.pk]) \
         if agent is not None else None
     agent_plan, agent_reason = halted or ("", "")
     plan = run.halted_by_plan or agent_plan

@@ -3,12 +3,18 @@
 Marked `postgres` too: `make test` runs them again on PostgreSQL, where JSON, booleans and row locks are
 adapted differently."""
 
+import json
+from datetime import UTC, datetime, timedelta
+from datetime import timezone as timezone_offset
+
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from journal import services, sql
-from journal.models import Run, Step
+from journal.models import ChainEntry, Run, Step
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
@@ -62,3 +68,42 @@ def test_a_locked_row_loads_only_what_was_asked_and_the_rest_on_demand(dana):
     assert locked.public_id == run.public_id  # loaded on first access
     with transaction.atomic():
         assert sql.locked_row(Run, ("id",), "id = %s", [run.pk + 1000]) is None
+
+
+def _plain_values(kind):
+    if kind is str:
+        return st.text()
+    if kind is bool:
+        return st.booleans()
+    if kind is float:
+        return st.floats(allow_nan=False)
+    if kind is int:
+        return st.integers(min_value=-(2**62), max_value=2**62)
+    zones = st.sampled_from([UTC, timezone_offset(timedelta(hours=5, minutes=30)),
+                             timezone_offset(timedelta(hours=-8))])
+    return st.datetimes(min_value=datetime(1970, 1, 2), timezones=zones)
+
+
+_COLUMNS = [(model, field, kind) for model in (Step, Run, ChainEntry)
+            for field, kind in sql._kinds(model).values() if kind is not None]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_plain_value_skips_the_orms_layers_to_the_same_parameter(data):
+    """`sql._prepared`'s shortcut for values the driver takes as they are (and aware datetimes) gives what
+    the ORM's `get_db_prep_save` gives, for every such column of the hot path's models."""
+    model, field, kind = data.draw(st.sampled_from(_COLUMNS))
+    value = data.draw(_plain_values(kind))
+    assert sql._prepared(value, field, kind, connection) == field.get_db_prep_save(value, connection), (
+        model.__name__, field.name)
+    # And a value of any other type still takes the ORM's way.
+    assert sql._prepared(None, field, kind, connection) == field.get_db_prep_save(None, connection)
+
+
+def test_json_already_written_is_stored_as_it_is_and_reads_back_as_the_same_value(dana):
+    run = make_run(dana)
+    text = '{"a":[1,2.5,"\u00e9"],"b":null,"c":1e+21}'
+    pk = sql.insert(ChainEntry, {"run_id": run.pk, "seq": 1, "ts": "t", "event": "call",
+                                 "data": sql.JsonText(text), "prev_hash": "GENESIS", "hash": "h"})
+    assert ChainEntry.objects.get(pk=pk).data == json.loads(text)
