@@ -102,7 +102,10 @@ def phase(name: str, scratch: Path, profile: bool) -> None:
 
         profiler = cProfile.Profile()
         profiler.runcall(work)
-        pstats.Stats(profiler).sort_stats(os.environ.get("PROFILE_SORT", "cumulative")).print_stats(25)
+        stats = pstats.Stats(profiler).sort_stats(os.environ.get("PROFILE_SORT", "cumulative"))
+        stats.print_stats(25)
+        if callers := os.environ.get("PROFILE_CALLERS"):  # who calls a function of the profile, by name
+            stats.print_callers(callers)
     else:
         work()
     seconds = time.perf_counter() - started

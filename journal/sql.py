@@ -66,7 +66,7 @@ def _prepared(value: Any, field: Field, kind: type | str | None, database) -> An
     that a value the driver takes as it is, an aware datetime and JSON already written skip the ORM's
     layers (the same result, for a fraction of the work on a path every call takes)."""
     vtype = type(value)
-    if vtype is kind:
+    if vtype is kind or value is None:  # every field of these models writes None as SQL NULL
         return value
     if kind == "DateTimeField" and vtype is datetime and value.tzinfo is not None:
         return database.ops.adapt_datetimefield_value(value)
@@ -90,7 +90,7 @@ def _insert_plan(model: type[Model], vendor: str) -> tuple[tuple, str]:
     for field in fields:
         internal = field.get_internal_type()
         kind = _AS_IT_IS.get(internal, internal if internal == "DateTimeField" else None)
-        constant = not callable(field.default) or field.default in (dict, list)
+        constant = not field.has_default() or not callable(field.default) or field.default in (dict, list)
         default = field.get_db_prep_save(field.get_default(), database) if constant else _EACH_TIME
         columns.append((field.attname, field, kind, default))
     return tuple(columns), sql

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from datetime import timezone as timezone_offset
 
 import pytest
+from django.apps import apps
 from django.db import connection, transaction
 from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
@@ -97,8 +98,14 @@ def test_a_plain_value_skips_the_orms_layers_to_the_same_parameter(data):
     value = data.draw(_plain_values(kind))
     assert sql._prepared(value, field, kind, connection) == field.get_db_prep_save(value, connection), (
         model.__name__, field.name)
-    # And a value of any other type still takes the ORM's way.
-    assert sql._prepared(None, field, kind, connection) == field.get_db_prep_save(None, connection)
+
+
+def test_none_is_null_for_every_column_the_hand_built_statements_may_write():
+    for model in [*apps.get_app_config("journal").get_models(),
+                  *apps.get_app_config("approver").get_models()]:
+        for field, kind in sql._kinds(model).values():
+            assert sql._prepared(None, field, kind, connection) is None
+            assert field.get_db_prep_save(None, connection) is None, (model.__name__, field.name)
 
 
 def test_json_already_written_is_stored_as_it_is_and_reads_back_as_the_same_value(dana):
