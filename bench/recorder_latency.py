@@ -102,11 +102,13 @@ def measure_three(direct_url: str, pass_url: str, recorder_url: str, token: str,
 
 
 @contextlib.contextmanager
-def sample_stack(prefix: str, *, samples_port: int, web_port: int, database_url: str | None = None):
+def sample_stack(prefix: str, *, samples_port: int, web_port: int, database_url: str | None = None,
+                 workers: int = 1, bus_url: str = ""):
     """The sample tool servers and the web app (Recorder included) as separate uvicorn processes on a
     scratch database (SQLite, or the empty database `database_url`), with the sample `legacy` server
     registered and an agent for a user `bench`: yields (the web app's process, the user, the agent's
-    token), and stops both processes after."""
+    token), and stops both processes after. With `workers` > 1, the web app is that many processes on the
+    Redis bus `bus_url`."""
     scratch = Path(tempfile.mkdtemp(prefix=prefix))
     # DEBUG off, as in production: with it on, Django also records every SQL statement it runs.
     env = {**os.environ, "VAR_DIR": str(scratch), "RECORDER_KEY_DIR": str(scratch / "keys"),
@@ -114,6 +116,8 @@ def sample_stack(prefix: str, *, samples_port: int, web_port: int, database_url:
     env.pop("DATABASE_URL", None)
     if database_url:
         env["DATABASE_URL"] = database_url
+    if workers > 1:
+        env["RECORDER_BUS_URL"] = bus_url
     os.environ.update(env)
     import django
 
@@ -137,6 +141,7 @@ def sample_stack(prefix: str, *, samples_port: int, web_port: int, database_url:
             str(web_port),
             "--log-level",
             "warning",
+            *(("--workers", str(workers)) if workers > 1 else ()),
         ],
         cwd=ROOT,
         env=env,

@@ -1,6 +1,7 @@
 """Calls per second with many agents at once: directly, through an SDK pass-through, through one Recorder.
 
     .venv/bin/python bench/sessions.py [--sessions 20] [--seconds 10] [--rounds 3] [--postgres URL]
+        [--workers 3 [--redis-url redis://localhost:6379/13]]
 
 Starts the sample tool servers, the web app (one uvicorn process, Recorder included) and the SDK
 pass-through gateway of bench/relay_floors.py (the `mcp` lowlevel server in front of a `ClientSession`,
@@ -8,7 +9,9 @@ no journal), as recorder_latency.py does; then, from one client process, N sessi
 `echo` tool one call after the other for S seconds, against each of the three in turn, for R rounds (so
 all three see the same moments of a noisy machine). Prints each one's calls per second (the median of the
 rounds) and the Recorder's as a multiple of the pass-through's (target: at least 0.9x). On SQLite by
-default; with --postgres, on a scratch database of that server (created, and dropped after).
+default; with --postgres, on a scratch database of that server (created, and dropped after). With
+--workers N, the Recorder is N uvicorn processes on one port and a Redis bus, and the figure per process is
+printed too.
 """
 
 import argparse
@@ -86,9 +89,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--postgres", metavar="URL", help="a PostgreSQL server to run the Recorder on")
+    parser.add_argument("--workers", type=int, default=1, help="Recorder processes (uvicorn --workers)")
+    parser.add_argument("--redis-url", default="redis://localhost:6379/13", help="their bus, with --workers")
     args = parser.parse_args()
     with scratch_postgres(args.postgres) as database_url, sample_stack(
-            "sessions-bench-", samples_port=8190, web_port=8191, database_url=database_url) as (_, _, token):
+            "sessions-bench-", samples_port=8190, web_port=8191, database_url=database_url,
+            workers=args.workers, bus_url=args.redis_url) as (_, _, token):
         relay = subprocess.Popen(
             [sys.executable, str(ROOT / "bench" / "relay_floors.py"), "--serve", "sdk", "--port", "8192"],
             cwd=ROOT, env=dict(os.environ))
@@ -106,14 +112,17 @@ def main() -> None:
             relay.terminate()
             relay.wait(timeout=20)
     database = "PostgreSQL" if args.postgres else "SQLite"
+    processes = "one Recorder process" if args.workers == 1 else f"{args.workers} Recorder processes"
     print(f"{args.sessions} sessions calling legacy echo back to back, {args.rounds} rounds of "
-          f"{args.seconds:g} s each, one Recorder process on {database}")
+          f"{args.seconds:g} s each, {processes} on {database}")
     medians = {name: statistics.median(values) for name, values in figures.items()}
     for name, values in figures.items():
         rounds = ", ".join(f"{value:.0f}" for value in values)
         print(f"  {name:<17} {medians[name]:7.1f} calls/s   (rounds: {rounds})")
     ratio = medians["Recorder"] / medians["SDK pass-through"]
     print(f"  the Recorder: {ratio:.2f}x the pass-through's calls per second (target: at least 0.9x)")
+    if args.workers > 1:
+        print(f"  per Recorder process: {medians['Recorder'] / args.workers:.1f} calls/s")
 
 
 if __name__ == "__main__":
