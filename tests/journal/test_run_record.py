@@ -461,3 +461,14 @@ def test_a_steps_json_gives_its_floats_back_on_every_database(run):
     assert step.arguments == floats and type(step.arguments["big"]) is float
     assert step.compensation_arguments == floats and step.result == {"value": floats}
     assert type(step.earlier_state["read"]["below"][0]) is float
+
+
+@pytest.mark.postgres
+def test_an_entry_with_floats_beyond_two_to_the_53_verifies_as_it_was_appended(run):
+    """An entry's data is stored as its JCS text, which writes the float 1e20 as 100000000000000000000: read
+    back, it is the float again, so the chain verifies (the agent-meta fuzz found it)."""
+    floats = {"x": 1e20, "y": 1e21, "z": [-1.5e300, 2.0**60, 0.5], "safe": 2**53 - 1}
+    services.record_event(run_id=run.pk, event="check", data=floats, now=timezone.now())
+    assert services.verify_run(run=run).ok
+    entry = run.entries.order_by("-seq").first()
+    assert entry.data == floats and type(entry.data["x"]) is float and type(entry.data["safe"]) is int
