@@ -32,6 +32,13 @@ def insert(model: type[Model], values: dict[str, Any]) -> int:
     """Insert one row and return its primary key. Fields not given take their model default."""
     database = connections[connection.alias]  # the wrapper itself, not the proxy, for every value
     columns, sql = _insert_plan(model, database.vendor)
+    with database.cursor() as cursor:
+        cursor.execute(sql, _row(model, columns, values, database))
+        return cursor.fetchone()[0]
+
+
+def _row(model: type[Model], columns: tuple, values: dict[str, Any], database) -> list[Any]:
+    """One row's parameters for `_insert_plan`'s statement: each column's value, or its default."""
     if unknown := values.keys() - _names(model):
         raise TypeError(f"{model.__name__} has no field(s) {sorted(unknown)}")
     params = []
@@ -42,9 +49,7 @@ def insert(model: type[Model], values: dict[str, Any]) -> int:
             params.append(field.get_db_prep_save(field.get_default(), database))
         else:
             params.append(default)
-    with database.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchone()[0]
+    return params
 
 
 # Column types whose value, of exactly this Python type, the database drivers take as it is.
@@ -86,10 +91,10 @@ def _insert_plan(model: type[Model], vendor: str) -> tuple[tuple, str]:
     statement."""
     fields, sql = _insert_sql(model, vendor)
     database = connections[connection.alias]
+    kinds = _kinds(model)
     columns = []
     for field in fields:
-        internal = field.get_internal_type()
-        kind = _AS_IT_IS.get(internal, internal if internal == "DateTimeField" else None)
+        kind = kinds[field.attname][1]
         constant = not field.has_default() or not callable(field.default) or field.default in (dict, list)
         default = field.get_db_prep_save(field.get_default(), database) if constant else _EACH_TIME
         columns.append((field.attname, field, kind, default))
@@ -103,24 +108,10 @@ def insert_many(model: type[Model], rows: list[dict[str, Any]], *, chunk: int = 
     database = connections[connection.alias]
     columns, returning = _insert_plan(model, database.vendor)
     sql = returning[:returning.rindex(" RETURNING ")]
-    names = _names(model)
-
-    def prepared(row):
-        if unknown := row.keys() - names:
-            raise TypeError(f"{model.__name__} has no field(s) {sorted(unknown)}")
-        values = []
-        for name, field, kind, default in columns:
-            if name in row:
-                values.append(_prepared(row[name], field, kind, database))
-            elif default is _EACH_TIME:
-                values.append(field.get_db_prep_save(field.get_default(), database))
-            else:
-                values.append(default)
-        return values
-
     with database.cursor() as cursor:
         for start in range(0, len(rows), chunk):
-            cursor.executemany(sql, [prepared(row) for row in rows[start:start + chunk]])
+            batch = rows[start:start + chunk]
+            cursor.executemany(sql, [_row(model, columns, row, database) for row in batch])
 
 
 @cache
