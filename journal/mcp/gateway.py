@@ -230,7 +230,7 @@ class Recorder:
 
         Returns the result (the Recorder's own tool error, or the server's answer as the agent gets it) and
         the journal write of its outcome, already queued (None when nothing was
-        journaled): the caller awaits it, after replying if it can. While the call is in flight, what the
+        journaled): the caller awaits it before replying. While the call is in flight, what the
         server asks the agent (elicitation, sampling, roots) goes on `session`, the agent's request's. `retry`
         is a 2026-07-28 agent's answer to a server's `input_required` result, passed on as it sent it; an
         agent on the handshake is asked the server's embedded requests itself (`_answered`)."""

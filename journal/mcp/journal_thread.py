@@ -25,8 +25,8 @@ class JournalThread:
 
     Jobs run one at a time in the order they were handed in. That order is the guarantee the Recorder
     relies on: a call's outcome is queued before its answer goes back to the agent, so the next call of
-    that agent (and a test's `settle`) always finds it journaled, while the answer itself does not wait
-    for the commit. Shutting down runs every queued job first, so a restart loses nothing.
+    that agent (and a test's `settle`) always finds it journaled, and the answer waits for its commit.
+    Shutting down runs every queued job first, so a restart loses nothing.
 
     **Group commit.** The thread takes every job waiting at that moment (up to `MAX_BATCH`) and runs them in
     one transaction, each in a savepoint of its own, so twenty concurrent calls cost one commit, not twenty.
@@ -198,7 +198,8 @@ class Journaled:
 
 class Outcomes:
     """A call's outcome, journaled on the journal thread: queued before the answer goes back to the agent
-    (so it comes before anything the agent does next), awaited after the reply where the caller can."""
+    (so it comes before anything the agent does next), and awaited before it: an agent is told only of
+    what is journaled."""
 
     def __init__(self, journal: JournalThread):
         self.journal = journal
