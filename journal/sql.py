@@ -14,8 +14,32 @@ from datetime import datetime
 from functools import cache, lru_cache
 from typing import Any
 
+import psycopg
 from django.db import connection, connections
 from django.db.models import Field, Model
+
+
+class _PreparedCursor(psycopg.Cursor):
+    """A PostgreSQL cursor that binds its parameters on the server and prepares each statement once per
+    connection. Django's own cursors write every value into the statement's text (client-side binding), which
+    the server then parses and plans again each time; the hot path's handful of statements are the same on
+    every call, so each is planned once and then only executed."""
+
+    def execute(self, query, params=None, *, prepare=None, binary=None):
+        return super().execute(query, params, prepare=True, binary=binary)
+
+
+def _cursor(database):
+    """A cursor for these statements: Django's, wrapped as every cursor is (query logging, execute wrappers,
+    database errors as Django's), on PostgreSQL over a `_PreparedCursor`."""
+    if database.vendor != "postgresql":
+        return database.cursor()
+    database.close_if_health_check_failed()
+    database.ensure_connection()
+    database.validate_thread_sharing()
+    with database.wrap_database_errors:
+        cursor = _PreparedCursor(database.connection)
+    return database.make_debug_cursor(cursor) if database.queries_logged else database.make_cursor(cursor)
 
 
 @cache
@@ -31,25 +55,10 @@ def _insert_sql(model: type[Model], vendor: str) -> tuple[tuple[Field, ...], str
 def insert(model: type[Model], values: dict[str, Any]) -> int:
     """Insert one row and return its primary key. Fields not given take their model default."""
     database = connections[connection.alias]  # the wrapper itself, not the proxy, for every value
-    columns, sql = _insert_plan(model, database.vendor)
-    with database.cursor() as cursor:
-        cursor.execute(sql, _row(model, columns, values, database))
+    plan = _insert_plan(model, database.vendor)
+    with _cursor(database) as cursor:
+        cursor.execute(plan.sql, plan.row(values, database))
         return cursor.fetchone()[0]
-
-
-def _row(model: type[Model], columns: tuple, values: dict[str, Any], database) -> list[Any]:
-    """One row's parameters for `_insert_plan`'s statement: each column's value, or its default."""
-    if unknown := values.keys() - _names(model):
-        raise TypeError(f"{model.__name__} has no field(s) {sorted(unknown)}")
-    params = []
-    for name, field, kind, default in columns:
-        if name in values:
-            params.append(_prepared(values[name], field, kind, database))
-        elif default is _EACH_TIME:
-            params.append(field.get_db_prep_save(field.get_default(), database))
-        else:
-            params.append(default)
-    return params
 
 
 # Column types whose value, of exactly this Python type, the database drivers take as it is.
@@ -57,7 +66,6 @@ _AS_IT_IS = {"CharField": str, "TextField": str, "BooleanField": bool, "FloatFie
              "IntegerField": int, "BigIntegerField": int, "PositiveIntegerField": int,
              "PositiveBigIntegerField": int, "PositiveSmallIntegerField": int, "SmallIntegerField": int,
              "ForeignKey": int}
-_EACH_TIME = object()  # a default that is a new value each time (a timestamp, a UUID)
 
 
 class JsonText(str):
@@ -80,25 +88,41 @@ def _prepared(value: Any, field: Field, kind: type | str | None, database) -> An
     return field.get_db_prep_save(value, database)
 
 
-@cache
-def _names(model: type[Model]) -> frozenset[str]:
-    return frozenset(f.attname for f in model._meta.concrete_fields)
+class _InsertPlan:
+    """A model's insert statement and its row template: each column's default prepared once (a default that
+    is a new value each time, a timestamp or a UUID, is made per row), so a row costs the preparing of the
+    values it gives and nothing for the columns it leaves to their default."""
+
+    def __init__(self, model: type[Model], database) -> None:
+        fields, self.sql = _insert_sql(model, database.vendor)
+        kinds = _kinds(model)
+        self.model, self.template, self.each_time, self.columns = model, [], [], {}
+        for index, field in enumerate(fields):
+            constant = not field.has_default() or not callable(field.default) or field.default in (dict, list)
+            self.template.append(field.get_db_prep_save(field.get_default(), database) if constant else None)
+            if not constant:
+                self.each_time.append((index, field))
+            self.columns[field.attname] = (index, field, kinds[field.attname][1])
+
+    def row(self, values: dict[str, Any], database) -> list[Any]:
+        """One row's parameters: each column's value, or its default."""
+        params = self.template.copy()
+        for index, field in self.each_time:
+            params[index] = field.get_db_prep_save(field.get_default(), database)
+        columns = self.columns
+        try:
+            for name, value in values.items():
+                index, field, kind = columns[name]
+                params[index] = _prepared(value, field, kind, database)
+        except KeyError:
+            unknown = sorted(values.keys() - columns.keys())
+            raise TypeError(f"{self.model.__name__} has no field(s) {unknown}") from None
+        return params
 
 
 @cache
-def _insert_plan(model: type[Model], vendor: str) -> tuple[tuple, str]:
-    """Each column's (attname, field, kind for `_prepared`, default prepared once or `_EACH_TIME`), and the
-    statement."""
-    fields, sql = _insert_sql(model, vendor)
-    database = connections[connection.alias]
-    kinds = _kinds(model)
-    columns = []
-    for field in fields:
-        kind = kinds[field.attname][1]
-        constant = not field.has_default() or not callable(field.default) or field.default in (dict, list)
-        default = field.get_db_prep_save(field.get_default(), database) if constant else _EACH_TIME
-        columns.append((field.attname, field, kind, default))
-    return tuple(columns), sql
+def _insert_plan(model: type[Model], vendor: str) -> _InsertPlan:
+    return _InsertPlan(model, connections[connection.alias])
 
 
 def insert_many(model: type[Model], rows: list[dict[str, Any]], *, chunk: int = 500) -> None:
@@ -106,12 +130,11 @@ def insert_many(model: type[Model], rows: list[dict[str, Any]], *, chunk: int = 
     batch). Fields a row does not give take their model default. Returns nothing: for records that are
     read back by their own keys (an imported run's entries and steps)."""
     database = connections[connection.alias]
-    columns, returning = _insert_plan(model, database.vendor)
-    sql = returning[:returning.rindex(" RETURNING ")]
-    with database.cursor() as cursor:
+    plan = _insert_plan(model, database.vendor)
+    sql = plan.sql[:plan.sql.rindex(" RETURNING ")]
+    with _cursor(database) as cursor:
         for start in range(0, len(rows), chunk):
-            batch = rows[start:start + chunk]
-            cursor.executemany(sql, [_row(model, columns, row, database) for row in batch])
+            cursor.executemany(sql, [plan.row(row, database) for row in rows[start:start + chunk]])
 
 
 @cache
@@ -142,7 +165,7 @@ def update(
     sql = _update_sql(model, database.vendor, names, guards)
     params = [_prepared(value, *kinds[name], database) for name, value in values.items()]
     params += [pk, *(_prepared(value, *kinds[name], database) for name, value in only_if.items())]
-    with database.cursor() as cursor:
+    with _cursor(database) as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
 
@@ -171,8 +194,9 @@ def first_row(model: type[Model], names: tuple[str, ...], where: str, params: li
     """The raw database values of `names` in the first row matching `where` (SQL over column names with %s
     placeholders), row-locked if asked and the database has row locks (SQLite's `BEGIN IMMEDIATE` already
     holds the whole database)."""
-    sql = _select_sql(model, connection.vendor, names, where, lock)
-    with connection.cursor() as cursor:
+    database = connections[connection.alias]
+    sql = _select_sql(model, database.vendor, names, where, lock)
+    with _cursor(database) as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone()
 
@@ -197,8 +221,9 @@ def prep(model: type[Model], name: str, value: Any) -> Any:
 
 def all_rows(model: type[Model], names: tuple[str, ...], where: str, params: list[Any]) -> list[tuple]:
     """The raw database values of `names` in every row matching `where` (see `first_row`)."""
-    with connection.cursor() as cursor:
-        cursor.execute(_select_sql(model, connection.vendor, names, where, False), params)
+    database = connections[connection.alias]
+    with _cursor(database) as cursor:
+        cursor.execute(_select_sql(model, database.vendor, names, where, False), params)
         return cursor.fetchall()
 
 
@@ -243,7 +268,7 @@ def upsert(
     database = connections[connection.alias]
     kinds = _kinds(model)
     params = [_prepared(row[name], *kinds[name], database) for row in rows for name in names]
-    with database.cursor() as cursor:
+    with _cursor(database) as cursor:
         cursor.execute(
             _upsert_sql(model, database.vendor, names, unique, replace, increment, len(rows)), params
         )
