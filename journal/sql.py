@@ -113,7 +113,9 @@ class _InsertPlan:
         try:
             for name, value in values.items():
                 index, field, kind = columns[name]
-                params[index] = _prepared(value, field, kind, database)
+                # `_prepared`'s first case inline: most values are taken as they are
+                params[index] = value if type(value) is kind or value is None else \
+                    _prepared(value, field, kind, database)
         except KeyError:
             unknown = sorted(values.keys() - columns.keys())
             raise TypeError(f"{self.model.__name__} has no field(s) {unknown}") from None

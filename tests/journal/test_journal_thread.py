@@ -1,14 +1,14 @@
-"""The journal thread commits in groups: the jobs waiting at one moment share one transaction, each in a
-savepoint; a job's result is handed back only once that transaction committed; a failing job undoes only
-its own writes; one that fails on the database, and every job after it, run alone in order; a failed commit
-fails every job of its group; closing runs every queued job first."""
+"""The journal thread commits in groups: the jobs waiting at one moment share one transaction, without
+savepoints; a job's result is handed back only once that transaction committed; if a job fails, the group is
+rolled back and every job runs alone, in order, where a failing job undoes only its own writes; a failed
+commit fails every job of its group; closing runs every queued job first."""
 
 import asyncio
 import threading
 
 import pytest
 from django.contrib.auth.models import Group
-from django.db import IntegrityError, OperationalError, connection
+from django.db import IntegrityError, OperationalError, connection, transaction
 
 from journal import roles
 from journal.mcp.journal_thread import JournalThread
@@ -26,14 +26,19 @@ def add(name: str) -> str:
     return name
 
 
-def grouped(journal: JournalThread, *jobs) -> list:
+def grouped(journal: JournalThread, *jobs, statements: list | None = None) -> list:
     """Hand `jobs` ((fn, kwargs) pairs) in while the thread is busy, so they wait together and run as one
-    group; what each gave (or raised), in order, and how many commits the group took."""
+    group; what each gave (or raised), in order, and how many commits the group took. The thread's
+    statements from then on are added to `statements` when it is given."""
     commits, busy, release = [], threading.Event(), threading.Event()
 
     def hold() -> None:
         real = connection.commit
         connection.commit = lambda: (commits.append(1), real())[1]  # this thread's connection
+        if statements is not None:
+            connection.execute_wrappers.append(
+                lambda execute, sql, params, many, context: (statements.append(sql),
+                                                             execute(sql, params, many, context))[1])
         busy.set()
         release.wait(10)
 
@@ -61,6 +66,35 @@ def test_jobs_waiting_together_commit_once_and_each_gets_its_own_result(journal)
     given, commits = grouped(journal, *[(add, {"name": f"g{n}"}) for n in range(20)])
     assert given == [f"g{n}" for n in range(20)] and names() == sorted(f"g{n}" for n in range(20))
     assert commits == 1  # twenty writes, one transaction
+
+
+def test_a_group_makes_no_savepoints_even_for_the_atomic_blocks_of_its_jobs(journal):
+    def in_its_own_block(name) -> str:
+        with transaction.atomic():
+            return add(name)
+
+    statements = []
+    given, commits = grouped(journal, *[(in_its_own_block, {"name": f"s{n}"}) for n in range(5)],
+                             statements=statements)
+    assert given == [f"s{n}" for n in range(5)] and commits == 1
+    assert len([sql for sql in statements if "INSERT" in sql]) == 5
+    assert not [sql for sql in statements if "SAVEPOINT" in sql.upper()]
+
+
+def test_a_job_that_handles_a_failure_with_its_own_savepoint_still_gets_its_result(journal):
+    add("taken")
+
+    def create_or_get(name) -> str:  # as the Recorder opens a run another process may have just created
+        try:
+            with transaction.atomic():
+                add(name)
+        except IntegrityError:
+            return f"{Group.objects.get(name=name).name} (found)"
+        return name
+
+    given, _ = grouped(journal, (add, {"name": "a"}), (create_or_get, {"name": "taken"}),
+                       (add, {"name": "b"}))
+    assert given == ["a", "taken (found)", "b"] and names() == ["a", "b", "taken"]
 
 
 def test_a_result_is_handed_back_only_once_its_group_committed(journal):
@@ -92,15 +126,16 @@ def test_a_result_is_handed_back_only_once_its_group_committed(journal):
 
 def test_a_failing_job_undoes_only_its_own_writes_and_gets_its_own_error(journal):
     def fails() -> None:
-        add("half-done")
-        raise ValueError("this job broke")
+        with transaction.atomic():  # as every journal job writes
+            add("half-done")
+            raise ValueError("this job broke")
 
     given, _ = grouped(journal, (add, {"name": "a"}), (fails, {}), (add, {"name": "b"}))
     assert given[0] == "a" and given[2] == "b" and isinstance(given[1], ValueError)
     assert names() == ["a", "b"]
 
 
-def test_from_a_job_that_fails_on_the_database_on_the_rest_run_alone_in_order(journal):
+def test_after_a_job_that_fails_on_the_database_every_job_runs_alone_in_order(journal):
     attempts, order = [], []
 
     def deadlocked_once() -> str:
