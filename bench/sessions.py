@@ -71,7 +71,7 @@ def scratch_postgres(url: str | None):
     parts = urlsplit(url)
     admin = urlunsplit(parts._replace(path="/postgres"))
     with psycopg.connect(admin, autocommit=True) as connection:
-        connection.execute(f"DROP DATABASE IF EXISTS {SCRATCH_DB}")
+        connection.execute(f"DROP DATABASE IF EXISTS {SCRATCH_DB} WITH (FORCE)")
         connection.execute(f"CREATE DATABASE {SCRATCH_DB}")
     try:
         yield urlunsplit(parts._replace(path=f"/{SCRATCH_DB}"))

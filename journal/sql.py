@@ -10,6 +10,7 @@ not on the hot path uses the ORM.
 The caller holds the transaction (and, for a run, its row lock); these helpers only run statements.
 """
 
+import contextlib
 from datetime import datetime
 from functools import cache, lru_cache
 from typing import Any
@@ -42,6 +43,31 @@ def _cursor(database):
     return database.make_debug_cursor(cursor) if database.queries_logged else database.make_cursor(cursor)
 
 
+@contextlib.contextmanager
+def pipelined():
+    """Inside it, on PostgreSQL, the statements of this module whose results are not read (an entry appended,
+    a run's moving columns written back) go to the server with the next statement whose result is read,
+    instead of each waiting for a round trip of its own (psycopg's pipeline mode). A statement's error then
+    surfaces at a later one, so the caller treats any failure inside as the whole block's: the journal thread
+    rolls its group back and runs each job alone. Statements through Django's own cursors (the ORM's) are
+    each waited for, so a row count the ORM reads is the real one. On SQLite, nothing changes."""
+    database = connections[connection.alias]
+    if database.vendor != "postgresql":
+        yield
+        return
+    database.ensure_connection()
+    with database.connection.pipeline() as pipeline:
+
+        def waited(execute, sql, params, many, context):
+            result = execute(sql, params, many, context)
+            if not isinstance(context["cursor"].cursor, _PreparedCursor):
+                pipeline.sync()
+            return result
+
+        with database.execute_wrapper(waited):
+            yield
+
+
 @cache
 def _insert_sql(model: type[Model], vendor: str) -> tuple[tuple[Field, ...], str]:
     fields = tuple(f for f in model._meta.concrete_fields if not f.primary_key)
@@ -52,13 +78,14 @@ def _insert_sql(model: type[Model], vendor: str) -> tuple[tuple[Field, ...], str
     return fields, f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES ({marks}) RETURNING {pk}"
 
 
-def insert(model: type[Model], values: dict[str, Any]) -> int:
-    """Insert one row and return its primary key. Fields not given take their model default."""
+def insert(model: type[Model], values: dict[str, Any], *, returning: bool = True) -> int | None:
+    """Insert one row and return its primary key (or, with `returning=False`, nothing: inside `pipelined`
+    the statement then need not wait for its answer). Fields not given take their model default."""
     database = connections[connection.alias]  # the wrapper itself, not the proxy, for every value
     plan = _insert_plan(model, database.vendor)
     with _cursor(database) as cursor:
-        cursor.execute(plan.sql, plan.row(values, database))
-        return cursor.fetchone()[0]
+        cursor.execute(plan.sql if returning else plan.plain_sql, plan.row(values, database))
+        return cursor.fetchone()[0] if returning else None
 
 
 # Column types whose value, of exactly this Python type, the database drivers take as it is.
@@ -95,6 +122,7 @@ class _InsertPlan:
 
     def __init__(self, model: type[Model], database) -> None:
         fields, self.sql = _insert_sql(model, database.vendor)
+        self.plain_sql = self.sql[:self.sql.rindex(" RETURNING ")]
         kinds = _kinds(model)
         self.model, self.template, self.each_time, self.columns = model, [], [], {}
         for index, field in enumerate(fields):
@@ -133,10 +161,9 @@ def insert_many(model: type[Model], rows: list[dict[str, Any]], *, chunk: int = 
     read back by their own keys (an imported run's entries and steps)."""
     database = connections[connection.alias]
     plan = _insert_plan(model, database.vendor)
-    sql = plan.sql[:plan.sql.rindex(" RETURNING ")]
     with _cursor(database) as cursor:
         for start in range(0, len(rows), chunk):
-            cursor.executemany(sql, [plan.row(row, database) for row in rows[start:start + chunk]])
+            cursor.executemany(plan.plain_sql, [plan.row(row, database) for row in rows[start:start + chunk]])
 
 
 @cache
@@ -150,14 +177,17 @@ def _update_sql(model: type[Model], vendor: str, names: tuple[str, ...], guards:
     fields = _fields(model)
     assignments = ", ".join(f"{quote(fields[name].column)} = %s" for name in names)
     conditions = " AND ".join(f"{quote(fields[name].column)} = %s" for name in ("id", *guards))
-    return f"UPDATE {quote(model._meta.db_table)} SET {assignments} WHERE {conditions}"
+    # On PostgreSQL a conditional update names the rows it changed, so its count is read as a result, which
+    # `pipelined` waits for (a row count alone would not be known yet).
+    returning = f" RETURNING {quote(model._meta.pk.column)}" if guards and vendor == "postgresql" else ""
+    return f"UPDATE {quote(model._meta.db_table)} SET {assignments} WHERE {conditions}{returning}"
 
 
 def update(
     model: type[Model], pk: int, values: dict[str, Any], *, only_if: dict[str, Any] | None = None
 ) -> int:
     """Set `values` on the row `pk` (and only if its columns still equal `only_if`); the number of rows
-    changed.
+    changed (inside `pipelined`, only a conditional update knows it: an unconditional one says -1).
 
     The conditional form is how a claim or a close stays exactly-once: check the count."""
     only_if = only_if or {}
@@ -169,7 +199,7 @@ def update(
     params += [pk, *(_prepared(value, *kinds[name], database) for name, value in only_if.items())]
     with _cursor(database) as cursor:
         cursor.execute(sql, params)
-        return cursor.rowcount
+        return len(cursor.fetchall()) if guards and database.vendor == "postgresql" else cursor.rowcount
 
 
 @cache

@@ -121,14 +121,16 @@ class JournalThread:
         `atomic` blocks join the group's (a savepoint costs two statements, which on PostgreSQL is two round
         trips, and a call's intent or outcome is only four or five statements of its own). Without
         savepoints a failure cannot be undone alone, so the first one rolls the whole group back (`_Alone`);
-        nothing of it was written, and each job then runs as it always did."""
+        nothing of it was written, and each job then runs as it always did. On PostgreSQL the group's
+        statements are pipelined (`sql.pipelined`): those whose answer nobody reads go with the next."""
         results = []
-        with transaction.atomic(), _without_savepoints():
-            for fn, kwargs, _ in batch:
-                try:
-                    results.append(fn(**kwargs))
-                except Exception as error:
-                    raise _Alone from error
+        with transaction.atomic():
+            try:
+                with sql.pipelined(), _without_savepoints():
+                    for fn, kwargs, _ in batch:
+                        results.append(fn(**kwargs))
+            except Exception as error:  # from a job, or from a statement a job sent (`sql.pipelined`)
+                raise _Alone from error
         return results
 
     def _alone(self, job) -> None:

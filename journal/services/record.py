@@ -77,20 +77,21 @@ def append_entry(*, run: Run, event: str, data: Any, now: datetime) -> int:
     The caller holds a transaction and the run's row lock (`locked_run`, or `select_for_update`): the lock
     serialises writers on one run across processes, and the unique (run, seq) constraint is the backstop if
     anyone ever forgets it. The caller saves the run's head afterwards (`save_moving`). An imported run is
-    never written to (`ForeignRun`). Returns the new entry's primary key; its data is stored as the JCS text
-    it was hashed from.
+    never written to (`ForeignRun`). Returns the new entry's seq; its data is stored as the JCS text it was
+    hashed from. The insert reads nothing back, so in a journal group (`sql.pipelined`) it goes to the
+    server with the next statement that does.
     """
     _refuse_if_foreign(run)
     entry, data_bytes = chain.new_entry(
         seq=run.head_seq + 1, ts=chain.format_ts(now), event=event, data=data, prev_hash=run.head_hash
     )
-    pk = sql.insert(ChainEntry, {"run_id": run.pk, "seq": entry["seq"], "ts": entry["ts"], "event": event,
-                                 "data": sql.JsonText(data_bytes.decode("utf-8")),
-                                 "prev_hash": entry["prevHash"], "hash": entry["hash"]})
+    sql.insert(ChainEntry, {"run_id": run.pk, "seq": entry["seq"], "ts": entry["ts"], "event": event,
+                            "data": sql.JsonText(data_bytes.decode("utf-8")),
+                            "prev_hash": entry["prevHash"], "hash": entry["hash"]}, returning=False)
     run.head_seq, run.head_hash = entry["seq"], entry["hash"]
     if run.head_seq - run.checkpointed_seq >= settings.RECORDER_CHECKPOINT_EVERY:
         sign_checkpoint(run=run, now=now)
-    return pk
+    return run.head_seq
 
 
 def sign_checkpoint(*, run: Run, now: datetime) -> Checkpoint:
@@ -119,7 +120,7 @@ def checkpoint_run(*, run: Run, now: datetime | None = None) -> Checkpoint | Non
 
 def record_event(*, run_id: int, event: str, data: Any, now: datetime) -> int:
     """Append an event from outside the Recorder (a plan, a check, an approval) to a run's chain; the new
-    entry's primary key.
+    entry's seq.
 
     Runs inside the caller's transaction if there is one, so the event commits with the change it records."""
     with transaction.atomic():

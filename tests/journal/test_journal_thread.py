@@ -10,7 +10,7 @@ import pytest
 from django.contrib.auth.models import Group
 from django.db import IntegrityError, OperationalError, connection, transaction
 
-from journal import roles
+from journal import roles, sql
 from journal.mcp.journal_thread import JournalThread
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -95,6 +95,19 @@ def test_a_job_that_handles_a_failure_with_its_own_savepoint_still_gets_its_resu
     given, _ = grouped(journal, (add, {"name": "a"}), (create_or_get, {"name": "taken"}),
                        (add, {"name": "b"}))
     assert given == ["a", "taken (found)", "b"] and names() == ["a", "b", "taken"]
+
+
+def test_a_statement_that_fails_after_its_job_returned_fails_only_that_job(journal):
+    # An insert that reads nothing back is sent with the next statement that does (on PostgreSQL, in
+    # pipeline mode), so its error surfaces later, in another job or at the end of the group.
+    def insert_unread(name) -> str:
+        sql.insert(Group, {"name": name}, returning=False)
+        return name
+
+    given, _ = grouped(journal, (insert_unread, {"name": "p"}), (insert_unread, {"name": "p"}),
+                       (insert_unread, {"name": "q"}))
+    assert given[0] == "p" and isinstance(given[1], IntegrityError) and given[2] == "q"
+    assert names() == ["p", "q"]
 
 
 def test_a_result_is_handed_back_only_once_its_group_committed(journal):
