@@ -109,7 +109,9 @@ class PolicyBook:
         self.holds: dict[int, dict[str, Any]] = {}
 
     def now(self) -> tuple[list[policy.Policy], dict[int, dict[str, Any]]]:
-        head = sql.first_row(PolicyChange, ("seq", "hash"), "1 = 1 ORDER BY seq DESC LIMIT 1", [])
+        # Once per journal group (`sql.one_moment`): its calls are decided as at one moment.
+        head = sql.remembered(("policy head",), lambda: sql.first_row(
+            PolicyChange, ("seq", "hash"), "1 = 1 ORDER BY seq DESC LIMIT 1", []))
         if self.head != head:
             rows = current_policies()
             self.head, self.policies = head, [as_policy(row) for row in rows]

@@ -11,6 +11,7 @@ The caller holds the transaction (and, for a run, its row lock); these helpers o
 """
 
 import contextlib
+import threading
 from datetime import datetime
 from functools import cache, lru_cache
 from typing import Any
@@ -66,6 +67,46 @@ def pipelined():
 
         with database.execute_wrapper(waited):
             yield
+
+
+_moment = threading.local()
+
+
+@contextlib.contextmanager
+def one_moment():
+    """Inside it, on this thread, reads made through `remembered` are made once. The journal thread runs a
+    group of jobs in one transaction, in a few milliseconds, as if at one moment: a server's catalogue stamp
+    or the policy log's head read by its first job holds for the others (a change committed meanwhile
+    applies from the next group, as it would have if it had come a moment later), and a run row the
+    transaction has locked cannot change under it until the commit, which ends the moment."""
+    _moment.reads = {}
+    try:
+        yield
+    finally:
+        _moment.reads = None
+
+
+def remembered(key, read):
+    """`read()`, made once per `one_moment` under `key` (what it gave, None too, holds for the moment)."""
+    reads = getattr(_moment, "reads", None)
+    if reads is None:
+        return read()
+    if key not in reads:
+        reads[key] = read()
+    return reads[key]
+
+
+def recalled(key):
+    """What is kept under `key` in this moment, or None (also outside one)."""
+    reads = getattr(_moment, "reads", None)
+    return reads.get(key) if reads is not None else None
+
+
+def remember(key, value) -> None:
+    """Keep `value` under `key` for the rest of the moment, if there is one."""
+    reads = getattr(_moment, "reads", None)
+    if reads is not None:
+        reads[key] = value
 
 
 @cache

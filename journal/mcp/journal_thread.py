@@ -122,11 +122,13 @@ class JournalThread:
         trips, and a call's intent or outcome is only four or five statements of its own). Without
         savepoints a failure cannot be undone alone, so the first one rolls the whole group back (`_Alone`);
         nothing of it was written, and each job then runs as it always did. On PostgreSQL the group's
-        statements are pipelined (`sql.pipelined`): those whose answer nobody reads go with the next."""
+        statements are pipelined (`sql.pipelined`): those whose answer nobody reads go with the next. What
+        is the same for every job at one moment is read once per group (`sql.one_moment`): a server's stamp,
+        the policies' head, a run the group has locked."""
         results = []
         with transaction.atomic():
             try:
-                with sql.pipelined(), _without_savepoints():
+                with sql.pipelined(), sql.one_moment(), _without_savepoints():
                     for fn, kwargs, _ in batch:
                         results.append(fn(**kwargs))
             except Exception as error:  # from a job, or from a statement a job sent (`sql.pipelined`)
@@ -198,8 +200,10 @@ class ServerDirectory:
         return known[1] if known is not None else None
 
     def get(self, name: str) -> ToolServer | None:
-        row = sql.first_row(ToolServer, ("id", "updated_at"), "name = %s AND enabled = %s",
-                            [name, sql.prep(ToolServer, "enabled", True)])
+        """The server, checked against its row (once per journal group: `sql.one_moment`)."""
+        row = sql.remembered(("server", name), lambda: sql.first_row(
+            ToolServer, ("id", "updated_at"), "name = %s AND enabled = %s",
+            [name, sql.prep(ToolServer, "enabled", True)]))
         if row is None:
             self._known.pop(name, None)
             return None

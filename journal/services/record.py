@@ -28,7 +28,15 @@ _RUN_LOCKED_FIELDS = ("id", *RUN_MOVING_FIELDS, "halted_by_plan")
 
 
 def locked_run(where: str, params: list[Any]) -> Run | None:
-    return sql.locked_row(Run, _RUN_LOCKED_FIELDS, where, params)
+    """The run matching `where`, row-locked. Inside a journal group (`sql.one_moment`) a run the group has
+    locked already is the same object, as its last job left it: the lock holds until the group commits, so
+    nothing else can have changed it, and every writer here saves what it changes (`save_moving`)."""
+    if where == "id = %s" and (held := sql.recalled(("run", params[0]))) is not None:
+        return held
+    run = sql.locked_row(Run, _RUN_LOCKED_FIELDS, where, params)
+    if run is not None:
+        sql.remember(("run", run.pk), run)
+    return run
 
 
 def save_moving(run: Run, *, now: datetime | None) -> None:

@@ -47,12 +47,19 @@ class OpenedStep:
     earlier: dict[str, Any] | None = None  # what an admin's recipe read just before the call
 
 
-# The run columns a call reads and moves. They are integers and text, so the hot path reads them raw
-
-
 def _find_run(*, agent: Agent, key: str, now: datetime) -> Run:
     """The agent's run for this key, locked. Without a key, the agent's latest keyless run unless it has
-    been idle longer than RECORDER_RUN_IDLE_SECONDS or an on-call user ended it (`end_run`)."""
+    been idle longer than RECORDER_RUN_IDLE_SECONDS or an on-call user ended it (`end_run`). Inside a journal
+    group (`sql.one_moment`), the run an earlier job of the group found for this agent and key: the group
+    holds its lock, it was active a moment ago, and nobody can have ended it since."""
+    if (found := sql.recalled(("agent run", agent.pk, key))) is not None:
+        return locked_run("id = %s", [found])
+    run = _look_up_run(agent=agent, key=key, now=now)
+    sql.remember(("agent run", agent.pk, key), run.pk)
+    return run
+
+
+def _look_up_run(*, agent: Agent, key: str, now: datetime) -> Run:
     if key:
         run = locked_run('agent_id = %s AND "key" = %s', [agent.pk, key])
         if run is None:

@@ -84,3 +84,35 @@ def test_the_reconciler_closes_a_step_whose_answer_was_never_recorded_as_unknown
     row = Step.objects.get(pk=step.step_id)
     assert (row.status, row.may_have_acted, row.reversibility) == ("error", True, "unknown")
     assert services.reconcile_stale_steps(older_than=later) == 0  # safe to run twice
+
+
+@pytest.mark.postgres
+def test_calls_journaled_in_one_group_lock_their_run_once_and_keep_its_chain_whole(agent):
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from journal import sql
+
+    server = crm_server()
+    result = {"content": [], "_meta": {"hatp/journal": {"compensationToken": "ctk_1",
+                                                        "effect": {"summary": "Won", "version": "v2"}}}}
+    with CaptureQueriesContext(connection) as captured, transaction.atomic(), sql.one_moment():
+        steps = [services.open_step(agent=agent, run_key="", server=server, server_name="crm",
+                                    tool="update_deal", arguments={"deal_id": f"D-{n}"}, request_meta=None,
+                                    now=AT) for n in range(3)]
+        for step in steps:
+            services.close_step(opened=step, outcome=services.Outcome(result=result), started=AT, finished=AT)
+    run_reads = [q["sql"] for q in captured.captured_queries
+                 if q["sql"].startswith('SELECT "id", "state", "step_count"')]
+    # The first job looks the run up, finds none and locks the one it opens; the rest find it held.
+    assert len(run_reads) == 2
+    assert {step.run_id for step in steps} == {steps[0].run_id}
+    run = Run.objects.get(pk=steps[0].run_id)
+    assert (run.step_count, run.head_seq, run.reversible_count) == (3, 7, 3)
+    assert events(run.pk) == ["run", "call", "call", "call", "result", "result", "result"]
+    assert services.verify_run(run=run).ok
+    # Outside a group every call finds its run again.
+    with CaptureQueriesContext(connection) as captured:
+        services.open_step(agent=agent, run_key="", server=server, server_name="crm", tool="update_deal",
+                           arguments={"deal_id": "D-9"}, request_meta=None, now=AT)
+    assert len([q for q in captured.captured_queries if q["sql"].startswith('SELECT "id", "state"')]) == 1
