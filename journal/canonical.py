@@ -108,6 +108,17 @@ def from_jsonb(value: Any) -> Any:
     return value
 
 
+def loads_record(text: str) -> Any:
+    """JSON text as the record stored it, read as `from_jsonb` gives it back (an integer beyond ±(2**53 - 1)
+    is the float it was), in the parse itself: only the integers are looked at, not every value."""
+    return json.loads(text, parse_int=_record_int)
+
+
+def _record_int(digits: str) -> int | float:
+    value = int(digits)
+    return value if -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT else float(value)
+
+
 def sha256_hex(value: Any) -> str:
     return hashlib.sha256(canonical_bytes(value)).hexdigest()
 

@@ -1,8 +1,11 @@
 """The field a run's record keeps its entries' and its steps' JSON in."""
 
-from django.db import models
+import json
 
-from ..canonical import from_jsonb
+from django.db import models
+from django.db.models.fields.json import KeyTransform
+
+from ..canonical import from_jsonb, loads_record
 
 
 class RecordJSONField(models.JSONField):
@@ -14,4 +17,11 @@ class RecordJSONField(models.JSONField):
     and the server sent (an undo sends the float back, and a plan that signs them can write them in JCS)."""
 
     def from_db_value(self, value, expression, connection):
+        if isinstance(value, str) and self.decoder is None and not isinstance(expression, KeyTransform):
+            # The text as the database gave it (both SQLite and Django's psycopg give JSON as text): read
+            # with the integers restored in the parse, as `JSONField` would read it otherwise.
+            try:
+                return loads_record(value)
+            except json.JSONDecodeError:
+                return value
         return from_jsonb(super().from_db_value(value, expression, connection))

@@ -7,7 +7,7 @@ import rfc8785
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from journal.canonical import _plain, canonical_bytes, from_jsonb, to_ijson
+from journal.canonical import _plain, canonical_bytes, from_jsonb, loads_record, to_ijson
 
 
 def test_rfc8785_section_3_2_2_example_is_reproduced():
@@ -120,3 +120,22 @@ def test_a_float_jsonb_gave_back_as_an_integer_is_a_float_again():
     assert type(restored["big"]) is float and type(restored["safe"]) is int
     assert canonical_bytes(restored) == (
         b'{"big":1e+21,"nested":[{"n":-1e+22,"tiny":0.000001}],"s":"1e21","safe":9007199254740991}')
+
+
+RECORD_NUMBERS = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**30), 10**30)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=5)
+    | st.dictionaries(st.text(max_size=8), children, max_size=5),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(RECORD_NUMBERS)
+def test_record_text_is_read_as_from_jsonb_gives_it_back(value):
+    import json
+
+    text = json.dumps(value)
+    read, expected = loads_record(text), from_jsonb(json.loads(text))
+    assert read == expected and repr(read) == repr(expected)  # the same values, of the same types
