@@ -61,6 +61,22 @@ def canonical_bytes(value: Any) -> bytes:
     return rfc8785.dumps(value)
 
 
+def members(value: dict[str, Any]) -> dict[str, bytes]:
+    """Each member of an I-JSON object written in JCS on its own, for `joined` to put together: the members
+    known early are written early (off the journal thread), and one known only later costs only itself."""
+    return {key: canonical_bytes(child) for key, child in value.items()}
+
+
+def joined(written: dict[str, bytes]) -> bytes:
+    """The JCS bytes of an object from its members' (`members`): keys sorted by their UTF-16 code units."""
+    keys = sorted(written, key=_utf16)
+    return b"{" + b",".join(canonical_bytes(key) + b":" + written[key] for key in keys) + b"}"
+
+
+def _utf16(key: str) -> bytes:
+    return key.encode("utf-16-be")
+
+
 def _plain(value: Any) -> bool:
     """Whether the fast path writes `value` exactly as JCS does (see the module). Exact types only: a
     subclass of str or int may write itself otherwise, so it goes to the library."""

@@ -46,6 +46,13 @@ def make_entry(*, seq: int, ts: str, event: str, data: Any, prev_hash: str) -> d
     return new_entry(seq=seq, ts=ts, event=event, data=data, prev_hash=prev_hash)[0]
 
 
+def written_entry(*, seq: int, ts: str, event: str, data_bytes: bytes, prev_hash: str) -> dict[str, Any]:
+    """An entry whose data was written beforehand (its JCS bytes): its members but `data`, and its hash."""
+    whole = _whole(data_bytes, event=event, prev_hash=prev_hash, seq=seq, ts=ts)
+    digest = hashlib.sha256(whole).hexdigest()
+    return {"seq": seq, "ts": ts, "event": event, "prevHash": prev_hash, "hash": digest}
+
+
 def new_entry(*, seq: int, ts: str, event: str, data: Any, prev_hash: str) -> tuple[dict[str, Any], bytes]:
     """The entry (`make_entry`) and the JCS bytes of its `data`, written on the way to its hash, for the
     caller to store as they are."""
@@ -73,10 +80,15 @@ def entry_digest(entry: Mapping[str, Any]) -> tuple[str, bytes | None]:
         seq, ts, event, prev = entry["seq"], entry["ts"], entry["event"], entry["prevHash"]
         if type(seq) is int and type(ts) is str and type(event) is str and type(prev) is str:
             data = canonical_bytes(entry["data"])
-            whole = b"".join((b'{"data":', data, b',"event":', _scalar(event), b',"prevHash":',
-                              _scalar(prev), b',"seq":', _scalar(seq), b',"ts":', _scalar(ts), b"}"))
+            whole = _whole(data, event=event, prev_hash=prev, seq=seq, ts=ts)
             return hashlib.sha256(whole).hexdigest(), data
     return sha256_hex({key: value for key, value in entry.items() if key != "hash"}), None
+
+
+def _whole(data: bytes, *, event: str, prev_hash: str, seq: int, ts: str) -> bytes:
+    """An entry's JCS bytes (without `hash`) from its data's, its members joined in JCS's order."""
+    return b"".join((b'{"data":', data, b',"event":', _scalar(event), b',"prevHash":', _scalar(prev_hash),
+                     b',"seq":', _scalar(seq), b',"ts":', _scalar(ts), b"}"))
 
 
 def _scalar(value: int | str) -> bytes:

@@ -273,8 +273,19 @@ class Outcomes:
                              journaled.opened.number, journaled.opened.run_id)
 
     def _queue(self, opened: services.OpenedStep, started, outcome: services.Outcome) -> asyncio.Future:
+        """Queue the outcome's write, its pure part worked out here first (`services.prepare_close`: the
+        result's JCS, the entry's payload, the values its links are looked up by), while the journal thread
+        writes other calls; should that fail, the journal thread works it out itself, as it always did."""
+        finished = timezone.now()
+        try:
+            closing = services.prepare_close(opened=opened, outcome=outcome, started=started,
+                                             finished=finished)
+        except Exception:  # the server acted: its outcome is journaled whatever went wrong here
+            logger.exception("could not prepare the outcome of step %s of run %s", opened.number,
+                             opened.run_id)
+            closing = None
         return self.journal.submit(services.close_step, opened=opened, outcome=outcome, started=started,
-                                   finished=timezone.now())
+                                   finished=finished, closing=closing)
 
     @staticmethod
     async def _written(written: asyncio.Future, opened: services.OpenedStep) -> None:

@@ -43,6 +43,7 @@ from .steps import (
     mark_undelivered,
     open_step,
     open_step_in_run,
+    prepare_close,
     refuse_step,
     release_held_step,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "authenticate_agent",
     "checkpoint_run",
     "close_step",
+    "prepare_close",
     "create_agent",
     "export_bundle",
     "hash_token",

@@ -79,7 +79,9 @@ def _refuse_if_foreign(run: Run) -> None:
         )
 
 
-def append_entry(*, run: Run, event: str, data: Any, now: datetime) -> int:
+def append_entry(
+    *, run: Run, event: str, data: Any = None, now: datetime, written: bytes | None = None
+) -> int:
     """Append one event to a run's chain.
 
     The caller holds a transaction and the run's row lock (`locked_run`, or `select_for_update`): the lock
@@ -87,12 +89,16 @@ def append_entry(*, run: Run, event: str, data: Any, now: datetime) -> int:
     anyone ever forgets it. The caller saves the run's head afterwards (`save_moving`). An imported run is
     never written to (`ForeignRun`). Returns the new entry's seq; its data is stored as the JCS text it was
     hashed from. The insert reads nothing back, so in a journal group (`sql.pipelined`) it goes to the
-    server with the next statement that does.
+    server with the next statement that does. `written` is the data already written in JCS (its bytes),
+    instead of `data`: only the entry's own members are written and hashed here, under the lock.
     """
     _refuse_if_foreign(run)
-    entry, data_bytes = chain.new_entry(
-        seq=run.head_seq + 1, ts=chain.format_ts(now), event=event, data=data, prev_hash=run.head_hash
-    )
+    seq, ts = run.head_seq + 1, chain.format_ts(now)
+    if written is not None:
+        entry, data_bytes = chain.written_entry(seq=seq, ts=ts, event=event, data_bytes=written,
+                                                prev_hash=run.head_hash), written
+    else:
+        entry, data_bytes = chain.new_entry(seq=seq, ts=ts, event=event, data=data, prev_hash=run.head_hash)
     sql.insert(ChainEntry, {"run_id": run.pk, "seq": entry["seq"], "ts": entry["ts"], "event": event,
                             "data": sql.JsonText(data_bytes.decode("utf-8")),
                             "prev_hash": entry["prevHash"], "hash": entry["hash"]}, returning=False)

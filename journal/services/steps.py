@@ -14,10 +14,11 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from .. import dependencies, journaling, ports, recovery, sql
+from .. import canonical, dependencies, journaling, ports, recovery, sql
 from ..canonical import to_ijson
 from ..journaling import Outcome
-from ..models import Agent, Run, RunValue, Step, StepDependency, ToolServer
+from ..models import Agent, Run, Step, ToolServer
+from .links import link
 from .record import append_entry, locked_run, open_run, save_moving
 from .runs import release, release_agent
 
@@ -276,12 +277,24 @@ def refuse_step(
     return True
 
 
-def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finished: datetime) -> Step | None:
-    """Journal what came back, with the undo facts, dependencies and counters, in one transaction (what
-    each outcome means for the record is `journaling.closed_fields`).
+@dataclass(frozen=True)
+class Closing:
+    """What `close_step` writes, worked out before its transaction: the step's fields, the `result` entry's
+    data with every member written in JCS but `dependsOn` (which reads the run), and the values the step's
+    links are looked up by and its result is indexed under. Pure, so the Recorder works it out on its event
+    loop while the journal thread writes other calls (`prepare_close`)."""
 
-    Only a `pending` step is closed (a conditional update): if the reconciler already closed it as
-    unrecorded, a late answer changes nothing and None is returned."""
+    step: Step  # the closed step as far as its fields say, not saved
+    fields: dict[str, Any]
+    has_result: bool
+    acted: bool
+    entry: dict[str, bytes]
+    wanted: Any  # dependencies.distinctive_values of the arguments
+    indexed: dict[str, str]
+
+
+def prepare_close(*, opened: OpenedStep, outcome: Outcome, started: datetime, finished: datetime) -> Closing:
+    """The pure part of closing a step (`Closing`); what each outcome means is `journaling.closed_fields`."""
     server = opened.server
     step = Step(pk=opened.step_id, run_id=opened.run_id, number=opened.number, server=server,
                 server_name=server.name if server else "", tool=opened.tool,
@@ -299,22 +312,48 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
         finished=finished,
         inline_limit=settings.RECORDER_INLINE_RESULT_BYTES,
     )
+    for name, value in fields.items():
+        setattr(step, name, value)
+    step.reversibility = fields.get("reversibility", opened.kind)
+    step.declaration_source = fields.get("declaration_source", opened.source)
+    step.undo_problems = fields.get("undo_problems", [])
+    entry = to_ijson(journaling.result_entry(step, result=result, outcome=outcome,
+                                             recovery=fields.get("recovery"), links=[]))
+    del entry["dependsOn"]
+    structured = step.result.get("structuredContent") if isinstance(step.result, dict) else None
+    indexed = {}
+    if step.status == Step.Status.OK and structured is not None:
+        # Only structured results are indexed: free text ("echo", "Files staged") would link everything.
+        indexed = dependencies.first_pointers(
+            dependencies.distinctive_values(structured, "/structuredContent"))
+    return Closing(step=step, fields=fields, has_result=result is not None,
+                   acted=journaling.acted(outcome, is_error=step.is_error), entry=canonical.members(entry),
+                   wanted=dependencies.distinctive_values(step.arguments), indexed=indexed)
+
+
+def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finished: datetime,
+               closing: Closing | None = None) -> Step | None:
+    """Journal what came back, with the undo facts, dependencies and counters, in one transaction. What
+    needs no lock is worked out first (`prepare_close`; the Recorder passes it in as `closing`, worked out
+    off the journal thread): under the run's lock, only the step's links, its row, the entry's own members
+    and the run's counters.
+
+    Only a `pending` step is closed (a conditional update): if the reconciler already closed it as
+    unrecorded, a late answer changes nothing and None is returned."""
+    closing = closing or prepare_close(opened=opened, outcome=outcome, started=started, finished=finished)
+    step, fields = closing.step, dict(closing.fields)
     with transaction.atomic():
         run = locked_run("id = %s", [opened.run_id])
-        if result is not None:
-            fields["result_seq"] = run.head_seq + 1  # the `result` entry below is the run's next
+        if closing.has_result:
+            fields["result_seq"] = step.result_seq = run.head_seq + 1  # the `result` entry below is the next
         if not sql.update(Step, step.pk, fields, only_if={"status": Step.Status.PENDING}):
             logger.warning("step %s of run %s was already closed; this late outcome is not recorded",
                            opened.number, opened.run_id)
             return None
-        for name, value in fields.items():
-            setattr(step, name, value)
-        step.reversibility = fields.get("reversibility", opened.kind)
-        step.declaration_source = fields.get("declaration_source", opened.source)
-        step.undo_problems = fields.get("undo_problems", [])
-        count(run, step, acted=journaling.acted(outcome, is_error=step.is_error))
-        append_entry(run=run, event="result", now=finished, data=journaling.result_entry(
-            step, result=result, outcome=outcome, recovery=fields.get("recovery"), links=_link(run, step)))
+        count(run, step, acted=closing.acted)
+        links = link(run, step, wanted=closing.wanted, indexed=closing.indexed)
+        written = canonical.joined({**closing.entry, "dependsOn": canonical.canonical_bytes(to_ijson(links))})
+        append_entry(run=run, event="result", now=finished, written=written)
         save_moving(run, now=finished)
     return step
 
@@ -347,72 +386,3 @@ def count(run: Run, step: Step, *, acted: bool) -> None:
         run.state = Run.State.FAILED
     if counter is not None:
         setattr(run, counter, getattr(run, counter) + 1)
-
-
-def _link(run: Run, step: Step) -> list[dict[str, Any]]:
-    """Record inferred and declared dependencies of `step`, and index its result for later steps."""
-    links: list[dict[str, Any]] = []
-    wanted = dependencies.distinctive_values(step.arguments)
-    if wanted:
-        digests = sorted({d for d, _ in wanted})
-        known = {
-            value_digest: (step_id, pointer, seen)
-            for value_digest, step_id, pointer, seen in sql.all_rows(
-                RunValue,
-                ("digest", "step_id", "pointer", "seen"),
-                f"run_id = %s AND step_id <> %s AND digest IN ({sql.marks(len(digests))})",
-                [run.pk, step.pk, *digests],
-            )
-        }
-        found = dependencies.choose_links(wanted, known)
-        if found:
-            numbers = dict(
-                sql.all_rows(Step, ("id", "number"), f"id IN ({sql.marks(len(found))})", list(found))
-            )
-            StepDependency.objects.bulk_create(
-                [
-                    StepDependency(
-                        step=step, depends_on_id=step_id, rule=StepDependency.Rule.INFERRED, pointers=pointers
-                    )
-                    for step_id, pointers in found.items()
-                ]
-            )
-            links += [
-                {"step": numbers[s], "rule": "inferred", "pointers": p} for s, p in sorted(found.items())
-            ]
-
-    wanted_numbers = journaling.declared_dependencies(step.request_meta, before=step.number)
-    if wanted_numbers:
-        targets = dict(Step.objects.filter(run=run, number__in=wanted_numbers).values_list("number", "pk"))
-        StepDependency.objects.bulk_create(
-            [
-                StepDependency(step=step, depends_on_id=pk, rule=StepDependency.Rule.DECLARED)
-                for pk in targets.values()
-            ]
-        )
-        links += [{"step": number, "rule": "declared"} for number in sorted(targets)]
-
-    structured = step.result.get("structuredContent") if isinstance(step.result, dict) else None
-    if step.status == Step.Status.OK and structured is not None:
-        # Only structured results are indexed: free text ("echo", "Files staged") would link everything.
-        _index(run, step, dependencies.first_pointers(
-            dependencies.distinctive_values(structured, "/structuredContent")))
-    return links
-
-
-def _index(run: Run, step: Step, values: dict[str, str]) -> None:
-    """`step` is now the most recent step of the run whose result had each of `values` (digest: pointer)."""
-    if not values:
-        return
-    # One statement however many values: a new value is inserted, a known one moves to this step, seen once
-    # more.
-    sql.upsert(
-        RunValue,
-        [
-            {"run_id": run.pk, "digest": value_digest, "step_id": step.pk, "pointer": pointer, "seen": 1}
-            for value_digest, pointer in sorted(values.items())
-        ],
-        unique=("run_id", "digest"),
-        replace=("step_id", "pointer"),
-        increment="seen",
-    )

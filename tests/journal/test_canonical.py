@@ -139,3 +139,11 @@ def test_record_text_is_read_as_from_jsonb_gives_it_back(value):
     text = json.dumps(value)
     read, expected = loads_record(text), from_jsonb(json.loads(text))
     assert read == expected and repr(read) == repr(expected)  # the same values, of the same types
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.text(), I_JSON, max_size=8))
+def test_an_object_joined_from_its_members_written_apart_is_the_librarys_bytes(value):
+    from journal.canonical import joined, members
+
+    assert joined(members(value)) == rfc8785.dumps(value)
