@@ -146,23 +146,30 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
         if decision and decision.get("allowUnknownRetries"):
             traits = dataclasses.replace(traits, retries_allowed=True)
     status = journaling.opening_status(decision)
+    # The `call` entry's payload written before the lock, but for what the lock decides (its step number,
+    # and the decision, which a halt found under the lock may change).
+    entry = canonical.members(to_ijson(journaling.call_entry(
+        number=0, server_name=server_name, tool=tool, call=call, who=who, decision=None)))
+    declaration = call.declaration
+    declared_fields = dict(declaration=declaration.model_dump(mode="json"),
+                           declaration_source=declaration.source, reversibility=declaration.kind)
     with transaction.atomic():
         run = find_run()
         if decide is not None and (halt := _halt(run, agent, now=now)) is not None:
             decision = journaling.halted_decision(decision, why=halt[1], plan=halt[0])
             status = Step.Status.PENDING
         number = run.step_count + 1
-        declaration = call.declaration
         step_id = sql.insert(Step, dict(
             run_id=run.pk, number=number, server_id=server.pk if server else None, server_name=server_name,
             tool=tool, arguments=call.arguments, request_meta=call.request_meta, started_at=now,
-            declaration=declaration.model_dump(mode="json"), declaration_source=declaration.source,
-            reversibility=declaration.kind, status=status, policy_decision=decision, call_digest=call.digest,
-            earlier_state=to_ijson(earlier) if earlier is not None else None,
+            status=status, policy_decision=decision, call_digest=call.digest,
+            earlier_state=to_ijson(earlier) if earlier is not None else None, **declared_fields,
         ))
         run.step_count = number
-        append_entry(run=run, event="call", now=now, data=journaling.call_entry(
-            number=number, server_name=server_name, tool=tool, call=call, who=who, decision=decision))
+        entry["step"] = canonical.canonical_bytes(number)
+        if decision is not None:
+            entry["policy"] = canonical.canonical_bytes(to_ijson(decision))
+        append_entry(run=run, event="call", now=now, written=canonical.joined(entry))
         if earlier is not None:  # the Recorder's own read, before the call was sent: on the record too,
             # what it read included (bounded like an inline result), so it is exported with the run
             append_entry(run=run, event="earlier_state", now=now, data={"step": number, **to_ijson(earlier)})
