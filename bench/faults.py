@@ -32,7 +32,7 @@ def main() -> None:
         result = subprocess.run([*command, "-q", "-s", "-p", "no:cacheprovider", "tests/faults"], cwd=ROOT,
                                 env=env, capture_output=True, text=True)
         for line in result.stdout.splitlines():
-            if "faults:" in line or "passed" in line or "failed" in line:
+            if " faults" in line or "passed" in line or "failed" in line:
                 print(line.strip())
         if result.returncode:
             print(result.stdout[-3000:], result.stderr[-2000:], sep="\n")
