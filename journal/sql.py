@@ -182,9 +182,7 @@ class _InsertPlan:
         try:
             for name, value in values.items():
                 index, field, kind = columns[name]
-                # `_prepared`'s first case inline: most values are taken as they are
-                params[index] = value if type(value) is kind or value is None else \
-                    _prepared(value, field, kind, database)
+                params[index] = _prepared(value, field, kind, database)
         except KeyError:
             unknown = sorted(values.keys() - columns.keys())
             raise TypeError(f"{self.model.__name__} has no field(s) {unknown}") from None
@@ -213,15 +211,19 @@ def _fields(model: type[Model]) -> dict[str, Field]:
 
 
 @cache
-def _update_sql(model: type[Model], vendor: str, names: tuple[str, ...], guards: tuple[str, ...]) -> str:
+def _update_sql(
+    model: type[Model], vendor: str, names: tuple[str, ...], guards: tuple[str, ...]
+) -> tuple[str, bool]:
+    """The statement, and whether it reads back the rows it changed (their count is then its result)."""
     quote = connection.ops.quote_name
     fields = _fields(model)
     assignments = ", ".join(f"{quote(fields[name].column)} = %s" for name in names)
     conditions = " AND ".join(f"{quote(fields[name].column)} = %s" for name in ("id", *guards))
     # On PostgreSQL a conditional update names the rows it changed, so its count is read as a result, which
     # `pipelined` waits for (a row count alone would not be known yet).
-    returning = f" RETURNING {quote(model._meta.pk.column)}" if guards and vendor == "postgresql" else ""
-    return f"UPDATE {quote(model._meta.db_table)} SET {assignments} WHERE {conditions}{returning}"
+    reads_back = bool(guards) and vendor == "postgresql"
+    returning = f" RETURNING {quote(model._meta.pk.column)}" if reads_back else ""
+    return f"UPDATE {quote(model._meta.db_table)} SET {assignments} WHERE {conditions}{returning}", reads_back
 
 
 def update(
@@ -235,12 +237,12 @@ def update(
     database = connections[connection.alias]
     kinds = _kinds(model)
     names, guards = tuple(values), tuple(only_if)
-    sql = _update_sql(model, database.vendor, names, guards)
+    sql, reads_back = _update_sql(model, database.vendor, names, guards)
     params = [_prepared(value, *kinds[name], database) for name, value in values.items()]
     params += [pk, *(_prepared(value, *kinds[name], database) for name, value in only_if.items())]
     with _cursor(database) as cursor:
         cursor.execute(sql, params)
-        return len(cursor.fetchall()) if guards and database.vendor == "postgresql" else cursor.rowcount
+        return len(cursor.fetchall()) if reads_back else cursor.rowcount
 
 
 @cache
