@@ -245,6 +245,10 @@ else:
 RATELIMIT_FAIL_OPEN = True  # a cache that answers nothing lets requests on (journal.throttling)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# A pool child that died (killed, out of memory) has its task sent back to the queue after this many seconds
+# (Celery waits 10 by default for a result the child may have sent before dying). Every task here is safe to
+# run twice, so a plan resumes after 2 seconds rather than 10 (tests/faults/test_killed_worker.py).
+CELERY_WORKER_LOST_WAIT = 2.0
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 # The demo turns this off so the emails its worker prints read as emails, not as warning lines of a log.

@@ -3,10 +3,13 @@
     [TEST_POSTGRES_URL=postgres://...] .venv/bin/python bench/faults.py [--runs 20]
 
 Runs tests/faults with FAULT_RUNS plans of 20 items each: the worker killed with SIGKILL at random moments,
-and Redis killed and restarted mid-plan (needs redis-server), plus tool servers that fail in every way; and
-FAULT_RUNS kills of every Recorder process in the middle of a journal group while agents call (on SQLite;
-with TEST_POSTGRES_URL set, the tests marked for it run again on PostgreSQL).
-Prints the figures the tests print: compensations applied twice, lost, and pairs out of reverse order.
+a prefork worker's pool child killed the same way while its parent lives on (most kills landing after the
+calendar made a compensation and before the worker recorded it), and Redis killed and restarted mid-plan
+(needs redis-server), plus tool servers that fail in every way; and FAULT_RUNS kills of every Recorder
+process in the middle of a journal group while agents call (on SQLite; with TEST_POSTGRES_URL set, the tests
+marked for it run again on PostgreSQL).
+Prints the figures the tests print: the kills and where they landed, compensations applied twice, lost,
+and pairs out of reverse order.
 """
 
 import argparse

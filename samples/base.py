@@ -73,7 +73,8 @@ class SampleServer:
 
     def __init__(self, state_dir: Path | None):
         self.store = Store(state_dir / f"{self.name}.json" if state_dir else None, self.initial_state())
-        self.delay_ms = 0
+        self.delay_ms = 0  # before the call is handled
+        self.answer_delay_ms = 0  # after the call has acted, before it answers (the fault tests' window)
         # normal | rpc_error | input_required | error_5xx | garbage | hang | lie | act_then_hang
         # (samples.app.Faults)
         self.mode = "normal"
@@ -144,9 +145,12 @@ class SampleServer:
             arguments["__meta"] = params.meta.get("hatp/journal") or {}
         try:
             async with self.store.lock:
-                return await handler(arguments)
+                result = await handler(arguments)
         except (KeyError, TypeError, ValueError) as exc:
             return tool_error(f"Invalid arguments: {exc}", code="INVALID_ARGUMENTS")
+        if self.answer_delay_ms:  # the change is made and kept; only the answer waits
+            await anyio.sleep(self.answer_delay_ms / 1000)
+        return result
 
     def once(self, key: str | None, action: Callable[[], types.CallToolResult]) -> types.CallToolResult:
         """Run `action` at most once per idempotency key: a replayed key returns the first outcome and
@@ -169,8 +173,10 @@ class SampleServer:
     async def control(self, request: Request) -> JSONResponse:
         body = await request.json()
         self.delay_ms = int(body.get("delay_ms", self.delay_ms))
+        self.answer_delay_ms = int(body.get("answer_delay_ms", self.answer_delay_ms))
         self.mode = str(body.get("mode", self.mode))
-        return JSONResponse({"delay_ms": self.delay_ms, "mode": self.mode})
+        return JSONResponse({"delay_ms": self.delay_ms, "answer_delay_ms": self.answer_delay_ms,
+                             "mode": self.mode})
 
 
 def local_transport_security() -> TransportSecuritySettings:

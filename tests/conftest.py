@@ -61,10 +61,11 @@ class Samples:
     def ledger(self, name: str) -> list[dict]:
         return httpx.get(f"{self.thread.base}/{name}/ledger").json()["ledger"]
 
-    def set_mode(self, name: str, mode: str = "normal", delay_ms: int = 0) -> None:
-        httpx.post(
-            f"{self.thread.base}/{name}/control", json={"mode": mode, "delay_ms": delay_ms}
-        ).raise_for_status()
+    def set_mode(self, name: str, mode: str = "normal", delay_ms: int = 0, answer_delay_ms: int = 0) -> None:
+        """`delay_ms` holds a call before it acts; `answer_delay_ms` after it acted, before it answers."""
+        httpx.post(f"{self.thread.base}/{name}/control",
+                   json={"mode": mode, "delay_ms": delay_ms, "answer_delay_ms": answer_delay_ms}
+                   ).raise_for_status()
 
     def colleague_update(self, deal_id: str, changes: dict, by: str = "priya") -> dict:
         response = httpx.post(f"{self.thread.base}/crm/colleague/update_deal",

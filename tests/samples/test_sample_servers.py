@@ -151,3 +151,21 @@ def test_state_survives_a_restart(tmp_path):
     anyio.run(first.update_deal, {"deal_id": "D-881", "stage": "Won"})
     again = Crm(tmp_path)
     assert again.records["deal/D-881"]["stage"] == "Won" and again.public_key == first.public_key
+
+
+def test_an_answer_held_after_the_call_acted_keeps_the_change(sample_servers):
+    """The fault tests' window: the server has acted and the caller, gone before the answer, never hears."""
+    sample_servers.set_mode("inventory", "normal", answer_delay_ms=2000)
+
+    async def main():
+        with anyio.move_on_after(0.5):  # the caller gives up long before the answer
+            async with Upstreams(timeout=10) as upstreams:
+                await upstreams.call_tool(Endpoint("inventory", "http", sample_servers.url("inventory")),
+                                          "reserve_inventory", {"sku": "SKU-GLOBEX-KIT", "quantity": 5})
+            raise AssertionError("the answer came before its delay")
+
+    anyio.run(main)
+    sample_servers.set_mode("inventory", "normal")
+    assert [e["op"] for e in sample_servers.ledger("inventory")] == ["reserve"]
+    stock = call(sample_servers, "inventory", "check_stock", {"sku": "SKU-GLOBEX-KIT"})["structuredContent"]
+    assert stock["free"] == 35
