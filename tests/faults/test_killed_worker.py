@@ -6,6 +6,7 @@ lost), and in reverse order of booking. FAULT_RUNS sets how many plans (CI runs 
 is `FAULT_RUNS=20 make test`-style, or bench/faults.py).
 """
 
+import contextlib
 import os
 import random
 import signal
@@ -57,6 +58,20 @@ def children(pid: int) -> list[int]:
         if int(fields[1]) == pid and fields[0] != "Z":
             found.append(int(stat.parent.name))
     return found
+
+
+def stop_with_its_pool(worker) -> None:
+    """Kill a prefork worker and its pool: a child outliving its parent would keep its database session."""
+    pool = children(worker.pid)
+    worker.kill()
+    worker.wait(timeout=20)
+    for pid in pool:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while any(alive(pid) for pid in pool):
+        assert time.monotonic() < deadline, "a pool child outlived SIGKILL"
+        time.sleep(0.01)
 
 
 def pool_child(worker, timeout: float = 30.0) -> int:
@@ -199,6 +214,7 @@ def test_sigkill_at_random_moments_never_loses_or_repeats_a_compensation(
     assert kills.mid_plan >= RUNS  # the kills really landed while plans ran
 
 
+@pytest.mark.postgres  # on PostgreSQL too, where a killed child leaves a connection the server must end
 def test_sigkill_of_the_pool_child_never_loses_or_repeats_a_compensation(
         recorder, sample_servers, on_call, faults_setup):
     """A prefork worker whose child is killed while its parent lives: Celery rejects the lost task back to
@@ -234,8 +250,7 @@ def test_sigkill_of_the_pool_child_never_loses_or_repeats_a_compensation(
             finish(plan, sample_servers, figures)
         assert worker.poll() is None, "the prefork worker's parent died with its child"
     finally:
-        worker.kill()
-        worker.wait(timeout=20)
+        stop_with_its_pool(worker)
     twice, lost, out_of_order = figures
     print(f"\nkilled-pool-child faults: {RUNS} plans of {ITEMS} items, {kills}: {twice} compensations "
           f"applied twice, {lost} lost, {out_of_order} pairs out of reverse order")
