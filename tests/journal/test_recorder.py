@@ -468,6 +468,48 @@ def test_when_the_intent_cannot_be_journaled_nothing_is_forwarded(
     assert sample_servers.ledger("crm") == []
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_an_outcomes_pure_part_is_worked_out_off_the_journal_thread_or_by_it_when_that_fails(
+        sample_servers, agent_token, settings, monkeypatch, fast):
+    import threading
+
+    from approver.asgi import build_application
+    from tests.conftest import ServerThread, free_port
+
+    register_samples(sample_servers, names=("crm",))
+    settings.RECORDER_FAST_CALLS = fast
+    prepare_close, close_step = services.prepare_close, services.close_step
+    prepared_on, closed_on, fail = [], [], [False, True]
+
+    def watched_prepare_close(**kwargs):
+        prepared_on.append(threading.current_thread().name)
+        if fail.pop(0):
+            raise RuntimeError("a result this code cannot canonicalize")
+        return prepare_close(**kwargs)
+
+    def watched_close_step(**kwargs):
+        closed_on.append((threading.current_thread().name, kwargs["closing"] is not None))
+        return close_step(**kwargs)
+
+    monkeypatch.setattr(services, "prepare_close", watched_prepare_close)
+    monkeypatch.setattr(services, "close_step", watched_close_step)
+    meta = {"hatp/journal": {"runId": f"prepared-{fast}"}}
+
+    async def script(client):
+        for stage in ("Won", "Lost"):
+            await client.call_tool("crm__update_deal", {"deal_id": "D-881", "stage": stage}, meta=meta)
+
+    with ServerThread(build_application(), free_port()) as recorder:
+        run_agent(recorder, agent_token, script)
+    assert len(prepared_on) == 2 and "recorder-journal" not in prepared_on
+    # The second call's preparation failed: the journal thread worked its outcome out itself, all of it.
+    assert closed_on == [("recorder-journal", True), ("recorder-journal", False)]
+    run = Run.objects.get(key=f"run:prepared-{fast}")
+    assert [(s.number, s.status, s.reversibility) for s in run.steps.order_by("number")] == [
+        (1, "ok", "compensate"), (2, "ok", "compensate")]
+    assert services.verify_run(run=run).ok
+
+
 def test_the_answer_waits_for_its_outcome_commit_and_the_next_call_comes_after_it(
         sample_servers, agent_token, monkeypatch):
     import time
