@@ -9,14 +9,14 @@ from django.db import transaction
 
 from ..canonical import to_ijson
 from ..models import Step
-from .record import append_entry, locked_run, save_moving
+from .record import append_entry, locked_run_by_id, save_moving
 
 
 def read_again(*, run_id: int, step_id: int, number: int, earlier: dict[str, Any], now: datetime) -> None:
     """Keep what a recipe read again just before a held call was forwarded."""
     earlier = to_ijson(earlier)
     with transaction.atomic():
-        run = locked_run("id = %s", [run_id])
+        run = locked_run_by_id(run_id)
         Step.objects.filter(pk=step_id).update(earlier_state=earlier)
         append_entry(run=run, event="earlier_state", now=now, data={"step": number, "again": True, **earlier})
         save_moving(run, now=now)

@@ -20,7 +20,7 @@ from django.utils import timezone
 from .. import ports, sql
 from ..journaling import Outcome
 from ..models import Agent, Run, Step
-from .record import append_entry, locked_run, save_moving
+from .record import append_entry, locked_run_by_id, save_moving
 from .steps import OpenedStep, close_step, refuse_step
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def task_started(*, opened: OpenedStep, task_id: str, status: str, ttl_ms: Any, 
     ttl = ttl_ms if isinstance(ttl_ms, int) and not isinstance(ttl_ms, bool) and ttl_ms >= 0 else None
     until = now + timedelta(milliseconds=ttl) if ttl is not None else None
     with transaction.atomic():
-        run = locked_run("id = %s", [opened.run_id])
+        run = locked_run_by_id(opened.run_id)
         if not sql.update(Step, opened.step_id, {"task_id": task_id, "task_until": until},
                           only_if={"status": Step.Status.PENDING}):
             return False
@@ -75,7 +75,7 @@ def task_cancelled(*, task: RunningTask, now: datetime) -> None:
     """The agent asked the server to cancel the task: journaled as the agent's cancel (what became of the
     task is its outcome, when seen)."""
     with transaction.atomic():
-        run = locked_run("id = %s", [task.opened.run_id])
+        run = locked_run_by_id(task.opened.run_id)
         task_id = Step.objects.filter(pk=task.opened.step_id).values_list("task_id", flat=True).first()
         append_entry(run=run, event="task_cancel", now=now, data={"step": task.opened.number,
                                                                    "taskId": task_id or ""})

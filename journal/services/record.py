@@ -27,12 +27,17 @@ RUN_MOVING_FIELDS = (
 _RUN_LOCKED_FIELDS = ("id", *RUN_MOVING_FIELDS, "halted_by_plan")
 
 
-def locked_run(where: str, params: list[Any]) -> Run | None:
-    """The run matching `where`, row-locked. Inside a journal group (`sql.one_moment`) a run the group has
-    locked already is the same object, as its last job left it: the lock holds until the group commits, so
-    nothing else can have changed it, and every writer here saves what it changes (`save_moving`)."""
-    if where == "id = %s" and (held := sql.recalled(("run", params[0]))) is not None:
+def locked_run_by_id(run_id: int) -> Run | None:
+    """The run `run_id`, row-locked. Inside a journal group (`sql.one_moment`) a run the group has locked
+    already is the same object, as its last job left it: the lock holds until the group commits, so nothing
+    else can have changed it, and every writer here saves what it changes (`save_moving`)."""
+    if (held := sql.recalled(("run", run_id))) is not None:
         return held
+    return locked_run("id = %s", [run_id])
+
+
+def locked_run(where: str, params: list[Any]) -> Run | None:
+    """The run matching `where`, row-locked, and kept for the rest of a journal group (`locked_run_by_id`)."""
     run = sql.locked_row(Run, _RUN_LOCKED_FIELDS, where, params)
     if run is not None:
         sql.remember(("run", run.pk), run)
@@ -138,7 +143,7 @@ def record_event(*, run_id: int, event: str, data: Any, now: datetime) -> int:
 
     Runs inside the caller's transaction if there is one, so the event commits with the change it records."""
     with transaction.atomic():
-        run = locked_run("id = %s", [run_id])
+        run = locked_run_by_id(run_id)
         entry = append_entry(run=run, event=event, data=data, now=now)
         save_moving(run, now=None)
     return entry

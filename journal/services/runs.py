@@ -14,7 +14,7 @@ from django.db.models import QuerySet
 
 from ..errors import Refused
 from ..models import Agent, Run
-from .record import append_entry, locked_run, save_moving
+from .record import append_entry, locked_run_by_id, save_moving
 
 
 class RunRefused(Refused):
@@ -45,7 +45,7 @@ def runs_matching(
 def end_run(*, run_id: int, by: str, now: datetime) -> None:
     """End a run the idle rule found (one without a runId or session): the agent's next call starts anew."""
     with transaction.atomic():
-        run = locked_run("id = %s", [run_id])
+        run = locked_run_by_id(run_id)
         if run is None:
             raise RunRefused("No such run.")
         if run.state == Run.State.IMPORTED:  # another Recorder's bundle or a ChronoMCP log: never written to
@@ -72,7 +72,7 @@ def halt_run(*, run_id: int, plan: str, reason: str, now: datetime) -> None:
     this run or any other (a new runId must not sidestep the halt), are refused while `plan` (the plan that
     undoes the task) is open, until it ends or a person releases the run."""
     with transaction.atomic():
-        run = locked_run("id = %s", [run_id])
+        run = locked_run_by_id(run_id)
         append_entry(run=run, event="halted", now=now, data={"plan": plan, "reason": reason, "agent": True})
         save_moving(run, now=None)
         Run.objects.filter(pk=run_id).update(halted_by_plan=plan, halted_reason=reason)
@@ -85,7 +85,7 @@ def release_run(*, run_id: int, by: str, why: str, now: datetime) -> bool:
     """Let the agent's calls into a halted run again: a person released it, or its plan ended. False if the
     run was not halted."""
     with transaction.atomic():
-        run = locked_run("id = %s", [run_id])
+        run = locked_run_by_id(run_id)
         if run is None:
             raise RunRefused("No such run.")
         if not run.halted_by_plan:

@@ -19,7 +19,7 @@ from ..canonical import to_ijson
 from ..journaling import Outcome
 from ..models import Agent, Run, Step, ToolServer
 from .links import link
-from .record import append_entry, locked_run, open_run, save_moving
+from .record import append_entry, locked_run, locked_run_by_id, open_run, save_moving
 from .runs import release, release_agent
 
 logger = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def _find_run(*, agent: Agent, key: str, now: datetime) -> Run:
     group (`sql.one_moment`), the run an earlier job of the group found for this agent and key: the group
     holds its lock, it was active a moment ago, and nobody can have ended it since."""
     if (found := sql.recalled(("agent run", agent.pk, key))) is not None:
-        return locked_run("id = %s", [found])
+        return locked_run_by_id(found)
     run = _look_up_run(agent=agent, key=key, now=now)
     sql.remember(("agent run", agent.pk, key), run.pk)
     return run
@@ -69,7 +69,7 @@ def _look_up_run(*, agent: Agent, key: str, now: datetime) -> Run:
                     created = open_run(agent=agent, key=key, now=now)
             except IntegrityError:  # another Recorder process created it a moment ago
                 created = Run.objects.get(agent=agent, key=key)
-            run = locked_run("id = %s", [created.pk])
+            run = locked_run_by_id(created.pk)
         return run
     idle = sql.prep(Run, "last_activity_at", now - timedelta(seconds=settings.RECORDER_RUN_IDLE_SECONDS))
     run = locked_run(
@@ -79,7 +79,7 @@ def _look_up_run(*, agent: Agent, key: str, now: datetime) -> Run:
     )
     if run is None:
         created = open_run(agent=agent, key="", now=now)
-        run = locked_run("id = %s", [created.pk])
+        run = locked_run_by_id(created.pk)
     return run
 
 
@@ -116,7 +116,7 @@ def open_step_in_run(
 ) -> OpenedStep:
     """Journal the intent of a call that is not an agent's (a compensation the executor makes) in a run
     that is already known, exactly as an agent's call is journaled: `close_step` records what came back."""
-    return _open(lambda: locked_run("id = %s", [run_id]), server=server, server_name=server.name, tool=tool,
+    return _open(lambda: locked_run_by_id(run_id), server=server, server_name=server.name, tool=tool,
                  arguments=arguments, request_meta=request_meta, now=now, who=who)
 
 
@@ -240,7 +240,7 @@ def unknown_attempt(digest: str) -> dict[str, Any] | None:
 def release_held_step(*, opened: OpenedStep, approval: dict[str, Any], now: datetime) -> bool:
     """A held call was approved: it may now be forwarded (the step is in flight, like any other call)."""
     with transaction.atomic():
-        run = locked_run("id = %s", [opened.run_id])
+        run = locked_run_by_id(opened.run_id)
         if not sql.update(
             Step, opened.step_id, {"status": Step.Status.PENDING}, only_if={"status": Step.Status.HELD}
         ):
@@ -268,7 +268,7 @@ def refuse_step(
     if advice is not None:
         fields["recovery"] = to_ijson(advice)
     with transaction.atomic():
-        run = locked_run("id = %s", [opened.run_id])
+        run = locked_run_by_id(opened.run_id)
         step = Step.objects.filter(pk=opened.step_id).values_list("status", flat=True).first()
         if step not in (Step.Status.HELD, Step.Status.PENDING):
             return False
@@ -350,7 +350,7 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
     closing = closing or prepare_close(opened=opened, outcome=outcome, started=started, finished=finished)
     step, fields = closing.step, dict(closing.fields)
     with transaction.atomic():
-        run = locked_run("id = %s", [opened.run_id])
+        run = locked_run_by_id(opened.run_id)
         if closing.has_result:
             fields["result_seq"] = step.result_seq = run.head_seq + 1  # the `result` entry below is the next
         if not sql.update(Step, step.pk, fields, only_if={"status": Step.Status.PENDING}):
@@ -369,7 +369,7 @@ def mark_undelivered(*, opened: OpenedStep, message: str, now: datetime) -> bool
     """A call closed as answered whose answer never reached the agent (it went away first): the step says
     so, with the server's answer kept (it acted). Only a step closed as `ok` or `error` changes."""
     with transaction.atomic():
-        run = locked_run("id = %s", [opened.run_id])
+        run = locked_run_by_id(opened.run_id)
         status = Step.objects.filter(pk=opened.step_id).values_list("status", flat=True).first()
         if status not in (Step.Status.OK, Step.Status.ERROR) or not sql.update(
                 Step, opened.step_id, {"status": Step.Status.UNDELIVERED, "error_message": message,
