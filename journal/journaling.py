@@ -146,12 +146,22 @@ def halted_decision(decision: dict[str, Any] | None, *, why: str, plan: Any) -> 
 def call_entry(*, number: int, server_name: str, tool: str, call: Prepared, who: dict[str, Any],
                decision: dict[str, Any] | None) -> dict[str, Any]:
     """The chain's `call` entry: what goes out, with who asks and what the policy decided."""
-    entry = {"step": number, "server": server_name, "tool": tool, "arguments": call.arguments, **who}
+    return {**call_entry_asked(server_name=server_name, tool=tool, call=call, who=who),
+            **call_entry_decided(number=number, decision=decision)}
+
+
+def call_entry_asked(*, server_name: str, tool: str, call: Prepared, who: dict[str, Any]) -> dict[str, Any]:
+    """The members of a `call` entry known before its run is locked: what goes out and who asks."""
+    entry = {"server": server_name, "tool": tool, "arguments": call.arguments, **who}
     if call.request_meta:
         entry["meta"] = call.request_meta  # what goes out with the arguments, so the record covers it too
-    if decision is not None:
-        entry["policy"] = decision
     return entry
+
+
+def call_entry_decided(*, number: int, decision: dict[str, Any] | None) -> dict[str, Any]:
+    """The members of a `call` entry its run's lock decides: the step's number, and what the policy decided
+    (a halt found under the lock changes it)."""
+    return {"step": number, **({"policy": decision} if decision is not None else {})}
 
 
 # -- the outcome --------------------------------------------------------------------------------------------
@@ -296,9 +306,10 @@ def result_entry(
     result: dict[str, Any] | None,
     outcome: Outcome,
     recovery: dict[str, Any] | None,
-    links: list[dict[str, Any]],
+    links: list[dict[str, Any]] | None,
 ) -> dict[str, Any]:
-    """The chain's `result` entry for a closed step (any object with the step's fields as attributes)."""
+    """The chain's `result` entry for a closed step (any object with the step's fields as attributes). With
+    `links` None it lacks `dependsOn`, which only the run's lock decides (the caller adds it then)."""
     then = getattr(step, "compensation_then", None)  # a recipe's further compensating calls
     effect = {
         "summary": step.effect_summary,
@@ -332,7 +343,7 @@ def result_entry(
         },
         "effect": effect if step.effect_summary or step.effect_version else None,
         "receiptVerified": step.receipt_verified,
-        "dependsOn": links,
+        **({"dependsOn": links} if links is not None else {}),
         # What an admin's recipe read just after the call (what the agent left), when it was kept.
         **({"readAfter": outcome.after_state} if outcome.after_state is not None else {}),
     }

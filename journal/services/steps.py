@@ -147,10 +147,9 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
         if decision and decision.get("allowUnknownRetries"):
             traits = dataclasses.replace(traits, retries_allowed=True)
     status = journaling.opening_status(decision)
-    # The `call` entry's payload written before the lock, but for what the lock decides (its step number,
-    # and the decision, which a halt found under the lock may change).
-    entry = canonical.members(to_ijson(journaling.call_entry(
-        number=0, server_name=server_name, tool=tool, call=call, who=who, decision=None)))
+    # The `call` entry's payload written before the lock, but for what the lock decides.
+    entry = canonical.members(to_ijson(journaling.call_entry_asked(
+        server_name=server_name, tool=tool, call=call, who=who)))
     declaration = call.declaration
     declared_fields = dict(declaration=declaration.model_dump(mode="json"),
                            declaration_source=declaration.source, reversibility=declaration.kind)
@@ -167,9 +166,7 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
             earlier_state=to_ijson(earlier) if earlier is not None else None, **declared_fields,
         ))
         run.step_count = number
-        entry["step"] = canonical.canonical_bytes(number)
-        if decision is not None:
-            entry["policy"] = canonical.canonical_bytes(to_ijson(decision))
+        entry |= canonical.members(to_ijson(journaling.call_entry_decided(number=number, decision=decision)))
         append_entry(run=run, event="call", now=now, written=canonical.joined(entry))
         if earlier is not None:  # the Recorder's own read, before the call was sent: on the record too,
             # what it read included (bounded like an inline result), so it is exported with the run
@@ -326,8 +323,7 @@ def prepare_close(*, opened: OpenedStep, outcome: Outcome, started: datetime, fi
     step.declaration_source = fields.get("declaration_source", opened.source)
     step.undo_problems = fields.get("undo_problems", [])
     entry = to_ijson(journaling.result_entry(step, result=result, outcome=outcome,
-                                             recovery=fields.get("recovery"), links=[]))
-    del entry["dependsOn"]
+                                             recovery=fields.get("recovery"), links=None))
     structured = step.result.get("structuredContent") if isinstance(step.result, dict) else None
     indexed = {}
     if step.status == Step.Status.OK and structured is not None:

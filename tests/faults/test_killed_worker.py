@@ -39,25 +39,29 @@ def start_worker(pool: str = "solo"):
         env=worker_env_for_test_database(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie, dead and not yet reaped, does not)."""
+def _stat(path: Path) -> list[str] | None:
+    """A process's state, parent and the rest, from its /proc/<pid>/stat; None once it is gone."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+        return path.read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
 
 
 def children(pid: int) -> list[int]:
     """The live processes whose parent is `pid` (a prefork worker's pool), from /proc."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # gone while we looked
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
+    return [int(path.parent.name) for path in Path("/proc").glob("[0-9]*/stat")
+            if (fields := _stat(path)) and int(fields[1]) == pid and fields[0] != "Z"]
+
+
+def kill_and_wait(pids: list[int], timeout: float = 20.0) -> None:
+    """SIGKILL each of `pids` and wait until none runs (a zombie, dead and not yet reaped, does not)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while any((fields := _stat(Path(f"/proc/{pid}/stat"))) and fields[0] != "Z" for pid in pids):
+        assert time.monotonic() < deadline, f"one of {pids} outlived SIGKILL"
+        time.sleep(0.01)
 
 
 def stop_with_its_pool(worker) -> None:
@@ -65,13 +69,7 @@ def stop_with_its_pool(worker) -> None:
     pool = children(worker.pid)
     worker.kill()
     worker.wait(timeout=20)
-    for pid in pool:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 20
-    while any(alive(pid) for pid in pool):
-        assert time.monotonic() < deadline, "a pool child outlived SIGKILL"
-        time.sleep(0.01)
+    kill_and_wait(pool)
 
 
 def pool_child(worker, timeout: float = 30.0) -> int:
@@ -237,11 +235,7 @@ def test_sigkill_of_the_pool_child_never_loses_or_repeats_a_compensation(
                 time.sleep(rng.uniform(0.0, 1.0))
                 if not runnable(plan):
                     break
-                os.kill(child, signal.SIGKILL)
-                deadline_gone = time.monotonic() + 20
-                while alive(child):
-                    assert time.monotonic() < deadline_gone, f"the pool child {child} outlived SIGKILL"
-                    time.sleep(0.01)
+                kill_and_wait([child])
                 kills.landed(plan, sample_servers)
                 # The parent sends the lost task back to the queue by itself; what the child left running
                 # is picked up as the periodic reconciler would, and rung again.
