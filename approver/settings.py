@@ -303,6 +303,10 @@ RECORDER_FAST_CALLS = env_bool("RECORDER_FAST_CALLS", True)
 # Without a runId or an MCP session id, an agent's calls join its latest run unless it has been idle this
 # long.
 RECORDER_RUN_IDLE_SECONDS = env_int("RECORDER_RUN_IDLE_SECONDS", 1800)
+# How long an agent's held call waits inside its request for a decision before the agent is told it awaits
+# approval, and where (a policy's shorter time wins). Well under the agent frameworks' own timeouts (the
+# OpenAI Agents SDK gives up after 5 s), so the agent hears it, not a timeout of its own.
+RECORDER_HOLD_WAIT_SECONDS = env_int("RECORDER_HOLD_WAIT_SECONDS", 4)
 # How long a failed call's answer may wait while a saga policy unwinds the run (the worker finishes what is
 # left).
 RECORDER_UNWIND_SECONDS = env_int("RECORDER_UNWIND_SECONDS", 60)

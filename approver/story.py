@@ -10,7 +10,6 @@ from django.db.models import Q
 from django.urls import reverse
 
 from journal.models import Run, Step
-from journal.services.in_flight import NEVER_SENT
 
 from . import execution
 from .models import ActionApproval, ActionRequest, Approval, Plan, PlanItem
@@ -75,15 +74,18 @@ def _trail(action: ActionRequest, step: Step, decisions: list[ActionApproval]) -
     waited_here = action.step_id == step.pk or step.held_call == str(action.public_id)
     if (waited_here and step.status == Step.Status.ERROR and action.used_step_id != step.pk
             and action.state != ActionRequest.State.DENIED):  # a denial says itself why nothing was sent
-        why = ("this attempt was never sent: the Recorder restarted" if step.error_message == NEVER_SENT
-               else "the agent stopped waiting; this attempt was not sent")
-        trail.append({"what": why, "at": step.finished_at})
+        trail.append({"what": _NOT_SENT.get(step.held_end, "this attempt was not sent"),
+                      "at": step.finished_at})
     for decision in decisions:
         verb = "approved" if decision.decision == ActionApproval.Decision.APPROVE else "denied"
         trail.append({"what": f"{verb} by {decision.approver.get_username()}"
                       + (f": “{decision.reason}”" if decision.reason else ""), "at": decision.created_at})
     if action.state == ActionRequest.State.USED:
-        if action.used_step_id == step.pk:
+        used = action.used_step
+        if used is not None and not _went_out(used):
+            trail.append({"what": f"released for step {used.number}, which was not sent after all: "
+                                  f"{used.error_message}", "at": action.used_at})
+        elif action.used_step_id == step.pk:
             trail.append({"what": "sent", "at": action.used_at})
         else:
             trail.append({"what": "sent with the agent's next identical call "
@@ -93,6 +95,23 @@ def _trail(action: ActionRequest, step: Step, decisions: list[ActionApproval]) -
     elif action.state == ActionRequest.State.PENDING and step.status == Step.Status.HELD:
         trail.append({"what": "waiting for an approver", "at": None})
     return sorted(trail, key=lambda part: (part["at"] is None, part["at"] or action.created_at))
+
+
+# How a held attempt that was never sent ended (`Step.held_end`), as its trail says it.
+_NOT_SENT = {
+    Step.HeldEnd.TOLD: "the agent was told it awaits approval; this attempt was not sent",
+    Step.HeldEnd.HUNG_UP: "the agent stopped waiting; this attempt was not sent",
+    Step.HeldEnd.LOST: "this attempt was never sent: the Recorder holding it stopped",
+    Step.HeldEnd.LAPSED: "this attempt was not sent: its approval had expired or was used",
+}
+
+
+def _went_out(step: Step) -> bool:
+    """Whether a released step's call reached its server: not when it was refused after its release (its
+    record could no longer be read) or the agent cancelled it before it was sent."""
+    if step.failure_class == Step.FailureClass.POLICY:
+        return False
+    return not (step.status == Step.Status.CANCELLED and not step.may_have_acted)
 
 
 def _held(steps: dict[int, Step]) -> dict[int, dict[str, Any]]:

@@ -80,9 +80,11 @@ class PolicyGate(Protocol):
     def state(self, held_id: int) -> HeldCallState | None:
         """Where the request stands now: one cheap read, polled while the agent waits."""
 
-    def claim(self, *, held_id: int, step_id: int) -> bool:
-        """Use an approval for this one call; False if it is not (or no longer) approved: each approval is
-        checked again first (passkey not revoked, approver still active and in the role)."""
+    def claim(self, *, held_id: int, opened: Any, meta: dict[str, Any] | None) -> bool:
+        """Use an approval for this one call and release its held step (`opened`) to be sent with `meta`, in
+        one transaction; False, with nothing released, if it is not (or no longer) approved or the step is
+        no longer held (the record says it was never sent, so it never is). Each approval is checked again
+        first (passkey not revoked, approver still active and in the role)."""
 
     def failed(self, *, run_id: int, step_id: int, mode: str) -> dict[str, Any]:
         """A call failed under a policy that stops the run on failure (`mode`: propose or unwind): open the
@@ -110,7 +112,7 @@ class AllowEverything:
     def state(self, held_id: int) -> None:
         return None
 
-    def claim(self, *, held_id: int, step_id: int) -> bool:
+    def claim(self, *, held_id: int, opened: Any, meta: dict[str, Any] | None) -> bool:
         return False
 
     def failed(self, *, run_id: int, step_id: int, mode: str) -> dict[str, Any]:

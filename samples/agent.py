@@ -53,11 +53,20 @@ async def connect(url: str, token: str):
 AWAITS_APPROVAL = "awaits approval at "
 
 
+def advised_pause(result, longest: float) -> float:
+    """How long to wait before asking again: what the Recorder advised (`retryAfter`), at most `longest`."""
+    journal = (result.meta or {}).get("hatp/journal") if isinstance(result.meta, dict) else None
+    advice = journal.get("recovery") if isinstance(journal, dict) else None
+    after = advice.get("retryAfter") if isinstance(advice, dict) else None
+    return min(float(after) if isinstance(after, int | float) else longest, longest)
+
+
 async def replay(url: str, token: str, *, run_id: str = RUN_ID, say=print, patient: bool = False,
-                 story=STORY) -> None:
-    """Tell the story (or the part of it given). A call an autonomy policy holds waits for approval inside the
-    call; a `patient` agent, told it still awaits approval when the wait ends, makes the same call again until
-    it is decided."""
+                 story=STORY, longest_pause: float = 30.0) -> None:
+    """Tell the story (or the part of it given). A call an autonomy policy holds waits briefly for approval
+    inside the call; a `patient` agent, told it awaits approval, makes the same call again after the pause
+    the Recorder advised (at most `longest_pause` seconds) until it is decided: once approved, it goes
+    through once."""
     async with connect(url, token) as client:
         for name, arguments in story:
             while True:
@@ -68,6 +77,7 @@ async def replay(url: str, token: str, *, run_id: str = RUN_ID, say=print, patie
                     f"{shown if len(shown) <= 160 else shown[:159] + '…'}")
                 if not (patient and result.is_error and AWAITS_APPROVAL in text):
                     break
+                await anyio.sleep(advised_pause(result, longest_pause))
 
 
 def main() -> None:

@@ -37,7 +37,9 @@ class AutonomyPolicy(models.Model):
                                       help_text="The group whose members approve held calls.")
     quorum = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
     ask_timeout = models.PositiveIntegerField(
-        default=DEFAULT_HOLD_SECONDS, help_text="Seconds a held call waits for approval."
+        default=DEFAULT_HOLD_SECONDS,
+        help_text="Seconds an agent's held call waits inside its request for a decision, at most: the "
+        "Recorder tells the agent it awaits approval after RECORDER_HOLD_WAIT_SECONDS (4) at the latest.",
     )
     auto_run_plans = models.BooleanField(
         default=False,

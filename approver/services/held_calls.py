@@ -90,11 +90,16 @@ def held_call_state(action_id: int) -> tuple[str, str, str, datetime] | None:
         "state", "decided_by", "decision_reason", "expires_at").first()
 
 
-def claim_approved_action(*, action_id: int, step_id: int, now: datetime | None = None) -> bool:
-    """Let one call through on an approval: approved becomes used, once (a conditional update). Its
-    approvals are checked again first, as a plan's are before it runs: one whose passkey was revoked, or whose
-    approver left the role or was deactivated, no longer counts, and a request short of its quorum is pending
-    again (the call keeps waiting, and the approvers are asked anew)."""
+def claim_approved_action(*, action_id: int, opened: journal_services.OpenedStep, meta: dict[str, Any] | None,
+                          now: datetime | None = None) -> bool:
+    """Let one call through on an approval: approved becomes used, once, and the held step `opened` is
+    released to be sent with `meta` (the `_meta` the approval covers, with the Recorder's key), in one
+    transaction, each a conditional update. Nothing changes unless the step is still held: a step the record
+    already says was never sent (the agent stopped waiting or was told to call again, its Recorder stopped)
+    is never sent, and the approval stays for the agent's next identical call. Its approvals are checked
+    again first, as a plan's are before it runs: one whose passkey was revoked, or whose approver left the
+    role or was deactivated, no longer counts, and a request short of its quorum is pending again (the call
+    keeps waiting, and the approvers are asked anew)."""
     now = now or timezone.now()
     with transaction.atomic():
         action = (ActionRequest.objects.select_for_update(of=("self",)).select_related("agent")
@@ -120,8 +125,13 @@ def claim_approved_action(*, action_id: int, step_id: int, now: datetime | None 
                 )
             bell.ring(bell.NOTIFY_ACTION_REQUESTED, action.pk)
             return False
+        # The action's row is locked, so it is still approved: the step decides. Released first, and only if
+        # still held; the approval is used only then.
+        if not journal_services.release_held_step(opened=opened, now=now, approval={
+                "action": str(action.public_id), "approvedBy": action.decided_by, "meta": meta}):
+            return False
         return bool(ActionRequest.objects.filter(pk=action_id, state=ActionRequest.State.APPROVED)
-                    .update(state=ActionRequest.State.USED, used_at=now, used_step_id=step_id))
+                    .update(state=ActionRequest.State.USED, used_at=now, used_step_id=opened.step_id))
 
 
 def expire_held_calls(*, now: datetime | None = None) -> int:
@@ -168,8 +178,9 @@ class HeldCallGate:
         row = held_call_state(held_id)
         return ports.HeldCallState(*row) if row is not None else None
 
-    def claim(self, *, held_id: int, step_id: int) -> bool:
-        return claim_approved_action(action_id=held_id, step_id=step_id)
+    def claim(self, *, held_id: int, opened: journal_services.OpenedStep,
+              meta: dict[str, Any] | None) -> bool:
+        return claim_approved_action(action_id=held_id, opened=opened, meta=meta)
 
     def failed(self, *, run_id: int, step_id: int, mode: str) -> dict[str, Any]:
         return sagas.start_saga(run_id=run_id, step_id=step_id, mode=mode)

@@ -269,9 +269,13 @@ class Recorder:
             return tool_error(message, advice), None
         if decision == "ask":
             refusal, kept_meta = await holding.hold(self.journal, agent, opened, progress)
-            if refusal is None:  # approved: a recipe reads the record again, as it is now
-                opened, refusal = await earlier_reads.again(self.journal, self.upstreams, opened, arguments,
-                                                            owner)
+            if refusal is None:  # approved and released: a recipe reads the record again, as it is now
+                try:
+                    opened, refusal = await earlier_reads.again(self.journal, self.upstreams, opened,
+                                                                arguments, owner)
+                except get_cancelled_exc_class():  # released, and cancelled before it was sent
+                    self.outcomes.cancelled(opened, started, sent=False)
+                    raise
             if refusal is not None:
                 return tool_error(*refusal), None
         work = self._complete(opened, started, owner=owner, session=session, tool=tool, arguments=arguments,

@@ -1,77 +1,134 @@
-"""A call an autonomy policy holds for approvers: the Recorder waits for their decision, up to the policy's
-time, and lets the call through once with exactly the arguments and `_meta` the approval covers."""
+"""A call an autonomy policy holds for approvers. The held call is a state machine in the database
+(held → approved | denied | expired → sent once → its outcome; the approval side keeps the request), never a
+loop the agent's request owns: the request waits only briefly (`RECORDER_HOLD_WAIT_SECONDS`, or the policy's
+shorter time), then the agent is told the call awaits approval, where, and what to do (make the same call
+again once it is approved: it then goes through once), and the attempt is closed as told. An agent that
+stops waiting first is journaled as exactly that. Nothing the agent does to its own stream (stop reading it,
+hang up) can hold up the bookkeeping: progress notifications are bounded, and an approval is claimed only
+together with releasing a step that is still held (`PolicyGate.claim`), so an attempt the record says was
+never sent never is."""
 
 import asyncio
 import contextlib
 
+import anyio
+from anyio import get_cancelled_exc_class
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
 from .. import idempotency, ports, recovery, services
-from ..models import Agent
+from ..models import Agent, Step
 from .context import approved_meta, held_call_meta
 from .failing import failed
 from .journal_thread import JournalThread
 
 HOLD_POLL_SECONDS = 0.5  # how often a held call looks for the approvers' decision
+# The longest one progress notification may take to leave: an agent that stops reading its stream (or sends a
+# token too large to go out quickly) gets no more of them, and the hold goes on without it.
+PROGRESS_SEND_SECONDS = 1.0
+
+Refusal = tuple[str, recovery.Advice, dict]  # what the agent is told, what it is advised, `hatp/journal` keys
+
+
+def waits_for(policy: dict) -> float:
+    """How long the agent's request waits for a decision: the policy's time, at most the Recorder's."""
+    asked = float((policy.get("hold") or {}).get("askTimeout") or ports.DEFAULT_HOLD_SECONDS)
+    return max(0.0, min(asked, float(settings.RECORDER_HOLD_WAIT_SECONDS)))
 
 
 async def hold(journal: JournalThread, agent: Agent, opened: services.OpenedStep,
-               progress) -> tuple[tuple[str, recovery.Advice] | None, dict | None]:
-    """Wait for approvers to decide on a held call, up to the policy's time. Returns (None, the `_meta`
-    to send) once the call is approved and released (an approval lets exactly one call through, with the
-    arguments and `_meta` it covers), else ((what to tell the agent, what to advise it), None). Waiting reads
-    the request's
-    state (not on the journal thread: reads never queue behind writes)."""
+               progress) -> tuple[Refusal | None, dict | None]:
+    """Wait briefly for approvers to decide on a held call. Returns (None, the `_meta` to send) once the call
+    is approved and its step released (an approval lets exactly one call through, with the arguments and
+    `_meta` it covers), else ((what to tell the agent, what to advise it, the held call's `hatp/journal`
+    keys), None), with the attempt closed as never sent. Waiting reads the request's state off the journal
+    thread (reads never queue behind writes)."""
     gate = ports.gate()
-    asked = opened.policy.get("hold") or {}
     meta = held_call_meta(opened.request_meta)
     held = await journal.run(
         gate.hold, agent=agent, server=opened.server, tool=opened.tool, arguments=opened.arguments, meta=meta,
         decision=opened.policy, run_id=opened.run_id, step_id=opened.step_id, now=timezone.now())
-    url = held.url
     await journal.run(services.held_step_alive, step_id=opened.step_id, now=timezone.now(),
                       held_call=held.public_id)
+    secret = idempotency.secret(settings.SECRET_KEY)
+    sent = approved_meta(meta, idempotency.recorder_key(secret, "held-call", held.public_id))
     read = sync_to_async(lambda: gate.state(held.id))
-    timeout = float(asked.get("askTimeout") or ports.DEFAULT_HOLD_SECONDS)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    beat = loop.time() + ports.HOLD_BEAT_SECONDS
-    while True:
-        standing = await read()
-        waited = timeout - max(deadline - loop.time(), 0.0)
-        if standing.state == ports.HeldState.APPROVED and await journal.run(
-                gate.claim, held_id=held.id, step_id=opened.step_id):
-            secret = idempotency.secret(settings.SECRET_KEY)
-            sent = approved_meta(meta, idempotency.recorder_key(secret, "held-call", held.public_id))
-            await journal.run(services.release_held_step, opened=opened, now=timezone.now(), approval={
-                "action": held.public_id, "approvedBy": standing.decided_by, "meta": sent})
-            return None, sent
-        if standing.state == ports.HeldState.DENIED:
-            message = (f"Not done: {standing.decided_by} denied this call: “{standing.decision_reason}”. "
-                       f"Nothing was sent.")
-            held = "denied"
-        elif standing.state == ports.HeldState.USED:
-            message = f"Not done: the approval at {url} already let an identical call through; ask again."
-            held = "lapsed"
-        elif standing.state == ports.HeldState.EXPIRED or standing.expires_at <= timezone.now():
-            message = f"Not done: the approval request at {url} expired. Make the call again to ask anew."
-            held = "lapsed"
-        elif loop.time() >= deadline:
-            message = (f"Not done yet: this call awaits approval at {url} ({opened.policy.get('reason')}) "
-                       "Make the same call again, with the same arguments, once it is approved.")
-            held = "waiting"
-        else:
-            if progress is not None:
-                with contextlib.suppress(Exception):  # a client that went away must not end the hold
-                    await progress(waited, timeout, f"Waiting for approval: {url}")
+    began = loop.time()
+    deadline = began + waits_for(opened.policy)
+    beat = began + ports.HOLD_BEAT_SECONDS
+    try:
+        while True:
+            standing = await read()
+            if standing.state == ports.HeldState.APPROVED:
+                if await _claimed(journal, gate, held, opened, sent):
+                    return None, sent
+                standing = await read()  # its approvals lapsed (pending again), or the step is not held
+            ended = _ended(standing, held, opened, timed_out=loop.time() >= deadline)
+            if ended is not None:
+                break
+            if progress is not None and not await _told_progress(
+                    progress, loop.time() - began, deadline - began, f"Waiting for approval: {held.url}"):
+                progress = None  # the agent is not reading its stream: the hold goes on without it
             if loop.time() >= beat:  # still waiting on it: the reconciler leaves this step alone
                 beat = loop.time() + ports.HOLD_BEAT_SECONDS
                 await journal.run(services.held_step_alive, step_id=opened.step_id, now=timezone.now())
             await asyncio.sleep(HOLD_POLL_SECONDS)
-            continue
-        advice = failed("policy", opened.traits, held=held)
-        await journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now(),
-                          advice=advice.as_wire())
-        return (message, advice), None
+    except get_cancelled_exc_class():
+        # The agent stopped waiting (its client timed out and cancelled, or hung up). Submitted, not awaited:
+        # the write runs on the journal thread whatever becomes of this task.
+        waited = loop.time() - began
+        journal.submit(services.refuse_step, opened=opened, now=timezone.now(), held_end=Step.HeldEnd.HUNG_UP,
+                       message=f"The agent stopped waiting after {waited:.0f} s; nothing was sent.",
+                       advice=failed("policy", opened.traits, held="waiting").as_wire())
+        raise
+    message, held_end, state = ended
+    advice = failed("policy", opened.traits, held="denied" if held_end == Step.HeldEnd.DENIED else (
+        "waiting" if held_end == Step.HeldEnd.TOLD else "lapsed"))
+    await journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now(),
+                      advice=advice.as_wire(), held_end=held_end)
+    return (message, advice, {"heldCall": {"url": held.url, "state": state,
+                                           "expiresAt": standing.expires_at.isoformat()}}), None
+
+
+async def _claimed(journal: JournalThread, gate, held: ports.HeldCall, opened: services.OpenedStep,
+                   sent: dict | None) -> bool:
+    """Claim the approval and release the step, in one transaction on the journal thread. Shielded: once it
+    has begun, whether it claimed is known here, so a cancel that comes meanwhile is handled on what it did
+    (a released step that is then cancelled is journaled as cancelled before it was sent)."""
+    with anyio.CancelScope(shield=True):
+        return await journal.run(gate.claim, held_id=held.id, opened=opened, meta=sent)
+
+
+def _ended(standing: ports.HeldCallState, held: ports.HeldCall, opened: services.OpenedStep, *,
+           timed_out: bool) -> tuple[str, str, str] | None:
+    """How the wait ends now, if it does: (what the agent is told, how the attempt ended, the request's
+    state in `heldCall`), or None to wait on."""
+    url = held.url
+    if standing.state == ports.HeldState.APPROVED:  # approved, and this attempt could not be released
+        return (f"Not done: this attempt was closed before its approval came, so it was never sent. The "
+                f"approval at {url} lets the same call through once: make it again.", Step.HeldEnd.LAPSED,
+                "approved")
+    if standing.state == ports.HeldState.DENIED:
+        return (f"Not done: {standing.decided_by} denied this call: “{standing.decision_reason}”. "
+                "Nothing was sent.", Step.HeldEnd.DENIED, "denied")
+    if standing.state == ports.HeldState.USED:
+        return (f"Not done: the approval at {url} already let an identical call through; ask again.",
+                Step.HeldEnd.LAPSED, "used")
+    if standing.state == ports.HeldState.EXPIRED or standing.expires_at <= timezone.now():
+        return (f"Not done: the approval request at {url} expired. Make the call again to ask anew.",
+                Step.HeldEnd.LAPSED, "expired")
+    if timed_out:
+        return (f"Not done yet: this call awaits approval at {url} ({opened.policy.get('reason')}) Nothing "
+                "was sent. Make the same call again, with the same arguments, once it is approved: it then "
+                "goes through once.", Step.HeldEnd.TOLD, standing.state)
+    return None
+
+
+async def _told_progress(progress, done: float, total: float, message: str) -> bool:
+    """Send one progress notification, within PROGRESS_SEND_SECONDS; False when it could not leave in time
+    (the agent does not read its stream). A client that went away must not end the hold."""
+    with anyio.move_on_after(PROGRESS_SEND_SECONDS) as scope, contextlib.suppress(Exception):
+        await progress(done, total, message)
+    return not scope.cancelled_caught

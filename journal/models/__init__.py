@@ -296,6 +296,18 @@ class Step(models.Model):
     # The held call (its public id on the approval side) this step waited on: identical calls share one.
     held_call = models.CharField(max_length=36, blank=True)
 
+    class HeldEnd(models.TextChoices):
+        """How a held attempt ended without being sent: what its record and every page say of it."""
+
+        TOLD = "told", "The agent was told it awaits approval"
+        HUNG_UP = "hung_up", "The agent stopped waiting"
+        LOST = "lost", "The Recorder holding it stopped"
+        DENIED = "denied", "Denied"
+        LAPSED = "lapsed", "The approval expired or was used"
+
+    # Set once, with the step's refusal, for an attempt that was held and never sent (`HeldEnd`).
+    held_end = models.CharField(max_length=8, choices=HeldEnd.choices, blank=True)
+
     class Meta:
         ordering = ["run", "number"]
         constraints = [models.UniqueConstraint(fields=["run", "number"], name="unique_step_number_per_run")]

@@ -25,7 +25,8 @@ from .steps import OpenedStep, close_step, refuse_step
 
 logger = logging.getLogger(__name__)
 
-NEVER_SENT = "The Recorder restarted while this call waited for approval: this attempt was never sent."
+NEVER_SENT = ("The Recorder holding this call stopped (a restart or a crash) while it waited for approval: "
+              "this attempt was never sent.")
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,10 @@ def reconcile_stale_steps(*, older_than: datetime, now: datetime | None = None) 
     step becomes a failed call whose outcome is unknown, never a silent gap in the record. A step still
     `held` that its process stopped marking (`ports.HOLD_LOST_SECONDS`) has nobody waiting on it: it was
     never forwarded, and is closed as such (its held call stays as it is: an approval lets the agent's next
-    identical call through). A task's step waits for its task's time to live (and one without a limit for
-    good): the task may still be at work."""
+    identical call through). That is true by construction: an approval is claimed only together with
+    releasing a step that is still held (`release_held_step`), so once closed here the step is never sent.
+    A task's step waits for its task's time to live (and one without a limit for good): the task may still
+    be at work."""
     now = now or timezone.now()
     closed = 0
     # An imported run's record is not ours to close.
@@ -98,8 +101,8 @@ def reconcile_stale_steps(*, older_than: datetime, now: datetime | None = None) 
         seen__lt=now - timedelta(seconds=ports.HOLD_LOST_SECONDS))
     for step in lost.iterator():
         opened = OpenedStep(step_id=step.pk, run_id=step.run_id, number=step.number)
-        closed += _one_by_one(step, lambda opened=opened: refuse_step(opened=opened, now=now, message=(
-            NEVER_SENT)))
+        closed += _one_by_one(step, lambda opened=opened: refuse_step(
+            opened=opened, now=now, message=NEVER_SENT, held_end=Step.HeldEnd.LOST))
     running = Q(task_id__gt="") & (Q(task_until__isnull=True) | Q(task_until__gt=now))
     stale = (local.filter(status=Step.Status.PENDING, started_at__lt=older_than).exclude(running)
              .select_related("server"))

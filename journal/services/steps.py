@@ -236,7 +236,11 @@ def unknown_attempt(digest: str) -> dict[str, Any] | None:
 
 
 def release_held_step(*, opened: OpenedStep, approval: dict[str, Any], now: datetime) -> bool:
-    """A held call was approved: it may now be forwarded (the step is in flight, like any other call)."""
+    """A held call was approved: it may now be forwarded (the step is in flight, like any other call).
+    False, with nothing written, when the step is no longer held: the record already says this attempt was
+    never sent (the agent stopped waiting, or was told to call again, or its Recorder stopped), so it never
+    is. The approval side claims an approval and releases its step in one transaction
+    (`approver.services.held_calls.claim_approved_action`)."""
     with transaction.atomic():
         run = locked_run_by_id(opened.run_id)
         if not sql.update(
@@ -256,27 +260,33 @@ def held_step_alive(*, step_id: int, now: datetime, held_call: str = "") -> bool
 
 
 def refuse_step(
-    *, opened: OpenedStep, message: str, now: datetime, advice: dict[str, Any] | None = None
+    *, opened: OpenedStep, message: str, now: datetime, advice: dict[str, Any] | None = None,
+    held_end: str = "",
 ) -> bool:
-    """A call the autonomy policy stopped (denied, or held and not approved in time): nothing was forwarded,
-    and the record says why (and what the agent was advised to do, `advice`). Only a step still held or not
-    yet forwarded is closed."""
+    """A call the autonomy policy stopped (denied, or held and not sent): nothing was forwarded, and the
+    record says why (and what the agent was advised to do, `advice`; how a held attempt ended, `held_end`, one
+    of `Step.HeldEnd`). Only a step still held or not yet forwarded is closed (a conditional update): a step
+    an approval released is in flight, and this returns False."""
     fields = {"status": Step.Status.ERROR, "is_error": True, "error_message": message,
               "failure_class": Step.FailureClass.POLICY, "finished_at": now}
     if advice is not None:
         fields["recovery"] = to_ijson(advice)
+    if held_end:
+        fields["held_end"] = held_end
     with transaction.atomic():
         run = locked_run_by_id(opened.run_id)
         step = Step.objects.filter(pk=opened.step_id).values_list("status", flat=True).first()
         if step not in (Step.Status.HELD, Step.Status.PENDING):
             return False
-        sql.update(Step, opened.step_id, fields, only_if={"status": step})
+        if not sql.update(Step, opened.step_id, fields, only_if={"status": step}):
+            return False
         run.failed_count += 1
         run.state = Run.State.FAILED
         append_entry(run=run, event="result", now=now, data={
             "step": opened.number, "status": Step.Status.ERROR, "isError": True, "result": None,
             "error": message, "failureClass": Step.FailureClass.POLICY, "forwarded": False,
             **({"recovery": fields["recovery"]} if advice is not None else {}),
+            **({"held": held_end} if held_end else {}),
         })
         save_moving(run, now=now)
     return True

@@ -60,7 +60,7 @@ def test_an_approver_signs_a_held_call_and_the_waiting_agent_goes_on(
     _, token = journal_services.create_agent(name="sales-bot", on_behalf_of=dana)
     told = []
     agent = threading.Thread(target=lambda: anyio.run(lambda: scripted.replay(
-        f"{recorder.base}/mcp/", token, say=told.append, patient=True)))
+        f"{recorder.base}/mcp/", token, say=told.append, patient=True, longest_pause=0.5)))
     agent.start()
     deadline = time.monotonic() + 30
     while (action := ActionRequest.objects.filter(tool="send_email").first()) is None:

@@ -110,7 +110,7 @@ def test_every_page_fits_a_phone_and_reads_right(recorder, story, chromium, appr
     assert "1 step: 1 not sent (stopped by a policy)" in read["held-run"]
     # The held call's trail, in the viewer's zone, named (New York in December: EST).
     trail = re.search(r"Its held call: (.*)", read["held-run"]).group(1)
-    assert re.fullmatch(r"held \d\d:\d\d EST → this attempt was never sent: the Recorder restarted "
+    assert re.fullmatch(r"held \d\d:\d\d EST → this attempt was never sent: the Recorder holding it stopped "
                         r"\d\d:\d\d EST → approved by ana \d\d:\d\d EST", trail), trail
     assert "Waiting for an approver now" not in read["held-run"]
     assert "Nobody is waiting for it now: the attempt at step 1 was not sent" in read["held-call"]

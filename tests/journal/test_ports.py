@@ -69,6 +69,6 @@ def test_with_the_approval_sides_gate_the_same_call_is_refused(
 def test_the_default_gate_holds_nothing():
     gate = ports.AllowEverything()
     assert gate.decide(agent_name="a", server_name="s", tool="t", declaration=None) is None
-    assert gate.state(1) is None and gate.claim(held_id=1, step_id=1) is False
+    assert gate.state(1) is None and gate.claim(held_id=1, opened=None, meta=None) is False
     with pytest.raises(RuntimeError, match="No policy gate is installed"):
         gate.hold(agent=None, server=None, tool="t", arguments={}, decision={}, run_id=1, step_id=1, now=None)

@@ -111,7 +111,9 @@ def test_deny_answers_with_a_tool_error_naming_the_policy_and_forwards_nothing(
 
 
 def test_a_held_call_goes_through_once_an_approver_signs(recorder, sales_bot, sample_servers, admin_user,
-                                                         approver_user):
+                                                         approver_user, settings):
+    """Within the wait inside the request (raised here from its 4 s by an admin whose agents wait longer)."""
+    settings.RECORDER_HOLD_WAIT_SECONDS = 30
     _, token = sales_bot
     set_policy(admin_user)
     progress = []
@@ -176,10 +178,10 @@ def test_a_held_call_times_out_with_the_url_and_the_next_identical_call_runs_onc
     stories = ports.story().steps(steps)
     trails = [[part["what"] for part in stories[step.pk]["held"]["trail"]] for step in steps]
     assert trails == [
-        ["held", "the agent stopped waiting; this attempt was not sent", "approved by ana",
+        ["held", "the agent was told it awaits approval; this attempt was not sent", "approved by ana",
          f"sent with the agent's next identical call (step {steps[1].number})"],
         ["held", "approved by ana", "sent"],
-        ["held", "the agent stopped waiting; this attempt was not sent"],
+        ["held", "the agent was told it awaits approval; this attempt was not sent"],
     ], trails
 
 
@@ -327,9 +329,10 @@ def test_the_run_page_shows_the_decision_and_a_held_call_left_by_a_dead_recorder
     later = soon + timezone.timedelta(seconds=HOLD_LOST_SECONDS)
     assert journal_services.reconcile_stale_steps(older_than=later, now=later) == 1
     step = Step.objects.get(pk=opened.step_id)
-    assert (step.status, step.failure_class, step.error_message) == (
-        "error", "policy",
-        "The Recorder restarted while this call waited for approval: this attempt was never sent.")
+    assert (step.status, step.failure_class, step.held_end, step.error_message) == (
+        "error", "policy", "lost",
+        "The Recorder holding this call stopped (a restart or a crash) while it waited for approval: this "
+        "attempt was never sent.")
     assert not journal_services.held_step_alive(step_id=opened.step_id, now=later)
     # Every page agrees: the run page no longer says anyone waits, and the held call (still open, since an
     # approval lets the agent's next identical call through) says its first attempt was never sent.
@@ -337,15 +340,17 @@ def test_the_run_page_shows_the_decision_and_a_held_call_left_by_a_dead_recorder
     assert "Waiting for an approver now." not in page and "this attempt was never sent" in page
     held = client.get(reverse("approver:action_detail", args=[action.public_id])).content.decode()
     assert "Nobody is waiting for it now: the attempt at step 1 was not sent" in held
-    assert "The Recorder restarted while this call waited for approval" in held
+    assert "The Recorder holding this call stopped (a restart or a crash)" in held
     assert "the agent's next identical call goes through (once)" in held
 
 
 def test_a_long_hold_keeps_the_agents_connection_alive_and_delivers_the_answer(
-    recorder, sales_bot, sample_servers, admin_user, approver_user, monkeypatch
+    recorder, sales_bot, sample_servers, admin_user, approver_user, monkeypatch, settings
 ):
-    """The agent's HTTP client gives up after 2 s of silence; the hold lasts longer. The Recorder answers the
-    waiting call as an event stream with keep-alive comments, then the result."""
+    """The agent's HTTP client gives up after 2 s of silence; the hold lasts longer (an admin raised the wait
+    inside the request). The Recorder answers the waiting call as an event stream with keep-alive comments,
+    then the result."""
+    settings.RECORDER_HOLD_WAIT_SECONDS = 20
     import anyio
     import httpx2
     from mcp import Client

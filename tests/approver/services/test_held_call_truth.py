@@ -1,0 +1,269 @@
+"""A held call's record is true whatever the agent does: hostile agents (one that stops reading its stream,
+one whose framework gives up, one that hangs up) through the real Recorder, judged by the mail server's
+ledger. A held call is a state machine in the database; the agent's request only waits briefly."""
+
+import json
+import socket
+import threading
+import time
+from datetime import timedelta
+
+import anyio
+import httpx2
+import pytest
+from mcp import MCPError
+
+from approver import services
+from approver.models import ActionRequest
+from journal import services as journal_services
+from journal.models import Step
+from journal.ports import HOLD_LOST_SECONDS
+from tests.journal.helpers import agent_client, run_agent, settle
+
+from .test_held_calls import EMAIL, call, decide, held, sales_bot, sent_emails, set_policy
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+__all__ = ["sales_bot"]  # a fixture, used by name
+
+HANDSHAKE = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+    "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "hostile", "version": "1"}}}
+
+
+def wait_for(predicate, timeout: float = 20.0, what: str = "it"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := predicate():
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not happen in {timeout} s")
+
+
+def open_session(recorder, token: str) -> str:
+    """A handshake session, raw: the session id for the requests the test makes by hand."""
+    headers = {"authorization": f"Bearer {token}", "accept": "application/json, text/event-stream"}
+    opened = httpx2.post(f"{recorder.base}/mcp/", json=HANDSHAKE, headers=headers, timeout=10)
+    session = opened.headers["mcp-session-id"]
+    httpx2.post(f"{recorder.base}/mcp/", json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                headers={**headers, "mcp-session-id": session, "mcp-protocol-version": "2025-11-25"},
+                timeout=10)
+    return session
+
+
+def send_and_stop_reading(recorder, token: str, session: str, body: bytes) -> socket.socket:
+    """POST `body` on a socket that reads the response's first bytes and then nothing more, with a receive
+    buffer as small as the kernel allows: what the Recorder streams back piles up until it cannot write."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", recorder.port))
+    head = (f"POST /mcp/ HTTP/1.1\r\nHost: 127.0.0.1:{recorder.port}\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+            f"Mcp-Session-Id: {session}\r\nMcp-Protocol-Version: 2025-11-25\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    sock.sendall(head + body)
+    sock.recv(64)  # the answer has begun (an event stream): from here on, nothing is read
+    return sock
+
+
+def test_an_agent_that_stops_reading_its_stream_cannot_stall_the_hold_nor_have_a_call_sent_unrecorded(
+        recorder, sales_bot, sample_servers, admin_user, approver_user, settings):
+    """Finding 1: a 1 MB progress token and a stream nobody reads used to stall the hold on a progress
+    notification (once the SDK's 16 buffered messages of the request are full); the reconciler then said
+    "never sent", and an approval let the stalled loop send it. The wait is raised here to 15 s, so far
+    more notifications are due than any buffer takes."""
+    settings.RECORDER_HOLD_WAIT_SECONDS = 15
+    _, token = sales_bot
+    set_policy(admin_user)
+    session = open_session(recorder, token)
+    token_of_a_megabyte = "p" * 1_000_000
+    body = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": "mail__send_email", "arguments": EMAIL, "_meta": {"progressToken": token_of_a_megabyte}}})
+    sock = send_and_stop_reading(recorder, token, session, body.encode())
+    try:
+        action = held()
+        # The Recorder closes the attempt itself after its short wait, stalled stream or not.
+        step = wait_for(lambda: Step.objects.filter(tool="send_email").exclude(status="held").first(),
+                        timeout=30, what="the Recorder closing the held attempt")
+        assert (step.status, step.held_end) == ("error", "told")
+        assert "awaits approval at" in step.error_message and "Nothing was sent" in step.error_message
+        # A later reconciler has nothing to say of it, and an approval cannot make the closed attempt go out.
+        later = step.finished_at + timedelta(seconds=HOLD_LOST_SECONDS * 3)
+        assert journal_services.reconcile_stale_steps(older_than=later, now=later) == 0
+        decide(action, approver_user, "approve")
+        time.sleep(2)
+    finally:
+        sock.close()
+    time.sleep(1)
+    assert sent_emails(sample_servers) == []
+    step.refresh_from_db()
+    assert (step.status, step.held_end) == ("error", "told")
+    action.refresh_from_db()
+    assert action.state == "approved"  # unused: it is the agent's next identical call's
+    again = call(recorder, token, "mail__send_email", EMAIL)
+    assert not again.is_error and len(sent_emails(sample_servers)) == 1
+    sent = Step.objects.get(tool="send_email", status="ok")  # in the new session's run
+    action.refresh_from_db()
+    assert (action.state, action.used_step_id) == ("used", sent.pk)
+    assert journal_services.verify_run(run=sent.run).ok and journal_services.verify_run(run=step.run).ok
+
+
+def test_an_approval_is_never_claimed_for_an_attempt_the_record_says_was_never_sent(
+        sales_bot, admin_user, approver_user):
+    """The state machine's rule, without a Recorder: the reconciler settles a held attempt as never sent, an
+    approver signs after, and the claim of that attempt releases nothing (the approval stays for the next
+    identical call)."""
+    from django.utils import timezone
+
+    from .test_held_calls import hold_email
+
+    set_policy(admin_user)
+    opened, action = hold_email(sales_bot[0])
+    later = timezone.now() + timezone.timedelta(seconds=HOLD_LOST_SECONDS + 5)
+    assert journal_services.reconcile_stale_steps(older_than=later, now=later) == 1
+    decide(action, approver_user, "approve")
+    assert services.claim_approved_action(action_id=action.pk, opened=opened, meta=None) is False
+    step = Step.objects.get(pk=opened.step_id)
+    action.refresh_from_db()
+    assert (step.status, step.held_end, action.state) == ("error", "lost", "approved")
+    assert not step.run.entries.filter(event="released").exists()
+
+
+def test_a_client_whose_timeout_is_shorter_than_the_wait_is_journaled_as_having_stopped_waiting(
+        recorder, sales_bot, sample_servers, admin_user, approver_user):
+    """Finding 2: an agent framework that gives up (its read timeout, 2 s here) is journaled as exactly that,
+    never as a Recorder restart, and the approval still lets its next identical call through once."""
+    _, token = sales_bot
+    set_policy(admin_user)
+
+    async def impatient(client):
+        with pytest.raises(MCPError, match="timed out"):
+            await client.call_tool("mail__send_email", EMAIL, read_timeout_seconds=2)
+
+    run_agent(recorder, token, impatient)
+    step = wait_for(lambda: Step.objects.filter(tool="send_email").exclude(status="held").first(),
+                    what="the hang-up journaled")
+    assert (step.status, step.held_end, step.failure_class) == ("error", "hung_up", "policy")
+    assert step.error_message == "The agent stopped waiting after 2 s; nothing was sent."
+    entry = step.run.entries.filter(event="result").last()
+    assert entry.data["held"] == "hung_up" and entry.data["forwarded"] is False
+    decide(ActionRequest.objects.get(), approver_user, "approve")
+    assert not call(recorder, token, "mail__send_email", EMAIL).is_error
+    assert len(sent_emails(sample_servers)) == 1
+
+
+def test_an_agent_with_a_five_second_timeout_hears_where_its_call_waits_in_time(
+        recorder, sales_bot, sample_servers, admin_user, approver_user):
+    """The OpenAI Agents SDK's MCP client gives up after 5 s: it is told within that, in words and in the
+    Recorder's own `hatp/journal` keys, that the call awaits approval, where, and to call again; once approved
+    its next identical call goes through once, and the record tells it: held → told → approved by ana → sent
+    → its outcome."""
+    _, token = sales_bot
+    set_policy(admin_user)
+
+    async def five_seconds(client):
+        started = time.monotonic()
+        result = await client.call_tool("mail__send_email", EMAIL, read_timeout_seconds=5)
+        return result, time.monotonic() - started
+
+    result, took = run_agent(recorder, token, five_seconds)
+    action = ActionRequest.objects.get()
+    assert result.is_error and took < 5
+    text = result.content[0].text
+    assert f"awaits approval at http://localhost:8000/actions/{action.public_id}/" in text
+    assert "Make the same call again" in text and "Nothing was sent" in text
+    journal = result.meta["hatp/journal"]
+    assert journal["heldCall"]["url"] == f"http://localhost:8000/actions/{action.public_id}/"
+    assert journal["heldCall"]["state"] == "pending"
+    assert journal["recovery"]["action"] == "backoff" and journal["recovery"]["retryable"] is True
+    assert sent_emails(sample_servers) == []
+    decide(action, approver_user, "approve")
+    result, took = run_agent(recorder, token, five_seconds)
+    assert not result.is_error and took < 5
+    assert len(sent_emails(sample_servers)) == 1
+    assert call(recorder, token, "mail__send_email", EMAIL).is_error  # one approval, one call
+    assert len(sent_emails(sample_servers)) == 1
+    from journal import ports
+
+    first, second, third = Step.objects.filter(tool="send_email").order_by("number")
+    stories = ports.story().steps([first, second])
+    assert [part["what"] for part in stories[first.pk]["held"]["trail"]] == [
+        "held", "the agent was told it awaits approval; this attempt was not sent", "approved by ana",
+        f"sent with the agent's next identical call (step {second.number})"]
+    trail = [part["what"] for part in stories[second.pk]["held"]["trail"]]
+    assert trail == ["held", "approved by ana", "sent"]
+    assert (first.held_end, second.status, third.held_end) == ("told", "ok", "told")
+    events = list(second.run.entries.filter(data__step=second.number).order_by("seq")
+                  .values_list("event", flat=True))
+    assert events == ["call", "released", "result"]
+
+
+def test_an_agent_that_hangs_up_on_the_stateless_protocol_is_journaled_as_having_stopped_waiting(
+        recorder, sales_bot, sample_servers, admin_user):
+    """A 2026-07-28 agent cancels by closing its request's connection (its framework gave up): the attempt
+    is closed at once as the agent's, not left for the reconciler to blame on a restart."""
+    _, token = sales_bot
+    set_policy(admin_user)
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "mail__send_email", "arguments": EMAIL,
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}})
+
+    def post():
+        with pytest.raises(httpx2.TimeoutException):
+            httpx2.post(f"{recorder.base}/mcp/", content=body.encode(), timeout=1.5, headers={
+                "authorization": f"Bearer {token}", "content-type": "application/json",
+                "accept": "application/json, text/event-stream", "mcp-protocol-version": "2026-07-28",
+                "mcp-method": "tools/call", "mcp-name": "mail__send_email"})
+
+    thread = threading.Thread(target=post)
+    thread.start()
+    thread.join(timeout=10)
+    step = wait_for(lambda: Step.objects.filter(tool="send_email").exclude(status="held").first(),
+                    what="the hang-up journaled")
+    assert (step.held_end, step.status) == ("hung_up", "error")
+    assert step.error_message.startswith("The agent stopped waiting after ")
+    assert sent_emails(sample_servers) == []
+
+
+def test_a_release_cancelled_before_it_is_sent_is_told_as_such(sales_bot, admin_user, approver_user):
+    """Released by an approval, then cancelled by the agent before it went out: the held call's trail says
+    it was not sent after all, never "sent"."""
+    from django.utils import timezone
+
+    from journal import ports
+    from journal.journaling import Outcome
+
+    from .test_held_calls import hold_email
+
+    set_policy(admin_user)
+    opened, action = hold_email(sales_bot[0])
+    decide(action, approver_user, "approve")
+    assert services.claim_approved_action(action_id=action.pk, opened=opened, meta=None) is True
+    why = "The agent cancelled the call before it was sent to mail; nothing was sent."
+    journal_services.close_step(opened=opened, started=timezone.now(), finished=timezone.now(),
+                                outcome=Outcome(may_have_acted=False, cancelled=why))
+    step = Step.objects.get(pk=opened.step_id)
+    trail = [part["what"] for part in ports.story().steps([step])[step.pk]["held"]["trail"]]
+    assert trail[-1] == f"released for step {step.number}, which was not sent after all: {why}"
+    assert "sent" not in trail
+
+
+def test_the_agent_is_told_while_it_waits_only_as_fast_as_it_reads(
+        recorder, sales_bot, sample_servers, admin_user, settings):
+    """Progress notifications go to a reading agent while its call waits, each within a bound."""
+    settings.RECORDER_HOLD_WAIT_SECONDS = 2
+    _, token = sales_bot
+    set_policy(admin_user)
+    seen = []
+
+    async def noted(done, total, message):
+        seen.append((total, message))
+
+    async def main():
+        async with agent_client(recorder, token) as client:
+            return await client.call_tool("mail__send_email", EMAIL, progress_callback=noted)
+
+    result = anyio.run(main)
+    settle(recorder)
+    assert result.is_error and "awaits approval" in result.content[0].text
+    assert seen
+    assert all(total == 2 and message.startswith("Waiting for approval: ") for total, message in seen)
