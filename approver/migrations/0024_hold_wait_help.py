@@ -12,8 +12,9 @@ class Migration(migrations.Migration):
             name="ask_timeout",
             field=models.PositiveIntegerField(
                 default=60,
-                help_text="Seconds an agent's held call waits inside its request for a decision, at most: the "
-                "Recorder tells the agent it awaits approval after RECORDER_HOLD_WAIT_SECONDS (4) at the latest.",
+                help_text="Seconds an agent's held call waits inside its request for a decision, at most: "
+                "the Recorder tells the agent it awaits approval after RECORDER_HOLD_WAIT_SECONDS (4) at the "
+                "latest.",
             ),
         ),
     ]
