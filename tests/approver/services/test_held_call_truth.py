@@ -19,6 +19,7 @@ from journal import services as journal_services
 from journal.models import Step
 from journal.ports import HOLD_LOST_SECONDS
 from tests.journal.helpers import agent_client, run_agent, settle
+from tests.services import needs_python_clients
 
 from .test_held_calls import EMAIL, call, decide, held, sales_bot, sent_emails, set_policy
 
@@ -267,3 +268,53 @@ def test_the_agent_is_told_while_it_waits_only_as_fast_as_it_reads(
     assert result.is_error and "awaits approval" in result.content[0].text
     assert seen
     assert all(total == 2 and message.startswith("Waiting for approval: ") for total, message in seen)
+
+
+def openai_agent(recorder, token: str, tool: str, arguments: dict, run_id: str) -> dict:
+    """One tool call made by the OpenAI Agents SDK (pinned, in its own environment), as its agent run makes
+    it: what its model would read, and how long it took."""
+    import subprocess
+    from pathlib import Path
+
+    from tests.services import client_python
+
+    probe = Path(__file__).resolve().parents[2] / "clients" / "openai_agents_probe.py"
+    done = subprocess.run([client_python("openai-agents"), str(probe), f"{recorder.base}/mcp/", token, tool,
+                           json.dumps(arguments), run_id], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    settle(recorder)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@needs_python_clients
+def test_the_openai_agents_sdk_hears_where_its_call_waits_and_its_next_identical_call_goes_through_once(
+        recorder, sales_bot, sample_servers, admin_user, approver_user):
+    """Its MCP client gives up after 5 s, long before any person decides: the agent's model reads, within
+    that, where the call waits and what to do; once ana approves, the agent's next identical call goes
+    through once, and the run's record says held → told → approved by ana → sent → its outcome."""
+    from journal import ports
+
+    _, token = sales_bot
+    set_policy(admin_user)
+    first = openai_agent(recorder, token, "mail__send_email", EMAIL, "globex-welcome")
+    action = ActionRequest.objects.get()
+    assert first["failed"] == "" and first["seconds"] < 5
+    assert f"awaits approval at http://localhost:8000/actions/{action.public_id}/" in first["seen"]
+    assert "Make the same call again" in first["seen"] and sent_emails(sample_servers) == []
+    decide(action, approver_user, "approve")
+    second = openai_agent(recorder, token, "mail__send_email", EMAIL, "globex-welcome")
+    assert second["failed"] == "" and "Emailed 'Welcome aboard, Globex'" in second["seen"]
+    third = openai_agent(recorder, token, "mail__send_email", EMAIL, "globex-welcome")
+    assert "awaits approval" in third["seen"]
+    assert len(sent_emails(sample_servers)) == 1
+    told, sent, again = Step.objects.filter(tool="send_email").order_by("number")
+    assert told.run_id == sent.run_id == again.run_id and told.run.key == "run:globex-welcome"
+    assert (told.held_end, sent.status, again.held_end) == ("told", "ok", "told")
+    stories = ports.story().steps([told, sent])
+    assert [part["what"] for part in stories[told.pk]["held"]["trail"]] == [
+        "held", "the agent was told it awaits approval; this attempt was not sent", "approved by ana",
+        f"sent with the agent's next identical call (step {sent.number})"]
+    assert [part["what"] for part in stories[sent.pk]["held"]["trail"]] == ["held", "approved by ana", "sent"]
+    released = sent.run.entries.get(event="released")
+    assert released.data["approvedBy"] == "ana" and released.data["step"] == sent.number
+    assert sent.run.entries.filter(event="result", data__step=sent.number).get().data["status"] == "ok"
