@@ -60,6 +60,8 @@ class StepFacts:
         default_factory=dict
     )  # earlier number -> pointers
     already_undone: bool = False
+    # The plan (its short id) whose undo of this step nobody knows the end of: it may have taken effect.
+    undo_unknown: str = ""
     failure_class: str = ""  # "policy": an autonomy policy stopped it, so it was never forwarded
     arguments: dict[str, Any] = field(default_factory=dict)  # what the call sent
     server_tools: tuple[str, ...] = ()  # the tools its server lists now
@@ -214,6 +216,11 @@ def _without_compensation(step: StepFacts) -> tuple[str, str, str] | None:
     by_hand = what_is_known(step)
     if step.already_undone:
         return "already_undone", "An earlier plan already undid this step.", ""
+    if step.undo_unknown:  # sending its undo again might undo it twice
+        return ("cannot_undo", f"Plan {step.undo_unknown} sent this step's undo and nobody knows whether it "
+                "took effect: it cannot be undone again until that is settled.",
+                f"On plan {step.undo_unknown}'s report, check again or say how it ended; then ask for a "
+                "plan again.")
     if step.status == "pending" and step.task_id:
         return ("cannot_undo", f"{step.server} is still running this call as a task ({step.task_id}): "
                 "what it did is not known until the task ends. Ask for a plan again once it has.", by_hand)

@@ -16,7 +16,7 @@ from journal import services as journal_services
 from journal.errors import Refused
 from journal.models import Agent, Run, Step, StepDependency, ToolServer
 
-from .. import planning
+from .. import execution, planning
 from ..content import plan_content
 from ..models import Plan, PlanItem
 from ..models.plans import since_words
@@ -61,6 +61,9 @@ def facts_of(steps, *, across_runs: bool = False) -> list[planning.StepFacts]:
     undone = set(
         PlanItem.objects.filter(step__in=steps, outcome="compensated").values_list("step_id", flat=True)
     )
+    # A compensation whose outcome is unknown is settled before its step is undone again, by any plan.
+    unknown = {step_id: str(plan)[:8] for step_id, plan in PlanItem.objects.filter(
+        step__in=steps, outcome=execution.OUTCOME_UNKNOWN).values_list("step_id", "plan__public_id")}
     facts = []
     tools = {server.name: tuple(sorted(server.tool_names)) for server in ToolServer.objects.filter(
         name__in=steps.values("server_name"))}
@@ -87,6 +90,7 @@ def facts_of(steps, *, across_runs: bool = False) -> list[planning.StepFacts]:
                 else None,
                 inferred_deps=inferred.get(row["id"], {}),
                 already_undone=row["id"] in undone,
+                undo_unknown=unknown.get(row["id"], ""),
                 failure_class=row["failure_class"],
                 arguments=row["arguments"] if isinstance(row["arguments"], dict) else {},
                 server_tools=tools.get(row["server_name"], ()),

@@ -83,3 +83,30 @@ def test_a_human_settles_an_unknown_outcome_and_the_report_is_counted_again(answ
     with pytest.raises(services.NotSettled, match="not unknown"):  # once only
         services.settle_unknown(plan=plan, position=event.position, by=on_call, settlement="did_not")
     assert plan.run.entries.filter(event="outcome_settled", data__by="olivia").count() == 1
+
+
+def test_no_new_plan_undoes_a_step_again_while_its_last_undo_is_unknown(answer_lost, sample_servers, on_call,
+                                                                        approver_user):
+    """Finding 4: Plan the rest refused such a step, but a fresh plan from the run page (or since a moment)
+    drafted it again and would have sent the same compensation under a new key. Every plan now carries it as
+    cannot be undone until settled, naming the plan to settle it on; once settled, it is undone again."""
+    from django.utils import timezone
+
+    plan, event = answer_lost
+    short = str(plan.public_id)[:8]
+    agent = plan.run.agent
+    asks = (lambda: services.request_plan(run=plan.run, requested_by=on_call, reason="again", from_step=1),
+            lambda: services.request_plan_since(agent=agent, requested_by=on_call, reason="again",
+                                                since=timezone.now() - timezone.timedelta(hours=1)))
+    for ask in asks:
+        other = ask()
+        item = other.items.get(step=event.step)
+        assert item.action == "cannot_undo" and item.idempotency_key == ""
+        assert item.reason == (f"Plan {short} sent this step's undo and nobody knows whether it took effect: "
+                               "it cannot be undone again until that is settled.")
+        assert item.remedy.startswith(f"On plan {short}'s report, check again or say how it ended")
+        services.cancel_plan(plan=other, by=on_call)
+    services.settle_unknown(plan=plan, position=event.position, by=approver_user, settlement="did_not")
+    again = services.request_plan(run=plan.run, requested_by=on_call, reason="again", from_step=1)
+    assert again.items.get(step=event.step).action == "compensate"
+    assert len(ops(sample_servers, "calendar")) == 1  # nothing more was sent meanwhile
