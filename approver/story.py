@@ -9,6 +9,7 @@ from typing import Any
 from django.db.models import Q
 from django.urls import reverse
 
+from journal import ports
 from journal.models import Run, Step
 
 from . import execution
@@ -99,10 +100,10 @@ def _trail(action: ActionRequest, step: Step, decisions: list[ActionApproval]) -
 
 # How a held attempt that was never sent ended (`Step.held_end`), as its trail says it.
 _NOT_SENT = {
-    Step.HeldEnd.TOLD: "the agent was told it awaits approval; this attempt was not sent",
-    Step.HeldEnd.HUNG_UP: "the agent stopped waiting; this attempt was not sent",
-    Step.HeldEnd.LOST: "this attempt was never sent: the Recorder holding it stopped",
-    Step.HeldEnd.LAPSED: "this attempt was not sent: its approval had expired or was used",
+    ports.HeldEnd.TOLD: "the agent was told it awaits approval; this attempt was not sent",
+    ports.HeldEnd.HUNG_UP: "the agent stopped waiting; this attempt was not sent",
+    ports.HeldEnd.LOST: "this attempt was never sent: the Recorder holding it stopped",
+    ports.HeldEnd.LAPSED: "this attempt was not sent: its approval had expired or was used",
 }
 
 

@@ -36,6 +36,19 @@ class HeldState:
     USED = "used"
 
 
+class HeldEnd:
+    """How a held attempt that was never sent ended (`Step.held_end`): what its record and every page say."""
+
+    TOLD = "told"
+    HUNG_UP = "hung_up"
+    LOST = "lost"
+    DENIED = "denied"
+    LAPSED = "lapsed"
+    CHOICES = [(TOLD, "The agent was told it awaits approval"), (HUNG_UP, "The agent stopped waiting"),
+               (LOST, "The Recorder holding it stopped"), (DENIED, "Denied"),
+               (LAPSED, "The approval expired or was used")]
+
+
 @dataclass(frozen=True)
 class HeldCall:
     """The request a held call waits on: its id for polling, and what the agent is told."""

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from .. import idempotency, ports, recovery, services
-from ..models import Agent, Step
+from ..models import Agent
 from .context import approved_meta, held_call_meta
 from .failing import failed
 from .journal_thread import JournalThread
@@ -79,13 +79,14 @@ async def hold(journal: JournalThread, agent: Agent, opened: services.OpenedStep
         # The agent stopped waiting (its client timed out and cancelled, or hung up). Submitted, not awaited:
         # the write runs on the journal thread whatever becomes of this task.
         waited = loop.time() - began
-        journal.submit(services.refuse_step, opened=opened, now=timezone.now(), held_end=Step.HeldEnd.HUNG_UP,
+        journal.submit(services.refuse_step, opened=opened, now=timezone.now(),
+                       held_end=ports.HeldEnd.HUNG_UP,
                        message=f"The agent stopped waiting after {waited:.0f} s; nothing was sent.",
                        advice=failed("policy", opened.traits, held="waiting").as_wire())
         raise
     message, held_end, state = ended
-    advice = failed("policy", opened.traits, held="denied" if held_end == Step.HeldEnd.DENIED else (
-        "waiting" if held_end == Step.HeldEnd.TOLD else "lapsed"))
+    advice = failed("policy", opened.traits, held="denied" if held_end == ports.HeldEnd.DENIED else (
+        "waiting" if held_end == ports.HeldEnd.TOLD else "lapsed"))
     await journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now(),
                       advice=advice.as_wire(), held_end=held_end)
     return (message, advice, {"heldCall": {"url": held.url, "state": state,
@@ -108,21 +109,21 @@ def _ended(standing: ports.HeldCallState, held: ports.HeldCall, opened: services
     url = held.url
     if standing.state == ports.HeldState.APPROVED:  # approved, and this attempt could not be released
         return (f"Not done: this attempt was closed before its approval came, so it was never sent. The "
-                f"approval at {url} lets the same call through once: make it again.", Step.HeldEnd.LAPSED,
+                f"approval at {url} lets the same call through once: make it again.", ports.HeldEnd.LAPSED,
                 "approved")
     if standing.state == ports.HeldState.DENIED:
         return (f"Not done: {standing.decided_by} denied this call: “{standing.decision_reason}”. "
-                "Nothing was sent.", Step.HeldEnd.DENIED, "denied")
+                "Nothing was sent.", ports.HeldEnd.DENIED, "denied")
     if standing.state == ports.HeldState.USED:
         return (f"Not done: the approval at {url} already let an identical call through; ask again.",
-                Step.HeldEnd.LAPSED, "used")
+                ports.HeldEnd.LAPSED, "used")
     if standing.state == ports.HeldState.EXPIRED or standing.expires_at <= timezone.now():
         return (f"Not done: the approval request at {url} expired. Make the call again to ask anew.",
-                Step.HeldEnd.LAPSED, "expired")
+                ports.HeldEnd.LAPSED, "expired")
     if timed_out:
         return (f"Not done yet: this call awaits approval at {url} ({opened.policy.get('reason')}) Nothing "
                 "was sent. Make the same call again, with the same arguments, once it is approved: it then "
-                "goes through once.", Step.HeldEnd.TOLD, standing.state)
+                "goes through once.", ports.HeldEnd.TOLD, standing.state)
     return None
 
 

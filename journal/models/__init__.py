@@ -12,6 +12,7 @@ from django.db import models
 from django.utils import timezone
 
 from .. import recovery
+from ..ports import HeldEnd
 from .clients import ClientAuthorization as ClientAuthorization  # re-exported: one place to import from
 from .clients import RedeemedCode as RedeemedCode
 from .record_json import RecordJSONField as RecordJSONField  # re-exported: migrations name it here
@@ -295,18 +296,8 @@ class Step(models.Model):
     held_seen_at = models.DateTimeField(null=True, blank=True)
     # The held call (its public id on the approval side) this step waited on: identical calls share one.
     held_call = models.CharField(max_length=36, blank=True)
-
-    class HeldEnd(models.TextChoices):
-        """How a held attempt ended without being sent: what its record and every page say of it."""
-
-        TOLD = "told", "The agent was told it awaits approval"
-        HUNG_UP = "hung_up", "The agent stopped waiting"
-        LOST = "lost", "The Recorder holding it stopped"
-        DENIED = "denied", "Denied"
-        LAPSED = "lapsed", "The approval expired or was used"
-
-    # Set once, with the step's refusal, for an attempt that was held and never sent (`HeldEnd`).
-    held_end = models.CharField(max_length=8, choices=HeldEnd.choices, blank=True)
+    # How an attempt that was held and never sent ended (`ports.HeldEnd`), set with its refusal.
+    held_end = models.CharField(max_length=8, choices=HeldEnd.CHOICES, blank=True)
 
     class Meta:
         ordering = ["run", "number"]

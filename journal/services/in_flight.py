@@ -102,7 +102,7 @@ def reconcile_stale_steps(*, older_than: datetime, now: datetime | None = None) 
     for step in lost.iterator():
         opened = OpenedStep(step_id=step.pk, run_id=step.run_id, number=step.number)
         closed += _one_by_one(step, lambda opened=opened: refuse_step(
-            opened=opened, now=now, message=NEVER_SENT, held_end=Step.HeldEnd.LOST))
+            opened=opened, now=now, message=NEVER_SENT, held_end=ports.HeldEnd.LOST))
     running = Q(task_id__gt="") & (Q(task_until__isnull=True) | Q(task_until__gt=now))
     stale = (local.filter(status=Step.Status.PENDING, started_at__lt=older_than).exclude(running)
              .select_related("server"))

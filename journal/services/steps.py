@@ -265,7 +265,7 @@ def refuse_step(
 ) -> bool:
     """A call the autonomy policy stopped (denied, or held and not sent): nothing was forwarded, and the
     record says why (and what the agent was advised to do, `advice`; how a held attempt ended, `held_end`, one
-    of `Step.HeldEnd`). Only a step still held or not yet forwarded is closed (a conditional update): a step
+    of `ports.HeldEnd`). Only a step still held or not yet forwarded is closed (a conditional update): a step
     an approval released is in flight, and this returns False."""
     fields = {"status": Step.Status.ERROR, "is_error": True, "error_message": message,
               "failure_class": Step.FailureClass.POLICY, "finished_at": now}
