@@ -20,11 +20,12 @@ automatically undoable, and a compensation must never run with partial arguments
 to `null` is treated the same way, because a null identifier names nothing to undo.
 """
 
-import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import jsonpointer
+
+from . import patterns
 
 Dialect = Literal["sep3172", "chronomcp", "recipe"]
 
@@ -56,11 +57,7 @@ def _match_problem(binding: dict) -> str | None:
     pattern = binding.get(PATTERN)
     if set(binding) != {MATCH, PATTERN} or not isinstance(pattern, str) or len(pattern) > 200:
         return f"{binding!r}: a {MATCH} binding has exactly {MATCH} and {PATTERN} (a regular expression)"
-    try:
-        groups = re.compile(pattern).groups
-    except re.error as exc:
-        return f"{pattern!r} is not a regular expression: {exc}"
-    return None if groups == 1 else f"{pattern!r}: the pattern captures exactly one group"
+    return patterns.problem(pattern, groups=1)
 
 
 def expression_problem(expression: Any, *, sources: tuple[str, ...] = tuple(_SOURCES)) -> str | None:
@@ -139,7 +136,7 @@ def _match(binding: dict, *, request: Any, response: Any, before: Any, item: Any
         raise BindingError(problem)
     text = resolve_runtime_expression(binding[MATCH], request=request, response=response, before=before,
                                       item=item)
-    found = re.search(binding[PATTERN], text) if isinstance(text, str) else None
+    found = patterns.search(binding[PATTERN], text)
     if found is None or not found.group(1):
         raise BindingError(f"{binding[MATCH]!r} does not match {binding[PATTERN]!r}")
     return found.group(1)

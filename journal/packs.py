@@ -7,6 +7,7 @@ schema it was written for, so a server whose tool changed is not undone by a sta
 tests/journal/test_packs.py lists every pinned server and checks each recipe against its real catalogue.
 """
 
+import copy
 from typing import Any
 
 # The schema digests of the pinned versions' tools (`recipes.schema_digest`).
@@ -156,4 +157,4 @@ def pack(name: str) -> list[dict[str, Any]]:
     """The recipes of pack `name` (raw, as an admin's would be); KeyError names the packs there are."""
     if name not in PACKS:
         raise KeyError(f"No recipe pack {name!r}: there are {', '.join(sorted(PACKS))}.")
-    return [dict(recipe) for recipe in PACKS[name]]
+    return copy.deepcopy(PACKS[name])  # an admin may edit what they get: the pack stays as shipped

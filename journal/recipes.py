@@ -24,13 +24,13 @@ tool changes, the recipe no longer applies and the step says so. Where the serve
 "a person must sign"). A recipe's undo needs a person's signature unless the admin says otherwise.
 """
 
-import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import jsonpointer
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
+from . import patterns
 from .bindings import EACH, MATCH, expression_problem, resolve_arguments
 from .canonical import canonical_bytes, sha256_hex
 from .declarations import (
@@ -64,10 +64,8 @@ class Call(_Strict):
 
 
 def _regular_expression(value: str) -> str:
-    try:
-        re.compile(value)
-    except re.error as exc:
-        raise ValueError(f"{value!r} is not a regular expression: {exc}") from None
+    if (problem := patterns.problem(value)) is not None:
+        raise ValueError(problem)
     return value
 
 
@@ -284,7 +282,7 @@ def version(read_result: Any, pointer: str = "", *, ignore_order: bool = False, 
     except jsonpointer.JsonPointerException as exc:
         raise ValueError(f"the read's answer has no value at {pointer!r} ({exc})") from None
     if pattern:
-        found = re.search(pattern, value) if isinstance(value, str) else None
+        found = patterns.search(pattern, value)
         if found is None:
             raise ValueError(f"the read's answer does not match {pattern!r}")
         value = found.group(1)
@@ -309,7 +307,7 @@ def unrestorable(recipe: Recipe, before: Any) -> RefuseIfBefore | None:
         value = jsonpointer.resolve_pointer(before, rule.at)
     except jsonpointer.JsonPointerException:
         return None
-    return rule if isinstance(value, str) and re.search(rule.matches, value) else None
+    return rule if patterns.search(rule.matches, value) else None
 
 
 CheckState = Literal["ok", "undone", "conflict", "unchanged"]
@@ -331,7 +329,7 @@ def three_state(*, before: str, after: str, now: str) -> CheckState:
 def failed_read(recipe: Recipe, error_text: str) -> WhenReadFails | None:
     """What a failed earlier-state read means, if the recipe says (else the call is `unknown`)."""
     rule = recipe.when_read_fails
-    return rule if rule is not None and re.search(rule.matches, error_text or "") else None
+    return rule if rule is not None and patterns.search(rule.matches, error_text or "") else None
 
 
 def explain(tool: Mapping[str, Any], raw_recipe: Any, catalogue: list[Any]) -> tuple[str, str]:

@@ -4,6 +4,7 @@ version just after (what the agent left). Each read goes to the same server on t
 session, like the call itself, through the one client; a failure is an answer here, never an error, since
 the recipe says what a failed read means (else the call's undo is unknown)."""
 
+import asyncio
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
@@ -60,8 +61,11 @@ async def before(upstreams: Upstreams, needs: NeedsRead, arguments: dict[str, An
         result = await upstreams.call_tool(endpoint_of(needs.server), recipe.read.tool, read_arguments,
                                            owner=owner)
     except ToolServerError as exc:
-        return recipes.earlier_state(recipe, arguments=read_arguments, error=exc.message, limit=limit)
-    return recipes.earlier_state(recipe, arguments=read_arguments, result=result, limit=limit)
+        return await asyncio.to_thread(recipes.earlier_state, recipe, arguments=read_arguments,
+                                       error=exc.message, limit=limit)
+    # Off the event loop: digests and the recipe's patterns run over a text the agent may have written.
+    return await asyncio.to_thread(recipes.earlier_state, recipe, arguments=read_arguments, result=result,
+                                   limit=limit)
 
 
 async def after(upstreams: Upstreams, server: ToolServer, earlier: dict[str, Any] | None,

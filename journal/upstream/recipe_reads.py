@@ -3,6 +3,7 @@ the agent left), by a plan's check, and by the worker just before and after an u
 record was read before the call (`recipes.earlier_state`: the tool, its arguments, where the version is, and
 whether order counts), so each of them reads it exactly the same way."""
 
+import asyncio
 from typing import Any
 
 from .. import recipes
@@ -16,6 +17,10 @@ async def read_state(upstreams: Upstreams, endpoint: Endpoint, earlier: dict[str
     versioned."""
     answer = await upstreams.call_tool(endpoint, earlier["tool"], earlier.get("arguments") or {},
                                        timeout=timeout, owner=owner)
+    return await asyncio.to_thread(_versioned, answer, earlier, limit)  # off the event loop: see patterns
+
+
+def _versioned(answer: Any, earlier: dict[str, Any], limit: int) -> tuple[str, Any]:
     version = recipes.version(answer, earlier.get("versionAt") or "",
                               ignore_order=bool(earlier.get("ignoreOrder")),
                               pattern=earlier.get("versionPattern"))

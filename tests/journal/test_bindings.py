@@ -167,7 +167,7 @@ def test_a_match_binding_takes_what_one_group_captures_in_a_text():
     with pytest.raises(BindingError, match="does not match"):
         resolve_runtime_expression(match, request={}, response=None, before="HEAD detached at 1a2b")
     assert expression_problem(match) is None
-    assert "exactly one group" in expression_problem({"$match": "$before.body", "pattern": "x"})
+    assert "exactly 1 group" in expression_problem({"$match": "$before.body", "pattern": "x"})
     assert "not a regular expression" in expression_problem({"$match": "$before.body", "pattern": "("})
     assert "exactly $match and pattern" in expression_problem({"$match": "$before.body"})
     assert "use one of" in expression_problem({"$match": "$elsewhere", "pattern": "(x)"})

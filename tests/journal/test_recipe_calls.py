@@ -159,3 +159,33 @@ def test_a_hostile_answer_to_the_earlier_state_read_is_bounded_and_the_step_says
     assert step.reversibility == kind and "structured" not in step.earlier_state
     assert said in (step.declaration["reason"] or "") + " ".join(step.undo_problems)
     assert step.compensation_arguments is None and journal_services.verify_run(run=step.run).ok
+
+
+def test_a_recipes_pattern_runs_in_linear_time_on_what_the_agent_wrote(recorder, fs_token):
+    """Issue 43, finding 8: an admin's pattern that backtracks in Python's `re` (`^(\\w+\\s?)*$`), run by the
+    Recorder on a file the agent wrote (30 words and a '!'): `re` took seconds per call, doubling with every
+    word; RE2 answers at once, and the step is journaled as the recipe says."""
+    world, token = fs_token
+    server = ToolServer.objects.get(name="fs")
+    pack = packs.pack("filesystem")
+    for recipe in pack:
+        if recipe["tool"] == "write_file":
+            recipe["refuseIfBefore"]["matches"] = r"^(\w+\s?)*$"
+    journal_services.set_recipes(server=server, raw=pack, pack="", by="ada")
+    hostile = " ".join(["word"] * 30) + "!"
+    path = str(world / "hostile.txt")
+
+    async def script(client):
+        import time
+
+        await client.call_tool("fs__write_file", {"path": path, "content": hostile})
+        started = time.monotonic()
+        await client.call_tool("fs__write_file", {"path": path, "content": "plain words"})
+        return time.monotonic() - started
+
+    seconds = run_agent(recorder, token, script)
+    assert seconds < 5, f"the second write took {seconds:.1f} s"
+    second = Step.objects.filter(tool="write_file").order_by("number").last()
+    assert second.earlier_state["structured"] == {"content": hostile}
+    assert second.reversibility == "compensate"  # the pattern does not match: the file can be put back
+    assert (world / "hostile.txt").read_text() == "plain words"

@@ -179,3 +179,24 @@ def test_two_reads_overlap_when_the_same_read_names_something_in_common():
                                      {"tool": "read_text_file", "arguments": {"path": "/b"}})
     assert not recipe_chains.reads_overlap(ann, {"tool": "read_text_file", "arguments": {"path": "Ann"}})
     assert not recipe_chains.reads_overlap(ann, None)
+
+
+@pytest.mark.parametrize("pattern", [r"(?<=x)(y)", r"(a)\1", "(x{2000})"])
+def test_a_pattern_re2_will_not_run_is_refused_when_the_recipe_is_saved(pattern):
+    """Issue 43, finding 8: recipes' patterns run by RE2 (linear time); what RE2 refuses (look-around,
+    backreferences, huge repetitions) is refused at save, saying why, never at the agent's call."""
+    from journal.bindings import expression_problem
+
+    recipe = {"tool": "t", "schemaDigest": "0" * 64, "kind": "compensate", "versionPattern": pattern,
+              "read": {"tool": "r", "arguments": {}}, "compensation": {"tool": "t", "arguments": {}}}
+    parsed, problems = recipes.parse(recipe)
+    assert parsed is None and any("RE2" in problem for problem in problems), problems
+    assert "RE2" in expression_problem({"$match": "$before.body", "pattern": pattern})
+
+
+def test_a_pattern_runs_on_bounded_text_and_never_on_a_lone_surrogate():
+    from journal import patterns
+
+    assert patterns.search(r"(x)", "x" * patterns.TEXT_LIMIT).group(1) == "x"
+    assert patterns.search(r"(x)", "x" * (patterns.TEXT_LIMIT + 1)) is None
+    assert patterns.search(r"(x)", "\ud800x") is None and patterns.search(r"(x)", 7) is None
