@@ -69,6 +69,9 @@ class StepFacts:
     task_id: str = ""  # the server made the call a task (the MCP tasks extension), still running if pending
     run_id: int = 0  # the run it is a step of
     run: str = ""  # that run's public id, set when a plan reaches across runs (undo since a moment)
+    held_end: str = ""  # how a held attempt ended unsent (`journal.ports.HeldEnd`)
+    held_call: str = ""  # the state of the request it was held on (`journal.ports.HeldState`)
+    went_out_as: int | None = None  # the step that carried that call once approved
 
 
 @dataclass(frozen=True)
@@ -193,23 +196,25 @@ def draft_items_pulled(steps: list[StepFacts], pulls: dict[int, Pull], *, plan_i
 
 def _drafts(in_plan: list[StepFacts], pull_of, *, plan_id: str, key_secret: bytes,
             now: datetime) -> list[ItemDraft]:
+    covered = frozenset((step.run_id, step.number) for step in in_plan)
     return [
         _item(step, position, pull_of(step), key=idempotency_key(plan_id, step.number, key_secret, step.run),
-              now=now)
+              now=now, covered=covered)
         for position, step in enumerate(reverse_completion_order(in_plan), start=1)
     ]
 
 
-def _item(step: StepFacts, position: int, pull: Pull, *, key: str, now: datetime) -> ItemDraft:
+def _item(step: StepFacts, position: int, pull: Pull, *, key: str, now: datetime,
+          covered: frozenset = frozenset()) -> ItemDraft:
     base = {"step": step, "position": position, "pull": pull}
-    settled = _without_compensation(step)
+    settled = _without_compensation(step, covered)
     if settled is not None:
         action, reason, remedy = settled
         return ItemDraft(**base, action=action, reason=reason, remedy=remedy)
     return _compensating(step, base, key=key, now=now)
 
 
-def _without_compensation(step: StepFacts) -> tuple[str, str, str] | None:
+def _without_compensation(step: StepFacts, covered: frozenset = frozenset()) -> tuple[str, str, str] | None:
     """(action, reason, remedy) for a step whose undo needs no compensation of its own: undone already,
     nothing to undo, or one that cannot be undone; None for a step its server says it can compensate."""
     declaration = step.declaration or {}
@@ -227,11 +232,9 @@ def _without_compensation(step: StepFacts) -> tuple[str, str, str] | None:
     if step.status == "pending":
         return "cannot_undo", "The call's outcome was never recorded, so what it did is not known.", by_hand
     if step.status == "held":
-        return (
-            "nothing_to_undo",
-            "Held for approval and not made: deny it on its held-call page so it never is.",
-            "",
-        )
+        return "nothing_to_undo", _HELD_NOW.get(step.held_call, HELD_NOT_MADE), ""
+    if step.held_end and step.failure_class == "policy":
+        return "nothing_to_undo", _held_unsent(step, covered), ""
     if step.failure_class == "policy":
         return "nothing_to_undo", "An autonomy policy stopped it: it was never sent to the tool server.", ""
     if step.reversibility == "read_only":
@@ -249,6 +252,25 @@ def _without_compensation(step: StepFacts) -> tuple[str, str, str] | None:
         reason = "; ".join(step.undo_problems) or f"{step.server} says nothing about undoing {step.tool}."
         return "cannot_undo", _sentence(reason), remedy or by_hand
     return None
+
+
+HELD_NOT_MADE = "Held for approval and not made: deny it on its held-call page so it never is."
+_HELD_NOW = {"approved": "Held for approval, approved, and not sent yet: this plan is drafted again once it "
+                         "is."}
+
+
+def _held_unsent(step: StepFacts, covered: frozenset) -> str:
+    """What became of a held call whose own attempt was never sent (the agent was told, or stopped
+    waiting); `covered`: the (run, number) of each step in the plan."""
+    if step.went_out_as is not None and step.went_out_as != step.number:
+        where = ("undone as its own item" if (step.run_id, step.went_out_as) in covered
+                 else f"not in this plan: ask for a plan from step {step.went_out_as} to undo it")
+        return (f"Held for approval and never sent itself: once approved, the call went out with the agent's "
+                f"next identical call, step {step.went_out_as}, {where}.")
+    if step.held_call == "approved":
+        return ("Held for approval and never sent itself; approved since, it goes out with the agent's next "
+                "identical call (this plan is drafted again when it does).")
+    return "Held for approval and never sent."
 
 
 # Verbs whose tools may take another's change back (create_entities → delete_entities), for the remedy of a

@@ -33,12 +33,26 @@ def to_ijson(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
     if isinstance(value, str):
-        return _SURROGATE.sub("\ufffd", value) if _has_surrogate(value) else value
+        return _storable(value)
     if isinstance(value, dict):
         return {to_ijson(str(k)): to_ijson(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [to_ijson(v) for v in value]
     return str(value)
+
+
+def _storable(text: str) -> str:
+    """`text` as the record keeps it: a lone surrogate (not Unicode text) and U+0000 (which PostgreSQL keeps
+    neither in text nor in jsonb) become U+FFFD, the same on every database, in what is stored and hashed."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    return _SURROGATE.sub("\ufffd", text) if _has_surrogate(text) else text
+
+
+def storable_text(text: str) -> str:
+    """A text from outside (a server's error, a name an agent gives) as a text column keeps it
+    (`_storable`)."""
+    return _storable(text) if isinstance(text, str) else text
 
 
 def _has_surrogate(text: str) -> bool:
@@ -152,12 +166,17 @@ def ijson_problem(value: Any) -> str | None:
             for key, child in item.items():
                 if not isinstance(key, str) or _has_surrogate(key):
                     return f"at {where or '/'}: a key has a lone UTF-16 surrogate, which is not Unicode text"
+                if "\x00" in key:
+                    return f"at {where or '/'}: a key has U+0000 (NUL), {_NUL}"
                 stack.append((f"{where}/{_pointer_token(key)}", child))
         elif isinstance(item, list | tuple):
             stack.extend((f"{where}/{index}", child) for index, child in enumerate(item))
         elif (problem := _scalar_problem(item)) is not None:
             return f"at {where or '/'}: {problem}"
     return None
+
+
+_NUL = "which the run's record cannot keep exactly"
 
 
 def _scalar_problem(item: Any) -> str | None:
@@ -177,11 +196,10 @@ def _scalar_problem(item: Any) -> str | None:
             None if math.isfinite(item) else f"{item} is not a JSON number (NaN and infinities are not JSON)"
         )
     if isinstance(item, str):
-        return (
-            "the text has a lone UTF-16 surrogate, which is not Unicode text"
-            if _has_surrogate(item)
-            else None
-        )
+        if "\x00" in item:
+            return f"the text has U+0000 (NUL), {_NUL}"
+        surrogate = _has_surrogate(item)
+        return "the text has a lone UTF-16 surrogate, which is not Unicode text" if surrogate else None
     return f"a {type(item).__name__} is not JSON"
 
 

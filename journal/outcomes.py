@@ -11,7 +11,7 @@ from typing import Any
 
 from . import chain, declarations, recipes
 from .bindings import BindingError, NothingToUndo, resolve_arguments
-from .canonical import to_ijson
+from .canonical import ijson_problem, to_ijson
 from .fields import field_change
 
 # The MCP-Rescue failure class of an `isError` result's structured code.
@@ -85,6 +85,12 @@ def _compensation_arguments(spec: declarations.Compensation, *, token: str | Non
     return None
 
 
+def _inexact(arguments: dict[str, Any], then: list[dict[str, Any]] | None) -> str | None:
+    """Why the record would not keep an undo's arguments as they were bound (a U+0000 or a big integer the
+    server sent), or None."""
+    return ijson_problem(arguments) or ijson_problem([call["arguments"] for call in then or []])
+
+
 def _further_calls(spec: declarations.Compensation, *, arguments: dict[str, Any], result: dict[str, Any],
                    before: Any, problems: list[str]) -> list[dict[str, Any]] | None:
     """A recipe's further compensating calls, each resolved like the first, or None with the reason added
@@ -147,6 +153,10 @@ def undo_facts(*, tool_def: dict[str, Any] | None, catalogue: set[str], receipt_
             then = _further_calls(declaration.compensation, arguments=arguments, result=result, before=before,
                                   problems=problems)
             compensation_arguments = compensation_arguments if then is not None else None
+        if compensation_arguments is not None and (inexact := _inexact(compensation_arguments, then)):
+            problems.append(f"the undo's arguments cannot be kept exactly ({inexact}): an undo sent from the "
+                            "record would not be the one this call needs")
+            compensation_arguments = then = None
         if not effect.version:
             problems.append(declarations.NO_VERSION_PROBLEM)
     verified, receipt_problem = receipt_check(receipt_keys, journal_raw, parsed)

@@ -20,6 +20,8 @@ import psycopg
 from django.db import connection, connections
 from django.db.models import Field, Model
 
+from .canonical import storable_text
+
 
 class _PreparedCursor(psycopg.Cursor):
     """A PostgreSQL cursor that binds its parameters on the server and prepares each statement once per
@@ -147,6 +149,8 @@ def _prepared(value: Any, field: Field, kind: type | str | None, database) -> An
     that a value the driver takes as it is, an aware datetime and JSON already written skip the ORM's
     layers (the same result, for a fraction of the work on a path every call takes)."""
     vtype = type(value)
+    if kind is str and vtype is str:  # a text from outside (a server's error) as the record keeps it
+        return storable_text(value)
     if vtype is kind or value is None:  # every field of these models writes None as SQL NULL
         return value
     if kind == "DateTimeField" and vtype is datetime and value.tzinfo is not None:

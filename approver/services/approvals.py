@@ -32,7 +32,7 @@ from ..models import (
     PlanItem,
     SigningRequest,
 )
-from . import bell, leases
+from . import bell, following, leases
 
 SIGNING_SECONDS = passkeys.CHALLENGE_SECONDS  # how long a challenge waits for the signer's passkey
 
@@ -353,4 +353,7 @@ def complete_action_signing(*, user, nonce: str, credential: Any, action: Action
                 "action": str(locked.public_id), "decision": approval.decision, "by": user.get_username(),
                 "passkey": passkey.credential_id, "digest": approval.digest, "nonce": approval.nonce,
                 "reason": approval.reason or None, "state": locked.state})
+        if locked.state != ActionRequest.State.PENDING:  # plans drafted while it was held follow it
+            following.redraft_plans_covering(step_id=locked.step_id, now=now, why=(
+                f"the call held at its step was {locked.get_state_display().lower()} by {locked.decided_by}"))
     return approval

@@ -19,7 +19,7 @@ from journal.canonical import canonical_bytes
 from .. import authority
 from ..models import ActionRequest, ApprovalRules
 from ..policy_book import PolicyBook, decide_call
-from . import bell, sagas
+from . import bell, following, sagas
 
 
 def action_digest(*, agent: str, server: str, tool: str, arguments: Any, meta: Any = None) -> str:
@@ -130,8 +130,12 @@ def claim_approved_action(*, action_id: int, opened: journal_services.OpenedStep
         if not journal_services.release_held_step(opened=opened, now=now, approval={
                 "action": str(action.public_id), "approvedBy": action.decided_by, "meta": meta}):
             return False
-        return bool(ActionRequest.objects.filter(pk=action_id, state=ActionRequest.State.APPROVED)
+        used = bool(ActionRequest.objects.filter(pk=action_id, state=ActionRequest.State.APPROVED)
                     .update(state=ActionRequest.State.USED, used_at=now, used_step_id=opened.step_id))
+        if used:  # plans drafted while it was held follow it (`following`)
+            following.redraft_plans_covering(step_id=action.step_id, now=now, why=(
+                f"the approved call held at its step was sent, as step {opened.number}"))
+        return used
 
 
 def expire_held_calls(*, now: datetime | None = None) -> int:

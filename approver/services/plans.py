@@ -18,7 +18,7 @@ from journal.models import Agent, Run, Step, StepDependency, ToolServer
 
 from .. import execution, planning
 from ..content import plan_content
-from ..models import Plan, PlanItem
+from ..models import ActionRequest, Plan, PlanItem
 from ..models.plans import since_words
 from . import bell, leases, nothing_left
 
@@ -26,10 +26,8 @@ from . import bell, leases, nothing_left
 _FACT_FIELDS = (
     "id", "number", "server_name", "tool", "status", "reversibility", "declaration", "compensation_arguments",
     "compensation_then", "undo_problems", "effect_summary", "effect_resource", "effect_version", "undo_by",
-    "finished_at", "request_meta", "failure_class", "arguments", "task_id",
+    "finished_at", "request_meta", "failure_class", "arguments", "task_id", "held_end",
 )
-
-
 
 class PlanRefused(Refused):
     """The request cannot become a plan. `open_plan` is set when a step is already in another open plan."""
@@ -64,6 +62,9 @@ def facts_of(steps, *, across_runs: bool = False) -> list[planning.StepFacts]:
     # A compensation whose outcome is unknown is settled before its step is undone again, by any plan.
     unknown = {step_id: str(plan)[:8] for step_id, plan in PlanItem.objects.filter(
         step__in=steps, outcome=execution.OUTCOME_UNKNOWN).values_list("step_id", "plan__public_id")}
+    # What became of each held step's request: its state, and the step that carried it once approved.
+    held = {step_id: (state, used) for step_id, state, used in ActionRequest.objects.filter(
+        step__in=steps).values_list("step_id", "state", "used_step__number")}
     facts = []
     tools = {server.name: tuple(sorted(server.tool_names)) for server in ToolServer.objects.filter(
         name__in=steps.values("server_name"))}
@@ -96,6 +97,9 @@ def facts_of(steps, *, across_runs: bool = False) -> list[planning.StepFacts]:
                 server_tools=tools.get(row["server_name"], ()),
                 compensation_then=row["compensation_then"],
                 task_id=row["task_id"],
+                held_end=row["held_end"],
+                held_call=held.get(row["id"], ("", None))[0],
+                went_out_as=held.get(row["id"], ("", None))[1],
                 run_id=row["run_id"],
                 run=str(row["run__public_id"]) if across_runs else "",
             )
@@ -318,7 +322,7 @@ def _finish_draft(plan: Plan, drafts: list[planning.ItemDraft], *, claimed: date
             return Plan.objects.get(pk=plan.pk)
         plan.checks_total = plan.compensate_count = compensate
         plan.cannot_undo_count = sum(d.action == PlanItem.Action.CANNOT_UNDO for d in drafts)
-        plan.state, plan.check_round, plan.updated_at = Plan.State.CHECKING, 1, timezone.now()
+        plan.state, plan.check_round, plan.updated_at = Plan.State.CHECKING, plan.check_round + 1, timezone.now()
         plan.draft_total = plan.draft_done = len(drafts)
         plan.digest = planning.digest(plan_content(plan))
         plan.save(

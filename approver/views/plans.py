@@ -17,6 +17,7 @@ from journal.recipe_text import brief
 from .. import authority, execution, planning, services, signing
 from ..forms import UndoRequestForm, UndoSinceForm
 from ..models import Approval, ApprovalRules, Plan, PlanItem, RecordLease
+from ..services import following
 
 PLANS_PER_PAGE = 25
 
@@ -246,7 +247,11 @@ def _choices_differ(plan: Plan, items: list, approvals: list[Approval]) -> bool:
 def check_again(request, plan_id):
     require_role(request, *authority.MAY_CHECK)
     plan = get_object_or_404(Plan, public_id=plan_id)
-    if services.queue_checks(plan=plan):
+    if plan.state in Plan.CHECKABLE_STATES and following.held_steps_moved_on(plan) and following.redraft(
+            plan_id=plan.pk, why=f"{request.user.get_username()} checked again after a held call moved on"):
+        messages.success(request, "A call this plan was drafted on while it was held for approval has moved "
+                                  "on since: the plan is drafted again from the record, then checked.")
+    elif services.queue_checks(plan=plan):
         messages.success(request, "Checking again with the tool servers.")
     else:
         messages.error(request, f"This plan is {plan.get_state_display().lower()}; it cannot be checked now.")

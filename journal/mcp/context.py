@@ -124,10 +124,8 @@ def unsendable(arguments: dict[str, Any], meta: dict[str, Any] | None, server: s
     receives exactly what the record says (and an approver signed)."""
     for part, value in (("arguments", arguments), ("_meta", meta)):
         if (problem := ijson_problem(value)) is not None:
-            return (
-                f"Not sent: the call's {part} are not I-JSON (RFC 7493) {problem}. Nothing was journaled or "
-                f"sent to {server}."
-            )
+            what = "cannot be kept exactly" if "U+0000" in problem else "are not I-JSON (RFC 7493)"
+            return f"Not sent: the call's {part} {what} {problem}. Nothing was journaled or sent to {server}."
     return None
 
 

@@ -3,14 +3,21 @@
 when the Recorder's copy of the server was stale)."""
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
+
+from django.db import DatabaseError
 
 from .. import ports, services
 from ..models import Agent
 from ..upstream.client import Upstreams
 from . import earlier as reads
+from .context import recorder_error
+from .failing import failed
 from .journal_thread import ServerDirectory
+
+logger = logging.getLogger(__name__)
 
 
 def gated_step(*, servers: ServerDirectory, agent: Agent, server_name: str, tool: str, arguments: dict,
@@ -65,6 +72,12 @@ async def _gated(journal, never_sent: Callable[[services.OpenedStep], None], **k
     job = journal.submit(gated_step, **kwargs)
     try:
         return await asyncio.shield(job)
+    except DatabaseError:  # its words (SQL, values) stay in the log: the agent hears what it means
+        logger.exception("the intent of a call to %s could not be journaled", kwargs["server_name"])
+        raise recorder_error(
+            -32603, "Not sent: the Recorder could not journal this call (its database refused the write), "
+            f"so nothing was sent to {kwargs['server_name']}. Try again later; if it happens again, tell "
+            "whoever runs the Recorder.", reason="unavailable", advice=failed("transient")) from None
     except asyncio.CancelledError:
         def opened_then(done: asyncio.Future) -> None:
             if not done.cancelled() and done.exception() is None and isinstance(done.result(),

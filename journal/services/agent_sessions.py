@@ -4,15 +4,18 @@ serves a session by (`journal.mcp.sessions`) and the worker forgets once idle (`
 from datetime import datetime, timedelta
 from typing import Any
 
+from ..canonical import to_ijson
 from ..models import AgentSession
 
 
 def save_agent_session(*, session_id: str, agent_id: int, protocol_version: str, client_info: dict[str, Any],
                        capabilities: dict[str, Any]) -> None:
-    """Write down a session as its `initialize` is answered (before the agent hears of it)."""
+    """Write down a session as its `initialize` is answered (before the agent hears of it). What the agent
+    said of itself is kept as the record keeps any text from outside (`to_ijson`: U+0000 and lone
+    surrogates as U+FFFD, on every database)."""
     AgentSession.objects.update_or_create(session_id=session_id, defaults={
-        "agent_id": agent_id, "protocol_version": protocol_version, "client_info": client_info,
-        "capabilities": capabilities})
+        "agent_id": agent_id, "protocol_version": protocol_version, "client_info": to_ijson(client_info),
+        "capabilities": to_ijson(capabilities)})
 
 
 def agent_session(*, session_id: str, used_since: datetime | None) -> tuple[int, str, dict, dict] | None:
