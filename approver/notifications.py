@@ -195,20 +195,41 @@ def _saga_digest(plans: list[Plan]) -> tuple[str, str]:
     return subject, "\n\n".join(lines)
 
 
-def action_requested(action: ActionRequest) -> int:
-    """Email the held call's approvers and post to the webhook: an agent is waiting."""
-    users = (
-        get_user_model().objects.filter(is_active=True, groups__name=action.approver_group).exclude(email="")
-    )
-    recipients = [u.email for u in users.distinct() if not authority.action_refusal(action=action, user=u)]
+def held_calls_requested(actions: list[ActionRequest]) -> int:
+    """One message for the held calls nobody was told of yet: each approver is emailed once, listing the
+    calls they may decide; the webhook once, listing them all. Returns how many were emailed."""
+    users = get_user_model().objects.filter(is_active=True).exclude(email="")
+    mine: dict[str, list[ActionRequest]] = {}
+    for action in actions:
+        for user in users.filter(groups__name=action.approver_group).distinct():
+            if not authority.action_refusal(action=action, user=user):
+                mine.setdefault(user.email, []).append(action)
+    together: dict[tuple[int, ...], list[str]] = {}
+    for address, theirs in mine.items():
+        together.setdefault(tuple(a.pk for a in theirs), []).append(address)
+    by_pk, sent = {action.pk: action for action in actions}, 0
+    for pks, recipients in together.items():
+        subject, text = _held_digest([by_pk[pk] for pk in pks])
+        sent += email(subject, text, sorted(recipients), about=f"{len(pks)} held calls")
+    if settings.APPROVAL_WEBHOOK_URL and actions:
+        subject, text = _held_digest(actions)
+        webhook(slack_escaped(f"{header_safe(subject)}. {text}"), about=f"{len(actions)} held calls")
+    return sent
+
+
+def _held_digest(actions: list[ActionRequest]) -> tuple[str, str]:
+    first = actions[0]
+    subject = (f"Held for approval: {first.agent.name} wants {one_line(first.tool, 100)}" if len(actions) == 1
+               else f"{len(actions)} calls held for approval")
+    return subject, "\n\n".join(_held_lines_of(action) for action in actions)
+
+
+def _held_lines_of(action: ActionRequest) -> str:
     args = one_line(", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}"
                               for k, v in sorted(action.arguments.items())), 500)
     who = f"{one_line(action.agent.name)} (for {action.agent.on_behalf_of.get_username()})"
-    text = (f"{who} is waiting to call {one_line(action.server.name)}__{one_line(action.tool)}({args}).\n"
+    return (f"{who} is waiting to call {one_line(action.server.name)}__{one_line(action.tool)}({args}).\n"
             f"{one_line(action.reason, 500)}\nDigest: {action.digest}\nApprove or deny: {action_url(action)}")
-    return _tell_approvers(
-        recipients, f"Held for approval: {action.agent.name} wants {one_line(action.tool, 100)}", text, action
-    )
 
 
 def _tell_approvers(recipients: list[str], subject: str, text: str, about) -> int:

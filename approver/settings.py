@@ -314,6 +314,10 @@ RECORDER_UNWIND_SECONDS = env_int("RECORDER_UNWIND_SECONDS", 60)
 # told at most once every this many minutes (one message listing what became ready meanwhile).
 SAGA_OPEN_PLANS_PER_AGENT = env_int("SAGA_OPEN_PLANS_PER_AGENT", 3)
 SAGA_NOTIFY_MINUTES = env_int("SAGA_NOTIFY_MINUTES", 10)
+# Held calls: how many one agent may have waiting on approvers at once (one more is refused, not held), and
+# how often approvers are emailed about new ones at most (one message for all that came meanwhile).
+HELD_CALLS_PER_AGENT = env_int("HELD_CALLS_PER_AGENT", 20)
+HELD_CALL_NOTIFY_MINUTES = env_int("HELD_CALL_NOTIFY_MINUTES", 2)
 # How Recorder processes reach each other (an agent's cancellation heard by one, for a call another makes):
 # Redis pub/sub. Without it, each process hears only itself, which is all a single process needs.
 RECORDER_BUS_URL = env_str("RECORDER_BUS_URL", REDIS_URL)

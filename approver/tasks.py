@@ -134,13 +134,22 @@ def notify_plan_executed(plan_id: int) -> int:
 
 @shared_task(name="approver.notify_action_requested")
 def notify_action_requested(action_id: int) -> int:
-    """Tell the approvers a call is held for them. Safe to run twice: the request is claimed first."""
-    if not ActionRequest.objects.filter(
-        pk=action_id, state=ActionRequest.State.PENDING, notified=False
-    ).update(notified=True):
+    """Tell the approvers a call is held for them, with every other held call nobody was told of yet, in
+    one message, at most once every HELD_CALL_NOTIFY_MINUTES (beat rings again each minute for what
+    waited): a flood of held calls is one message, not one each. Safe to run twice: each request is claimed
+    first. Returns how many were emailed."""
+    now = timezone.now()
+    last = ActionRequest.objects.aggregate(last=Max("notified_at"))["last"]
+    if last is not None and now - last < timedelta(minutes=settings.HELD_CALL_NOTIFY_MINUTES):
         return 0
-    return notifications.action_requested(
-        ActionRequest.objects.select_related("agent__on_behalf_of", "server").get(pk=action_id))
+    untold = ActionRequest.objects.filter(state=ActionRequest.State.PENDING, notified=False)
+    claimed = [pk for pk in untold.order_by("created_at").values_list("pk", flat=True)
+               if untold.filter(pk=pk).update(notified=True, notified_at=now)]
+    if not claimed:
+        return 0
+    return notifications.held_calls_requested(list(
+        ActionRequest.objects.select_related("agent__on_behalf_of", "server").filter(pk__in=claimed)
+        .order_by("created_at")))
 
 
 @shared_task(name="approver.expire_held_calls")

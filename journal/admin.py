@@ -75,12 +75,14 @@ class ToolServerAdmin(admin.ModelAdmin):
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
     """Agents are created with `manage.py create_agent`, which shows the token once; here they can be
-    looked at, deactivated, and given the advice on a failed call in its content (for frameworks that drop
+    looked at, deactivated, let ask approvers (off for one an account with no role made on the consent page),
+    and given the advice on a failed call in its content (for frameworks that drop
     `_meta`)."""
 
-    list_display = ["name", "on_behalf_of", "token_prefix", "is_active", "advice_in_content", "created_at"]
-    fields = ["name", "on_behalf_of", "token_prefix", "is_active", "runs_by", "advice_in_content",
-              "created_at"]
+    list_display = ["name", "on_behalf_of", "token_prefix", "is_active", "asks_approvers",
+                    "advice_in_content", "created_at"]
+    fields = ["name", "on_behalf_of", "token_prefix", "is_active", "asks_approvers", "runs_by",
+              "advice_in_content", "created_at"]
     readonly_fields = ["name", "on_behalf_of", "token_prefix", "created_at"]
 
     def has_add_permission(self, request):

@@ -254,6 +254,9 @@ class ConsentView(AuthorizationView):
         user = self.request.user
         if form.cleaned_data["agent"] == NEW_AGENT:
             agent, _ = services.create_agent(name=form.cleaned_data["new_agent_name"], on_behalf_of=user)
+            if not roles.has_any_role(user, *roles.ALL):  # anyone may make an agent: not email approvers
+                Agent.objects.filter(pk=agent.pk).update(asks_approvers=False)
+                agent.asks_approvers = False
             return agent
         agent = Agent.objects.filter(
             name=form.cleaned_data["agent"], on_behalf_of=user, is_active=True

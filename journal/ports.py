@@ -58,6 +58,15 @@ class HeldCall:
     url: str
 
 
+class HoldRefused(Exception):
+    """The call is not held after all (its agent has as many calls waiting as it may): `message` says why,
+    and nothing is sent."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
 @dataclass(frozen=True)
 class HeldCallState:
     state: str
@@ -88,7 +97,7 @@ class PolicyGate(Protocol):
         now: datetime,
     ) -> HeldCall:
         """The request this held call waits on (an identical call, same arguments and `_meta`, already waiting
-        shares it)."""
+        shares it). HoldRefused when it cannot be held (its agent has as many waiting as it may)."""
 
     def state(self, held_id: int) -> HeldCallState | None:
         """Where the request stands now: one cheap read, polled while the agent waits."""

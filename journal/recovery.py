@@ -50,7 +50,8 @@ class Tool:
 @dataclass(frozen=True)
 class Failure:
     """A failed call as the Recorder saw it. `held` is set when an autonomy policy stopped it: "denied",
-    "waiting" (no decision yet) or "lapsed" (the approval expired or was used)."""
+    "waiting" (no decision yet), "lapsed" (the approval expired or was used) or "too_many" (not held:
+    the agent has as many calls waiting as it may)."""
 
     category: str
     may_have_acted: bool = False
@@ -106,6 +107,15 @@ RULES: tuple[Rule, ...] = (
         True,
         "The call awaits an approver's decision. Make the same call again later: once approved, it goes "
         "through.",
+        lambda f: f.retry_after or HELD_BACKOFF_SECONDS,
+    ),
+    Rule(
+        "too many calls waiting for approval",
+        lambda f, t: f.held == "too_many",
+        BACKOFF,
+        True,
+        "As many of this agent's calls wait for approvers as it may have at once: this one was not held. "
+        "Make it again once approvers have decided on some of them.",
         lambda f: f.retry_after or HELD_BACKOFF_SECONDS,
     ),
     Rule(

@@ -58,6 +58,7 @@ class ActionRequest(models.Model):
     used_at = models.DateTimeField(null=True, blank=True)
     used_step = models.ForeignKey(Step, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
     notified = models.BooleanField(default=False)
+    notified_at = models.DateTimeField(null=True, blank=True, help_text="When its approvers were told.")
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -55,6 +55,7 @@ def request_for_held_call(*, agent, server, tool: str, arguments: dict[str, Any]
         )
         if existing is not None:
             return existing
+        _refuse_beyond_the_cap(agent, now)
         hold = decision.get("hold") or {}
         chosen = decision.get("policy") or {}
         action = ActionRequest.objects.create(
@@ -81,6 +82,19 @@ def request_for_held_call(*, agent, server, tool: str, arguments: dict[str, Any]
             "reason": action.reason})
         bell.ring(bell.NOTIFY_ACTION_REQUESTED, action.pk)
     return action
+
+
+def _refuse_beyond_the_cap(agent, now: datetime) -> None:
+    """An agent may have `HELD_CALLS_PER_AGENT` calls waiting on approvers (pending, or approved and not yet
+    made) at once: one more is refused, not held, so a flood of distinct calls asks nobody."""
+    cap = settings.HELD_CALLS_PER_AGENT
+    waiting = ActionRequest.objects.filter(agent=agent, expires_at__gt=now, state__in=[
+        ActionRequest.State.PENDING, ActionRequest.State.APPROVED]).count()
+    if waiting >= cap:
+        raise ports.HoldRefused(
+            f"Not done: {agent.name} already has {waiting} calls waiting for approval, as many as it may "
+            f"(HELD_CALLS_PER_AGENT = {cap}), so this one was not held and nothing was sent. Make it again "
+            "once approvers have decided on some of them.")
 
 
 def held_call_state(action_id: int) -> tuple[str, str, str, datetime] | None:

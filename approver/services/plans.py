@@ -322,7 +322,8 @@ def _finish_draft(plan: Plan, drafts: list[planning.ItemDraft], *, claimed: date
             return Plan.objects.get(pk=plan.pk)
         plan.checks_total = plan.compensate_count = compensate
         plan.cannot_undo_count = sum(d.action == PlanItem.Action.CANNOT_UNDO for d in drafts)
-        plan.state, plan.check_round, plan.updated_at = Plan.State.CHECKING, plan.check_round + 1, timezone.now()
+        plan.state, plan.updated_at = Plan.State.CHECKING, timezone.now()
+        plan.check_round += 1  # drafted again (`following`), a plan's checks go on from its last round
         plan.draft_total = plan.draft_done = len(drafts)
         plan.digest = planning.digest(plan_content(plan))
         plan.save(

@@ -46,9 +46,16 @@ async def hold(journal: JournalThread, agent: Agent, opened: services.OpenedStep
     thread (reads never queue behind writes)."""
     gate = ports.gate()
     meta = held_call_meta(opened.request_meta)
-    held = await journal.run(
-        gate.hold, agent=agent, server=opened.server, tool=opened.tool, arguments=opened.arguments, meta=meta,
-        decision=opened.policy, run_id=opened.run_id, step_id=opened.step_id, now=timezone.now())
+    try:
+        held = await journal.run(
+            gate.hold, agent=agent, server=opened.server, tool=opened.tool, arguments=opened.arguments,
+            meta=meta, decision=opened.policy, run_id=opened.run_id, step_id=opened.step_id,
+            now=timezone.now())
+    except ports.HoldRefused as refused:  # too many waiting already: nobody is asked, nothing is sent
+        advice = failed("policy", opened.traits, held="too_many")
+        await journal.run(services.refuse_step, opened=opened, message=refused.message, now=timezone.now(),
+                          advice=advice.as_wire())
+        return (refused.message, advice, {}), None
     await journal.run(services.held_step_alive, step_id=opened.step_id, now=timezone.now(),
                       held_call=held.public_id)
     secret = idempotency.secret(settings.SECRET_KEY)

@@ -37,12 +37,30 @@ def gated_step(*, servers: ServerDirectory, agent: Agent, server_name: str, tool
     gate = ports.gate()
 
     def decide(declaration, retry_of=None):
-        return gate.decide(agent_name=agent.name, server_name=server_name, tool=tool, declaration=declaration,
-                           retry_of=retry_of)
+        return not_held(gate.decide(agent_name=agent.name, server_name=server_name, tool=tool,
+                                    declaration=declaration, retry_of=retry_of), agent, server, tool)
 
     return services.open_step(agent=agent, run_key=key, server=server, server_name=server_name, tool=tool,
                               arguments=arguments, request_meta=request_meta, now=now, decide=decide,
                               earlier=earlier)
+
+
+def not_held(decision: dict | None, agent: Agent, server, tool: str) -> dict | None:
+    """A decision to hold a call for approvers, refused instead when nobody should be asked: the server does
+    not list the tool (a hostile agent's made-up calls would each email every approver), or the agent may
+    not ask approvers (`Agent.asks_approvers`: off for one minted on the consent page by an account with no
+    role, until an admin turns it on)."""
+    if not decision or decision.get("decision") != "ask":
+        return decision
+    if server.tool(tool) is None:
+        why = f"{server.name} does not list a tool named {tool}, so nobody was asked to approve it."
+    elif not agent.asks_approvers:
+        why = (f"This call would wait for approvers, and {agent.name} may not ask them (an admin can let it, "
+               "on the agent's admin page), so nobody was asked.")
+    else:
+        return decision
+    return {**{key: value for key, value in decision.items() if key != "hold"}, "decision": "deny",
+            "reason": why, "notHeld": True}
 
 
 async def open_call(journal, upstreams: Upstreams, begin: dict[str, Any], owner,

@@ -93,10 +93,13 @@ class Agent(models.Model):
     # (`services.halt_run`, `services.runs.release`).
     halted_by_plan = models.CharField(max_length=36, blank=True)
     halted_reason = models.TextField(blank=True)
-    # For a framework that drops `_meta` (LangChain's ToolMessage, pydantic-ai's tool return): a failed call's
-    # advice is also added to its content as one short text block. Off by default: faithful adds nothing.
+    # For a framework that drops `_meta` (LangChain's ToolMessage, pydantic-ai's tool return), a failed call's
+    # advice is added to its content as a short text block too. Off by default: faithful adds nothing.
     advice_in_content = models.BooleanField(
         default=False, help_text="Add the advice on a failed call to its content too.")
+    # Off for an agent minted on the consent page by an account with no role, until an admin turns it on.
+    asks_approvers = models.BooleanField(default=True, help_text=(
+        "Calls a policy would hold for approvers are held; when off, they are refused and nobody is asked."))
 
     class RunsBy(models.TextChoices):
         # How its calls form runs (an agent's own runId always wins): per MCP session, with the idle gap for
@@ -224,9 +227,7 @@ class Step(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
     number = models.PositiveIntegerField()
-    server = models.ForeignKey(
-        ToolServer, on_delete=models.PROTECT, related_name="steps", null=True, blank=True
-    )
+    server = models.ForeignKey(ToolServer, models.PROTECT, related_name="steps", null=True, blank=True)
     server_name = models.CharField(max_length=60)
     tool = models.CharField(max_length=200)
     arguments = RecordJSONField(default=dict)
@@ -244,8 +245,7 @@ class Step(models.Model):
     result_size = models.PositiveBigIntegerField(null=True, blank=True, help_text="Bytes of the answer.")
     result_sha256 = models.CharField(max_length=64, blank=True)
     result_seq = models.PositiveIntegerField(
-        null=True, blank=True, help_text="The run record's entry of the result."
-    )
+        null=True, blank=True, help_text="The run record's entry of the result.")
     is_error = models.BooleanField(default=False)
     error_message = models.TextField(blank=True)
     failure_class = models.CharField(max_length=20, choices=FailureClass.choices, blank=True)

@@ -518,3 +518,13 @@ def test_registrations_nobody_authorised_are_kept_to_a_number_the_oldest_forgott
     used.tokens_for(dana, new_agent="a1")
     ids = [register(f"198.51.100.{n}").json()["client_id"] for n in range(4)]
     assert set(Application.objects.values_list("client_id", flat=True)) == {used.client_id, *ids[-2:]}
+
+
+def test_an_agent_minted_on_the_consent_page_by_an_account_with_no_role_asks_no_approver(dana, on_call):
+    """Issue 43, finding 7: anyone who can sign in could mint an agent and have every approver emailed for
+    each call it made up. Made by an account with no role, it starts unable to ask approvers (its calls a
+    policy would hold are refused) until an admin lets it; made by someone with a role, it asks as usual."""
+    Flow().tokens_for(dana, new_agent="dana-signup")
+    Flow().tokens_for(on_call, new_agent="olivia-tool")
+    assert Agent.objects.get(name="dana-signup").asks_approvers is False
+    assert Agent.objects.get(name="olivia-tool").asks_approvers is True
