@@ -159,7 +159,11 @@ class Recorder:
         await self.journal.run(keys.signing_key)
         try:
             async with self.upstreams, self.listening, self.bus:
-                yield
+                await self.tasks.follower.resume()  # tasks in flight before this start are followed too
+                try:
+                    yield
+                finally:
+                    await self.tasks.follower.close()
         finally:
             self.journal.close()  # runs every queued journal write first
 
@@ -356,14 +360,11 @@ class Recorder:
                 # journaled.
                 await journaled
                 raise upstream_error(exc) from None
-            note = (
-                " It may have acted before failing; do not repeat the call blindly."
-                if exc.may_have_acted
-                else ""
-            )
+            acted = exc.may_have_acted
+            note = " It may have acted before failing; do not repeat the call blindly." if acted else ""
             return tool_error(f"{exc.message} ({exc.failure_class}).{note}", advice, saga), journaled
         if result.get("resultType") == TASK_RESULT:  # the tasks extension: the call goes on as a task
-            return await self.tasks.started(opened, started, result, declared=tasks), None
+            return await self.tasks.started(opened, started, result, declared=tasks, owner=owner), None
         relayed = versions.from_server(result)
         self.features.remember(owner, server_name, relayed)
         try:  # shaped for the agent's version, then through the SDK's own sieve for it, as a reply would be

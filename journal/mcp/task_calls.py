@@ -10,6 +10,7 @@ whose call made the task can ask about it. `tasks/update` (the agent's answers t
 """
 
 import logging
+from datetime import timedelta
 from typing import Any
 
 import mcp_types as types
@@ -27,6 +28,7 @@ from . import versions
 from .context import SEPARATOR, agent_of, owner_of, recorder_error, session_of, upstream_error
 from .failing import advice_meta, failed, tool_error
 from .journal_thread import JournalThread
+from .task_follower import TaskFollower
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +70,29 @@ def _handle_problem(result: dict) -> str | None:
     return None
 
 
+def outcome_of(opened: services.OpenedStep, answer: dict) -> services.Outcome:
+    """The step's outcome from its task's end, as `tasks/get` reports it: `completed`, the tool's result (a
+    tool error with its advice); `failed`, its JSON-RPC error; `cancelled`, cancelled (the server may have
+    acted). The same whoever sees the end: the agent's `tasks/get` or the Recorder's own (`TaskFollower`)."""
+    server, status = opened.server.name, answer.get("status")
+    if status == "completed":
+        result = versions.from_server(answer.get("result") if isinstance(answer.get("result"), dict) else {})
+        recovery = (failed(outcomes.classify_tool_error(result), opened.traits).as_wire()
+                    if result.get("isError") is True else None)
+        return services.Outcome(result=result, recovery=recovery)
+    if status == "failed":
+        error = answer.get("error") if isinstance(answer.get("error"), dict) else {}
+        code = error.get("code") if isinstance(error.get("code"), int) else -32603
+        said = MCPError(code=code, message=str(error.get("message", "")), data=error.get("data"))
+        exc = translate(said, server=server, sent=True)
+        return services.Outcome(error_message=f"{server}'s task failed: {exc.message}",
+                                failure_class=exc.failure_class, may_have_acted=True,
+                                recovery=failed(exc.failure_class, opened.traits,
+                                                may_have_acted=True).as_wire())
+    return services.Outcome(may_have_acted=True, cancelled=(
+        f"The task was cancelled on {server}; the server may have acted before it stopped."))
+
+
 class TaskCalls:
     """The Recorder's half of the tasks extension: `started` for a call the server made a task, and the
     handlers of the extension's three methods (`install`)."""
@@ -75,6 +100,7 @@ class TaskCalls:
     def __init__(self, journal: JournalThread, upstreams: Upstreams, remember):
         self.journal, self.upstreams = journal, upstreams
         self.remember = remember  # what a result hands the agent is readable through the Recorder after
+        self.follower = TaskFollower(journal, upstreams, outcome_of)  # the outcome, whether the agent asks
 
     def install(self, server) -> None:
         """Serve the extension's methods on the SDK's `server`, and declare it."""
@@ -83,7 +109,8 @@ class TaskCalls:
                                 ("tasks/cancel", self.cancel)):
             server.add_request_handler(method, TaskParams, handler)
 
-    async def started(self, opened: services.OpenedStep, started, result: dict, *, declared: bool):
+    async def started(self, opened: services.OpenedStep, started, result: dict, *, declared: bool,
+                      owner=None):
         """The server answered the call with a task handle: journal it and give the agent the handle, named
         as the agent names the task. A handle the agent did not ask for, or one that is not a handle, is
         journaled as a call whose outcome is unknown (the server may be at work) and answered as such."""
@@ -99,8 +126,13 @@ class TaskCalls:
                                        error_message=message, failure_class="unknown", may_have_acted=True,
                                        recovery=advice.as_wire()))
             return tool_error(message, advice)
-        await self.journal.run(services.task_started, opened=opened, task_id=result["taskId"],
-                               status=result["status"], ttl_ms=result.get("ttlMs"), now=timezone.now())
+        now = timezone.now()
+        if await self.journal.run(services.task_started, opened=opened, task_id=result["taskId"],
+                                  status=result["status"], ttl_ms=result.get("ttlMs"), now=now):
+            ttl = result.get("ttlMs")
+            until = now + timedelta(milliseconds=ttl) if isinstance(ttl, int) and ttl >= 0 else None
+            self.follower.follow(services.RunningTask(opened=opened, started=started, status="pending"),
+                                 result["taskId"], until, owner)
         return {**result, "taskId": f"{server}{SEPARATOR}{result['taskId']}"}
 
     async def _task(self, ctx, params: TaskParams) -> tuple[services.RunningTask, str, str]:
@@ -148,42 +180,26 @@ class TaskCalls:
     async def _ended(self, ctx, task: services.RunningTask, answer: dict) -> dict:
         opened, server, status = task.opened, task.opened.server.name, answer["status"]
         version = ctx.session.protocol_version
-        delivered = answer
-        if status == "completed":
-            result = versions.from_server(answer.get("result") if isinstance(answer.get("result"), dict)
-                                          else {})
-            try:
-                shaped = _methods.serialize_server_result("tools/call", version,
-                                                          versions.for_client(result, version=version))
-            except (versions.Untranslatable, ValidationError, KeyError, ValueError):
-                message = (f"{server}'s task completed, but its result is not a tools/call result of "
-                           f"protocol {version}. The server acted; do not repeat the call blindly.")
-                outcome = services.Outcome(result=result, undelivered=message)
-                await self._close(task, outcome)
-                raise recorder_error(-32603, message, reason="undelivered",
-                                     advice=failed("unknown", may_have_acted=True, answered=True)) from None
-            self.remember(owner_of(agent_of(ctx), session_of(ctx), ctx.meta), server, result)
-            recovery = None
-            if result.get("isError") is True:
-                advice = failed(outcomes.classify_tool_error(result), opened.traits)
-                shaped["_meta"] = advice_meta(advice, shaped.get("_meta"))
-                recovery = advice.as_wire()
-            outcome = services.Outcome(result=result, recovery=recovery)
-            delivered = {**answer, "result": shaped}
-        elif status == "failed":
-            error = answer.get("error") if isinstance(answer.get("error"), dict) else {}
-            code = error.get("code") if isinstance(error.get("code"), int) else -32603
-            said = MCPError(code=code, message=str(error.get("message", "")), data=error.get("data"))
-            exc = translate(said, server=server, sent=True)
-            outcome = services.Outcome(error_message=f"{server}'s task failed: {exc.message}",
-                                       failure_class=exc.failure_class, may_have_acted=True,
-                                       recovery=failed(exc.failure_class, opened.traits,
-                                                       may_have_acted=True).as_wire())
-        else:
-            outcome = services.Outcome(may_have_acted=True, cancelled=(
-                f"The task was cancelled on {server}; the server may have acted before it stopped."))
+        if status != "completed":
+            await self._close(task, outcome_of(opened, answer))
+            return answer
+        result = versions.from_server(answer.get("result") if isinstance(answer.get("result"), dict) else {})
+        try:
+            shaped = _methods.serialize_server_result("tools/call", version,
+                                                      versions.for_client(result, version=version))
+        except (versions.Untranslatable, ValidationError, KeyError, ValueError):
+            message = (f"{server}'s task completed, but its result is not a tools/call result of "
+                       f"protocol {version}. The server acted; do not repeat the call blindly.")
+            await self._close(task, services.Outcome(result=result, undelivered=message))
+            raise recorder_error(-32603, message, reason="undelivered",
+                                 advice=failed("unknown", may_have_acted=True, answered=True)) from None
+        self.remember(owner_of(agent_of(ctx), session_of(ctx), ctx.meta), server, result)
+        outcome = outcome_of(opened, answer)
+        if outcome.recovery is not None:
+            shaped["_meta"] = advice_meta(failed(outcomes.classify_tool_error(result), opened.traits),
+                                          shaped.get("_meta"))
         await self._close(task, outcome)
-        return delivered
+        return {**answer, "result": shaped}
 
     async def _close(self, task: services.RunningTask, outcome: services.Outcome) -> None:
         # close_step closes only a step still in flight: the first to see the end journals it, once.

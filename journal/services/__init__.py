@@ -21,7 +21,14 @@ from .agents import TOKEN_PREFIX, authenticate_agent, create_agent, hash_token, 
 from .bundles import export_bundle, import_chronomcp_log, verify_run, write_bundle
 from .earlier_states import read_again
 from .imports import import_bundle
-from .in_flight import RunningTask, reconcile_stale_steps, running_task, task_cancelled, task_started
+from .in_flight import (
+    RunningTask,
+    opened_again,
+    reconcile_stale_steps,
+    running_task,
+    task_cancelled,
+    task_started,
+)
 from .record import ForeignRun, append_entry, checkpoint_run, open_run, record_event, step_result
 from .runs import RunRefused, end_run, halt_run, release_run, runs_matching
 from .servers import (
@@ -83,6 +90,7 @@ __all__ = [
     "open_step_in_run",
     "reconcile_stale_steps",
     "RunningTask",
+    "opened_again",
     "running_task",
     "task_cancelled",
     "task_started",

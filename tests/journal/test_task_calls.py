@@ -19,7 +19,7 @@ from approver import planning
 from approver.services.plans import step_facts
 from journal import services
 from journal.models import ChainEntry, Step
-from tests.conftest import free_port
+from tests.conftest import ServerThread, free_port
 from tests.services import client_python, needs_python_clients, serving
 
 from .helpers import settle
@@ -95,8 +95,9 @@ def on_call_client(client, on_call):
 def test_a_task_runs_through_the_recorder_as_it_does_directly_and_is_journaled_once(recorder, task_server,
                                                                                       token, on_call_client):
     through = f"{recorder.base}/mcp/"
-    direct_handle = call(task_server, "crunch", {"n": 1})
-    handle = call(through, "tasks__crunch", {"n": 2}, token=token)
+    # Long enough that the step is still in flight when looked at (the Recorder follows it meanwhile).
+    direct_handle = call(task_server, "crunch", {"n": 1, "seconds": 3})
+    handle = call(through, "tasks__crunch", {"n": 2, "seconds": 3}, token=token)
     assert handle["result"]["resultType"] == "task" and handle["result"]["status"] == "working"
     assert bare(handle) == bare(direct_handle)
     task_id = handle["result"]["taskId"]
@@ -186,7 +187,7 @@ def test_only_the_agent_whose_call_made_a_task_can_ask_about_it(recorder, token,
 
 def test_a_task_nobody_saw_end_is_closed_as_unknown_once_its_time_to_live_is_over(recorder, token):
     through = f"{recorder.base}/mcp/"
-    call(through, "tasks__crunch", {"n": 1}, token=token)
+    call(through, "tasks__stall", {"seconds": 20}, token=token)  # still at work when its time is over
     settle(recorder)
     later = timezone.now() + timedelta(hours=1)
     # Within its time to live, it may still be at work:
@@ -221,3 +222,43 @@ def test_the_fastmcp_client_drives_a_task_through_the_recorder(recorder, token):
     settle(recorder)
     steps = [(s.tool, s.status, bool(s.task_id)) for s in Step.objects.order_by("started_at")]
     assert steps == [("crunch", "ok", True), ("tally", "ok", True)]
+
+
+def wait_for_step(status: str, timeout: float = 20) -> Step:
+    deadline = time.monotonic() + timeout
+    while True:
+        step = Step.objects.get()
+        if step.status == status:
+            return step
+        assert time.monotonic() < deadline, f"the step is {step.status}, not {status}"
+        time.sleep(0.2)
+
+
+def test_the_recorder_journals_a_tasks_end_though_the_agent_never_asks(recorder, token):
+    """Issue 43, finding 6: a task's outcome was journaled only when the agent polled; one that never
+    called tasks/get left the step pending until the task's time to live while the server had acted."""
+    call(f"{recorder.base}/mcp/", "tasks__crunch", {"n": 31, "seconds": 0.5}, token=token)
+    step = wait_for_step("ok")
+    assert step.result["content"][0]["text"] == "added 31"
+    events = list(ChainEntry.objects.filter(run=step.run).order_by("seq").values_list("event", flat=True))
+    assert events == ["run", "call", "task", "result"] and services.verify_run(run=step.run).ok
+
+
+def test_a_task_in_flight_when_its_recorder_stopped_is_followed_by_the_next_to_start(recorder, token,
+                                                                                     monkeypatch):
+    """The Recorder that made the call stops following it (as if it had crashed); the next Recorder to
+    start picks up every task still in flight and journals its end, once."""
+    from approver.asgi import build_application
+    from journal.mcp.task_follower import TaskFollower
+
+    follow = TaskFollower.follow
+    monkeypatch.setattr(TaskFollower, "follow", lambda *args, **kwargs: None)
+    call(f"{recorder.base}/mcp/", "tasks__crunch", {"n": 32, "seconds": 0.5}, token=token)
+    settle(recorder)
+    time.sleep(1.5)
+    assert Step.objects.get().status == "pending"  # nobody follows it
+    monkeypatch.setattr(TaskFollower, "follow", follow)
+    with ServerThread(build_application(), free_port()):
+        step = wait_for_step("ok")
+    assert step.result["content"][0]["text"] == "added 32"
+    assert ChainEntry.objects.filter(run=step.run, event="result").count() == 1
