@@ -1,6 +1,9 @@
 """Reads of a plan: its content exactly as it is digested and signed, its items as the plan page shows them,
 and where it lives. No writes."""
 
+import contextlib
+import os
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -134,6 +137,18 @@ def items_for_page(plan: Plan):
 def conflict_positions(plan: Plan) -> set[int]:
     return set(plan.items.filter(action=PlanItem.Action.COMPENSATE, check_status=PlanItem.Check.CONFLICT)
                .values_list("position", flat=True))
+
+
+def site_url() -> str:
+    """The site's public URL as a command prints it: PUBLIC_URL when this process was given one, else the one
+    the running demo wrote down (`VAR_DIR/public-url`: `make demo` on another port, and `manage.py undo` in
+    a second terminal), else PUBLIC_URL's default."""
+    if "PUBLIC_URL" not in os.environ:
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            written = (Path(settings.VAR_DIR) / "public-url").read_text().strip()
+            if written.startswith(("http://", "https://")) and len(written) < 500:
+                return written.rstrip("/")
+    return settings.PUBLIC_URL.rstrip("/")
 
 
 def plan_url(plan: Plan, *, absolute: bool = False) -> str:

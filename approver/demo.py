@@ -250,6 +250,7 @@ def wait_for_worker(seconds: float = 60) -> bool:
 def main() -> None:
     VAR.mkdir(parents=True, exist_ok=True)
     site = public_url()  # before Django reads its settings, and inherited by every process started here
+    (VAR / "public-url").write_text(site)  # for commands run in another terminal (`content.site_url`)
     setup_django()
     passwords = ensure_users()
     python = sys.executable

@@ -12,7 +12,7 @@ from journal import recipes, roles
 from journal.access import require_role
 from journal.models import ToolServer
 from journal.packs import PACKS
-from journal.services import RecipesRefused
+from journal.services import RecipesRefused, names_too_long
 
 from .. import services
 from ..forms import PackForm, RecipeForm
@@ -57,7 +57,7 @@ def _page(request, server: ToolServer, *, recipe_form=None, preview=None, status
         "server": server, "tools": _tools(server),
         "pack_form": PackForm(packs=sorted(PACKS), initial={"pack": server.recipe_pack or None}),
         "recipe_form": recipe_form, "preview": preview, "editing": tool,
-        "changes": services.recipe_changes(server),
+        "changes": services.recipe_changes(server), "too_long": names_too_long(server),
     }, status=status)
 
 

@@ -33,6 +33,7 @@ from .record import ForeignRun, append_entry, checkpoint_run, open_run, record_e
 from .runs import RunRefused, end_run, halt_run, release_run, runs_matching
 from .servers import (
     RecipesRefused,
+    names_too_long,
     recipe_problems,
     recipes_record,
     refresh_catalogue,
@@ -104,6 +105,7 @@ __all__ = [
     "save_catalogue",
     "save_tool_server",
     "RecipesRefused",
+    "names_too_long",
     "recipe_problems",
     "recipes_record",
     "set_recipes",

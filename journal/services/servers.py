@@ -41,6 +41,27 @@ class RecipesRefused(Refused):
     """Recipes that do not fit the server: the message says which, and why."""
 
 
+# Model APIs (OpenAI's, Anthropic's) refuse a tool whose name is longer than this: an agent's framework
+# then fails on the whole tool list, not on the one tool.
+MODEL_TOOL_NAME_LIMIT = 64
+
+
+def names_too_long(server: ToolServer) -> str:
+    """What to say when some of the server's tools, named `server__tool` as agents see them, are longer than
+    model APIs take ("" when none is): which, and that a shorter server name is the prefix they get."""
+    long = sorted(name for tool in server.tool_names
+                  if len(name := f"{server.name}__{tool}") > MODEL_TOOL_NAME_LIMIT)
+    if not long:
+        return ""
+    room = MODEL_TOOL_NAME_LIMIT - 2 - max(len(name) - len(server.name) - 2 for name in long)
+    shown = ", ".join(long[:3]) + (f" and {len(long) - 3} more" if len(long) > 3 else "")
+    advice = (f"register it under a name of at most {room} characters (the name is the prefix agents see)"
+              if room > 0 else "its own tool names are too long for any prefix; ask its maintainers")
+    return (f"{len(long)} of {server.name}'s tools are named longer than the {MODEL_TOOL_NAME_LIMIT} "
+            f"characters model APIs accept ({shown}): an agent's framework may refuse its whole tool list. "
+            f"To fix it, {advice}.")
+
+
 def recipe_problems(*, server: ToolServer, raw: list[dict[str, Any]]) -> list[str]:
     """Why these recipes cannot be the server's: each must parse, fit its current catalogue, and be the
     only recipe for its tool."""

@@ -191,3 +191,23 @@ def test_an_undo_bound_from_an_answer_the_record_cannot_keep_exactly_is_not_prep
     fine = undo_facts(tool_def=tool, catalogue={"create", "delete"}, receipt_keys={}, arguments={},
                       result={"structuredContent": {"id": "ab"}}, finished=timezone.now())
     assert fine["compensation_arguments"] == {"id": "ab"}
+
+
+def test_a_server_whose_tools_agents_would_see_named_over_64_characters_is_warned_of_at_registration(db):
+    """Model APIs refuse a tool named over 64 characters, and frameworks then fail on the whole list: the
+    registration says which names are too long and how short the server's name (their prefix) must be."""
+    import io
+    import sys
+    from pathlib import Path
+
+    from django.core.management import call_command
+
+    deep = [sys.executable, str(Path(__file__).resolve().parent.parent / "fixtures" / "deep_stdio_server.py")]
+    err = io.StringIO()
+    call_command("add_tool_server", "a-very-long-server-name-that-some-admins-pick-for-deep-tools",
+                 "--command", " ".join(deep), stdout=io.StringIO(), stderr=err)
+    said = err.getvalue()
+    assert "5 of a-very-long-server-name" in said and "longer than the 64 characters" in said, said
+    assert "register it under a name of at most 57 characters" in said
+    server = services.register_tool_server(name="deep", command=" ".join(deep))
+    assert services.names_too_long(services.refresh_catalogue(server=server)) == ""

@@ -1,10 +1,10 @@
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from approver import services
+from approver.content import site_url
 from journal import roles
 from journal.management.commands._runs import find_run
 from journal.models import Agent
@@ -41,7 +41,7 @@ class Command(BaseCommand):
                 )
         except services.PlanRefused as refused:
             where = (
-                f" Open plan: {settings.PUBLIC_URL}{services.plan_url(refused.open_plan)}"
+                f" Open plan: {site_url()}{services.plan_url(refused.open_plan)}"
                 if refused.open_plan
                 else ""
             )
@@ -49,7 +49,7 @@ class Command(BaseCommand):
         self.stdout.write(f"Plan {plan.public_id}")
         self.stdout.write(f"Undo {plan.compensate_count} action{'s' if plan.compensate_count != 1 else ''} "
                           f"{plan.selection_text}; {plan.cannot_undo_count} cannot be undone. Checks queued.")
-        self.stdout.write(f"{settings.PUBLIC_URL}{services.plan_url(plan)}")
+        self.stdout.write(f"{site_url()}{services.plan_url(plan)}")
 
 
 def _agent(name: str) -> Agent:

@@ -44,6 +44,8 @@ class Command(BaseCommand):
         if server.catalogue_error:
             self.stderr.write(self.style.WARNING(server.catalogue_error))
         self.stdout.write(f"{server.name}: {len(server.catalogue)} tools")
+        if too_long := services.names_too_long(server):
+            self.stderr.write(self.style.WARNING(too_long))
         if recipes:
             # By name: the recipes are changed, and logged, by the approval side's command.
             call_command("recipes", name, use=recipes, stdout=self.stdout, stderr=self.stderr)

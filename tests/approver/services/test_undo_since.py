@@ -10,6 +10,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approver import planning, services, tasks
+from approver.content import site_url
 from approver.models import Plan
 from approver.models.plans import since_words
 from journal import services as journal_services
@@ -225,3 +226,18 @@ def test_only_on_call_is_offered_the_form(story, approver_user, client):
     assert "sales-bot" in page and reverse("approver:undo_since", args=["sales-bot"]) not in page
     assert client.post(reverse("approver:undo_since", args=["sales-bot"]),
                        {"since": "2026-12-01T03:10", "reason": "r"}).status_code == 403
+
+
+def test_the_command_prints_the_sites_address_the_demo_wrote_down(story, on_call, settings, tmp_path,
+                                                                   monkeypatch):
+    """Issue 43: `manage.py undo` in another terminal printed links on port 8000 while the demo ran on
+    another: without PUBLIC_URL of its own, a command prints the address the running demo wrote down."""
+    monkeypatch.delenv("PUBLIC_URL", raising=False)
+    settings.VAR_DIR = tmp_path
+    (tmp_path / "public-url").write_text("http://localhost:8123\n")
+    out = io.StringIO()
+    call_command("undo", agent="sales-bot", since=story.isoformat(), username=on_call.username, stdout=out)
+    plan = Plan.objects.get()
+    assert out.getvalue().splitlines()[-1] == f"http://localhost:8123/plans/{plan.public_id}/"
+    monkeypatch.setenv("PUBLIC_URL", "https://undo.example")  # given one of its own, it is that
+    assert site_url() == settings.PUBLIC_URL.rstrip("/")
