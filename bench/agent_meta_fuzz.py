@@ -1,5 +1,7 @@
-"""Every shape of the agent-controlled parts of a call, at a large size: the Hypothesis test of
-tests/journal/test_agent_meta.py with AGENT_META_EXAMPLES calls (default 5,000; CI runs 500).
+"""Every shape of the agent-controlled parts of a call, at a large size: the Hypothesis tests of
+tests/journal/test_agent_meta.py with AGENT_META_EXAMPLES calls (default 5,000; CI runs 500): `_meta` and
+`hatp/journal` of any shape, progress tokens up to a megabyte, the tasks extension declared or garbled,
+texts with U+0000 and lone surrogates, and task handles an agent makes up (a fifth as many).
 
     .venv/bin/python bench/agent_meta_fuzz.py [--examples 5000]
 
@@ -27,7 +29,9 @@ if __name__ == "__main__":
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
          "tests/journal/test_agent_meta.py::"
-         "test_every_call_an_agent_can_shape_that_reached_a_server_ends_journaled_with_its_outcome"],
+         "test_every_call_an_agent_can_shape_that_reached_a_server_ends_journaled_with_its_outcome",
+         "tests/journal/test_agent_meta.py::"
+         "test_a_task_handle_an_agent_makes_up_gets_a_clear_error_and_changes_nothing"],
         cwd=ROOT, env=env, capture_output=True, text=True)
     seconds = time.monotonic() - started
     lines = [line for line in result.stdout.splitlines()

@@ -113,10 +113,12 @@ def _agent() -> Agent:
     return Agent.objects.get(name="sales-bot")
 
 
+# Texts with what a record may not keep (issue 43): U+0000, a lone surrogate (JSON's \ud800), and others.
+_HOSTILE_TEXT = st.sampled_from(["\x00", "a\x00b", "\ud800", "x\udfffy", "\u2028", "\ufeff", "\x7f"])
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-2**53 + 1, 2**53 - 1) | st.floats(allow_nan=False,
                                                                               allow_infinity=False)
-    | st.text(max_size=12),
+    | st.text(max_size=12) | _HOSTILE_TEXT,
     lambda children: st.lists(children, max_size=3)
     | st.dictionaries(st.text(max_size=8), children, max_size=3),
     max_leaves=8)
@@ -124,8 +126,15 @@ _HATP = st.one_of(_JSON, st.dictionaries(
     st.sampled_from(["runId", "sagaStart", "dependsOn", "idempotencyKey", "recovery", "undoPlan", "other"]),
     st.one_of(_JSON, st.lists(st.integers(-3, 40), max_size=4), st.text(min_size=1, max_size=20)),
     max_size=5))
-_META = st.dictionaries(st.sampled_from(["hatp/journal", "progressToken", "vendor/flag", "x"]), _HATP,
-                        max_size=3)
+# A progress token of any shape, a megabyte's included (issue 43, finding 1), and the tasks extension
+# declared, or something else under its key.
+_PROGRESS = st.one_of(_JSON, st.just("p" * 1_000_000), st.integers())
+_CAPABILITIES = st.one_of(_JSON, st.just({"extensions": {"io.modelcontextprotocol/tasks": {}}}),
+                          st.fixed_dictionaries({"extensions": _JSON}))
+_META = st.dictionaries(st.sampled_from(["hatp/journal", "vendor/flag", "x"]), _HATP, max_size=3).flatmap(
+    lambda meta: st.fixed_dictionaries({}, optional={
+        "progressToken": _PROGRESS, "io.modelcontextprotocol/clientCapabilities": _CAPABILITIES}).map(
+        lambda more: {**meta, **more}))
 _CALL = st.one_of(
     st.tuples(st.just("crm__update_deal"), st.fixed_dictionaries(
         {"deal_id": st.sampled_from(["D-881", "D-1", ""])},
@@ -159,3 +168,42 @@ def test_every_call_an_agent_can_shape_that_reached_a_server_ends_journaled_with
     assert services.reconcile_stale_steps(older_than=timezone.now()) == 0
     assert all(services.verify_run(run=run).ok for run in Run.objects.all())
     print(f"\nagent-controlled calls: {json.dumps(seen)}")
+
+
+@settings(max_examples=max(EXAMPLES // 5, 20), deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(task_id=st.one_of(st.text(max_size=40), _HOSTILE_TEXT, st.just("crm__" + "t" * 10_000),
+                         st.builds(lambda t: f"crm__{t}", st.text(max_size=20)), _JSON))
+def test_a_task_handle_an_agent_makes_up_gets_a_clear_error_and_changes_nothing(recorder, token, task_id):
+    """`tasks/get`, `tasks/update` and `tasks/cancel` with any handle an agent can send (a made-up one,
+    another server's, U+0000, a lone surrogate, 10,000 characters, not a string at all): a JSON-RPC error
+    that says so, never a server error, and nothing journaled."""
+    before = Step.objects.count()
+    for method in ("tasks/get", "tasks/update", "tasks/cancel"):
+        meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {"extensions": {
+                    "io.modelcontextprotocol/tasks": {}}}}
+        body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {"taskId": task_id, "_meta": meta}}
+        response = _post(recorder, token, method, body)
+        assert response.status_code < 500, response.text
+        answer = _answer(response)
+        assert "error" in answer and answer["error"]["code"] in (-32700, -32600, -32602, -32601), (
+            response.status_code, response.headers, answer)
+    assert Step.objects.count() == before
+
+
+def _post(recorder, token: str, method: str, body: dict):
+    import httpx2
+
+    return httpx2.post(f"{recorder.base}/mcp/", content=json.dumps(body).encode(), timeout=30, headers={
+        "authorization": f"Bearer {token}", "content-type": "application/json",
+        "accept": "application/json, text/event-stream", "mcp-protocol-version": "2026-07-28",
+        "mcp-method": method})
+
+
+def _answer(response) -> dict:
+    """The JSON-RPC answer, whether it came as JSON or as an event stream."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
+        return json.loads(data[-1]) if data else {}
+    return response.json() if response.content else {}
