@@ -72,10 +72,23 @@ def signing_refusal(*, plan: Plan, user, rules: ApprovalRules | None = None) -> 
     if rules.separation_of_duties:
         if user.pk == plan.requested_by_id:
             return "You asked for this plan, so someone else must approve it (separation of duties)."
+        if user.pk in _asked_earlier(plan):
+            return ("You asked for the undo this plan is the rest of, so someone else must approve it "
+                    "(separation of duties).")
         agent = plan.run.agent
         if agent is not None and user.pk == agent.on_behalf_of_id:
             return "The agent acted for you, so someone else must approve undoing it (separation of duties)."
     return ""
+
+
+def _asked_earlier(plan: Plan) -> set[int]:
+    """Who asked for the plans this one is the rest of (Plan the rest, however many times over)."""
+    asked, first, seen = set(), plan.rest_of, {plan.pk}
+    while first is not None and first.pk not in seen:
+        seen.add(first.pk)
+        asked.add(first.requested_by_id)
+        first = first.rest_of
+    return asked
 
 
 def who_may_sign(plan: Plan, rules: ApprovalRules | None = None) -> list:

@@ -10,6 +10,7 @@
 
 import difflib
 import json
+import os
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -62,8 +63,26 @@ def _text(value: Any) -> str | None:
     return None
 
 
+# A line's end, when it is not the usual "\n", written out: a change of line endings alone is a change.
+_ENDS = {"\r\n": "⟨CR LF⟩", "\r": "⟨CR⟩", "": "⟨no line end⟩", "\u2028": "⟨U+2028⟩", "\u2029": "⟨U+2029⟩",
+         "\x85": "⟨U+0085⟩", "\x0b": "⟨U+000B⟩", "\x0c": "⟨U+000C⟩", "\x1c": "⟨U+001C⟩", "\x1d": "⟨U+001D⟩",
+         "\x1e": "⟨U+001E⟩"}
+
+
+def _visible_lines(text: str) -> list[str]:
+    """The text's lines, each with its end written out unless it is "\n"."""
+    lines = []
+    for line in text.splitlines(keepends=True):
+        body = line.rstrip("\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+        end = line[len(body):]
+        lines.append(body if end == "\n" else body + _ENDS.get(end, "⟨" + "+".join(
+            f"U+{ord(c):04X}" for c in end) + "⟩"))
+    return lines
+
+
 def _lines(a: str, b: str, label_a: str, label_b: str) -> list[str]:
-    diff = list(difflib.unified_diff(a.splitlines(), b.splitlines(), label_a, label_b, lineterm="", n=2))
+    diff = list(difflib.unified_diff(_visible_lines(a), _visible_lines(b), label_a, label_b, lineterm="",
+                                     n=2))
     more = [f"… {len(diff) - _DIFF_LINES} more lines"] if len(diff) > _DIFF_LINES else []
     return diff[:_DIFF_LINES] + more
 
@@ -86,11 +105,26 @@ def _flat(value: Any, at: str = "") -> dict[str, Any]:
     return flat or {at or "/": value}
 
 
-def _shown(value: Any, missing: bool) -> str:
+def _shown(value: Any, missing: bool, start: int = 0) -> str:
     if missing:
         return "(absent)"
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= _VALUE else text[:_VALUE] + "…"
+    if len(text) <= _VALUE:
+        return text
+    start = min(start, max(len(text) - _VALUE, 0))
+    return ("…" if start else "") + text[start:start + _VALUE] + ("…" if start + _VALUE < len(text) else "")
+
+
+def _cells(values: list[tuple[Any, bool]]) -> list[str]:
+    """A row's cells, each cut to `_VALUE` characters: where the values differ only past that, each is
+    shown from a little before the first difference, so a change never hides behind the cut."""
+    texts = [value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+             for value, missing in values if not missing]
+    start = 0
+    if len(set(texts)) > 1:
+        common = len(os.path.commonprefix(texts))
+        start = common - 40 if common > _VALUE - 20 else 0
+    return [_shown(value, missing, start) for value, missing in values]
 
 
 def three_way(before: Any, left: Any, now: Any) -> dict[str, Any]:
@@ -121,9 +155,9 @@ def field_changes(before: dict[str, Any] | None, left: dict[str, Any] | None,
     for key in keys:
         cells = [(state or {}).get(key, NOT_GIVEN) for state in (before, left, now)]
         if len({json.dumps(cell) for cell in cells}) > 1 or not named:
-            rows.append({"field": key, **{name: cell if cell is NOT_GIVEN else _shown(cell, False)
-                                          for name, cell in zip(("before", "left", "now"), cells,
-                                                                strict=True)}})
+            shown = _cells([(cell, cell is NOT_GIVEN) for cell in cells])
+            rows.append({"field": key, **{name: cell if cell is NOT_GIVEN else text for name, cell, text
+                                          in zip(("before", "left", "now"), cells, shown, strict=True)}})
     return {"fields": rows[:_FIELDS], **({"more": len(rows) - _FIELDS} if len(rows) > _FIELDS else {})}
 
 
@@ -136,8 +170,7 @@ def _fields(flats: list[dict[str, Any] | None]) -> dict[str, Any]:
         kept = [json.dumps(value) if not gone else "\0"
                 for (value, gone), flat in zip(cells, flats, strict=True) if flat is not None]
         if len(set(kept)) > 1:
-            rows.append({"field": key, **{name: _shown(value, gone) for name, (value, gone)
-                                          in zip(("before", "left", "now"), cells, strict=True)}})
+            rows.append({"field": key, **dict(zip(("before", "left", "now"), _cells(cells), strict=True))})
     if flats[1] is None:
         for row in rows:
             row["left"] = NOT_KEPT

@@ -9,7 +9,7 @@ import mcp_types as types
 from mcp import MCPError
 
 from .. import declarations, idempotency, journaling, recovery
-from ..canonical import ijson_problem
+from ..canonical import canonical_bytes, ijson_problem
 from ..models import Agent, ToolServer
 from ..upstream.client import ToolServerError
 from . import versions
@@ -126,7 +126,21 @@ def unsendable(arguments: dict[str, Any], meta: dict[str, Any] | None, server: s
         if (problem := ijson_problem(value)) is not None:
             what = "cannot be kept exactly" if "U+0000" in problem else "are not I-JSON (RFC 7493)"
             return f"Not sent: the call's {part} {what} {problem}. Nothing was journaled or sent to {server}."
+    if meta and (size := len(canonical_bytes(meta))) > META_LIMIT:
+        return (f"Not sent: the call's _meta is {size} bytes, over the {META_LIMIT} the Recorder journals "
+                f"with a call. Nothing was journaled or sent to {server}.")
+    journal = (meta or {}).get(declarations.HATP_KEY)
+    name = journal.get(RUN_NAME) if isinstance(journal, dict) else None
+    if name is not None and (not isinstance(name, str) or len(name) > RUN_NAME_LIMIT):
+        return (f"Not sent: _meta[\"hatp/journal\"][\"runName\"] names the run in the run list: a text of at "
+                f"most {RUN_NAME_LIMIT} characters. Nothing was journaled or sent to {server}.")
     return None
+
+
+# What of `_meta` is journaled with a call at most (the agent's progress token aside), and how long the name
+# an agent gives its run may be: a 3 MB name was read back on every page of the run list.
+META_LIMIT = 64 * 1024
+RUN_NAME, RUN_NAME_LIMIT = "runName", 200
 
 
 # The failure behind each of the Recorder's own JSON-RPC errors, for the advice they carry.

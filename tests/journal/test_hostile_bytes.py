@@ -211,3 +211,17 @@ def test_a_server_whose_tools_agents_would_see_named_over_64_characters_is_warne
     assert "register it under a name of at most 57 characters" in said
     server = services.register_tool_server(name="deep", command=" ".join(deep))
     assert services.names_too_long(services.refresh_catalogue(server=server)) == ""
+
+
+def test_a_meta_or_a_run_name_too_large_to_journal_is_refused_before_anything_is_sent(recorder, conf):
+    """Issue 43, finding 9: `_meta` and `runName` were journaled whatever their size; a 3 MB run name was
+    read back on every page of the run list."""
+    for meta, said in (({"vendor/blob": "x" * 70_000}, "over the 65536 the Recorder journals"),
+                       ({"hatp/journal": {"runName": "n" * 201}}, "a text of at most 200 characters"),
+                       ({"hatp/journal": {"runName": ["not", "a", "name"]}}, "a text of at most 200")):
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "conf__test_simple_text", "arguments": {},
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", **meta}}})
+        result = post_stateless_call(recorder, conf, "conf__test_simple_text", body).json()["result"]
+        assert result["isError"] and said in result["content"][0]["text"], result
+    assert Step.objects.count() == 0

@@ -74,3 +74,25 @@ def test_a_three_way_rows_changed_cells_are_the_agents_and_those_since():
     assert marks({"before": "a", "left": "(not kept)", "now": "b"}) == {"agent": False, "since": True}
     assert marks({"before": "(not given)", "left": "(not given)", "now": "1"}) == {"agent": False,
                                                                                   "since": False}
+
+
+def test_a_change_of_line_endings_alone_shows_in_the_diff():
+    """Issue 43, finding 9: the diff compared lines without their ends, so CRLF for LF, a dropped final
+    newline or a U+2028 showed as no change at all."""
+    crlf = three_way({"content": "a\nb\n"}, None, {"content": "a\r\nb\r\n"})["text"]["since"]
+    assert "-a" in crlf and "+a⟨CR LF⟩" in crlf
+    final = three_way({"content": "a\n"}, None, {"content": "a"})["text"]["since"]
+    assert "+a⟨no line end⟩" in final
+    separator = three_way({"content": "a b\n"}, None, {"content": "a\u2028b\n"})["text"]["since"]
+    assert "+a⟨U+2028⟩" in separator
+
+
+def test_a_field_that_differs_only_past_the_cut_is_shown_from_where_it_differs():
+    long = "x" * 500
+    row = three_way({"k": long + "A", "n": 1}, None, {"k": long + "B", "n": 1})["fields"][0]
+    assert row["before"] != row["now"]
+    assert row["before"].startswith("…") and "xA" in row["before"] and "xB" in row["now"]
+    from journal.recipe_text import field_changes
+
+    [changed] = field_changes({"note": long + "1"}, {"note": long + "2"}, {"note": long + "2"})["fields"]
+    assert changed["before"].endswith("x1") and changed["left"].endswith("x2")

@@ -125,3 +125,24 @@ def test_a_plan_that_undid_everything_or_has_not_finished_has_no_rest(
     with pytest.raises(services.PlanRefused, match="Everything this plan could undo is undone"):
         services.plan_the_rest(plan=plan, requested_by=on_call)
     assert 'id="the-rest"' not in page(plan, on_call)
+
+
+def test_who_asked_for_the_undo_cannot_approve_its_rest_when_someone_else_asked_for_that(
+    approved, sample_servers, on_call, approver_user, second_approver  # noqa: F811 - the fixture above
+):
+    """Issue 43, finding 9: olivia asks for an undo (and is an approver too); it stops short, and ana presses
+    Plan the rest. Separation of duties keeps olivia from approving the rest, as from the first."""
+    from django.contrib.auth.models import Group
+
+    from approver import authority
+    from journal import roles
+
+    on_call.groups.add(Group.objects.get_or_create(name=roles.APPROVER)[0])
+    on_call = type(on_call).objects.get(pk=on_call.pk)  # its roles read afresh
+    first = run_plan(approved("keep_newer"))
+    assert first.requested_by == on_call
+    rest = services.plan_the_rest(plan=first, requested_by=approver_user)
+    assert "the undo this plan is the rest of" in authority.signing_refusal(plan=rest, user=on_call)
+    assert "You asked for this plan" in authority.signing_refusal(plan=rest, user=approver_user)
+    assert authority.signing_refusal(plan=rest, user=second_approver) == ""
+    assert on_call not in authority.who_may_sign(rest)
