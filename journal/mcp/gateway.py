@@ -56,6 +56,7 @@ from .context import (
 from .delivery import Deliveries
 from .failing import advice_meta, failed, stop_the_run, tool_error, with_advice_text
 from .features import Features
+from .held_tasks import held_as_task
 from .journal_thread import JournalThread, Outcomes
 from .listening import Listening
 from .relay import Relay, in_call_logs
@@ -163,7 +164,7 @@ class Recorder:
                 try:
                     yield
                 finally:
-                    await self.tasks.follower.close()
+                    await self.tasks.close()
         finally:
             self.journal.close()  # runs every queued journal write first
 
@@ -227,22 +228,19 @@ class Recorder:
         as the same JSON-RPC error. An answer that cannot reach the agent is journaled as undelivered (the
         server acted) and the agent gets a JSON-RPC error of the Recorder's own.
         The autonomy policy decides first: a denied call is answered with a tool error and never forwarded;
-        a call the policy asks about waits for approvers (`holding.hold`), reporting progress when the agent
-        asked
-        for it (`progress(done, total, message)`). When the agent's request carries a progress token, the
-        server's own progress notifications about the call reach the agent the same way, on its token.
+        a call the policy asks about waits for approvers (`holding.hold`; for a 2026 agent that declared the
+        tasks extension, as a task: `held_tasks`), reporting progress when the agent asked for it.
 
         Returns the result (the Recorder's own tool error, or the server's answer as the agent gets it) and
-        the journal write of its outcome, already queued (None when nothing was
-        journaled): the caller awaits it before replying. While the call is in flight, what the
-        server asks the agent (elicitation, sampling, roots) goes on `session`, the agent's request's. `retry`
-        is a 2026-07-28 agent's answer to a server's `input_required` result, passed on as it sent it; an
-        agent on the handshake is asked the server's embedded requests itself (`_answered`)."""
+        the journal write of its outcome, already queued (None when nothing was journaled): the caller
+        awaits it before replying. While the call is in flight, what the server asks the agent (elicitation,
+        sampling, roots) goes on `session`, the agent's request's. `retry` is a 2026-07-28 agent's answer to
+        a server's `input_required` result, passed on as it sent it; an agent on the handshake is asked the
+        server's embedded requests itself (`_answered`)."""
         server_name, separator, tool = name.partition(SEPARATOR)
         if not separator or not tool:
-            return tool_error(
-                f"Unknown tool {name!r}: tools are named server{SEPARATOR}tool.", failed("not_found")
-            ), None
+            return tool_error(f"Unknown tool {name!r}: tools are named server{SEPARATOR}tool.",
+                              failed("not_found")), None
         if tool in declarations.HIDDEN_TOOLS:
             return tool_error(f"{tool} is reserved for the undo service and not available to agents.",
                               failed("permission")), None
@@ -271,6 +269,10 @@ class Recorder:
             await self.journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now(),
                                    advice=advice.as_wire())
             return tool_error(message, advice), None
+        if decision == "ask" and version in versions.MODERN and declares_tasks(meta):  # the wait as a task
+            return await held_as_task(self.journal, self.upstreams, self.tasks.held, self._complete,
+                                      agent=agent, opened=opened, started=started, owner=owner,
+                                      arguments=arguments, version=version), None
         if decision == "ask":
             refusal, kept_meta = await holding.hold(self.journal, agent, opened, progress)
             if refusal is None:  # approved and released: a recipe reads the record again, as it is now

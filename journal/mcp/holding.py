@@ -44,26 +44,43 @@ async def hold(journal: JournalThread, agent: Agent, opened: services.OpenedStep
     `_meta` it covers), else ((what to tell the agent, what to advise it, the held call's `hatp/journal`
     keys), None), with the attempt closed as never sent. Waiting reads the request's state off the journal
     thread (reads never queue behind writes)."""
+    held = await open_hold(journal, agent, opened)
+    if not isinstance(held, ports.HeldCall):
+        return held, None
+    return await decided(journal, opened, held, progress, waits_for(opened.policy))
+
+
+async def open_hold(journal: JournalThread, agent: Agent,
+                    opened: services.OpenedStep) -> ports.HeldCall | Refusal:
+    """The request the held call waits on (approvers told of it), or the refusal when it cannot be held
+    (the agent has as many waiting as it may), with the attempt closed as never sent."""
     gate = ports.gate()
-    meta = held_call_meta(opened.request_meta)
     try:
         held = await journal.run(
             gate.hold, agent=agent, server=opened.server, tool=opened.tool, arguments=opened.arguments,
-            meta=meta, decision=opened.policy, run_id=opened.run_id, step_id=opened.step_id,
-            now=timezone.now())
+            meta=held_call_meta(opened.request_meta), decision=opened.policy, run_id=opened.run_id,
+            step_id=opened.step_id, now=timezone.now())
     except ports.HoldRefused as refused:  # too many waiting already: nobody is asked, nothing is sent
         advice = failed("policy", opened.traits, held="too_many")
         await journal.run(services.refuse_step, opened=opened, message=refused.message, now=timezone.now(),
                           advice=advice.as_wire())
-        return (refused.message, advice, {}), None
+        return refused.message, advice, {}
     await journal.run(services.held_step_alive, step_id=opened.step_id, now=timezone.now(),
                       held_call=held.public_id)
+    return held
+
+
+async def decided(journal: JournalThread, opened: services.OpenedStep, held: ports.HeldCall, progress,
+                  wait: float) -> tuple[Refusal | None, dict | None]:
+    """Wait up to `wait` seconds for the approvers' decision on `held` (`hold`)."""
+    gate = ports.gate()
+    meta = held_call_meta(opened.request_meta)
     secret = idempotency.secret(settings.SECRET_KEY)
     sent = approved_meta(meta, idempotency.recorder_key(secret, "held-call", held.public_id))
     read = sync_to_async(lambda: gate.state(held.id))
     loop = asyncio.get_running_loop()
     began = loop.time()
-    deadline = began + waits_for(opened.policy)
+    deadline = began + wait
     beat = began + ports.HOLD_BEAT_SECONDS
     try:
         while True:

@@ -24,9 +24,10 @@ from .. import outcomes, services
 from ..upstream.client import ToolServerError, Upstreams, endpoint_of
 from ..upstream.connection import TASKS_EXTENSION
 from ..upstream.failures import translate
-from . import versions
+from . import held_tasks, versions
 from .context import SEPARATOR, agent_of, owner_of, recorder_error, session_of, upstream_error
 from .failing import advice_meta, failed, tool_error
+from .held_tasks import HeldTasks
 from .journal_thread import JournalThread
 from .task_follower import TaskFollower
 
@@ -70,6 +71,16 @@ def _handle_problem(result: dict) -> str | None:
     return None
 
 
+def _of_the_extension(ctx) -> None:
+    """Refuse a request of the tasks extension from an agent that may not make one."""
+    if ctx.session.protocol_version not in versions.MODERN:
+        raise MCPError(code=-32601, message="Method not found")
+    if not declares_tasks(ctx.meta):
+        raise MCPError(code=MISSING_CAPABILITY, message="This request is of the tasks extension "
+                       f"({TASKS_EXTENSION}); the client did not declare it for this request.",
+                       data={"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})
+
+
 def outcome_of(opened: services.OpenedStep, answer: dict) -> services.Outcome:
     """The step's outcome from its task's end, as `tasks/get` reports it: `completed`, the tool's result (a
     tool error with its advice); `failed`, its JSON-RPC error; `cancelled`, cancelled (the server may have
@@ -101,6 +112,12 @@ class TaskCalls:
         self.journal, self.upstreams = journal, upstreams
         self.remember = remember  # what a result hands the agent is readable through the Recorder after
         self.follower = TaskFollower(journal, upstreams, outcome_of)  # the outcome, whether the agent asks
+        self.held = HeldTasks()  # held calls waited on as tasks (`held_tasks`)
+
+    async def close(self) -> None:
+        """Stop following tasks and waiting on held calls (the record says where each stands)."""
+        await self.follower.close()
+        await self.held.close()
 
     def install(self, server) -> None:
         """Serve the extension's methods on the SDK's `server`, and declare it."""
@@ -138,12 +155,10 @@ class TaskCalls:
     async def _task(self, ctx, params: TaskParams) -> tuple[services.RunningTask, str, str]:
         """The journaled task the agent names, its server and the server's own id; an error the agent reads
         when the agent has no such task."""
-        if ctx.session.protocol_version not in versions.MODERN:
-            raise MCPError(code=-32601, message="Method not found")
-        if not declares_tasks(ctx.meta):
-            raise MCPError(code=MISSING_CAPABILITY, message="This request is of the tasks extension "
-                           f"({TASKS_EXTENSION}); the client did not declare it for this request.",
-                           data={"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})
+        _of_the_extension(ctx)
+        if params.task_id.startswith(held_tasks.PREFIX):
+            raise MCPError(code=INVALID_PARAMS, message="This task is a call waiting for approval: it is "
+                           "neither updated nor cancelled by the agent (an approver denies it).")
         server, separator, task_id = params.task_id.partition(SEPARATOR)
         agent = agent_of(ctx)
         task = await self.journal.run(services.running_task, agent=agent, server_name=server,
@@ -167,6 +182,9 @@ class TaskCalls:
     async def get(self, ctx, params: TaskParams) -> dict:
         """The task as the server reports it, named as the agent names it; its end is journaled when first
         seen, and a completed task's result reaches the agent shaped for its protocol, as a call's would."""
+        if params.task_id.startswith(held_tasks.PREFIX):
+            _of_the_extension(ctx)
+            return await self.held.get(agent_of(ctx), params.task_id)
         task, server, task_id = await self._task(ctx, params)
         answer = await self._ask(ctx, task, "tasks/get", {"taskId": task_id})
         status = answer.get("status")

@@ -318,3 +318,50 @@ def test_the_openai_agents_sdk_hears_where_its_call_waits_and_its_next_identical
     released = sent.run.entries.get(event="released")
     assert released.data["approvedBy"] == "ana" and released.data["step"] == sent.number
     assert sent.run.entries.filter(event="result", data__step=sent.number).get().data["status"] == "ok"
+
+
+def held_task_until(recorder, token: str, handle: str, status: str, timeout: float = 20) -> dict:
+    from tests.journal.test_task_calls import rpc
+
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = rpc(f"{recorder.base}/mcp/", "tasks/get", {"taskId": handle}, name=handle, token=token)
+        if answer["result"]["status"] == status:
+            return answer["result"]
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("decision", ["approve", "reject"])
+def test_a_2026_agent_that_declared_tasks_gets_a_task_that_ends_with_the_real_result_or_the_denial(
+        recorder, sales_bot, sample_servers, admin_user, approver_user, decision):
+    """Issue 43, build item 2: a task-capable 2026 client is not told to call again: it gets a task handle at
+    once, `tasks/get` says where the call waits, and once ana decides, the Recorder sends the call itself
+    (once) and the task completes with the server's real result, or with the denial."""
+    from tests.journal.test_task_calls import call as task_call
+
+    _, token = sales_bot
+    set_policy(admin_user)
+    started = time.monotonic()
+    handle = task_call(f"{recorder.base}/mcp/", "mail__send_email", EMAIL, token=token)["result"]
+    assert time.monotonic() - started < 3  # at once, not after the hold's wait
+    action = ActionRequest.objects.get()
+    assert handle["resultType"] == "task" and handle["taskId"] == f"held:{action.public_id}"
+    assert handle["status"] == "working" and f"/actions/{action.public_id}/" in handle["statusMessage"]
+    waiting = held_task_until(recorder, token, handle["taskId"], "working")
+    assert "Waiting for approval" in waiting["statusMessage"] and sent_emails(sample_servers) == []
+    decide(action, approver_user, decision, reason="" if decision == "approve" else "not this customer")
+    done = held_task_until(recorder, token, handle["taskId"], "completed")
+    step = Step.objects.get()
+    if decision == "approve":
+        assert done["result"].get("isError") is not True and len(sent_emails(sample_servers)) == 1
+        assert step.status == "ok" and step.held_call == str(action.public_id)
+        events = list(step.run.entries.filter(data__step=step.number).order_by("seq")
+                      .values_list("event", flat=True))
+        assert events == ["call", "released", "result"]
+    else:
+        said = done["result"]["content"][0]["text"]
+        assert done["result"]["isError"] is True and "not this customer" in said
+        assert sent_emails(sample_servers) == [] and step.held_end == "denied"
+    time.sleep(1)
+    assert len(sent_emails(sample_servers)) == (1 if decision == "approve" else 0)  # once, never again
