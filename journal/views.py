@@ -13,6 +13,7 @@ from .access import READERS, LoginRequired, require_role, visible_agent, visible
 from .declarations import HATP_KEY
 from .forms import RunFilterForm
 from .models import Run, Step, StepDependency
+from .services.runs import IDLE_KEY
 
 RUNS_PER_PAGE = 25
 RUN_NAME_KEY = "runName"  # what an agent may call its run, in `_meta["hatp/journal"]`
@@ -114,6 +115,7 @@ def run_detail(request, run_id):
             "page": page,
             "now": timezone.now(),
             "idle_minutes": settings.RECORDER_RUN_IDLE_SECONDS // 60,
+            "by_idle_rule": not run.key or run.key.startswith(IDLE_KEY),
             **_header(run),
         },
     )

@@ -11,6 +11,7 @@ from mcp import MCPError
 from .. import declarations, idempotency, journaling, recovery
 from ..canonical import canonical_bytes, ijson_problem
 from ..models import Agent, ToolServer
+from ..services.runs import IDLE_KEY
 from ..upstream.client import ToolServerError
 from . import versions
 
@@ -188,4 +189,12 @@ def run_key(meta: Any, session_id: str | None, runs_by: str = "session") -> str:
         return "run:" + run_id.strip()[:190]
     if runs_by == "run_id":
         return "call:" + uuid.uuid4().hex
-    return "session:" + session_id[:180] if session_id and runs_by == "session" else ""
+    if session_id and runs_by == "session":
+        return "session:" + session_id[:180]
+    # By the idle rule, but never across client programs: a stateless client names itself on every request
+    # (two programs of one agent are two runs; two processes of one program still need a runId).
+    program = meta.get(types.CLIENT_INFO_META_KEY) if isinstance(meta, dict) and not session_id else None
+    if isinstance(program, dict) and (program.get("name") or program.get("version")):
+        named = json.dumps([str(program.get("name")), str(program.get("version"))], ensure_ascii=True)
+        return IDLE_KEY + hashlib.sha256(named.encode()).hexdigest()[:32]
+    return ""

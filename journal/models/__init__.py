@@ -182,7 +182,8 @@ class Run(models.Model):
         indexes = [models.Index(fields=["agent", "key", "-last_activity_at"])]
         constraints = [
             models.UniqueConstraint(
-                fields=["agent", "key"], condition=~models.Q(key=""), name="unique_run_key_per_agent"
+                fields=["agent", "key"], condition=~models.Q(key="") & ~models.Q(key__startswith="idle:"),
+                name="unique_run_key_per_agent"
             )
         ]
 

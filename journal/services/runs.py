@@ -16,6 +16,8 @@ from ..errors import Refused
 from ..models import Agent, Run
 from .record import append_entry, locked_run_by_id, save_moving
 
+IDLE_KEY = "idle:"  # runs by the idle rule, one client program's apart from another's (`mcp.context.run_key`)
+
 
 class RunRefused(Refused):
     pass
@@ -50,7 +52,7 @@ def end_run(*, run_id: int, by: str, now: datetime) -> None:
             raise RunRefused("No such run.")
         if run.state == Run.State.IMPORTED:  # another Recorder's bundle or a ChronoMCP log: never written to
             raise RunRefused("This run was imported: nothing here changes it.")
-        if run.key:
+        if run.key and not run.key.startswith(IDLE_KEY):
             raise RunRefused(
                 "This run is grouped by the agent's own runId or session: the agent decides where it "
                 "ends, by sending another runId or opening a new session."

@@ -21,7 +21,7 @@ from ..journaling import Outcome
 from ..models import Agent, Run, Step, ToolServer
 from .links import link
 from .record import append_entry, locked_run, locked_run_by_id, open_run, save_moving
-from .runs import release, release_agent
+from .runs import IDLE_KEY, release, release_agent
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def _find_run(*, agent: Agent, key: str, now: datetime) -> Run:
 
 
 def _look_up_run(*, agent: Agent, key: str, now: datetime) -> Run:
-    if key:
+    if key and not key.startswith(IDLE_KEY):
         run = locked_run('agent_id = %s AND "key" = %s', [agent.pk, key])
         if run is None:
             try:
@@ -76,10 +76,10 @@ def _look_up_run(*, agent: Agent, key: str, now: datetime) -> Run:
     run = locked_run(
         'agent_id = %s AND "key" = %s AND last_activity_at >= %s AND ended_at IS NULL '
         "ORDER BY last_activity_at DESC LIMIT 1",
-        [agent.pk, "", idle],
+        [agent.pk, key, idle],
     )
     if run is None:
-        created = open_run(agent=agent, key="", now=now)
+        created = open_run(agent=agent, key=key, now=now)
         run = locked_run_by_id(created.pk)
     return run
 

@@ -33,13 +33,14 @@ def test_a_stateless_agents_calls_are_grouped_by_its_run_id_else_by_time(
     register_samples(sample_servers, names=("legacy",))
     _, token = services.create_agent(name="clock", on_behalf_of=dana)
     calls(recorder, token, "task-1", None, "task-1", None)
-    keyed, idle = Run.objects.get(key="run:task-1"), Run.objects.get(key="")
-    assert (keyed.step_count, idle.step_count) == (2, 2)  # one run per runId; the rest by the idle rule
+    # One run per runId; the rest by the idle rule, for the client program the SDK names (issue 43).
+    keyed, idle = Run.objects.get(key="run:task-1"), Run.objects.get(key__startswith="idle:")
+    assert (keyed.step_count, idle.step_count) == (2, 2)
 
     # A call after the idle time starts a new run; within it, it joins the latest.
     Run.objects.filter(pk=idle.pk).update(last_activity_at=timezone.now() - timedelta(hours=1))
     calls(recorder, token, None)
-    later = Run.objects.filter(key="").exclude(pk=idle.pk).get()
+    later = Run.objects.filter(key=idle.key).exclude(pk=idle.pk).get()
     assert later.step_count == 1
 
     # An on-call user ends that run from its page: the next call starts a new one, the ending is on the chain.
@@ -52,7 +53,7 @@ def test_a_stateless_agents_calls_are_grouped_by_its_run_id_else_by_time(
     answer = web.post(f"/runs/{later.public_id}/end/", HTTP_X_CSRFTOKEN=token_value, follow=True)
     assert b"Run ended: the agent&#x27;s next call starts a new run." in answer.content
     calls(recorder, token, None)
-    newest = Run.objects.filter(key="").exclude(pk__in=[idle.pk, later.pk]).get()
+    newest = Run.objects.filter(key=idle.key).exclude(pk__in=[idle.pk, later.pk]).get()
     later.refresh_from_db()
     assert newest.step_count == 1 and later.step_count == 1 and later.ended_at is not None
     assert later.entries.filter(event="ended", data__by="olivia").count() == 1
