@@ -9,7 +9,7 @@ from typing import Any
 from django.db.models import Q
 from django.urls import reverse
 
-from journal import ports
+from journal import journaling, ports
 from journal.models import Run, Step
 
 from . import execution
@@ -83,7 +83,7 @@ def _trail(action: ActionRequest, step: Step, decisions: list[ActionApproval]) -
                       + (f": “{decision.reason}”" if decision.reason else ""), "at": decision.created_at})
     if action.state == ActionRequest.State.USED:
         used = action.used_step
-        if used is not None and not _went_out(used):
+        if used is not None and not journaling.went_out(used):
             trail.append({"what": f"released for step {used.number}, which was not sent after all: "
                                   f"{used.error_message}", "at": action.used_at})
         elif action.used_step_id == step.pk:
@@ -105,14 +105,6 @@ _NOT_SENT = {
     ports.HeldEnd.LOST: "this attempt was never sent: the Recorder holding it stopped",
     ports.HeldEnd.LAPSED: "this attempt was not sent: its approval had expired or was used",
 }
-
-
-def _went_out(step: Step) -> bool:
-    """Whether a released step's call reached its server: not when it was refused after its release (its
-    record could no longer be read) or the agent cancelled it before it was sent."""
-    if step.failure_class == Step.FailureClass.POLICY:
-        return False
-    return not (step.status == Step.Status.CANCELLED and not step.may_have_acted)
 
 
 def _held(steps: dict[int, Step]) -> dict[int, dict[str, Any]]:

@@ -347,3 +347,11 @@ def result_entry(
         # What an admin's recipe read just after the call (what the agent left), when it was kept.
         **({"readAfter": outcome.after_state} if outcome.after_state is not None else {}),
     }
+
+
+def went_out(step) -> bool:
+    """Whether a released held step's call reached its server: not when it was refused after its release
+    (its record could no longer be read as the recipe needs) or the agent cancelled it before it was sent."""
+    if step.failure_class == "policy":
+        return False
+    return not (step.status == "cancelled" and not step.may_have_acted)

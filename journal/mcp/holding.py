@@ -109,8 +109,7 @@ async def decided(journal: JournalThread, opened: services.OpenedStep, held: por
                        advice=failed("policy", opened.traits, held="waiting").as_wire())
         raise
     message, held_end, state = ended
-    advice = failed("policy", opened.traits, held="denied" if held_end == ports.HeldEnd.DENIED else (
-        "waiting" if held_end == ports.HeldEnd.TOLD else "lapsed"))
+    advice = failed("policy", opened.traits, held=_ADVICE[held_end])
     await journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now(),
                       advice=advice.as_wire(), held_end=held_end)
     return (message, advice, {"heldCall": {"url": held.url, "state": state,
@@ -124,6 +123,10 @@ async def _claimed(journal: JournalThread, gate, held: ports.HeldCall, opened: s
     (a released step that is then cancelled is journaled as cancelled before it was sent)."""
     with anyio.CancelScope(shield=True):
         return await journal.run(gate.claim, held_id=held.id, opened=opened, meta=sent)
+
+
+# What the agent is advised, by how its attempt ended: stop (denied), ask again later (told), or now (lapsed).
+_ADVICE = {ports.HeldEnd.DENIED: "denied", ports.HeldEnd.TOLD: "waiting", ports.HeldEnd.LAPSED: "lapsed"}
 
 
 def _ended(standing: ports.HeldCallState, held: ports.HeldCall, opened: services.OpenedStep, *,
