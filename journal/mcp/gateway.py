@@ -269,24 +269,20 @@ class Recorder:
             await self.journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now(),
                                    advice=advice.as_wire())
             return tool_error(message, advice), None
-        if decision == "ask" and version in versions.MODERN and declares_tasks(meta):  # the wait as a task
+        tasks = version in versions.MODERN and declares_tasks(meta)  # the tasks extension, for this call
+        if decision == "ask" and tasks:  # the wait for approvers, as a task
             return await held_as_task(self.journal, self.upstreams, self.tasks.held, self._complete,
                                       agent=agent, opened=opened, started=started, owner=owner,
                                       arguments=arguments, version=version), None
         if decision == "ask":
-            refusal, kept_meta = await holding.hold(self.journal, agent, opened, progress)
-            if refusal is None:  # approved and released: a recipe reads the record again, as it is now
-                try:
-                    opened, refusal = await earlier_reads.again(self.journal, self.upstreams, opened,
-                                                                arguments, owner)
-                except get_cancelled_exc_class():  # released, and cancelled before it was sent
-                    self.outcomes.cancelled(opened, started, sent=False)
-                    raise
+            refusal, opened, kept_meta = await holding.approved(
+                self.journal, self.upstreams, agent, opened, arguments, owner, progress,
+                never_sent=lambda opened: self.outcomes.cancelled(opened, started, sent=False))
             if refusal is not None:
                 return tool_error(*refusal), None
         work = self._complete(opened, started, owner=owner, session=session, tool=tool, arguments=arguments,
                               meta=kept_meta, version=version, retry=retry, logged=logged,
-                              tasks=version in versions.MODERN and declares_tasks(meta),
+                              tasks=tasks,
                               progress=progress if progress_token(meta) is not None else None)
         if (
             version in versions.MODERN

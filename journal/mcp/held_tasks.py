@@ -21,6 +21,9 @@ from mcp import MCPError
 
 from .. import ports
 from ..models import Agent, Step
+from . import earlier as earlier_reads
+from . import holding
+from .failing import tool_error
 
 logger = logging.getLogger(__name__)
 
@@ -117,10 +120,6 @@ WAIT_SECONDS = 30 * 24 * 3600
 async def held_as_task(journal, upstreams, held_tasks: HeldTasks, complete, *, agent: Agent, opened,
                        started, owner, arguments: dict, version: str) -> Any:
     """The agent's held call as a task (see the module): the handle now, the call sent once approved."""
-    from . import earlier as earlier_reads
-    from . import holding
-    from .failing import tool_error
-
     held = await holding.open_hold(journal, agent, opened)
     if not isinstance(held, ports.HeldCall):
         return tool_error(*held)

@@ -10,6 +10,7 @@ never sent never is."""
 
 import asyncio
 import contextlib
+from typing import Any
 
 import anyio
 from anyio import get_cancelled_exc_class
@@ -19,6 +20,7 @@ from django.utils import timezone
 
 from .. import idempotency, ports, recovery, services
 from ..models import Agent
+from . import earlier as earlier_reads
 from .context import approved_meta, held_call_meta
 from .failing import failed
 from .journal_thread import JournalThread
@@ -48,6 +50,22 @@ async def hold(journal: JournalThread, agent: Agent, opened: services.OpenedStep
     if not isinstance(held, ports.HeldCall):
         return held, None
     return await decided(journal, opened, held, progress, waits_for(opened.policy))
+
+
+async def approved(journal: JournalThread, upstreams, agent: Agent, opened: services.OpenedStep,
+                   arguments: dict, owner, progress, *,
+                   never_sent) -> tuple[Refusal | None, Any, dict | None]:
+    """`hold`, then, once the call is approved and released, an admin's recipe reads the record again, as
+    it is now (`earlier.again`): (refusal or None, the step as it goes on, the `_meta` to send). A cancel
+    between the release and the send closes the step as never sent (`never_sent(opened)`)."""
+    refusal, sent = await hold(journal, agent, opened, progress)
+    if refusal is None:
+        try:
+            opened, refusal = await earlier_reads.again(journal, upstreams, opened, arguments, owner)
+        except get_cancelled_exc_class():  # released, and cancelled before it was sent
+            never_sent(opened)
+            raise
+    return refusal, opened, sent
 
 
 async def open_hold(journal: JournalThread, agent: Agent,
