@@ -354,6 +354,6 @@ def complete_action_signing(*, user, nonce: str, credential: Any, action: Action
                 "passkey": passkey.credential_id, "digest": approval.digest, "nonce": approval.nonce,
                 "reason": approval.reason or None, "state": locked.state})
         if locked.state != ActionRequest.State.PENDING:  # plans drafted while it was held follow it
-            following.redraft_plans_covering(step_id=locked.step_id, now=now, why=(
+            following.after_commit(step_id=locked.step_id, now=now, why=(
                 f"the call held at its step was {locked.get_state_display().lower()} by {locked.decided_by}"))
     return approval

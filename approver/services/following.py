@@ -7,6 +7,8 @@ N, the step that carried it. The new draft has a new digest, so approvals given 
 count, as for any change of a plan's content. "Check again" on a plan whose held steps moved on does the
 same. A plan past its sign-off keeps what was signed; its report says what it undid."""
 
+import functools
+import logging
 from datetime import datetime
 
 from django.db import transaction
@@ -18,8 +20,23 @@ from .. import planning
 from ..models import Plan, PlanItem
 from . import bell
 
+logger = logging.getLogger(__name__)
 # A plan being drafted reads the record when its worker gets to it; one signed goes as it was signed.
 REDRAFTABLE = (Plan.State.DRAFT, Plan.State.CHECKING, Plan.State.READY)
+
+
+def after_commit(*, step_id: int | None, why: str, now: datetime | None = None) -> None:
+    """`redraft_plans_covering` once the current transaction commits, in transactions of its own: a plan's
+    row is never locked while the caller holds a run's or a held call's (whoever signs a plan locks the plan,
+    then its run), and a draft that fails to start leaves the decision made (Check again draws it then)."""
+    transaction.on_commit(functools.partial(_redraft_logged, step_id=step_id, why=why, now=now))
+
+
+def _redraft_logged(**kwargs) -> None:
+    try:
+        redraft_plans_covering(**kwargs)
+    except Exception:
+        logger.exception("could not draw again the plans covering step %s", kwargs.get("step_id"))
 
 
 def redraft_plans_covering(*, step_id: int | None, why: str, now: datetime | None = None) -> int:

@@ -147,7 +147,7 @@ def claim_approved_action(*, action_id: int, opened: journal_services.OpenedStep
         used = bool(ActionRequest.objects.filter(pk=action_id, state=ActionRequest.State.APPROVED)
                     .update(state=ActionRequest.State.USED, used_at=now, used_step_id=opened.step_id))
         if used:  # plans drafted while it was held follow it (`following`)
-            following.redraft_plans_covering(step_id=action.step_id, now=now, why=(
+            following.after_commit(step_id=action.step_id, now=now, why=(
                 f"the approved call held at its step was sent, as step {opened.number}"))
         return used
 
