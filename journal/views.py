@@ -116,9 +116,18 @@ def run_detail(request, run_id):
             "now": timezone.now(),
             "idle_minutes": settings.RECORDER_RUN_IDLE_SECONDS // 60,
             "by_idle_rule": not run.key or run.key.startswith(IDLE_KEY),
+            "programs": _programs(run),
             **_header(run),
         },
     )
+
+
+def _programs(run: Run) -> list[str]:
+    """The client programs the run's calls came from, as each named itself, when there are several: one
+    run of two programs is likely two tasks, and undoing "from step N" would undo both."""
+    named = sorted(set(run.entries.filter(event="call", data__has_key="client")
+                       .values_list("data__client", flat=True)))
+    return named if len(named) > 1 else []
 
 
 def _header(run: Run) -> dict:

@@ -180,6 +180,19 @@ def upstream_error(exc: ToolServerError) -> MCPError:
     return MCPError(code=rpc["code"], message=rpc.get("message", ""), data=rpc.get("data"))
 
 
+def client_program(meta: Any, session=None) -> str:
+    """The client program a call comes from, as it names itself ("openai-agents 0.24.0"): on the handshake,
+    from its session's initialize; on the stateless protocol, from the request's `_meta`; "" when unnamed."""
+    info = None
+    if session is not None and getattr(session, "client_params", None) is not None:
+        info = session.client_params.client_info.model_dump()
+    elif isinstance(meta, dict):
+        info = meta.get(types.CLIENT_INFO_META_KEY)
+    if not isinstance(info, dict):
+        return ""
+    return " ".join(str(info[key])[:60] for key in ("name", "version") if info.get(key))[:121]
+
+
 def run_key(meta: Any, session_id: str | None, runs_by: str = "session") -> str:
     """Which run a call joins: the agent's runId, else its MCP session (unless an admin said the agent's
     runs go by the idle gap alone, or by its runId only, `Agent.runs_by`), else none (the idle rule). For an

@@ -43,6 +43,7 @@ from .bus import Bus, Cancels
 from .context import (
     SEPARATOR,
     agent_of,
+    client_program,
     enabled_servers,
     forwarded_meta,
     owner_of,
@@ -256,7 +257,7 @@ class Recorder:
         started = timezone.now()
         begin = dict(servers=self.journal.servers, agent=agent, server_name=server_name, tool=tool,
                      arguments=arguments, key=run_key(meta, session_id, agent.runs_by),
-                     request_meta=kept_meta, now=started)
+                     request_meta=kept_meta, now=started, client=client_program(meta, session))
         opened = await opening.open_call(
             self.journal, self.upstreams, begin, owner,
             never_sent=lambda opened: self.outcomes.cancelled(opened, started, sent=False))

@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 def gated_step(*, servers: ServerDirectory, agent: Agent, server_name: str, tool: str, arguments: dict,
               key: str, request_meta: dict | None, now, earlier: dict | None = None,
-              read_first: bool = True) -> services.OpenedStep | reads.NeedsRead | None:
+              read_first: bool = True, client: str = "") -> services.OpenedStep | reads.NeedsRead | None:
     """Find the server, ask the policy gate and journal the intent (with the decision) in one job on the
     journal thread. The gate reads the tool's own declaration, never anything the agent sent. A call whose
     recipe reads the record first is not opened yet: the answer says so (`reads.NeedsRead`), and the
@@ -42,7 +42,7 @@ def gated_step(*, servers: ServerDirectory, agent: Agent, server_name: str, tool
 
     return services.open_step(agent=agent, run_key=key, server=server, server_name=server_name, tool=tool,
                               arguments=arguments, request_meta=request_meta, now=now, decide=decide,
-                              earlier=earlier)
+                              earlier=earlier, client=client)
 
 
 def not_held(decision: dict | None, agent: Agent, server, tool: str) -> dict | None:

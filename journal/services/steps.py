@@ -87,7 +87,7 @@ def _look_up_run(*, agent: Agent, key: str, now: datetime) -> Run:
 def open_step(
     *, agent: Agent, run_key: str, server: ToolServer | None, server_name: str, tool: str,
     arguments: dict[str, Any], request_meta: dict[str, Any] | None, now: datetime, decide=None,
-    declared: dict[str, Any] | None = None, earlier: dict[str, Any] | None = None,
+    declared: dict[str, Any] | None = None, earlier: dict[str, Any] | None = None, client: str = "",
 ) -> OpenedStep:
     """Journal the intent of an agent's call, before it is forwarded.
 
@@ -98,10 +98,12 @@ def open_step(
     `ask` opens the step as `held`; the caller then releases it (`release_held_step`) or refuses it
     (`refuse_step`), as it does a `deny`. `declared` stands for the tool's definition when the call is not a
     tool's (a resource read: `READ`). `earlier` is what an admin's recipe read of the record just before
-    the call (`recipes.earlier_state`): kept with the step, and on the chain right after the call."""
+    the call (`recipes.earlier_state`): kept with the step, and on the chain right after the call. `client`
+    is the client program the call came from, as it names itself (the `call` entry's `client`)."""
     return _open(lambda: _find_run(agent=agent, key=run_key, now=now), server=server, server_name=server_name,
                  tool=tool, arguments=arguments, request_meta=request_meta, now=now,
-                 who={"agent": agent.name, "onBehalfOf": agent.on_behalf_of.get_username()}, decide=decide,
+                 who={"agent": agent.name, "onBehalfOf": agent.on_behalf_of.get_username(),
+                      **({"client": client} if client else {})}, decide=decide,
                  declared=declared, agent=agent, earlier=earlier)
 
 

@@ -45,3 +45,23 @@ def test_two_client_programs_of_one_agent_are_two_runs_and_a_run_id_is_its_own(r
     services.end_run(run_id=idle.pk, by="olivia", now=idle.last_activity_at)
     deal_call(recorder, token, openai)
     assert Run.objects.filter(key__startswith="idle:").count() == 3
+
+
+def test_the_run_page_says_when_a_run_mixes_client_programs(recorder, sample_servers, dana, on_call, client):
+    """Two programs that send the same runId share a run: each call's entry names its client program, and
+    the run's page says the run mixes them (undoing from a step would undo both programs' later calls)."""
+    register_samples(sample_servers, names=("crm",))
+    token = services.create_agent(name="desk-bot", on_behalf_of=dana)[1]
+    openai = {"name": "openai-agents", "version": "0.24.0"}
+    deal_call(recorder, token, openai, run_id="shared")
+    deal_call(recorder, token, openai, run_id="alone")
+    deal_call(recorder, token, {"name": "ai-sdk-mcp-client", "version": "7.0.0"}, run_id="shared")
+    shared, alone = Run.objects.get(key="run:shared"), Run.objects.get(key="run:alone")
+    assert [entry.data["client"] for entry in shared.entries.filter(event="call").order_by("seq")] == [
+        "openai-agents 0.24.0", "ai-sdk-mcp-client 7.0.0"]
+    assert services.verify_run(run=shared).ok
+    client.force_login(on_call)
+    page = client.get(f"/runs/{shared.public_id}/").content.decode()
+    assert 'id="mixed-programs"' in page and "mixes calls from 2 client programs" in page
+    assert "ai-sdk-mcp-client 7.0.0, openai-agents 0.24.0" in page
+    assert 'id="mixed-programs"' not in client.get(f"/runs/{alone.public_id}/").content.decode()
