@@ -24,6 +24,7 @@ ALLOWED = Tool(retries_allowed=True)
 CASES = [
     ("denied by a policy or an approver", Failure("policy", held="denied"), WRITE, "stop", False, None),
     ("waiting for approval", Failure("policy", held="waiting"), WRITE, "backoff", True, 30),
+    ("too many calls waiting for approval", Failure("policy", held="too_many"), WRITE, "backoff", True, 30),
     ("approval lapsed", Failure("policy", held="lapsed"), WRITE, "retry", True, None),
     ("the Recorder could not put the server's question to the agent",
      Failure("unknown", relay_failed="the agent's session had ended"), WRITE, "ask_user", False, None),

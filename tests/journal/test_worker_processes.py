@@ -146,11 +146,15 @@ def test_workers_serve_any_request_of_any_session_and_journal_every_call_once(
 def workers_of(master: int) -> list[int]:
     """uvicorn's worker processes (not multiprocessing's resource tracker)."""
     found = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout.split()
-    return [
-        int(pid)
-        for pid in found
-        if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    ]
+    return [int(pid) for pid in found if "spawn_main" in _cmdline(pid)]
+
+
+def _cmdline(pid: str) -> str:
+    """A process's command line; "" for one that ended since it was listed (uvicorn replacing a worker)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 @needs_redis
