@@ -11,6 +11,7 @@ sent"), and a `tasks/get` then says so, read from the record, in any process."""
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -85,7 +86,11 @@ class HeldTasks:
 
     async def get(self, agent: Agent, handle: str) -> dict[str, Any]:
         """What `tasks/get` says of a held call's task: this process's own, or as the record has it."""
-        step = await sync_to_async(_step_of)(agent, handle.removeprefix(PREFIX))
+        try:
+            public_id = str(uuid.UUID(handle.removeprefix(PREFIX)))
+        except ValueError:
+            public_id = None
+        step = await sync_to_async(_step_of)(agent, public_id) if public_id else None
         if step is None:
             raise MCPError(code=-32602, message=f"Failed to retrieve task: no task {handle!r} of this "
                            "agent's")

@@ -161,8 +161,9 @@ class TaskCalls:
                            "neither updated nor cancelled by the agent (an approver denies it).")
         server, separator, task_id = params.task_id.partition(SEPARATOR)
         agent = agent_of(ctx)
-        task = await self.journal.run(services.running_task, agent=agent, server_name=server,
-                                      task_id=task_id) if separator and task_id else None
+        named = separator and task_id and len(task_id) <= _MAX_TASK_ID and "\x00" not in params.task_id
+        task = await self.journal.run(services.running_task, agent=agent, server_name=server[:60],
+                                      task_id=task_id) if named else None
         if task is None or task.opened.server is None:
             raise MCPError(code=INVALID_PARAMS, message="Failed to retrieve task: no task "
                            f"{params.task_id!r} of this agent's (tasks are named server__taskId)")

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from journal import services
@@ -170,10 +170,15 @@ def test_every_call_an_agent_can_shape_that_reached_a_server_ends_journaled_with
     print(f"\nagent-controlled calls: {json.dumps(seen)}")
 
 
+@pytest.mark.postgres  # where a U+0000 in a lookup is the database's error, unless refused before
 @settings(max_examples=max(EXAMPLES // 5, 20), deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(task_id=st.one_of(st.text(max_size=40), _HOSTILE_TEXT, st.just("crm__" + "t" * 10_000),
-                         st.builds(lambda t: f"crm__{t}", st.text(max_size=20)), _JSON))
+                         st.builds(lambda t: f"crm__{t}", st.text(max_size=20)), _JSON,
+                         st.builds(lambda t: f"held:{t}", st.one_of(st.text(max_size=40), _HOSTILE_TEXT)),
+                         st.just("held:00000000-0000-0000-0000-000000000000")))
+@example(task_id="held:a\x00b")
+@example(task_id="crm__a\x00b")
 def test_a_task_handle_an_agent_makes_up_gets_a_clear_error_and_changes_nothing(recorder, token, task_id):
     """`tasks/get`, `tasks/update` and `tasks/cancel` with any handle an agent can send (a made-up one,
     another server's, U+0000, a lone surrogate, 10,000 characters, not a string at all): a JSON-RPC error
