@@ -20,7 +20,7 @@ from ..checks import CheckResult
 from ..content import content_rows, plan_content
 from ..models import Plan, PlanItem
 from ..policy_book import plan_needs_a_human
-from . import bell
+from . import bell, following
 from .approvals import approve
 
 
@@ -213,3 +213,13 @@ def finish_checks(*, plan: Plan, check_round: int, now: datetime | None = None) 
             return plan
         bell.ring(bell.NOTIFY_PLAN_READY, plan.pk, plan.check_round)
     return plan
+
+
+def check_again(*, plan: Plan, by) -> str:
+    """What "Check again" does: a plan drafted on a held step that has moved on since is drawn again
+    ("redrafted", `following`); any other checkable plan gets a new round of checks ("checking"); "" when
+    it cannot be checked now."""
+    if plan.state in Plan.CHECKABLE_STATES and following.held_steps_moved_on(plan) and following.redraft(
+            plan_id=plan.pk, why=f"{by.get_username()} checked again after a held call moved on"):
+        return "redrafted"
+    return "checking" if queue_checks(plan=plan) else ""

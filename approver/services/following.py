@@ -70,3 +70,4 @@ def held_steps_moved_on(plan: Plan) -> bool:
     """Whether a step the plan was drafted on while it was held is held no more (approved, sent, or
     closed unsent): its item no longer says what is true."""
     return plan.items.filter(reason=planning.HELD_NOT_MADE).exclude(step__status="held").exists()
+

@@ -17,7 +17,7 @@ from journal.recipe_text import brief
 from .. import authority, execution, planning, services, signing
 from ..forms import UndoRequestForm, UndoSinceForm
 from ..models import Approval, ApprovalRules, Plan, PlanItem, RecordLease
-from ..services import following
+from ..services import checking
 
 PLANS_PER_PAGE = 25
 
@@ -247,11 +247,11 @@ def _choices_differ(plan: Plan, items: list, approvals: list[Approval]) -> bool:
 def check_again(request, plan_id):
     require_role(request, *authority.MAY_CHECK)
     plan = get_object_or_404(Plan, public_id=plan_id)
-    if plan.state in Plan.CHECKABLE_STATES and following.held_steps_moved_on(plan) and following.redraft(
-            plan_id=plan.pk, why=f"{request.user.get_username()} checked again after a held call moved on"):
+    done = checking.check_again(plan=plan, by=request.user)
+    if done == "redrafted":
         messages.success(request, "A call this plan was drafted on while it was held for approval has moved "
                                   "on since: the plan is drafted again from the record, then checked.")
-    elif services.queue_checks(plan=plan):
+    elif done == "checking":
         messages.success(request, "Checking again with the tool servers.")
     else:
         messages.error(request, f"This plan is {plan.get_state_display().lower()}; it cannot be checked now.")
