@@ -9,7 +9,7 @@ NODE_STAMP := tests/conformance/node_modules/.installed
 SUITE_STAMP := tests/conformance-suite/node_modules/.installed
 # The Python MCP clients (and the task server) the conformance tests run, each in an environment of its own
 # (their pins differ from ours: LangChain's adapters are on the mcp SDK 1.x), pinned in tests/clients/*.txt.
-CLIENTS := fastmcp langchain pydantic-ai openai-agents
+CLIENTS := fastmcp langchain pydantic-ai openai-agents llamaindex autogen
 CLIENT_STAMPS := $(foreach c,$(CLIENTS),tests/clients/envs/$(c)/.installed)
 
 .PHONY: demo test lint bench docs

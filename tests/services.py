@@ -82,7 +82,7 @@ def worker_env_for_test_database() -> dict:
 # The Python MCP clients the conformance tests run, each in an environment of its own (`make test` builds
 # them from tests/clients/*.txt).
 CLIENT_ENVS = Path(__file__).resolve().parent / "clients" / "envs"
-PYTHON_CLIENTS = ("fastmcp", "langchain", "pydantic-ai", "openai-agents")
+PYTHON_CLIENTS = ("fastmcp", "langchain", "pydantic-ai", "openai-agents", "llamaindex", "autogen")
 
 
 def client_python(name: str) -> str:
@@ -93,7 +93,7 @@ def client_python(name: str) -> str:
 needs_python_clients = pytest.mark.skipif(
     not REQUIRED and not all((CLIENT_ENVS / name / ".installed").exists() for name in PYTHON_CLIENTS),
     reason="The pinned Python MCP clients are not installed here (make tests/clients/envs/fastmcp/.installed "
-           "and the same for langchain, pydantic-ai and openai-agents)",
+           "and the same for langchain, pydantic-ai, openai-agents, llamaindex and autogen)",
 )
 
 

@@ -16,6 +16,9 @@ from ..upstream.client import ToolServerError
 from . import versions
 
 RUN_ID_KEY = "runId"
+# The same runId as an HTTP header, for frameworks that send no `_meta` of the agent's but let it set a
+# client's headers (the Vercel AI SDK, LlamaIndex, AutoGen): one client per task, one run per client.
+RUN_ID_HEADER = "hatp-run-id"
 SEPARATOR = "__"  # tools and prompts are named server__name
 # A listed resource's URI is the server's own, carried by a URI of the Recorder's (RFC 3986, so every client
 # takes it as a URI): recorder://server/demo://resource/1. Templates likewise, so what an agent builds from
@@ -48,6 +51,11 @@ def agent_of(ctx) -> Agent:
     if agent is None:  # BearerAgent guards the route, so this is a wiring bug, not a client error
         raise recorder_error(-32603, "No authenticated agent on this request", reason="internal")
     return agent
+
+
+def run_header_of(ctx) -> str | None:
+    """The runId the agent's request sends as a header (`RUN_ID_HEADER`), if any."""
+    return ctx.request.headers.get(RUN_ID_HEADER) if ctx.request is not None else None
 
 
 def session_of(ctx) -> str | None:
@@ -193,13 +201,15 @@ def client_program(meta: Any, session=None) -> str:
     return " ".join(str(info[key])[:60] for key in ("name", "version") if info.get(key))[:121]
 
 
-def run_key(meta: Any, session_id: str | None, runs_by: str = "session") -> str:
-    """Which run a call joins: the agent's runId, else its MCP session (unless an admin said the agent's
-    runs go by the idle gap alone, or by its runId only, `Agent.runs_by`), else none (the idle rule). For an
-    agent whose runs go by its runId only, a call without one is a run of its own."""
+def run_key(meta: Any, session_id: str | None, runs_by: str = "session", header: str | None = None) -> str:
+    """Which run a call joins: the agent's runId (in the call's `_meta`, else in the request's `Hatp-Run-Id`
+    header), else its MCP session (unless an admin said the agent's runs go by the idle gap alone, or by its
+    runId only, `Agent.runs_by`), else none (the idle rule). For an agent whose runs go by its runId only, a
+    call without one is a run of its own."""
     run_id = journaling.agent_journal(meta).get(RUN_ID_KEY)
-    if isinstance(run_id, str) and run_id.strip():
-        return "run:" + run_id.strip()[:190]
+    for named in (run_id, header):
+        if isinstance(named, str) and named.strip():
+            return "run:" + named.strip()[:190]
     if runs_by == "run_id":
         return "call:" + uuid.uuid4().hex
     if session_id and runs_by == "session":

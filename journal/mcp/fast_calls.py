@@ -25,6 +25,7 @@ from starlette.responses import Response
 
 from ..models import Agent
 from .asgi import read_body
+from .context import RUN_ID_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -117,9 +118,11 @@ class FastCalls:
 
             await self.sdk_app(scope, replayed, send)
             return True
-        accept = dict(scope.get("headers") or []).get(b"accept", b"").decode("latin-1")
+        headers = dict(scope.get("headers") or [])
+        accept = headers.get(b"accept", b"").decode("latin-1")
         stream = _HeldStream(send) if "text/event-stream" in accept else None
-        reply, status, journaled = await self._call(agent, request, version, receive, stream)
+        run_header = headers.get(RUN_ID_HEADER.encode(), b"").decode("latin-1") or None
+        reply, status, journaled = await self._call(agent, request, version, receive, stream, run_header)
         if reply is None:  # the agent went away: nobody to answer
             return True
         self.answered += 1
@@ -134,7 +137,8 @@ class FastCalls:
                            media_type="application/json")(scope, receive, send)
         return True
 
-    async def _call(self, agent: Agent, request: dict, version: str, receive, stream: "_HeldStream | None"):
+    async def _call(self, agent: Agent, request: dict, version: str, receive, stream: "_HeldStream | None",
+                    run_header: str | None = None):
         """Forward the call: (the JSON-RPC reply, its HTTP status, the outcome's journal write or None). The
         reply is None when the agent went away (the call is then journaled as cancelled or undelivered)."""
         params = request["params"]
@@ -157,6 +161,7 @@ class FastCalls:
                         session_id=None,
                         version=version,
                         progress=stream.keep_alive if stream else None,
+                        run_header=run_header,
                     )
                 finally:
                     watching.stop()  # answered (or failed)

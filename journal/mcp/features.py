@@ -41,6 +41,7 @@ from .context import (
     recorder_error,
     resource_of,
     resource_uri,
+    run_header_of,
     run_key,
     session_of,
     upstream_error,
@@ -220,7 +221,8 @@ class Features:
         meta = forwarded_meta(ctx.meta)
         started = timezone.now()
         opened = await self.journal.run(
-            services.open_step, agent=agent, run_key=run_key(ctx.meta, session_id, agent.runs_by),
+            services.open_step, agent=agent,
+            run_key=run_key(ctx.meta, session_id, agent.runs_by, run_header_of(ctx)),
             server=server, server_name=server.name, tool=services.READ["name"], arguments={"uri": uri},
             request_meta=meta, now=started, declared=services.READ)
         request = types.ReadResourceRequest(params=types.ReadResourceRequestParams(uri=uri, _meta=meta))

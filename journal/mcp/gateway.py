@@ -49,6 +49,7 @@ from .context import (
     owner_of,
     progress_token,
     recorder_error,
+    run_header_of,
     run_key,
     session_of,
     unsendable,
@@ -204,7 +205,8 @@ class Recorder:
                                                    meta=ctx.meta, session_id=session_id,
                                                    version=ctx.session.protocol_version,
                                                    progress=ctx.session.report_progress, session=ctx.session,
-                                                   retry=retry or None, logged=in_call_logs(ctx))
+                                                   retry=retry or None, logged=in_call_logs(ctx),
+                                                   run_header=run_header_of(ctx))
         if watched.cancelled_caught:
             raise recorder_error(-32800, "The agent cancelled the call.", reason="cancelled",
                                  advice=failed("unknown", may_have_acted=True))
@@ -222,7 +224,8 @@ class Recorder:
         return (with_advice_text(result) if agent.advice_in_content else result), journaled
 
     async def _forward(self, *, agent: Agent, name: str, arguments: Any, meta: Any, session_id: str | None,
-                       version: str, progress=None, session=None, retry: dict | None = None, logged=None):
+                       version: str, progress=None, session=None, retry: dict | None = None, logged=None,
+                       run_header: str | None = None):
         """Journal, forward and journal one tools/call for an agent on protocol `version`. The result goes
         back as the server sent it, shaped for the agent's version where the versions differ
         (`versions.for_client`); a failure comes back as a tool error, and a JSON-RPC error from the server
@@ -256,7 +259,7 @@ class Recorder:
             return tool_error(refusal, failed("invalid_arguments")), None
         started = timezone.now()
         begin = dict(servers=self.journal.servers, agent=agent, server_name=server_name, tool=tool,
-                     arguments=arguments, key=run_key(meta, session_id, agent.runs_by),
+                     arguments=arguments, key=run_key(meta, session_id, agent.runs_by, run_header),
                      request_meta=kept_meta, now=started, client=client_program(meta, session))
         opened = await opening.open_call(
             self.journal, self.upstreams, begin, owner,

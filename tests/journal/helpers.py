@@ -43,12 +43,12 @@ def run_agent(recorder, token: str, script, *, mode: str = "auto", **options) ->
         settle(recorder)
 
 
-def post_stateless_call(recorder, token: str, name: str, body: str) -> httpx2.Response:
+def post_stateless_call(recorder, token: str, name: str, body: str, **headers: str) -> httpx2.Response:
     """A `tools/call` request body, sent exactly as written, on the stateless 2026-07-28 protocol (what no SDK
-    would send: a malformed `_meta`, a big integer, a lone surrogate)."""
+    would send: a malformed `_meta`, a big integer, a lone surrogate), with any more `headers`."""
     return httpx2.post(f"{recorder.base}/mcp/", content=body.encode(), timeout=30, headers={
         "authorization": f"Bearer {token}", "content-type": "application/json", "accept": "application/json",
-        "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": name})
+        "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": name, **headers})
 
 
 def settle(recorder) -> None:

@@ -15,13 +15,14 @@ from .helpers import post_stateless_call, register_samples
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def deal_call(recorder, token: str, program: dict | None, run_id: str = "") -> None:
+def deal_call(recorder, token: str, program: dict | None, run_id: str = "", header: str = "") -> None:
     meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
             **({"io.modelcontextprotocol/clientInfo": program} if program else {}),
             **({"hatp/journal": {"runId": run_id}} if run_id else {})}
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
         "name": "crm__get_deal", "arguments": {"deal_id": "D-881"}, "_meta": meta}}
-    answer = post_stateless_call(recorder, token, "crm__get_deal", json.dumps(body))
+    more = {"hatp-run-id": header} if header else {}
+    answer = post_stateless_call(recorder, token, "crm__get_deal", json.dumps(body), **more)
     assert answer.status_code == 200 and not answer.json()["result"].get("isError"), answer.text
 
 
@@ -65,3 +66,20 @@ def test_the_run_page_says_when_a_run_mixes_client_programs(recorder, sample_ser
     assert 'id="mixed-programs"' in page and "mixes calls from 2 client programs" in page
     assert "ai-sdk-mcp-client 7.0.0, openai-agents 0.24.0" in page
     assert 'id="mixed-programs"' not in client.get(f"/runs/{alone.public_id}/").content.decode()
+
+
+def test_a_run_id_header_names_the_run_of_a_framework_that_sends_no_meta_and_a_meta_run_id_wins(
+        recorder, sample_servers, dana):
+    """The Vercel AI SDK, LlamaIndex and AutoGen send no `_meta` of the agent's: they name a run with the
+    `Hatp-Run-Id` header (tests/journal/test_frameworks.py drives each). A runId in `_meta` wins over it."""
+    register_samples(sample_servers, names=("crm",))
+    token = services.create_agent(name="desk-bot", on_behalf_of=dana)[1]
+    vercel = {"name": "ai-sdk-mcp-client", "version": "1.0.0"}
+    deal_call(recorder, token, vercel, header="task-a")
+    deal_call(recorder, token, vercel, header="task-b")
+    deal_call(recorder, token, vercel, header="task-a")
+    deal_call(recorder, token, vercel, run_id="from-meta", header="task-a")
+    deal_call(recorder, token, vercel)  # no runId: the idle rule per program
+    runs = {run.key: run.steps.count() for run in Run.objects.all()}
+    assert runs.pop("run:task-a") == 2 and runs.pop("run:task-b") == 1 and runs.pop("run:from-meta") == 1
+    assert [key[:5] for key in runs] == ["idle:"], runs
