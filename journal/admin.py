@@ -14,7 +14,8 @@ class ToolServerForm(forms.ModelForm):
 
     class Meta:
         model = ToolServer
-        fields = ["name", "transport", "url", "command", "enabled"]  # the admin adds the rest it shows
+        # the admin adds the rest it shows
+        fields = ["name", "alias", "transport", "url", "command", "enabled"]
 
         @staticmethod
         def formfield_callback(field, **kwargs):  # as the admin's formfield_overrides below: https assumed
@@ -41,6 +42,7 @@ class ToolServerAdmin(admin.ModelAdmin):
     form = ToolServerForm
     list_display = [
         "name",
+        "alias",
         "transport",
         "url",
         "command",

@@ -11,6 +11,7 @@ from mcp import MCPError
 from .. import declarations, idempotency, journaling, recovery
 from ..canonical import canonical_bytes, ijson_problem
 from ..models import Agent, ToolServer
+from ..models.servers import SEPARATOR as SEPARATOR  # tools and prompts are named server__name
 from ..services.runs import IDLE_KEY
 from ..upstream.client import ToolServerError
 from . import versions
@@ -19,7 +20,6 @@ RUN_ID_KEY = "runId"
 # The same runId as an HTTP header, for frameworks that send no `_meta` of the agent's but let it set a
 # client's headers (the Vercel AI SDK, LlamaIndex, AutoGen): one client per task, one run per client.
 RUN_ID_HEADER = "hatp-run-id"
-SEPARATOR = "__"  # tools and prompts are named server__name
 # A listed resource's URI is the server's own, carried by a URI of the Recorder's (RFC 3986, so every client
 # takes it as a URI): recorder://server/demo://resource/1. Templates likewise, so what an agent builds from
 # one routes too.

@@ -80,7 +80,7 @@ def agent_tools(servers: list[ToolServer]) -> list[types.Tool]:
             if not isinstance(name, str) or name in declarations.HIDDEN_TOOLS:
                 continue
             try:
-                tools.append(types.Tool.model_validate({**raw, "name": f"{server.name}{SEPARATOR}{name}"}))
+                tools.append(types.Tool.model_validate({**raw, "name": f"{server.prefix}{SEPARATOR}{name}"}))
             except ValidationError:
                 logger.warning("tool %r of %s is not a valid MCP tool; not listed", name, server.name)
     return tools
@@ -268,7 +268,7 @@ class Recorder:
             return tool_error(f"Unknown tool server {server_name!r}.", failed("not_found")), None
         decision = (opened.policy or {}).get("decision", "allow")
         if decision == "deny":
-            message = f"Not done: {opened.policy.get('reason')} Nothing was sent to {server_name}."
+            message = f"Not done: {opened.policy.get('reason')} Nothing was sent to {opened.server.name}."
             advice = failed("policy", held="denied")
             await self.journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now(),
                                    advice=advice.as_wire())

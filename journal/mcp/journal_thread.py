@@ -186,7 +186,8 @@ def _settle_future(future: asyncio.Future, result, error) -> None:
 
 
 class ServerDirectory:
-    """The enabled tool servers by name, each kept until its row's `updated_at` moves.
+    """The enabled tool servers by the prefix an agent calls them by (name or alias), each kept until its
+    row's `updated_at` moves.
 
     A call checks one small indexed row instead of loading and parsing the server's whole catalogue, so a
     catalogue refresh or an admin edit still takes effect on the very next call."""
@@ -202,8 +203,8 @@ class ServerDirectory:
     def get(self, name: str) -> ToolServer | None:
         """The server, checked against its row (once per journal group: `sql.one_moment`)."""
         row = sql.remembered(("server", name), lambda: sql.first_row(
-            ToolServer, ("id", "updated_at"), "name = %s AND enabled = %s",
-            [name, sql.prep(ToolServer, "enabled", True)]))
+            ToolServer, ("id", "updated_at"), "(name = %s OR alias = %s) AND enabled = %s",
+            [name, name, sql.prep(ToolServer, "enabled", True)]))
         if row is None:
             self._known.pop(name, None)
             return None

@@ -30,6 +30,7 @@ def gated_step(*, servers: ServerDirectory, agent: Agent, server_name: str, tool
     server = servers.get(server_name)
     if server is None:
         return None
+    server_name = server.name  # the agent may have called it by its alias: the record names the server
     recipe = reads.needs_read(server, tool)
     if recipe is not None and read_first and not reads.taken_by(recipe, arguments, earlier):
         return reads.NeedsRead(server=server, recipe=recipe)

@@ -7,7 +7,6 @@ Writes go through `journal.services`; these modules hold state, invariants and r
 import uuid
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
@@ -16,66 +15,7 @@ from ..ports import HeldEnd
 from .clients import ClientAuthorization as ClientAuthorization  # re-exported: one place to import from
 from .clients import RedeemedCode as RedeemedCode
 from .record_json import RecordJSONField as RecordJSONField  # re-exported: migrations name it here
-
-
-class ToolServer(models.Model):
-    class Transport(models.TextChoices):
-        HTTP = "http", "Streamable HTTP"
-        STDIO = "stdio", "stdio"
-
-    name = models.SlugField(max_length=60, unique=True, help_text="Prefix of its tools' names: name__tool.")
-    transport = models.CharField(max_length=10, choices=Transport.choices, default=Transport.HTTP)
-    url = models.URLField(blank=True, max_length=500)
-    command = models.CharField(
-        blank=True, max_length=1000, help_text="For stdio: the command line to start it."
-    )
-    enabled = models.BooleanField(default=True)
-    # The raw `tools/list` JSON, exactly as the server sent it (the SDK's models drop annotations.recovery).
-    catalogue = models.JSONField(default=list, blank=True)
-    catalogue_fetched_at = models.DateTimeField(null=True, blank=True)
-    catalogue_error = models.TextField(blank=True)
-    # Receipt keys the server published ({keyId: base64url Ed25519 public key}), pinned on first sight.
-    receipt_keys = models.JSONField(default=dict, blank=True)
-    # Admins' undo recipes for the tools this server says nothing about (journal.recipes): the recipes in
-    # force (raw, one per tool), the pack they came from if any, and who last changed them, when. Written by
-    # `services.set_recipes` only; every change is in the policies' change log.
-    recipes = models.JSONField(default=list, blank=True)
-    recipe_pack = models.CharField(max_length=40, blank=True)
-    recipes_changed_by = models.CharField(max_length=150, blank=True)
-    recipes_changed_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
-    # Moves with every save; the Recorder compares it to know its copy of the server is still current.
-    updated_at = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        ordering = ["name"]
-
-    def __str__(self):
-        return self.name
-
-    def clean(self):
-        if self.transport == self.Transport.HTTP and not self.url:
-            raise ValidationError({"url": "A streamable HTTP server needs a URL."})
-        if self.transport == self.Transport.STDIO and not self.command:
-            raise ValidationError({"command": "A stdio server needs a command."})
-
-    def tool(self, name: str) -> dict | None:
-        for tool in self.catalogue:
-            if isinstance(tool, dict) and tool.get("name") == name:
-                return tool
-        return None
-
-    @property
-    def tool_names(self) -> set[str]:
-        return {
-            tool["name"]
-            for tool in self.catalogue
-            if isinstance(tool, dict) and isinstance(tool.get("name"), str)
-        }
-
-    def recipe(self, tool: str) -> dict | None:
-        """The raw recipe in force for `tool`, if an admin gave it one."""
-        return next((r for r in self.recipes if isinstance(r, dict) and r.get("tool") == tool), None)
+from .servers import ToolServer as ToolServer
 
 
 class Agent(models.Model):

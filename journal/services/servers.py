@@ -12,18 +12,23 @@ from .. import chain, declarations, recipes
 from ..canonical import to_ijson
 from ..errors import Refused
 from ..models import ToolServer
+from ..models.servers import SEPARATOR
 from ..upstream.client import ToolServerError, Upstreams, endpoint_of
 
 
-def register_tool_server(*, name: str, url: str = "", command: str = "") -> ToolServer:
-    """A new tool server, reached over streamable HTTP at `url` or started as the stdio `command`.
-    ValidationError names what is wrong."""
-    return save_tool_server(server=ToolServer(name=name), url=url, command=command)
+def register_tool_server(*, name: str, url: str = "", command: str = "", alias: str = "") -> ToolServer:
+    """A new tool server, reached over streamable HTTP at `url` or started as the stdio `command`, its tools
+    offered to agents as `alias__tool` if it has an alias. ValidationError names what is wrong."""
+    return save_tool_server(server=ToolServer(name=name, alias=alias), url=url, command=command)
 
 
-def save_tool_server(*, server: ToolServer, url: str | None = None, command: str | None = None) -> ToolServer:
+def save_tool_server(*, server: ToolServer, url: str | None = None, command: str | None = None,
+                     alias: str | None = None) -> ToolServer:
     """Keep a tool server's row, new or changed (its URL or command, if given; the transport follows from
-    them), after Django's validation. The one writer of the row: the command, the admin and the demo."""
+    them; its alias, if given), after Django's validation. The one writer of the row: the command, the admin
+    and the demo."""
+    if alias is not None:
+        server.alias = alias
     moved = False
     if url is not None or command is not None:
         moved = server.pk is not None and (server.url, server.command) != (url or "", command or "")
@@ -47,19 +52,33 @@ MODEL_TOOL_NAME_LIMIT = 64
 
 
 def names_too_long(server: ToolServer) -> str:
-    """What to say when some of the server's tools, named `server__tool` as agents see them, are longer than
-    model APIs take ("" when none is): which, and that a shorter server name is the prefix they get."""
+    """What to say when some of the server's tools, named `prefix__tool` as agents see them, are longer than
+    model APIs take ("" when none is): which, and the alias (a shorter prefix) that would fit them."""
     long = sorted(name for tool in server.tool_names
-                  if len(name := f"{server.name}__{tool}") > MODEL_TOOL_NAME_LIMIT)
+                  if len(name := f"{server.prefix}__{tool}") > MODEL_TOOL_NAME_LIMIT)
     if not long:
         return ""
-    room = MODEL_TOOL_NAME_LIMIT - 2 - max(len(name) - len(server.name) - 2 for name in long)
+    room = MODEL_TOOL_NAME_LIMIT - 2 - max(len(name) - len(server.prefix) - 2 for name in long)
     shown = ", ".join(long[:3]) + (f" and {len(long) - 3} more" if len(long) > 3 else "")
-    advice = (f"register it under a name of at most {room} characters (the name is the prefix agents see)"
-              if room > 0 else "its own tool names are too long for any prefix; ask its maintainers")
+    if room > 0:
+        alias = suggested_alias(server, room)
+        advice = (f"give it an alias of at most {room} characters, the prefix agents then see (such as "
+                  f"{alias!r}: on its admin page, or manage.py add_tool_server {server.name} --update "
+                  f"--alias {alias})")
+    else:
+        advice = "its own tool names are too long for any prefix; ask its maintainers"
     return (f"{len(long)} of {server.name}'s tools are named longer than the {MODEL_TOOL_NAME_LIMIT} "
             f"characters model APIs accept ({shown}): an agent's framework may refuse its whole tool list. "
             f"To fix it, {advice}.")
+
+
+def suggested_alias(server: ToolServer, room: int) -> str:
+    """A free alias of at most `room` characters for `server`: its name's start, numbered if that is taken."""
+    taken = set(ToolServer.objects.exclude(pk=server.pk).values_list("name", flat=True)) | set(
+        ToolServer.objects.exclude(pk=server.pk).exclude(alias="").values_list("alias", flat=True))
+    stem = server.name.replace(SEPARATOR, "-")[:room].strip("-_") or "s"
+    candidates = [stem] + [f"{stem[:max(1, room - len(str(n)))]}{n}" for n in range(2, 1000)]
+    return next((alias for alias in candidates if alias not in taken and len(alias) <= room), stem)
 
 
 def recipe_problems(*, server: ToolServer, raw: list[dict[str, Any]]) -> list[str]:

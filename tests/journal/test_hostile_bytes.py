@@ -208,7 +208,7 @@ def test_a_server_whose_tools_agents_would_see_named_over_64_characters_is_warne
                  "--command", " ".join(deep), stdout=io.StringIO(), stderr=err)
     said = err.getvalue()
     assert "5 of a-very-long-server-name" in said and "longer than the 64 characters" in said, said
-    assert "register it under a name of at most 57 characters" in said
+    assert "give it an alias of at most 57 characters" in said
     server = services.register_tool_server(name="deep", command=" ".join(deep))
     assert services.names_too_long(services.refresh_catalogue(server=server)) == ""
 

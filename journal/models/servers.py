@@ -1,0 +1,90 @@
+"""Tool servers: where each is reached, what it lists, the recipes admins gave its tools, and the prefix its
+tools' names carry for agents."""
+
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.utils import timezone
+
+SEPARATOR = "__"  # tools are named prefix__tool
+
+
+class ToolServer(models.Model):
+    class Transport(models.TextChoices):
+        HTTP = "http", "Streamable HTTP"
+        STDIO = "stdio", "stdio"
+
+    name = models.SlugField(max_length=60, unique=True, help_text="Prefix of its tools' names: name__tool.")
+    # A shorter prefix agents see instead (alias__tool), for a server whose name__tool names run over the 64
+    # characters model APIs take. Calls by either prefix reach it; the record always names the server.
+    alias = models.SlugField(max_length=30, blank=True, default="", help_text=(
+        "A shorter prefix for its tools' names as agents see them (alias__tool), where name__tool would be "
+        "over the 64 characters model APIs accept. Calls named either way reach this server."))
+    transport = models.CharField(max_length=10, choices=Transport.choices, default=Transport.HTTP)
+    url = models.URLField(blank=True, max_length=500)
+    command = models.CharField(
+        blank=True, max_length=1000, help_text="For stdio: the command line to start it."
+    )
+    enabled = models.BooleanField(default=True)
+    # The raw `tools/list` JSON, exactly as the server sent it (the SDK's models drop annotations.recovery).
+    catalogue = models.JSONField(default=list, blank=True)
+    catalogue_fetched_at = models.DateTimeField(null=True, blank=True)
+    catalogue_error = models.TextField(blank=True)
+    # Receipt keys the server published ({keyId: base64url Ed25519 public key}), pinned on first sight.
+    receipt_keys = models.JSONField(default=dict, blank=True)
+    # Admins' undo recipes for the tools this server says nothing about (journal.recipes): the recipes in
+    # force (raw, one per tool), the pack they came from if any, and who last changed them, when. Written by
+    # `services.set_recipes` only; every change is in the policies' change log.
+    recipes = models.JSONField(default=list, blank=True)
+    recipe_pack = models.CharField(max_length=40, blank=True)
+    recipes_changed_by = models.CharField(max_length=150, blank=True)
+    recipes_changed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    # Moves with every save; the Recorder compares it to know its copy of the server is still current.
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["alias"], condition=~models.Q(alias=""),
+                                               name="journal_toolserver_alias_unique")]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def prefix(self) -> str:
+        """What its tools' names start with as agents see them: its alias, else its name."""
+        return self.alias or self.name
+
+    def clean(self):
+        for field in ("name", "alias"):
+            if SEPARATOR in getattr(self, field):
+                raise ValidationError(
+                    {field: f"It cannot contain {SEPARATOR!r}: that separates it from a tool's name."})
+        if self.alias and ToolServer.objects.exclude(pk=self.pk).filter(
+                models.Q(name=self.alias) | models.Q(alias=self.alias)).exists():
+            raise ValidationError(
+                {"alias": f"{self.alias!r} is already another tool server's name or alias."})
+        if ToolServer.objects.exclude(pk=self.pk).filter(alias=self.name).exists():
+            raise ValidationError({"name": f"{self.name!r} is already another tool server's alias."})
+        if self.transport == self.Transport.HTTP and not self.url:
+            raise ValidationError({"url": "A streamable HTTP server needs a URL."})
+        if self.transport == self.Transport.STDIO and not self.command:
+            raise ValidationError({"command": "A stdio server needs a command."})
+
+    def tool(self, name: str) -> dict | None:
+        for tool in self.catalogue:
+            if isinstance(tool, dict) and tool.get("name") == name:
+                return tool
+        return None
+
+    @property
+    def tool_names(self) -> set[str]:
+        return {
+            tool["name"]
+            for tool in self.catalogue
+            if isinstance(tool, dict) and isinstance(tool.get("name"), str)
+        }
+
+    def recipe(self, tool: str) -> dict | None:
+        """The raw recipe in force for `tool`, if an admin gave it one."""
+        return next((r for r in self.recipes if isinstance(r, dict) and r.get("tool") == tool), None)
