@@ -318,6 +318,9 @@ SAGA_NOTIFY_MINUTES = env_int("SAGA_NOTIFY_MINUTES", 10)
 # how often approvers are emailed about new ones at most (one message for all that came meanwhile).
 HELD_CALLS_PER_AGENT = env_int("HELD_CALLS_PER_AGENT", 20)
 HELD_CALL_NOTIFY_MINUTES = env_int("HELD_CALL_NOTIFY_MINUTES", 2)
+# A plan's lease on a record lapses this long after it was asked for if the plan is not executing then (one
+# approval of two, an approved plan not started yet, a paused plan); an executing plan keeps its leases.
+RECORD_LEASE_MINUTES = env_int("RECORD_LEASE_MINUTES", 60)
 # How Recorder processes reach each other (an agent's cancellation heard by one, for a call another makes):
 # Redis pub/sub. Without it, each process hears only itself, which is all a single process needs.
 RECORDER_BUS_URL = env_str("RECORDER_BUS_URL", REDIS_URL)

@@ -11,7 +11,7 @@ the next plan in line is handed the record and rung. Every step is on the chains
 At most one plan holds a record: a partial unique index settles two plans approved at the same moment.
 """
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import anyio
 from django.conf import settings
@@ -48,7 +48,16 @@ def take(*, plan: Plan, now: datetime, until: datetime | None = None) -> None:
     asked = set(plan.leases.open().values_list("server", "resource"))
     for server, resource in records_of(plan):
         if (server, resource) not in asked:
-            _ask(plan, server, resource, now=now, until=until)
+            _ask(plan, server, resource, now=now, until=lapses(now, until))
+
+
+def lapses(now: datetime, until: datetime | None = None) -> datetime:
+    """When a lease asked for now lapses if its plan is not executing then: `RECORD_LEASE_MINUTES` from now,
+    or sooner when the approvals that took it expire sooner. One approval of two, an approved plan the worker
+    has not started, a paused plan: none keeps a record from other plans for longer (a plan that runs later
+    asks again, and waits in line if it must)."""
+    bound = now + timedelta(minutes=settings.RECORD_LEASE_MINUTES)
+    return min(until, bound) if until is not None else bound
 
 
 def _holder(server: str, resource: str, *, besides: Plan) -> RecordLease | None:
@@ -88,20 +97,58 @@ def wait_for(*, plan: Plan, item: PlanItem, now: datetime) -> RecordLease | None
     if item.action != PlanItem.Action.COMPENSATE or not item.record \
             or item.conflict_choice == PlanItem.Choice.KEEP_NEWER:
         return None
-    server = item.step.server_name
     with transaction.atomic():
-        mine = plan.leases.open().filter(server=server, resource=item.record).first()
-        if mine is not None and mine.is_held:
-            return None
-        holder = _holder(server, item.record, besides=plan)
+        holder = _hold_or_line(plan, item.step.server_name, item.record, now)
         if holder is not None:
-            if mine is None:
-                _ask(plan, server, item.record, now=now, until=None)
-            return holder
+            _unless_each_other(plan, holder, now)
+        return holder
+
+
+def _hold_or_line(plan: Plan, server: str, record: str, now: datetime) -> RecordLease | None:
+    mine = plan.leases.open().filter(server=server, resource=record).first()
+    if mine is not None and mine.is_held:
+        return None
+    holder = _holder(server, record, besides=plan)
+    if holder is not None:
         if mine is None:
-            mine = _ask(plan, server, item.record, now=now, until=None)
-            return None if mine.is_held else _holder(server, item.record, besides=plan)
-        return None if _hand_to(mine, now) else _holder(server, item.record, besides=plan)
+            _ask(plan, server, record, now=now, until=lapses(now))
+        return holder
+    if mine is None:
+        mine = _ask(plan, server, record, now=now, until=lapses(now))
+        return None if mine.is_held else _holder(server, record, besides=plan)
+    return None if _hand_to(mine, now) else _holder(server, record, besides=plan)
+
+
+def _unless_each_other(plan: Plan, holder: RecordLease, now: datetime) -> None:
+    """`plan` is about to wait for `holder`'s record. If `holder`'s plan waits, directly or behind other
+    plans, for a record `plan` holds, they would wait for each other forever (an executing plan's leases do
+    not lapse): `plan` gives those records up, each to the next plan in line, and asks for them again at the
+    end of the line (so its items on them are checked again before they run)."""
+    given = _held_for(plan, holder)
+    for lease in given:
+        _release(lease, now=now, why=f"given up to plan {str(holder.plan.public_id)[:8]}: the two plans "
+                                     "waited for each other's records")
+    if given:
+        take(plan=plan, now=now)
+
+
+def _held_for(plan: Plan, holder: RecordLease) -> list[RecordLease]:
+    """The leases `plan` holds that `holder`'s plan waits for, directly or behind the plans it waits for."""
+    mine, seen, frontier = [], {plan.pk}, {holder.plan_id}
+    while frontier:
+        seen |= frontier
+        waits = set(RecordLease.objects.open().filter(plan_id__in=frontier, held_since__isnull=True)
+                    .values_list("server", "resource"))
+        frontier = set()
+        for held in RecordLease.objects.held().filter(resource__in={r for _, r in waits}).select_related(
+                "plan__run"):
+            if (held.server, held.resource) not in waits:
+                continue
+            if held.plan_id == plan.pk:
+                mine.append(held)
+            elif held.plan_id not in seen:
+                frontier.add(held.plan_id)
+    return mine
 
 
 def _hand_to(lease: RecordLease, now: datetime, *, released: RecordLease | None = None) -> bool:

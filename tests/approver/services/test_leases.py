@@ -87,7 +87,7 @@ def test_the_second_plan_waits_for_the_first_and_checks_the_record_again(
     assert events(waiter, "lease_waiting") == events(holder, "lease_waiting") == [told]  # both chains
     html = page(waiter, on_call)
     assert 'id="lease-wait-3"' in html and f"plan {str(holder.public_id)[:8]}</a>, which holds" in html
-    assert "asked for by olivia, held since" in html and "at the latest" in html
+    assert "asked for by olivia, held since" in html and "if it is not executing then" in html
     assert 'class="break-lease"' not in html  # only an admin may break a lease
     api = Client()
     api.force_login(on_call)
@@ -233,3 +233,70 @@ def test_two_plans_approved_at_once_exactly_one_holds_the_record(dana, on_call):
     assert on_deal.filter(held_since__isnull=False).count() == 1 and on_deal.count() == 2
     [line] = on_deal.filter(held_since__isnull=True)
     assert line.waited and line.plan in two
+
+
+def test_a_lease_lapses_unless_its_plan_is_executing_however_it_was_approved(
+    two_plans, approver_user, settings
+):
+    """Issue 43, finding 9: a plan approved by the autonomy policies held its leases forever once paused, and
+    one approval of two held them for its 24 h. A lease now lapses `RECORD_LEASE_MINUTES` after it was
+    asked for unless its plan is executing then; a plan that runs later asks again."""
+    holder, waiter = two_plans
+    now = timezone.now()
+    approve(holder, approver_user, enrolled(approver_user), choices={})  # one approval of two
+    [held] = RecordLease.objects.held()
+    assert held.until <= timezone.now() + timedelta(minutes=settings.RECORD_LEASE_MINUTES)
+    services.cancel_plan(plan=holder, by=approver_user)
+
+    with transaction.atomic():
+        leases.take(plan=waiter, now=now)  # as the policies approve a plan: no approval to expire
+    assert {lease.until for lease in waiter.leases.open()} == {now + timedelta(minutes=60)}
+    Plan.objects.filter(pk=waiter.pk).update(state=Plan.State.EXECUTING)
+    assert services.expire_leases(now=now + timedelta(minutes=61)) == 0  # executing: it keeps them
+    Plan.objects.filter(pk=waiter.pk).update(state=Plan.State.PAUSED)
+    assert services.expire_leases(now=now + timedelta(minutes=59)) == 0
+    assert services.expire_leases(now=now + timedelta(minutes=61)) == waiter.leases.count()
+    assert not RecordLease.objects.open().exists()
+
+
+def test_two_executing_plans_never_wait_for_each_other(dana, on_call, admin_user):
+    """Issue 43, finding 9: an executing plan keeps its leases while it waits for another record, so two
+    plans could each hold what the other waits for (here after an admin broke a lease), forever. The plan
+    that would close the circle gives its record up to the other, asks for it again at the end of the line,
+    and both chains say why."""
+    agent, _ = journal_services.create_agent(name="sales-bot", on_behalf_of=dana)
+    first, second = [services.request_plan(run=make_run(agent, steps=2, run_key=f"run:{name}"),
+                                           requested_by=on_call, reason="race", steps=[1, 2])
+                     for name in ("one", "two")]
+    other = "crm://acme/deal/D-882"
+    for plan, records in ((first, (DEAL, other)), (second, (other, DEAL))):
+        for item, record in zip(plan.items.order_by("position"), records, strict=True):
+            PlanItem.objects.filter(pk=item.pk).update(action="compensate", record=record, exec_state="",
+                                                       conflict_choice="")
+    now = timezone.now()
+    with transaction.atomic():
+        leases.take(plan=first, now=now)  # it holds both records
+        leases.take(plan=second, now=now + timedelta(seconds=1))  # and the second waits for both
+    services.break_lease(lease=first.leases.held().get(resource=other), by=admin_user, reason="stuck")
+    Plan.objects.filter(pk__in=[first.pk, second.pk]).update(state=Plan.State.EXECUTING)
+    assert [lease.plan for lease in RecordLease.objects.held().filter(resource=other)] == [second]
+
+    # The second plan's first item is on the other deal, which it now holds: it runs.
+    assert leases.wait_for(plan=second, item=second.items.get(position=1), now=now) is None
+    # Its second item waits for DEAL, which the first plan holds...
+    holder = leases.wait_for(plan=second, item=second.items.get(position=2), now=now)
+    assert holder.plan == first
+    # ...and the first plan's second item wants the other deal back: waiting would close the circle.
+    holder = leases.wait_for(plan=first, item=first.items.get(position=2), now=now)
+    assert holder.plan == second
+    held = {lease.resource: lease.plan for lease in RecordLease.objects.held()}
+    assert held == {DEAL: second, other: second}  # given up to the second plan, which can finish
+    assert leases.wait_for(plan=second, item=second.items.get(position=2), now=now) is None
+    [given] = first.leases.filter(resource=DEAL, released_why__startswith="given up")
+    why = f"given up to plan {str(second.public_id)[:8]}: the two plans waited for each other's records"
+    assert given.released_why == why
+    assert why in [e.data["why"] for e in second.run.entries.filter(event="lease_released")]
+    [again] = first.leases.open().filter(resource=DEAL)
+    assert not again.is_held and again.waited  # in line again, checked again before its item runs
+    leases.release(plan=second, now=now, why="the plan ended")
+    assert {lease.resource for lease in first.leases.held()} == {DEAL, other}
