@@ -10,12 +10,15 @@ from django.test import Client
 from django.urls import reverse
 
 from approver import authority, services
-from approver.models import ActionRequest, Plan
+from approver.models import ActionRequest, AutonomyPolicy, Plan
 from approver.planning import HELD_NOT_MADE
+from approver.policy import DEFAULT_DECISIONS
+from journal import services as journal_services
 from journal.models import Run, Step
 from tests.journal.helpers import run_agent
 
 from .test_approvals import approve, enrolled
+from .test_executor import ops, run_plan
 from .test_held_calls import EMAIL, decide, sales_bot, sent_emails, set_policy
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -141,3 +144,63 @@ def test_check_again_draws_a_plan_again_once_a_step_it_was_drafted_on_while_held
     assert plan.state == "drafting"
     plan = checked(plan)
     assert reasons(plan)[2][0] == "cannot_undo" and Step.objects.get(number=2).status == "ok"
+
+
+def test_a_held_change_sent_after_a_plan_was_drafted_is_undone_once_over_a_change_an_approver_overrode(
+        recorder, sales_bot, sample_servers, admin_user, on_call, approver_user, second_approver, dana,
+        settings):
+    """A sequence: sales-bot raises deal D-882's amount (step 1); from then on its changes are asked about,
+    and its change of D-881's stage is held and the agent told (step 2). A plan from step 1 is drafted then:
+    undo the amount, nothing to undo for the stage. ana approves the stage change, the agent calls again and
+    it goes out as step 3; ops-bot then changes D-881's amount. Check again draws the plan afresh: step 3's
+    change is to be undone too, in conflict with ops-bot's. Both approvers sign an overwrite, and the worker
+    undoes each change once: the CRM's ledger has two compensations, both deals have the stage and amount
+    sales-bot found, and ops-bot's amount stays (step 3 did not touch it)."""
+    settings.RECORDER_HOLD_WAIT_SECONDS = 0.5
+    agent, token = sales_bot
+    raised = run_agent(recorder, token, lambda client: client.call_tool(
+        "crm__update_deal", {"deal_id": "D-882", "amount": 15000}))
+    assert not raised.is_error
+    services.save_policy(row=AutonomyPolicy(name="sales-bot asks", scope="agent", agent=agent,
+                                            decisions={**DEFAULT_DECISIONS, "compensate_api": "ask"}),
+                         by=admin_user)
+    told = run_agent(recorder, token, lambda client: client.call_tool("crm__update_deal", WON))
+    assert told.is_error and "awaits approval" in told.content[0].text
+    run = Run.objects.get(agent=agent)
+    plan = checked_request(run, on_call)
+    assert reasons(plan) == {1: ("compensate", reasons(plan)[1][1]),
+                             2: ("nothing_to_undo", "Held for approval and never sent.")}
+
+    decide(ActionRequest.objects.get(), approver_user, "approve")
+    assert Plan.objects.get(pk=plan.pk).state == "drafting"
+    sent = run_agent(recorder, token, lambda client: client.call_tool("crm__update_deal", WON))
+    assert not sent.is_error and Step.objects.get(run=run, number=3).status == "ok"
+    ops_token = journal_services.create_agent(name="ops-bot", on_behalf_of=dana)[1]
+    other = run_agent(recorder, ops_token, lambda client: client.call_tool(
+        "crm__update_deal", {"deal_id": "D-881", "amount": 52000}))
+    assert not other.is_error
+
+    plan = checked(Plan.objects.get(pk=plan.pk))
+    now = reasons(plan)
+    assert plan.state == "ready" and (now[1][0], now[3][0]) == ("compensate", "compensate"), now
+    assert services.conflict_positions(plan) == {plan.items.get(step__number=3).position}
+    overwrite = {str(position): "overwrite" for position in services.conflict_positions(plan)}
+    for user in (approver_user, second_approver):
+        approve(plan, user, enrolled(user), choices=overwrite)
+    plan = run_plan(Plan.objects.get(pk=plan.pk))
+    outcomes = {item.step.number: item.outcome for item in plan.items.select_related("step")}
+    assert plan.state == "completed" and outcomes[1] == outcomes[3] == "compensated", outcomes
+    assert len(ops(sample_servers, "crm")) == 2  # each change undone once
+
+    async def deals(client):
+        return [(await client.call_tool("crm__get_deal", {"deal_id": deal})).structured_content
+                for deal in ("D-881", "D-882")]
+
+    d881, d882 = run_agent(recorder, ops_token, deals)
+    assert (d881["stage"], str(d881["amount"])) == ("Proposal", "52000")
+    assert (d882["stage"], str(d882["amount"])) == ("Qualification", "12000")
+
+
+def checked_request(run, by) -> Plan:
+    plan = services.request_plan(run=run, requested_by=by, reason="wrong deal", from_step=1)
+    return services.run_checks(plan=plan, check_round=plan.check_round) or Plan.objects.get(pk=plan.pk)
