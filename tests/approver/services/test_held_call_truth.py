@@ -365,3 +365,60 @@ def test_a_2026_agent_that_declared_tasks_gets_a_task_that_ends_with_the_real_re
         assert sent_emails(sample_servers) == [] and step.held_end == "denied"
     time.sleep(1)
     assert len(sent_emails(sample_servers)) == (1 if decision == "approve" else 0)  # once, never again
+
+
+def test_a_held_call_as_a_task_whose_agent_never_asks_again_is_still_sent_once_and_journaled(
+        recorder, sales_bot, sample_servers, admin_user, approver_user):
+    """A sequence: a 2026 agent that declared tasks gets its handle and hangs up, never to ask about it. ana
+    approves: the Recorder sends the call itself, once, and journals its outcome; the record says held →
+    approved by ana → sent → ok, and a `tasks/get` long after still gets the real result."""
+    from tests.journal.test_task_calls import call as task_call
+
+    _, token = sales_bot
+    set_policy(admin_user)
+    handle = task_call(f"{recorder.base}/mcp/", "mail__send_email", EMAIL, token=token)["result"]
+    action = ActionRequest.objects.get()
+    assert handle["taskId"] == f"held:{action.public_id}" and sent_emails(sample_servers) == []
+    decide(action, approver_user, "approve")
+    step = wait_for(lambda: Step.objects.filter(status="ok").first(), what="the approved call's outcome")
+    assert len(sent_emails(sample_servers)) == 1
+    entries = step.run.entries.filter(data__step=step.number).order_by("seq")
+    assert list(entries.values_list("event", flat=True)) == ["call", "released", "result"]
+    assert step.run.entries.get(event="released").data["approvedBy"] == "ana"
+    later = held_task_until(recorder, token, handle["taskId"], "completed")
+    assert "Emailed 'Welcome aboard, Globex'" in later["result"]["content"][0]["text"]
+    time.sleep(1)
+    assert len(sent_emails(sample_servers)) == 1
+
+
+def test_two_held_calls_on_one_record_are_each_decided_and_sent_at_most_once(
+        recorder, sales_bot, sample_servers, admin_user, approver_user, settings):
+    """A sequence: two calls on the same deal (its stage, then its amount) are both held and the agent told
+    of each. ana approves the first and denies the second. The agent makes both again: the first goes through
+    once; the second is not sent (it waits anew, as a new held call). The CRM's ledger has one change, and
+    each held step's trail says how it ended."""
+    from journal import ports
+
+    settings.RECORDER_HOLD_WAIT_SECONDS = 0.5
+    _, token = sales_bot
+    set_policy(admin_user, compensate_api="ask")
+    stage, amount = {"deal_id": "D-881", "stage": "Won"}, {"deal_id": "D-881", "amount": 52000}
+    for arguments in (stage, amount):
+        told = call(recorder, token, "crm__update_deal", arguments)
+        assert told.is_error and "awaits approval" in told.content[0].text
+    first, second = ActionRequest.objects.order_by("created_at")
+    decide(first, approver_user, "approve")
+    decide(second, approver_user, "reject", reason="the amount is agreed already")
+    sent = call(recorder, token, "crm__update_deal", stage)
+    refused = call(recorder, token, "crm__update_deal", amount)
+    assert not sent.is_error and refused.is_error
+    changes = [entry for entry in sample_servers.ledger("crm") if entry["op"] == "update_deal"]
+    assert len(changes) == 1 and "stage" in json.dumps(changes[0])
+    steps = list(Step.objects.filter(tool="update_deal").order_by("number"))
+    stories = ports.story().steps(steps)
+    trails = [[part["what"] for part in stories[step.pk]["held"]["trail"]] for step in steps]
+    assert trails[0][-2:] == ["approved by ana",
+                              f"sent with the agent's next identical call (step {steps[2].number})"]
+    assert any(part.startswith("denied by ana") for part in trails[1]), trails[1]
+    assert steps[2].status == "ok" and steps[3].status != "ok" and steps[3].held_call not in ("", None)
+    assert steps[3].held_call != str(second.public_id)  # a new held call: a denial is not reused
