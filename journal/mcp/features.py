@@ -81,9 +81,11 @@ def uris_in(result: Any) -> Iterator[str]:
 
 @dataclass(frozen=True)
 class _Listed:
-    """A server's name and the tools it lists to one agent session (as `gateway.agent_tools` reads them)."""
+    """A server's name, the prefix of its tools' names, and the tools it lists to one agent session (as
+    `gateway.agent_tools` reads them)."""
 
     name: str
+    prefix: str
     catalogue: list[dict]
 
 
@@ -176,7 +178,8 @@ class Features:
         live = await self._each(servers, lambda server: self.upstreams.list_tools(
             endpoint_of(server), owner=owner), "is listed with its kept tools: its live list failed")
         return [
-            _Listed(server.name, live[server.name]) if server.name in live else server for server in servers
+            _Listed(server.name, server.prefix, live[server.name]) if server.name in live else server
+            for server in servers
         ]
 
     @staticmethod
