@@ -167,22 +167,30 @@ def plan_ready(plan: Plan) -> int:
 def saga_plans_ready(plans: list[Plan]) -> int:
     """One message for the plans saga policies opened after failed calls: each approver is emailed once,
     listing the plans they may sign; the webhook once, listing them all. Returns how many were emailed."""
-    mine: dict[str, list[Plan]] = {}
     for plan in plans:
         _keep_what_was_sent(plan)
-        for user in approvers_to_tell(plan):
-            mine.setdefault(user.email, []).append(plan)
+    return _digests(plans, approvers_to_tell, _saga_digest, what="saga plans")
+
+
+def _digests(things: list, readers, digest, *, what: str) -> int:
+    """One message per approver for `things` (plans or held calls): each is emailed once, listing those of
+    `things` they may decide (`readers(thing)`: the users), in `digest(listed) -> (subject, text)`;
+    approvers who may decide the same ones share one message. The webhook hears once, of them all. Returns
+    how many messages were emailed."""
+    mine: dict[str, list] = {}
+    for thing in things:
+        for user in readers(thing):
+            mine.setdefault(user.email, []).append(thing)
     together: dict[tuple[int, ...], list[str]] = {}
     for address, theirs in mine.items():
-        together.setdefault(tuple(p.pk for p in theirs), []).append(address)
-    by_pk = {plan.pk: plan for plan in plans}
-    sent = 0
+        together.setdefault(tuple(thing.pk for thing in theirs), []).append(address)
+    by_pk, sent = {thing.pk: thing for thing in things}, 0
     for pks, recipients in together.items():
-        subject, text = _saga_digest([by_pk[pk] for pk in pks])
-        sent += email(subject, text, sorted(recipients), about=f"{len(pks)} saga plans")
-    if settings.APPROVAL_WEBHOOK_URL:
-        subject, text = _saga_digest(plans)
-        webhook(slack_escaped(f"{header_safe(subject)}. {text}"), about=f"{len(plans)} saga plans")
+        subject, text = digest([by_pk[pk] for pk in pks])
+        sent += email(subject, text, sorted(recipients), about=f"{len(pks)} {what}")
+    if settings.APPROVAL_WEBHOOK_URL and things:
+        subject, text = digest(things)
+        webhook(slack_escaped(f"{header_safe(subject)}. {text}"), about=f"{len(things)} {what}")
     return sent
 
 
@@ -199,22 +207,12 @@ def held_calls_requested(actions: list[ActionRequest]) -> int:
     """One message for the held calls nobody was told of yet: each approver is emailed once, listing the
     calls they may decide; the webhook once, listing them all. Returns how many were emailed."""
     users = get_user_model().objects.filter(is_active=True).exclude(email="")
-    mine: dict[str, list[ActionRequest]] = {}
-    for action in actions:
-        for user in users.filter(groups__name=action.approver_group).distinct():
-            if not authority.action_refusal(action=action, user=user):
-                mine.setdefault(user.email, []).append(action)
-    together: dict[tuple[int, ...], list[str]] = {}
-    for address, theirs in mine.items():
-        together.setdefault(tuple(a.pk for a in theirs), []).append(address)
-    by_pk, sent = {action.pk: action for action in actions}, 0
-    for pks, recipients in together.items():
-        subject, text = _held_digest([by_pk[pk] for pk in pks])
-        sent += email(subject, text, sorted(recipients), about=f"{len(pks)} held calls")
-    if settings.APPROVAL_WEBHOOK_URL and actions:
-        subject, text = _held_digest(actions)
-        webhook(slack_escaped(f"{header_safe(subject)}. {text}"), about=f"{len(actions)} held calls")
-    return sent
+
+    def readers(action: ActionRequest):
+        return [user for user in users.filter(groups__name=action.approver_group).distinct()
+                if not authority.action_refusal(action=action, user=user)]
+
+    return _digests(actions, readers, _held_digest, what="held calls")
 
 
 def _held_digest(actions: list[ActionRequest]) -> tuple[str, str]:
