@@ -8,6 +8,7 @@ import json
 import os
 from datetime import timedelta
 
+import httpx2
 import pytest
 from django.utils import timezone
 from hypothesis import HealthCheck, example, given, settings
@@ -18,6 +19,7 @@ from journal.models import Agent, Run, Step
 from journal.services import in_flight as step_services  # where the reconciler closes steps
 
 from .helpers import post_stateless_call, register_samples, settle
+from .test_task_calls import answer_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -191,24 +193,15 @@ def test_a_task_handle_an_agent_makes_up_gets_a_clear_error_and_changes_nothing(
         body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {"taskId": task_id, "_meta": meta}}
         response = _post(recorder, token, method, body)
         assert response.status_code < 500, response.text
-        answer = _answer(response)
+        answer = answer_of(response)
         assert "error" in answer and answer["error"]["code"] in (-32700, -32600, -32602, -32601), (
             response.status_code, response.headers, answer)
     assert Step.objects.count() == before
 
 
 def _post(recorder, token: str, method: str, body: dict):
-    import httpx2
-
+    """`body` as written (its task handle may be no string at all, so no Mcp-Name header)."""
     return httpx2.post(f"{recorder.base}/mcp/", content=json.dumps(body).encode(), timeout=30, headers={
         "authorization": f"Bearer {token}", "content-type": "application/json",
         "accept": "application/json, text/event-stream", "mcp-protocol-version": "2026-07-28",
         "mcp-method": method})
-
-
-def _answer(response) -> dict:
-    """The JSON-RPC answer, whether it came as JSON or as an event stream."""
-    if response.headers.get("content-type", "").startswith("text/event-stream"):
-        data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
-        return json.loads(data[-1]) if data else {}
-    return response.json() if response.content else {}

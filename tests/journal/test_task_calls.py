@@ -55,11 +55,15 @@ def rpc(url: str, method: str, params: dict, *, name: str = "", token: str = "",
     headers = {"content-type": "application/json", "accept": "application/json, text/event-stream",
                "mcp-protocol-version": VERSION, "mcp-method": method, "mcp-name": name,
                **({"authorization": f"Bearer {token}"} if token else {})}
-    response = httpx2.post(url, content=json.dumps(body), headers=headers, timeout=30)
+    return answer_of(httpx2.post(url, content=json.dumps(body), headers=headers, timeout=30))
+
+
+def answer_of(response) -> dict:
+    """The JSON-RPC answer, whether it came as JSON or as an event stream ({} when there is none)."""
     if response.headers.get("content-type", "").startswith("text/event-stream"):
         data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
-        return json.loads(data[-1])
-    return response.json()
+        return json.loads(data[-1]) if data else {}
+    return response.json() if response.content else {}
 
 
 def call(url, tool, arguments, **options) -> dict:
