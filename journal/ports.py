@@ -102,6 +102,9 @@ class PolicyGate(Protocol):
     def state(self, held_id: int) -> HeldCallState | None:
         """Where the request stands now: one cheap read, polled while the agent waits."""
 
+    def held_call(self, public_id: str) -> HeldCall | None:
+        """The request a held call waits on, by its public id (None if there is none)."""
+
     def claim(self, *, held_id: int, opened: Any, meta: dict[str, Any] | None) -> bool:
         """Use an approval for this one call and release its held step (`opened`) to be sent with `meta`, in
         one transaction; False, with nothing released, if it is not (or no longer) approved or the step is

@@ -196,6 +196,11 @@ class HeldCallGate:
         row = held_call_state(held_id)
         return ports.HeldCallState(*row) if row is not None else None
 
+    def held_call(self, public_id: str) -> ports.HeldCall | None:
+        action = ActionRequest.objects.filter(public_id=public_id).first()
+        return ports.HeldCall(id=action.pk, public_id=str(action.public_id), url=action_url(action)) \
+            if action is not None else None
+
     def claim(self, *, held_id: int, opened: journal_services.OpenedStep,
               meta: dict[str, Any] | None) -> bool:
         return claim_approved_action(action_id=held_id, opened=opened, meta=meta)

@@ -162,7 +162,7 @@ class Recorder:
         await self.journal.run(keys.signing_key)
         try:
             async with self.upstreams, self.listening, self.bus:
-                await self.tasks.follower.resume()  # tasks in flight before this start are followed too
+                await self.tasks.resume(self._complete)  # tasks in flight before this start are followed too
                 try:
                     yield
                 finally:

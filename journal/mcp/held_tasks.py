@@ -6,21 +6,26 @@ JSON-RPC error); denied or expired, the task completes with that, as a tool erro
 says where it stands ("Waiting for approval at <link>" while it waits).
 
 The wait runs in the Recorder process that took the call; the held step is marked alive meanwhile, like any
-held call. A process that dies leaves the step to the reconciler ("the Recorder holding it stopped: never
-sent"), and a `tasks/get` then says so, read from the record, in any process."""
+held call. When that process dies (or restarts), another running Recorder process, or the restarted one,
+takes the wait over (`adopt_orphans`, exactly one of them, within `ADOPT_AFTER_SECONDS` and a beat), and the
+task goes on as before: `tasks/get` in any process reads the record. Only when no Recorder runs for
+`ports.HOLD_LOST_SECONDS` does the reconciler close the step ("the Recorder holding it stopped: never sent"),
+and `tasks/get` then says so."""
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import mcp_types as types
 from asgiref.sync import sync_to_async
+from django.utils import timezone
 from mcp import MCPError
 
-from .. import ports
+from .. import ports, services
 from ..models import Agent, Step
 from . import earlier as earlier_reads
 from . import holding
@@ -125,13 +130,22 @@ WAIT_SECONDS = 30 * 24 * 3600
 async def held_as_task(journal, upstreams, held_tasks: HeldTasks, complete, *, agent: Agent, opened,
                        started, owner, arguments: dict, version: str) -> Any:
     """The agent's held call as a task (see the module): the handle now, the call sent once approved."""
-    held = await holding.open_hold(journal, agent, opened)
+    held = await holding.open_hold(journal, agent, opened, task=True)
     if not isinstance(held, ports.HeldCall):
         return tool_error(*held)
     standing = await sync_to_async(ports.gate().state)(held.id)
+    work = _work(journal, upstreams, complete, held=held, opened=opened, started=started, owner=owner,
+                 arguments=arguments, version=version)
+    return held_tasks.start(held, standing.expires_at if standing else None, work)
+
+
+def _work(journal, upstreams, complete, *, held: ports.HeldCall, opened, started, owner, arguments: dict,
+          version: str) -> Callable[[], Awaitable[Any]]:
+    """Wait for the decision on `held`, then send the call once: its result, or a tool error saying why it
+    was not sent."""
 
     async def work():
-        refusal, sent = await holding.decided(journal, opened, held, None, WAIT_SECONDS)
+        refusal, sent = await holding.decided(journal, opened, held, None, WAIT_SECONDS, agent_waits=False)
         released = opened
         if refusal is None:  # approved and released: a recipe reads the record again, as it is now
             released, refusal = await earlier_reads.again(journal, upstreams, opened, arguments, owner)
@@ -144,4 +158,44 @@ async def held_as_task(journal, upstreams, held_tasks: HeldTasks, complete, *, a
             await journaled
         return result
 
-    return held_tasks.start(held, standing.expires_at if standing else None, work)
+    return work
+
+
+# A held task whose process has not marked it for this long has nobody waiting on it: another process takes
+# it over (well before the reconciler would close it as never sent, `ports.HOLD_LOST_SECONDS`).
+ADOPT_AFTER_SECONDS = 2 * ports.HOLD_BEAT_SECONDS
+
+
+async def adopt_orphans(journal, upstreams, held_tasks: HeldTasks, complete, version: str) -> None:
+    """For as long as this Recorder runs: every `ports.HOLD_BEAT_SECONDS`, take over the held calls agents
+    have as tasks whose process stopped waiting on them (killed, or restarted), exactly one process each,
+    and wait on them here as their own process did."""
+    while True:
+        try:
+            for step, held in await sync_to_async(_orphans)(timezone.now()):
+                if held_tasks.waiting.get(handle_of(held), {}).get("status") == "working":
+                    continue
+                if not await journal.run(services.adopt_held_task, step_id=step.pk, seen=step.held_seen_at,
+                                         now=timezone.now()):
+                    continue  # another process took it
+                logger.info("took over waiting on held call %s (step %s)", held.public_id, step.pk)
+                standing = await sync_to_async(ports.gate().state)(held.id)
+                opened = dataclasses.replace(services.opened_again(step), policy=step.policy_decision or {},
+                                             earlier=step.earlier_state)
+                work = _work(journal, upstreams, complete, held=held, opened=opened,
+                             started=step.started_at, owner=(step.run.agent_id, ""),
+                             arguments=step.arguments or {}, version=version)
+                held_tasks.start(held, standing.expires_at if standing else None, work)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the next round tries again; the reconciler is the backstop
+            logger.exception("could not look for held tasks to take over")
+        await asyncio.sleep(ports.HOLD_BEAT_SECONDS)
+
+
+def _orphans(now: datetime) -> list[tuple[Step, ports.HeldCall]]:
+    stale = now - timedelta(seconds=ADOPT_AFTER_SECONDS)
+    steps = (Step.objects.filter(status=Step.Status.HELD, held_task=True, held_seen_at__lt=stale)
+             .exclude(held_call="").select_related("server", "run"))
+    gate = ports.gate()
+    return [(step, held) for step in steps if (held := gate.held_call(step.held_call)) is not None]

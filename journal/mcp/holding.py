@@ -68,10 +68,11 @@ async def approved(journal: JournalThread, upstreams, agent: Agent, opened: serv
     return refusal, opened, sent
 
 
-async def open_hold(journal: JournalThread, agent: Agent,
-                    opened: services.OpenedStep) -> ports.HeldCall | Refusal:
+async def open_hold(journal: JournalThread, agent: Agent, opened: services.OpenedStep, *,
+                    task: bool = False) -> ports.HeldCall | Refusal:
     """The request the held call waits on (approvers told of it), or the refusal when it cannot be held
-    (the agent has as many waiting as it may), with the attempt closed as never sent."""
+    (the agent has as many waiting as it may), with the attempt closed as never sent. `task`: the agent has
+    it as a task (any Recorder process may take over the wait)."""
     gate = ports.gate()
     try:
         held = await journal.run(
@@ -84,13 +85,15 @@ async def open_hold(journal: JournalThread, agent: Agent,
                           advice=advice.as_wire())
         return refused.message, advice, {}
     await journal.run(services.held_step_alive, step_id=opened.step_id, now=timezone.now(),
-                      held_call=held.public_id)
+                      held_call=held.public_id, task=task)
     return held
 
 
 async def decided(journal: JournalThread, opened: services.OpenedStep, held: ports.HeldCall, progress,
-                  wait: float) -> tuple[Refusal | None, dict | None]:
-    """Wait up to `wait` seconds for the approvers' decision on `held` (`hold`)."""
+                  wait: float, *, agent_waits: bool = True) -> tuple[Refusal | None, dict | None]:
+    """Wait up to `wait` seconds for the approvers' decision on `held` (`hold`). Cancelled, the agent stopped
+    waiting (`agent_waits`) and the attempt is closed as such; for a held call the agent has as a task, it is
+    this process that stops (a restart): the step stays held for another to take over (`held_tasks`)."""
     gate = ports.gate()
     meta = held_call_meta(opened.request_meta)
     secret = idempotency.secret(settings.SECRET_KEY)
@@ -118,6 +121,8 @@ async def decided(journal: JournalThread, opened: services.OpenedStep, held: por
                 await journal.run(services.held_step_alive, step_id=opened.step_id, now=timezone.now())
             await asyncio.sleep(HOLD_POLL_SECONDS)
     except get_cancelled_exc_class():
+        if not agent_waits:
+            raise
         # The agent stopped waiting (its client timed out and cancelled, or hung up). Submitted, not awaited:
         # the write runs on the journal thread whatever becomes of this task.
         waited = loop.time() - began

@@ -9,6 +9,8 @@ whose call made the task can ask about it. `tasks/update` (the agent's answers t
 `tasks/cancel` (journaled like any cancel) go to the server as sent.
 """
 
+import asyncio
+import contextlib
 import logging
 from datetime import timedelta
 from typing import Any
@@ -113,9 +115,22 @@ class TaskCalls:
         self.remember = remember  # what a result hands the agent is readable through the Recorder after
         self.follower = TaskFollower(journal, upstreams, outcome_of)  # the outcome, whether the agent asks
         self.held = HeldTasks()  # held calls waited on as tasks (`held_tasks`)
+        self.adopting: asyncio.Task | None = None
+
+    async def resume(self, complete) -> None:
+        """At the Recorder's start: follow every task still in flight, and from now on take over the held
+        calls agents have as tasks whose process stopped waiting on them (`held_tasks.adopt_orphans`;
+        `complete` sends an approved one, as `Gateway._complete`)."""
+        await self.follower.resume()
+        self.adopting = asyncio.get_running_loop().create_task(held_tasks.adopt_orphans(
+            self.journal, self.upstreams, self.held, complete, max(versions.MODERN)), name="adopt held tasks")
 
     async def close(self) -> None:
         """Stop following tasks and waiting on held calls (the record says where each stands)."""
+        if self.adopting is not None:
+            self.adopting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.adopting
         await self.follower.close()
         await self.held.close()
 

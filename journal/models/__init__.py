@@ -237,6 +237,9 @@ class Step(models.Model):
     held_seen_at = models.DateTimeField(null=True, blank=True)
     # The held call (its public id on the approval side) this step waited on: identical calls share one.
     held_call = models.CharField(max_length=36, blank=True)
+    # The agent has this held call as a task (`mcp.held_tasks`): whichever Recorder process is running waits
+    # for its decision and sends it, taking it over when the one that held it stops marking it.
+    held_task = models.BooleanField(default=False)
     # How an attempt that was held and never sent ended (`ports.HeldEnd`), set with its refusal.
     held_end = models.CharField(max_length=8, choices=HeldEnd.CHOICES, blank=True)
 

@@ -254,11 +254,19 @@ def release_held_step(*, opened: OpenedStep, approval: dict[str, Any], now: date
     return True
 
 
-def held_step_alive(*, step_id: int, now: datetime, held_call: str = "") -> bool:
+def held_step_alive(*, step_id: int, now: datetime, held_call: str = "", task: bool = False) -> bool:
     """The process holding this call still waits on it (`ports.HOLD_BEAT_SECONDS`), on the held call
-    `held_call` when it says which; False once it is not held any more."""
-    values = {"held_seen_at": now, **({"held_call": held_call[:36]} if held_call else {})}
+    `held_call` when it says which, and for the agent as a task when `task`; False once it is not held."""
+    values = {"held_seen_at": now, **({"held_call": held_call[:36]} if held_call else {}),
+              **({"held_task": True} if task else {})}
     return bool(sql.update(Step, step_id, values, only_if={"status": Step.Status.HELD}))
+
+
+def adopt_held_task(*, step_id: int, seen: datetime | None, now: datetime) -> bool:
+    """Take over waiting on a held call the agent has as a task, whose process stopped marking it (last
+    marked at `seen`): True for exactly one of the processes that try (a conditional update)."""
+    return bool(Step.objects.filter(pk=step_id, status=Step.Status.HELD, held_task=True, held_seen_at=seen)
+                .update(held_seen_at=now))
 
 
 def refuse_step(

@@ -163,3 +163,42 @@ def test_killing_the_recorder_at_every_point_of_a_held_calls_life_sends_nothing_
     # The call killed while held was never sent; approved afterwards, the agent's next call sent it once.
     assert ledger["killed while held"] == 1
     assert subject_steps("held").filter(held_end=ports.HeldEnd.LOST).count() == 1
+
+
+@needs_redis
+def test_a_held_call_an_agent_has_as_a_task_is_taken_over_when_its_recorder_is_killed(
+        sample_servers, dana, admin_user, approver_user, tmp_path):
+    """A 2026 agent that declared tasks has its held call as a task; every Recorder process is killed while
+    it waits for approvers. A new process takes the wait over (exactly one: the step is marked alive again,
+    and the reconciler leaves it alone); ana approves; the call is sent once, its outcome journaled, and the
+    agent's `tasks/get`, to whichever process answers, gets the server's real result."""
+    from tests.journal.test_task_calls import call as task_call
+    from tests.journal.test_task_calls import rpc
+
+    register_samples(sample_servers, names=("mail",))
+    _, token = services.create_agent(name="sales-bot", on_behalf_of=dana)
+    set_policy(admin_user)
+    point = "held as a task"
+    with open(tmp_path / "recorder.log", "w") as log, recorder_processes(2, log) as (url, master):
+        handle = task_call(url, "mail__send_email", email(point), token=token)["result"]
+        assert handle["status"] == "working" and handle["taskId"].startswith("held:"), handle
+        wait_for(lambda: subject_steps(point).filter(status="held", held_task=True).exists(), "the call held")
+        kill_the_recorder(master, url)
+        killed_at = timezone.now()
+        taken = wait_for(lambda: subject_steps(point).filter(status="held", held_seen_at__gt=killed_at)
+                         .first(), "a new Recorder process taking the wait over", timeout=60)
+        assert services.reconcile_stale_steps(older_than=timezone.now()) == 0  # alive: left alone
+        assert mailed(sample_servers)[f"killed while {point}"] == 0
+        action = ActionRequest.objects.get(arguments__subject=f"killed while {point}")
+        decide(action, approver_user, "approve")
+        step = wait_for(lambda: subject_steps(point).filter(pk=taken.pk, status="ok").first(),
+                        "the approved call's outcome", timeout=30)
+        for _ in range(4):  # any process answers from the record
+            answer = rpc(url, "tasks/get", {"taskId": handle["taskId"]}, name=handle["taskId"], token=token)
+            assert answer["result"]["status"] == "completed", answer
+            assert "Emailed 'killed while held as a task'" in answer["result"]["result"]["content"][0]["text"]
+        time.sleep(2)
+    assert mailed(sample_servers)[f"killed while {point}"] == 1
+    entries = step.run.entries.filter(data__step=step.number).order_by("seq")
+    assert list(entries.values_list("event", flat=True)) == ["call", "released", "result"]
+    assert services.verify_run(run=step.run).ok
