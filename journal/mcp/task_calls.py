@@ -115,22 +115,24 @@ class TaskCalls:
         self.remember = remember  # what a result hands the agent is readable through the Recorder after
         self.follower = TaskFollower(journal, upstreams, outcome_of)  # the outcome, whether the agent asks
         self.held = HeldTasks()  # held calls waited on as tasks (`held_tasks`)
-        self.adopting: asyncio.Task | None = None
+        self.adopting: list[asyncio.Task] = []
 
     async def resume(self, complete) -> None:
-        """At the Recorder's start: follow every task still in flight, and from now on take over the held
-        calls agents have as tasks whose process stopped waiting on them (`held_tasks.adopt_orphans`;
-        `complete` sends an approved one, as `Gateway._complete`)."""
+        """At the Recorder's start, and from then on: take over the tasks in flight that nobody follows
+        (`TaskFollower.adopt`), and the held calls agents have as tasks whose process stopped waiting on them
+        (`held_tasks.adopt_orphans`; `complete` sends an approved one, as `Gateway._complete`)."""
+        loop = asyncio.get_running_loop()
         await self.follower.resume()
-        self.adopting = asyncio.get_running_loop().create_task(held_tasks.adopt_orphans(
-            self.journal, self.upstreams, self.held, complete, max(versions.MODERN)), name="adopt held tasks")
+        self.adopting = [loop.create_task(self.follower.adopt(), name="adopt tasks"), loop.create_task(
+            held_tasks.adopt_orphans(self.journal, self.upstreams, self.held, complete, max(versions.MODERN)),
+            name="adopt held tasks")]
 
     async def close(self) -> None:
         """Stop following tasks and waiting on held calls (the record says where each stands)."""
-        if self.adopting is not None:
-            self.adopting.cancel()
+        for adopting in self.adopting:
+            adopting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self.adopting
+                await adopting
         await self.follower.close()
         await self.held.close()
 

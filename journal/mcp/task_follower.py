@@ -3,16 +3,20 @@ journaled whether or not the agent ever asks (`tasks/get`): it polls the server 
 the task's time to live, and journals the end the first time it is seen, by it or by the agent's own
 `tasks/get` (closing a step is a conditional update: whoever sees the end first journals it, once).
 
-A Recorder that starts again picks up every task still in flight (a restart, a crash, another process's
-task): each process follows them all, which costs some duplicate polling and never a duplicate outcome. A
-task whose time to live runs out unseen is closed by the reconciler as unknown (the server may have acted)."""
+The process following a task marks its step at every look (`Step.task_seen_at`). Every running Recorder
+process looks, every `ADOPT_EVERY` seconds, for tasks still in flight that nobody has marked for
+`ADOPT_AFTER` (their process was killed, or restarted) and takes each over, exactly one process each (a
+conditional update): a task is followed by one process at a time, and by some process as long as one runs.
+A task whose time to live runs out unseen is closed by the reconciler as unknown (the server may have
+acted)."""
 
 import asyncio
 import contextlib
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from asgiref.sync import sync_to_async
+from django.db.models import Q
 from django.utils import timezone
 
 from .. import services
@@ -25,6 +29,8 @@ logger = logging.getLogger(__name__)
 FIRST_PAUSE = 1.0  # seconds before the first look: most tasks are not done at once
 LONGEST_PAUSE = 15.0  # the pause doubles up to this
 GIVE_UP_AFTER = 20  # consecutive failed looks (the server down for minutes): the reconciler takes over
+ADOPT_AFTER = 3 * LONGEST_PAUSE  # a task unmarked this long (seconds) has nobody following it
+ADOPT_EVERY = LONGEST_PAUSE  # how often each process looks for such tasks
 
 
 class TaskFollower:
@@ -45,13 +51,29 @@ class TaskFollower:
         self.following[step_id].add_done_callback(lambda _: self.following.pop(step_id, None))
 
     async def resume(self) -> int:
-        """Follow every task still in flight, as the record has them (after a restart, or another
-        process's); how many."""
-        rows = await sync_to_async(_in_flight)(timezone.now())
-        for step, owner in rows:
+        """Take over every task still in flight that nobody follows (`ADOPT_AFTER`): after a restart, or
+        another process's that died; how many this process took."""
+        taken = 0
+        for step, owner in await sync_to_async(_unfollowed)(timezone.now()):
+            if step.pk in self.following or not await self.journal.run(
+                    services.task_followed, step_id=step.pk, seen=step.task_seen_at, now=timezone.now(),
+                    adopt=True):
+                continue  # this process follows it already, or another took it first
             self.follow(services.RunningTask(opened=services.opened_again(step), started=step.started_at,
                                              status=step.status), step.task_id, step.task_until, owner)
-        return len(rows)
+            taken += 1
+        return taken
+
+    async def adopt(self) -> None:
+        """For as long as this Recorder runs: `resume` every `ADOPT_EVERY` seconds."""
+        while True:
+            try:
+                await self.resume()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the next round tries again; the reconciler is the backstop
+                logger.exception("could not look for tasks nobody follows")
+            await asyncio.sleep(ADOPT_EVERY)
 
     async def close(self) -> None:
         for following in list(self.following.values()):
@@ -68,7 +90,7 @@ class TaskFollower:
             pause = min(pause * 2, LONGEST_PAUSE)
             if until is not None and timezone.now() >= until:
                 return  # its time to live is over: the reconciler closes it as unknown
-            if not await sync_to_async(_still_pending)(opened.step_id):
+            if not await self.journal.run(services.task_followed, step_id=opened.step_id, now=timezone.now()):
                 return  # the agent's own tasks/get saw the end (or the reconciler closed it)
             try:
                 answer = await self.upstreams.task_request(endpoint, "tasks/get", {"taskId": task_id},
@@ -87,11 +109,9 @@ class TaskFollower:
                 return
 
 
-def _still_pending(step_id: int) -> bool:
-    return Step.objects.filter(pk=step_id, status=Step.Status.PENDING).exists()
-
-
-def _in_flight(now: datetime) -> list[tuple[Step, tuple[int, str]]]:
+def _unfollowed(now: datetime) -> list[tuple[Step, tuple[int, str]]]:
+    quiet = now - timedelta(seconds=ADOPT_AFTER)
     steps = (Step.objects.filter(status=Step.Status.PENDING, task_id__gt="", server__isnull=False)
+             .filter(Q(task_seen_at__lt=quiet) | Q(task_seen_at__isnull=True, started_at__lt=quiet))
              .exclude(task_until__lte=now).select_related("server", "run"))
     return [(step, (step.run.agent_id, "")) for step in steps]

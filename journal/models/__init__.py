@@ -232,6 +232,9 @@ class Step(models.Model):
     # server's task id until the task's end is seen, or its time to live (`task_until`, None: unlimited) ends.
     task_id = models.CharField(max_length=200, blank=True, db_index=True)
     task_until = models.DateTimeField(null=True, blank=True)
+    # The Recorder process following that task marks it at every look: one not marked for a while has
+    # nobody following it, and another process takes it over (`mcp.task_follower`).
+    task_seen_at = models.DateTimeField(null=True, blank=True)
     # While a call is held for approval, the process holding it marks it every few seconds: a held step not
     # marked for a while has nobody waiting on it (its Recorder stopped), and the reconciler settles it.
     held_seen_at = models.DateTimeField(null=True, blank=True)

@@ -27,6 +27,7 @@ from .in_flight import (
     reconcile_stale_steps,
     running_task,
     task_cancelled,
+    task_followed,
     task_started,
 )
 from .record import ForeignRun, append_entry, checkpoint_run, open_run, record_event, step_result
@@ -96,6 +97,7 @@ __all__ = [
     "running_task",
     "task_cancelled",
     "task_started",
+    "task_followed",
     "record_event",
     "refresh_catalogue",
     "adopt_held_task",

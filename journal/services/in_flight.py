@@ -53,13 +53,23 @@ def task_started(*, opened: OpenedStep, task_id: str, status: str, ttl_ms: Any, 
     until = now + timedelta(milliseconds=ttl) if ttl is not None else None
     with transaction.atomic():
         run = locked_run_by_id(opened.run_id)
-        if not sql.update(Step, opened.step_id, {"task_id": task_id, "task_until": until},
-                          only_if={"status": Step.Status.PENDING}):
+        followed = {"task_id": task_id, "task_until": until, "task_seen_at": now}
+        if not sql.update(Step, opened.step_id, followed, only_if={"status": Step.Status.PENDING}):
             return False
         append_entry(run=run, event="task", now=now, data={
             "step": opened.number, "taskId": task_id, "status": status, **({"ttlMs": ttl} if ttl else {})})
         save_moving(run, now=now)
     return True
+
+
+def task_followed(*, step_id: int, now: datetime, seen: datetime | None = None, adopt: bool = False) -> bool:
+    """The process following the step's task looked at it now (False once the step is closed). `adopt`:
+    take over following it from a process that stopped marking it (last marked at `seen`): True for exactly
+    one of the processes that try."""
+    found = Step.objects.filter(pk=step_id, status=Step.Status.PENDING)
+    if adopt:
+        found = found.filter(task_seen_at=seen)
+    return bool(found.update(task_seen_at=now))
 
 
 def running_task(*, agent: Agent, server_name: str, task_id: str) -> RunningTask | None:

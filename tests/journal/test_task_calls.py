@@ -250,19 +250,27 @@ def test_the_recorder_journals_a_tasks_end_though_the_agent_never_asks(recorder,
 
 def test_a_task_in_flight_when_its_recorder_stopped_is_followed_by_the_next_to_start(recorder, token,
                                                                                      monkeypatch):
-    """The Recorder that made the call stops following it (as if it had crashed); the next Recorder to
-    start picks up every task still in flight and journals its end, once."""
+    """The Recorder that made the call stops following it (as if it had crashed a minute ago); of the next
+    two Recorders to start, exactly one takes it over and journals its end, once."""
     from approver.asgi import build_application
-    from journal.mcp.task_follower import TaskFollower
+    from journal.mcp.task_follower import ADOPT_AFTER, TaskFollower
 
     follow = TaskFollower.follow
     monkeypatch.setattr(TaskFollower, "follow", lambda *args, **kwargs: None)
-    call(f"{recorder.base}/mcp/", "tasks__crunch", {"n": 32, "seconds": 0.5}, token=token)
+    call(f"{recorder.base}/mcp/", "tasks__crunch", {"n": 32, "seconds": 3}, token=token)
     settle(recorder)
     time.sleep(1.5)
     assert Step.objects.get().status == "pending"  # nobody follows it
+    quiet = timezone.now() - timedelta(seconds=ADOPT_AFTER + 1)
+    Step.objects.update(task_seen_at=quiet, started_at=quiet)  # marked last a while ago: nobody follows it
     monkeypatch.setattr(TaskFollower, "follow", follow)
-    with ServerThread(build_application(), free_port()):
+    with ServerThread(build_application(), free_port()) as one, ServerThread(build_application(),
+                                                                            free_port()) as two:
+        followers = [server.app.recorder.tasks.follower for server in (one, two)]
+        deadline = time.monotonic() + 10
+        while not any(follower.following for follower in followers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sorted(len(follower.following) for follower in followers) == [0, 1]  # one follows it
         step = wait_for_step("ok")
     assert step.result["content"][0]["text"] == "added 32"
     assert ChainEntry.objects.filter(run=step.run, event="result").count() == 1
