@@ -3,6 +3,10 @@
 import json
 import logging
 
+from mcp.server.streamable_http import check_accept_headers
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
 from ..upstream.bounded import next_boundary
 from .bus import Cancels
 from .context import recorder_data
@@ -39,6 +43,13 @@ def _event_data(event: bytes) -> tuple[bool, bytes]:
     return comment_only, b"\n".join(data)
 
 
+# An agent's POST must accept both an event stream and JSON (MCP's streamable HTTP transport); the SDK refuses
+# one that does not with an empty 406, which tells an agent's developer nothing.
+NOT_ACCEPTABLE = {"jsonrpc": "2.0", "id": None, "error": {
+    "code": -32600, "message": "Not Acceptable: the request's Accept header must list both application/json "
+                               "and text/event-stream (MCP's streamable HTTP transport)."}}
+
+
 class AnswerAsJson:
     """The SDK's server answers every POST with an event stream; an answer that is the stream's first
     event goes out instead as a plain JSON body, as the SDK's own JSON mode would send it. Clients cap the
@@ -60,6 +71,8 @@ class AnswerAsJson:
             or headers.get(b"mcp-method") == b"subscriptions/listen"
         ):
             return await self.app(scope, receive, send)
+        if not all(check_accept_headers(Request(scope))):  # the SDK's 406 has no body: say why
+            return await JSONResponse(NOT_ACCEPTABLE, status_code=406)(scope, receive, send)
         lazy = _LazyStream(send)
         session_id = headers.get(b"mcp-session-id")
         if (

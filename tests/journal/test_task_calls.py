@@ -274,3 +274,17 @@ def test_a_task_in_flight_when_its_recorder_stopped_is_followed_by_the_next_to_s
         step = wait_for_step("ok")
     assert step.result["content"][0]["text"] == "added 32"
     assert ChainEntry.objects.filter(run=step.run, event="result").count() == 1
+
+
+def test_a_request_that_does_not_accept_an_event_stream_is_told_why_it_is_refused(recorder, token):
+    """MCP's streamable HTTP transport has the agent accept both JSON and an event stream; the SDK refuses a
+    request that does not with a bare 406. The agent's developer is told what is wrong."""
+    meta = {"io.modelcontextprotocol/protocolVersion": VERSION}
+    for accept in ("application/json", "text/event-stream", ""):
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get",
+                "params": {"taskId": "tasks__x", "_meta": meta}}
+        response = httpx2.post(f"{recorder.base}/mcp/", content=json.dumps(body), timeout=30, headers={
+            "authorization": f"Bearer {token}", "content-type": "application/json", "accept": accept,
+            "mcp-protocol-version": VERSION, "mcp-method": "tasks/get", "mcp-name": "tasks__x"})
+        assert response.status_code == 406, (accept, response.text)
+        assert "must list both application/json and text/event-stream" in response.json()["error"]["message"]
