@@ -124,6 +124,25 @@ def counting_approvals(
     return list(counted.values())
 
 
+def signed_already(*, plan: Plan, user, now: datetime | None = None,
+                   rules: ApprovalRules | None = None) -> Approval | None:
+    """`user`'s approval of `plan` as it is now, while it counts: a second signature of the same content
+    would count for nothing, so none is taken."""
+    return next((approval for approval in counting_approvals(plan=plan, now=now, rules=rules)
+                 if approval.approver_id == user.pk), None)
+
+
+def signed_words(approval: Approval, *, still_needed: int, names: list[str]) -> str:
+    """What an approver whose approval counts is told instead of a sign button: that they signed, and what
+    the plan still needs, from whom."""
+    if still_needed <= 0:
+        needs = "It has every approval it needs."
+    else:
+        needs = (f"It needs {still_needed} more approval{'s' if still_needed != 1 else ''}, from "
+                 f"{', '.join(names) if names else 'nobody who may sign now'}.")
+    return f"You approved this plan as it is now. {needs}"
+
+
 def approvals_for_bundle(run: Run) -> list[dict[str, Any]]:  # the journal's `signed_decisions` port
     """Every signed decision on the plans covering the run (a plan since a moment covers several) and on its
     held calls, with what an offline verifier needs: the fields the challenge was derived from, the assertion

@@ -20,7 +20,7 @@ from webauthn.helpers import base64url_to_bytes, bytes_to_base64url
 from journal import services as journal_services
 
 from .. import passkeys, planning, signing
-from ..authority import action_refusal, counting_approvals, signing_refusal
+from ..authority import action_refusal, counting_approvals, signed_already, signing_refusal
 from ..content import conflict_positions, plan_content
 from ..models import (
     ActionApproval,
@@ -123,6 +123,9 @@ def begin_signing(*, plan: Plan, user, decision: str, choices: Any = None, overr
     refusal = signing_refusal(plan=plan, user=user)
     if refusal:
         raise signing.SigningRefused(refusal)
+    if decision == signing.APPROVE and signed_already(plan=plan, user=user, now=now) is not None:
+        raise signing.SigningRefused("You approved this plan as it is now already: a second signature of "
+                                     "the same content would count for nothing.")
     reason = (reason or "").strip()
     if decision == signing.REJECT and not reason:
         raise signing.SigningRefused("Say why you reject the plan: the requester reads it.")
@@ -185,6 +188,9 @@ def complete_signing(*, user, nonce: str, credential: Any, plan: Plan | None = N
         locked = Plan.objects.select_for_update().get(pk=plan.pk)
         if locked.state != Plan.State.READY or locked.digest != plan.digest:
             raise signing.SigningRefused("The plan changed while you were signing; nothing was signed.")
+        if request.decision == signing.APPROVE and signed_already(plan=locked, user=user, now=now):
+            raise signing.SigningRefused("You approved this plan as it is now already (in another window?): "
+                                         "nothing more was signed.")
         _keep_passkey_use(passkey, new_count, now)
         overridden = []
         if request.decision == signing.APPROVE:

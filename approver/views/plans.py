@@ -220,18 +220,25 @@ def _sign_off_context(request, plan: Plan, items: list) -> dict:
         }
         for a in approvals
     ]
-    refusal = (lambda: authority.signing_refusal(plan=plan, user=request.user, rules=rules)) \
-        if plan.state == Plan.State.READY else None
     counted_by = {a.approver_id for a in approvals if a.pk in counting}
     names = [u.get_username() for u in authority.who_may_sign(plan, rules) if u.pk not in counted_by] \
         if plan.state == Plan.State.READY else []
+    still_needed = max(rules.quorum - len(counting), 0)
+
+    mine = next((a for a in approvals if a.pk in counting and a.approver_id == request.user.pk), None)
+
+    def refusal() -> str:  # an approver whose approval counts is told so, and what is still needed
+        return authority.signing_refusal(plan=plan, user=request.user, rules=rules) or (
+            authority.signed_words(mine, still_needed=still_needed, names=names) if mine else "")
+
     return {"rules": rules, "signed": signed, "counting": len(counting),
             "choices_differ": _choices_differ(plan, items, approvals),
-            "still_needed": max(rules.quorum - len(counting), 0), "may_sign_names": names,
+            "still_needed": still_needed, "may_sign_names": names,
             # A plan that ended with nothing left to undo was never anyone's to sign (services.nothing_left).
             "nothing_to_sign": plan.state in Plan.FINISHED_STATES and not approvals
             and not plan.approved_by_policy,
-            **authority.signing_state(request.user, role=roles.APPROVER, refusal=refusal)}
+            **authority.signing_state(request.user, role=roles.APPROVER,
+                                      refusal=refusal if plan.state == Plan.State.READY else None)}
 
 
 def _choices_differ(plan: Plan, items: list, approvals: list[Approval]) -> bool:

@@ -145,8 +145,9 @@ def test_a_replayed_assertion_is_refused(conflicted_plan, approver_user):
     services.complete_signing(user=approver_user, nonce=request.nonce, credential=assertion)
     with pytest.raises(signing.SigningRefused, match="already used"):
         services.complete_signing(user=approver_user, nonce=request.nonce, credential=assertion)
-    # Against a fresh challenge, the old signature does not hold either.
-    fresh, _ = sign(conflicted_plan, approver_user, key, choices={"3": "overwrite"})
+    # Against a fresh challenge (a rejection: her approval stands, so approving again is not offered), the
+    # old signature does not hold either.
+    fresh, _ = sign(conflicted_plan, approver_user, key, decision="reject", reason="second thoughts")
     with pytest.raises(signing.SigningRefused, match="not accepted"):
         services.complete_signing(user=approver_user, nonce=fresh.nonce, credential=assertion)
     assert Approval.objects.count() == 1
@@ -174,8 +175,9 @@ def test_a_cloned_authenticator_with_a_stale_counter_is_refused(
 ):
     key = enrolled(approver_user)
     approve(conflicted_plan, approver_user, key)  # counter now 1
+    request, assertion = sign(conflicted_plan, approver_user, key, decision="reject", reason="wrong", count=1)
     with pytest.raises(signing.SigningRefused, match="not accepted"):
-        approve(conflicted_plan, approver_user, key, count=1)
+        services.complete_signing(user=approver_user, nonce=request.nonce, credential=assertion)
 
 
 def test_an_assertion_without_user_verification_is_refused(conflicted_plan, approver_user):
@@ -283,3 +285,33 @@ def test_a_signature_begun_on_one_plan_is_not_completed_on_another(
         services.complete_signing(user=approver_user, nonce=request.nonce, credential=assertion, plan=other)
     request.refresh_from_db()
     assert request.used_at is None and not Approval.objects.exists()
+
+
+def test_an_approver_who_signed_sees_that_she_has_and_cannot_sign_the_same_content_again(
+    conflicted_plan, approver_user, second_approver
+):
+    """Issue 44, finding 1: after ana signed (1 of 2), the page told her "You are approval 2 of 2: undoing
+    starts as soon as you sign" and offered the button again; a second signature was taken and listed as
+    "does not count: ana may no longer approve". She is told she approved, and what the plan still needs,
+    from whom; a second signature of the same content is refused, also one begun in another window."""
+    from .test_overrides import page
+
+    ana, bo = enrolled(approver_user), enrolled(second_approver)
+    second_window, _ = services.begin_signing(plan=conflicted_plan, user=approver_user, decision="approve",
+                                              choices={"3": "overwrite"}, overrides={"3": WHY})
+    approve(conflicted_plan, approver_user, ana)
+    conflicted_plan.refresh_from_db()
+    html = page(conflicted_plan, approver_user)
+    assert "You approved this plan as it is now. It needs 1 more approval, from bo." in html
+    assert 'id="sign-off"' not in html and "undoing starts as soon as you sign" not in html
+    with pytest.raises(signing.SigningRefused, match="You approved this plan as it is now already"):
+        services.begin_signing(plan=conflicted_plan, user=approver_user, decision="approve",
+                               choices={"3": "overwrite"}, overrides={"3": WHY})
+    with pytest.raises(signing.SigningRefused, match="nothing more was signed"):
+        services.complete_signing(user=approver_user, nonce=second_window.nonce,
+                                  credential=ana.sign(base64url_to_bytes(second_window.challenge)))
+    assert conflicted_plan.approvals.count() == 1
+    assert 'id="sign-off"' in page(conflicted_plan, second_approver)  # bo may sign
+    approve(conflicted_plan, second_approver, bo)
+    conflicted_plan.refresh_from_db()
+    assert conflicted_plan.state == "approved"
