@@ -101,6 +101,19 @@ def read_hatp_answer(result: dict[str, Any], effect_fields: dict[str, Any] | Non
     return _error(classify_tool_error(result), message or "The server refused the check.")
 
 
+def chained(result: CheckResult, target: CheckTarget) -> CheckResult:
+    """A HATP conflict that is only the run's own later change to the record, which the plan undoes first
+    (the record is where the run left it, `run_left`): not a conflict. Its undo is sent conditional on the
+    version the plan's own earlier undo leaves (`after`: the version that undo starts from), so anyone
+    else's change meanwhile still stops it."""
+    current = (result.detail.get("current") or {}).get("version")
+    if result.status != "conflict" or not target.run_left or current != target.run_left:
+        return result
+    return CheckResult("ok", {"wouldDo": answers.bounded(
+        f"{target.tool}, once the undos of the run's later changes to this record have run first: changed "
+        f"since only by the run itself (it is at {current}, as the run left it)."), "after": current})
+
+
 def read_catalogue(catalogue: list[dict[str, Any]], target: CheckTarget) -> CheckResult:
     """The compensating tool is listed now, and its input schema accepts the resolved arguments."""
     tool = next((t for t in catalogue if isinstance(t, dict) and t.get("name") == target.tool), None)
@@ -178,7 +191,7 @@ async def check_one(
             answer = await upstreams.call_tool(target.endpoint, HATP_CHECK, arguments, timeout=timeout)
         except ToolServerError as exc:
             return _from_failure(exc)
-        return read_hatp_answer(answer, target.effect_fields)
+        return chained(read_hatp_answer(answer, target.effect_fields), target)
     if target.dialect == "recipe" and (target.earlier or {}).get("version"):
         return await check_recipe(target, upstreams=upstreams, timeout=timeout)
     try:

@@ -70,9 +70,28 @@ def record_checks(*, plan: Plan, check_round: int, results: list[tuple[int, Chec
 
 
 def _left_by_the_run(plan: Plan) -> dict[int, str]:
-    """For each recipe undo in the plan whose record the run's later calls in the plan changed again (their
-    undos come first): the version the run left it at, when those calls read the same record
-    (`recipe_chains.left_by_the_run`), else `checks.LATER_CHANGES` (it cannot be told from here)."""
+    """For each undo in the plan whose record the run's later calls in the plan changed again (their undos
+    come first): the version the run left it at (`_hatp_left` for a server's own undo; for a recipe, when
+    those calls read the same record, `recipe_chains.left_by_the_run`, else `checks.LATER_CHANGES`: it
+    cannot be told from here)."""
+    return {**_hatp_left(plan), **_recipe_left(plan)}
+
+
+def _hatp_left(plan: Plan) -> dict[int, str]:
+    """For each HATP undo whose record (`PlanItem.record`, on the same server) a later step in the plan
+    changed again: the version that latest step left it at."""
+    hatp = plan.items.filter(action=PlanItem.Action.COMPENSATE, dialect=planning.HATP).exclude(record="")
+    rows = list(hatp.order_by("step__number").values_list("id", "step__server_id", "record",
+                                                          "step__effect_version"))
+    found = {}
+    for n, (item_id, server, record, _) in enumerate(rows):
+        later = [left for _, on, other, left in rows[n + 1:] if (on, other) == (server, record) and left]
+        if later:
+            found[item_id] = later[-1]
+    return found
+
+
+def _recipe_left(plan: Plan) -> dict[int, str]:
     rows = list(plan.items.filter(action=PlanItem.Action.COMPENSATE, dialect=planning.RECIPE).order_by(
         "step__number").values_list("id", "if_version", "step__server_id", "step__earlier_state"))
     keyed = [(item_id, server, earlier or {}, (earlier or {}).get("version"), after)

@@ -26,6 +26,7 @@ from ..authority import counting_approvals
 from ..models import ApprovalRules, Plan, PlanItem
 from ..policy_book import plan_needs_a_human
 from . import bell, leases, recipe_undo
+from .if_versions import if_version
 from .plans import facts_of
 
 NOT_STARTED, RUNNING, DONE = PlanItem.Exec.NOT_STARTED, PlanItem.Exec.RUNNING, PlanItem.Exec.DONE
@@ -197,7 +198,7 @@ def _run_item(plan: Plan, item: PlanItem, stops: dict[int, set[int]],
             execution.COMPENSATION_FAILED, {"message": "The tool server is no longer registered."}
         )
     item.plan = plan
-    rechecked = leases.recheck(item=item, if_version=_if_version(item))
+    rechecked = leases.recheck(item=item, if_version=if_version(item))
     return rechecked or _attempt(plan, item, item.attempts + 1)  # this claim's attempt
 
 
@@ -224,7 +225,7 @@ def compensation_call(item: PlanItem) -> tuple[dict[str, Any], dict[str, Any] | 
     """The arguments and request `_meta` of an item's compensation: its ifVersion (the version the approver
     chose to overwrite, when they did) and its stable idempotency key, in the arguments for HATP and in
     `_meta["hatp/journal"]` for the other dialects."""
-    contract = {"ifVersion": _if_version(item), "idempotencyKey": item.idempotency_key}
+    contract = {"ifVersion": if_version(item), "idempotencyKey": item.idempotency_key}
     if item.dialect == planning.HATP:
         return {**(item.arguments or {}), **contract}, None
     return dict(item.arguments or {}), {declarations.HATP_KEY: contract}
@@ -251,14 +252,6 @@ def _attempt(plan: Plan, item: PlanItem, attempt: int) -> execution.Verdict:
     if earlier is not None:
         verdict = anyio.run(recipe_undo.after, item, earlier, verdict)
     return verdict
-
-
-def _if_version(item: PlanItem) -> str:
-    """The version an item's compensation is conditional on: the newer one the approvers chose to overwrite,
-    when they did, else the one the agent left."""
-    if item.conflict_choice == PlanItem.Choice.OVERWRITE and item.check_status == PlanItem.Check.CONFLICT:
-        return ((item.check_detail or {}).get("current") or {}).get("version") or item.if_version
-    return item.if_version
 
 
 def _numbered(meta: dict[str, Any] | None, n: int) -> dict[str, Any] | None:
