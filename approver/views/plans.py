@@ -135,10 +135,15 @@ def _plan_context(request, plan: Plan) -> dict:
         begun = timezone.localtime(item.step.run.started_at)
         item.in_run = f" of the run begun {begun:%b %-d, %H:%M:%S}" if plan.since else ""
     by_action = {action: [i for i in items if i.action == action] for action in PlanItem.Action.values}
+    compensate = by_action[PlanItem.Action.COMPENSATE]
     return {
         "plan": plan,
         "runs": runs,
-        "undo": by_action[PlanItem.Action.COMPENSATE],
+        # What will be undone under the current choices; an undo the approvers chose to skip is left alone.
+        "undo": [i for i in compensate if i.conflict_choice != PlanItem.Choice.KEEP_NEWER],
+        "left_alone": [i for i in compensate if i.conflict_choice == PlanItem.Choice.KEEP_NEWER],
+        # Undos whose check found the record as the agent left it: unchanged since, as far as can be told.
+        "unchanged": sum(i.check_status == PlanItem.Check.OK for i in compensate),
         "cannot": by_action[PlanItem.Action.CANNOT_UNDO],
         "nothing": by_action[PlanItem.Action.NOTHING_TO_UNDO],
         "already": by_action[PlanItem.Action.ALREADY_UNDONE],

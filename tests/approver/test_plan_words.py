@@ -1,0 +1,43 @@
+"""Issue 44, finding 4: "Will be undone" listed an undo the approvers chose to skip while "Changed since"
+said they had chosen to keep the newer change; and "Changed since" only said that the email has no version,
+never that the undoable items are unchanged (the template's condition chained its filters wrongly)."""
+
+import html as entities
+import re
+
+import pytest
+
+from approver import services
+
+from .services.test_approvals import approve, conflicted_plan, enrolled, relying_party  # noqa: F401
+from .services.test_overrides import page
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def part(html: str, element_id: str, end: str) -> str:
+    """The words of the element `element_id` (up to its first `end` tag), tags and extra spaces dropped."""
+    start = html.index(f'id="{element_id}"')
+    inner = html[start:html.index(end, start)]
+    return " ".join(entities.unescape(re.sub(r"<[^>]+>", " ", inner.split(">", 1)[1])).split())
+
+
+def test_an_undo_the_approvers_chose_to_skip_is_listed_as_left_alone_not_as_undone(
+        conflicted_plan, approver_user):  # noqa: F811
+    approve(conflicted_plan, approver_user, enrolled(approver_user), choices={"3": "keep_newer"})
+    conflicted_plan.refresh_from_db()
+    html = page(conflicted_plan, approver_user)
+    undone = html[html.index('id="will-be-undone"'):html.index('id="left-alone"')]
+    assert 'id="item-3"' not in undone and 'id="item-2"' in undone  # the meeting is still undone
+    assert "not sent, step 2 stays as it is. The newer change is kept" in part(html, "left-3", "</li>")
+    assert "Chosen: Keep the newer change" in part(html, "changed-3", "</li>")
+
+
+def test_changed_since_says_the_undoable_items_are_unchanged_beside_the_one_with_no_version(
+        globex, on_call, approver_user):
+    plan = services.request_plan(run=globex, requested_by=on_call, reason="wrong deal", from_step=2)
+    plan = services.run_checks(plan=plan, check_round=plan.check_round)
+    assert plan.state == "ready" and services.conflict_positions(plan) == set()
+    said = part(page(plan, approver_user), "changed-since", "</section>")
+    assert "Nothing else changed since the agent acted, as far as can be told." in said, said
+    assert "there is no version to compare" in said
