@@ -148,10 +148,30 @@ def verify_assertion(
             credential_current_sign_count=sign_count, require_user_verification=True,
         )
     except InvalidAuthenticationResponse as exc:
-        raise PasskeyRefused(f"The signature was not accepted: {exc}") from None
+        raise PasskeyRefused(f"The signature was not accepted: {_in_words(str(exc))}") from None
     except (WebAuthnException, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise PasskeyRefused(f"The browser's answer is malformed ({type(exc).__name__}).") from None
     return verified.new_sign_count
+
+
+# The WebAuthn library's reasons for refusing a signature, in words for the person signing (its own are for
+# developers: "Response sign count of 1 was not greater than current count of 2").
+_REASONS = (
+    ("sign count", "this passkey's signature counter went backwards, which is what a copied passkey does. "
+                   "Nothing was signed; tell an admin, who can revoke it."),
+    ("challenge", "it was made for another request (a page left open, or signed twice). Reload the page and "
+                  "sign again."),
+    ("origin", "it was made for another site than this one."),
+    ("rp id", "it was made for another site than this one."),
+    ("user verification", "your passkey did not confirm it is you (PIN, fingerprint or face). Sign again, "
+                          "and confirm when it asks."),
+)
+
+
+def _in_words(reason: str) -> str:
+    said = reason.lower()
+    return next((words for key, words in _REASONS if key in said),
+                "it does not check out against your passkey. Sign again; if it happens again, tell an admin.")
 
 
 def spki(public_key: str) -> str:

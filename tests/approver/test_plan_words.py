@@ -41,3 +41,23 @@ def test_changed_since_says_the_undoable_items_are_unchanged_beside_the_one_with
     said = part(page(plan, approver_user), "changed-since", "</section>")
     assert "Nothing else changed since the agent acted, as far as can be told." in said, said
     assert "there is no version to compare" in said
+
+
+def test_wording_slips_read_as_sentences(globex, conflicted_plan, on_call, approver_user, client):  # noqa: F811
+    """Issue 44, finding 12: "Depends on steps 1–1", "checked 5 of 5 6 Dec", "Since then undo changed it",
+    and a library's sign-count message shown as it is (tests/approver/services/test_approvals.py)."""
+    from journal import services as journal_services
+    from tests.journal.factories import make_run
+
+    client.force_login(on_call)
+    agent, _ = journal_services.create_agent(name="plain-bot", on_behalf_of=globex.agent.on_behalf_of)
+    run_page = client.get(f"/runs/{make_run(agent, steps=3).public_id}/").content.decode()
+    assert "Depends on step 1 (all-earlier rule)" in run_page and "steps 1–1" not in run_page
+    assert "Depends on steps 1–2 (all-earlier rule)" in run_page
+    words = " ".join(re.sub(r"<[^>]+>", " ", page(conflicted_plan, approver_user)).split())
+    assert re.search(r"checked (\d) of \1, at \w{3} \d+, \d\d:\d\d:\d\d", words), words
+    item = conflicted_plan.items.get(position=3)
+    current = {**item.check_detail["current"], "changedBy": "undo"}
+    item.check_detail = {**item.check_detail, "current": current}
+    item.save(update_fields=["check_detail"])
+    assert "Since then an undo changed it" in part(page(conflicted_plan, approver_user), "changed-3", "</li>")

@@ -176,13 +176,15 @@ def test_a_cloned_authenticator_with_a_stale_counter_is_refused(
     key = enrolled(approver_user)
     approve(conflicted_plan, approver_user, key)  # counter now 1
     request, assertion = sign(conflicted_plan, approver_user, key, decision="reject", reason="wrong", count=1)
-    with pytest.raises(signing.SigningRefused, match="not accepted"):
+    # In words for the person signing, not the library's ("Response sign count of 1 was not greater…").
+    with pytest.raises(signing.SigningRefused, match="not accepted: this passkey's signature counter went "
+                                                     "backwards, which is what a copied passkey does"):
         services.complete_signing(user=approver_user, nonce=request.nonce, credential=assertion)
 
 
 def test_an_assertion_without_user_verification_is_refused(conflicted_plan, approver_user):
     key = enrolled(approver_user)
-    with pytest.raises(signing.SigningRefused, match="not accepted"):
+    with pytest.raises(signing.SigningRefused, match=r"not accepted: your passkey did not confirm it is you"):
         approve(conflicted_plan, approver_user, key, flags=UP)
 
 
