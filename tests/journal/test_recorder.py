@@ -4,7 +4,7 @@ import io
 
 import anyio
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from mcp import MCPError
 
 from journal import chain, keys, services
@@ -607,7 +607,9 @@ def test_a_server_moved_to_an_address_that_cannot_be_read_offers_no_tools_and_sa
     address's tools were still offered."""
     register_samples(sample_servers, names=("crm",))
     out, err = io.StringIO(), io.StringIO()
-    call_command("add_tool_server", "crm", "http://127.0.0.1:9/mcp", update=True, stdout=out, stderr=err)
+    # Issue 44, finding 11: it exited 0; a script that registers servers must hear that this one failed.
+    with pytest.raises(CommandError, match="crm is registered, but its tools could not be read"):
+        call_command("add_tool_server", "crm", "http://127.0.0.1:9/mcp", update=True, stdout=out, stderr=err)
     assert "crm: 0 tools" in out.getvalue()
     assert "No tools are offered until its catalogue is read." in err.getvalue()
 

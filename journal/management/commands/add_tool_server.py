@@ -57,3 +57,6 @@ class Command(BaseCommand):
         if recipes:
             # By name: the recipes are changed, and logged, by the approval side's command.
             call_command("recipes", name, use=recipes, stdout=self.stdout, stderr=self.stderr)
+        if server.catalogue_error:  # kept, so it can be fixed with --update; but a script must hear of it
+            raise CommandError(f"{server.name} is registered, but its tools could not be read, so agents see "
+                               f"none of them: fix its address (--update) or start it, then run this again.")
