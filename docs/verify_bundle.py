@@ -11,10 +11,14 @@ import hashlib
 import json
 import sys
 
-import rfc8785
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+try:
+    import rfc8785
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+except ImportError as missing:  # run by a bare python: say what to install, not a traceback
+    sys.exit(f"verify_bundle.py needs the packages cryptography and rfc8785 ({missing.name} is missing): "
+             "pip install cryptography rfc8785, or run it with the project's .venv/bin/python.")
 
 PLAN_FIELDS = ("plan", "digest", "decision", "choices", "nonce")
 ACTION_FIELDS = ("action", "digest", "decision", "nonce")
