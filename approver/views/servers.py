@@ -18,14 +18,19 @@ from .. import services
 from ..forms import PackForm, RecipeForm
 
 
+# The kinds of undo (`journal.recipes.explain`), as an admin reads them.
+KIND_WORDS = {"compensate": "Undone by a compensation", "none": "Cannot be undone",
+              "read_only": "Only reads: nothing to undo", "unknown": "Not known"}
+
+
 def _tools(server: ToolServer) -> list[dict]:
     """Each tool the server lists, with the kind of its undo and where that comes from, in words."""
     rows = []
     for tool in server.catalogue:
         if isinstance(tool, dict) and isinstance(tool.get("name"), str):
             kind, why = recipes.explain(tool, server.recipe(tool["name"]), server.catalogue)
-            rows.append({"name": tool["name"], "kind": kind, "why": why,
-                         "has_recipe": server.recipe(tool["name"]) is not None})
+            rows.append({"name": tool["name"], "kind": kind, "kind_words": KIND_WORDS.get(kind, kind),
+                         "why": why, "has_recipe": server.recipe(tool["name"]) is not None})
     return rows
 
 

@@ -46,6 +46,9 @@ def test_an_admin_sees_where_each_tools_undo_comes_from_and_puts_a_pack_in_force
     before = page(admin.get(f"/servers/{server.pk}/"))
     assert "its server says nothing about undoing it, and it has no recipe" in before
     assert "its server says it only reads (readOnlyHint)" in before  # read_text_file
+    # Issue 44, finding 12: the kinds in words, not the code's names.
+    assert ">Only reads: nothing to undo</td>" in before and ">read_only</td>" not in before
+    assert ">Not known</td>" in before and ">unknown</td>" not in before
 
     response = admin.post(f"/servers/{server.pk}/pack/", {"pack": "filesystem", "needs_human": "on"},
                           follow=True)
@@ -59,6 +62,10 @@ def test_an_admin_sees_where_each_tools_undo_comes_from_and_puts_a_pack_in_force
     assert change.data["by"] == "ada" and change.data["before"]["recipes"] == []
     assert change.data["after"]["pack"] == "filesystem"
     assert f'id="change-{change.seq}" title="Entry {change.seq} of the change log"' in shown  # its own log
+    # Removing a recipe is not one click away: it says what removing does, behind its own button.
+    assert ">Undone by a compensation</td>" in shown
+    assert "<summary>Remove its recipe…</summary>" in shown and ">Remove</button>" not in shown
+    assert "will then be as undoable as fs says it is (the change is logged)." in shown
 
 
 def test_an_admin_may_let_a_packs_undos_run_under_the_plan_policies(fs, admin):
