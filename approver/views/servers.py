@@ -17,7 +17,6 @@ from journal.services import RecipesRefused, names_too_long
 from .. import services
 from ..forms import PackForm, RecipeForm
 
-
 # The kinds of undo (`journal.recipes.explain`), as an admin reads them.
 KIND_WORDS = {"compensate": "Undone by a compensation", "none": "Cannot be undone",
               "read_only": "Only reads: nothing to undo", "unknown": "Not known"}
