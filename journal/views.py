@@ -204,6 +204,8 @@ def agent_detail(request, name):
         "agent": agent, "authorizations": authorizations, "runs": runs,
         "may_manage": oauth.may_manage(request.user, agent),
         "may_undo": roles.has_role(request.user, roles.ON_CALL), "since": since,
+        # The person an agent acts for may have no role that reads runs: no links that answer "Not allowed".
+        "may_read_runs": any(roles.has_role(request.user, role) for role in READERS),
         "time_zone": settings.TIME_ZONE})
 
 

@@ -528,3 +528,19 @@ def test_an_agent_minted_on_the_consent_page_by_an_account_with_no_role_asks_no_
     Flow().tokens_for(on_call, new_agent="olivia-tool")
     assert Agent.objects.get(name="dana-signup").asks_approvers is False
     assert Agent.objects.get(name="olivia-tool").asks_approvers is True
+
+
+def test_the_person_an_agent_acts_for_is_not_offered_links_to_runs_she_cannot_open(dana, on_call):
+    """Issue 44, finding 10: dana saw links to her agent's runs that all answered "Not allowed"."""
+    from tests.journal.factories import make_run
+
+    agent, _ = services.create_agent(name="dana-desk", on_behalf_of=dana)
+    run = make_run(agent, steps=1)
+    page = Client()
+    page.force_login(dana)
+    mine = page.get("/agents/dana-desk/").content.decode()
+    assert f"/runs/{run.public_id}/" not in mine and 'id="runs-not-yours"' in mine
+    assert page.get(f"/runs/{run.public_id}/").status_code == 403  # as before: not hers to read
+    page.force_login(on_call)
+    theirs = page.get("/agents/dana-desk/").content.decode()
+    assert f"/runs/{run.public_id}/" in theirs and 'id="runs-not-yours"' not in theirs
