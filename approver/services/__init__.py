@@ -73,6 +73,7 @@ from .held_calls import (
     expire_held_calls,
     held_call_state,
     request_for_held_call,
+    standing_words,
 )
 from .leases import LeaseRefused, break_lease
 from .leases import expire as expire_leases
@@ -157,6 +158,7 @@ __all__ = [
     "LeaseRefused",
     "break_lease",
     "expire_leases",
+    "standing_words",
     "leases_for_page",
     "plan_the_rest",
     "rest_refusal",

@@ -213,3 +213,31 @@ class HeldCallGate:
 
     def halting(self, *, plan: str) -> str | None:
         return sagas.halting(plan=plan)
+
+
+def standing_words(action: ActionRequest, *, now: datetime | None = None) -> str:
+    """Where a held call stands now, in one line, from its request and its steps (the held call's page and
+    the list say the same): whether anyone waits on it, and for a call that was made, what came of it."""
+    now = now or timezone.now()
+    state, step = action.state, action.step
+    if state == ActionRequest.State.USED:
+        used = action.used_step
+        if used is None:
+            return f"Approved by {action.decided_by} and sent once."
+        made = f"Sent by the agent after {action.decided_by}'s approval (step {used.number})"
+        if used.status == "ok":
+            return f"{made}; the server did it."
+        if used.status in ("pending", "held"):
+            return f"{made}; its outcome is not known yet."
+        return f"{made}; the server refused it: {(used.error_message or 'no reason given')[:300]}"
+    if state == ActionRequest.State.DENIED:
+        return f"Denied by {action.decided_by}: nothing was sent."
+    if state == ActionRequest.State.EXPIRED or action.expires_at <= now:
+        return "Expired: nothing was sent; the agent must ask again."
+    waiting = step is not None and step.status == "held"
+    if state == ActionRequest.State.APPROVED:
+        return (f"Approved by {action.decided_by}: the agent's waiting call goes through now." if waiting else
+                f"Approved by {action.decided_by}; nobody waits on it now: the agent's next identical call "
+                "goes through, once.")
+    return ("Waiting for approval: the agent waits on it now." if waiting else
+            "Waiting for approval; the agent is not waiting (it was told to call again once approved).")

@@ -21,11 +21,13 @@ ACTIONS_PER_PAGE = 25
 @require_GET
 def action_list(request):
     require_role(request, *READERS)
-    actions = ActionRequest.objects.select_related("agent__on_behalf_of", "server").order_by(
-        "-created_at", "-id"
-    )
+    actions = ActionRequest.objects.select_related(
+        "agent__on_behalf_of", "server", "step", "used_step").order_by("-created_at", "-id")
     page = Paginator(actions, ACTIONS_PER_PAGE).get_page(request.GET.get("page"))
-    return render(request, "approver/action_list.html", {"page": page, "now": timezone.now()})
+    now = timezone.now()
+    for action in page:
+        action.standing = services.standing_words(action, now=now)
+    return render(request, "approver/action_list.html", {"page": page, "now": now})
 
 
 @require_GET
@@ -36,7 +38,7 @@ def action_detail(request, action_id):
         public_id=action_id,
     )
     return render(request, "approver/action_detail.html", {
-        "action": action, "now": timezone.now(),
+        "action": action, "now": timezone.now(), "standing": services.standing_words(action),
         "approvals": action.approvals.select_related("approver", "passkey").order_by("created_at"),
         **authority.signing_state(request.user, role=action.approver_group,
                                   refusal=lambda: authority.action_refusal(action=action, user=request.user)),

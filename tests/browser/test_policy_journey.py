@@ -83,8 +83,11 @@ def test_an_approver_signs_a_held_call_and_the_waiting_agent_goes_on(
         assert not agent.is_alive()
         ana.goto(f"{base}/actions/{action.public_id}/")
         state = ana.locator("#held-call h2").inner_text()
+        standing = ana.locator("#standing").inner_text()
 
-    assert state == "Approved and made by ana"
+    assert state == "Approved by ana, and sent"
+    assert standing.startswith("Sent by the agent after ana's approval (step ") and standing.endswith(
+        "; the server did it.")
     assert told[-1].startswith("  mail__send_email: Emailed 'Welcome aboard, Globex' to buyer@globex.example")
     assert [e["to"] for e in sample_servers.ledger("mail") if e["op"] == "send_email"] == [
         "buyer@globex.example"

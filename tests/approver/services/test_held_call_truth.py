@@ -422,3 +422,38 @@ def test_two_held_calls_on_one_record_are_each_decided_and_sent_at_most_once(
     assert any(part.startswith("denied by ana") for part in trails[1]), trails[1]
     assert steps[2].status == "ok" and steps[3].status != "ok" and steps[3].held_call not in ("", None)
     assert steps[3].held_call != str(second.public_id)  # a new held call: a denial is not reused
+
+
+def test_a_held_calls_page_and_the_list_say_where_it_stands_and_what_came_of_it(
+        recorder, sales_bot, sample_servers, admin_user, approver_user, settings, client):
+    """Issue 44, finding 8: a held call said "Approved and made by ana" for a call the server refused, and
+    the list said "Waiting for approval" for a call nobody waited for."""
+    settings.RECORDER_HOLD_WAIT_SECONDS = 0.5
+    _, token = sales_bot
+    set_policy(admin_user)
+    told = call(recorder, token, "mail__send_email", EMAIL)
+    assert told.is_error and "awaits approval" in told.content[0].text
+    action = ActionRequest.objects.get()
+    client.force_login(approver_user)
+    listed = client.get("/actions/").content.decode()
+    assert "Waiting for approval; the agent is not waiting (it was told to call again once approved)." \
+        in listed
+    decide(action, approver_user, "approve")
+    sample_servers.set_mode("mail", "rpc_error")
+
+    async def refused(client):
+        try:
+            return await client.call_tool("mail__send_email", EMAIL)
+        except MCPError as exc:  # the server's own JSON-RPC error, relayed
+            return exc
+
+    assert isinstance(run_agent(recorder, token, refused), MCPError)
+    action.refresh_from_db()
+    used = Step.objects.filter(tool="send_email").order_by("number").last()
+    assert action.state == "used" and action.used_step_id == used.pk
+    page = client.get(f"/actions/{action.public_id}/").content.decode()
+    made = f"Sent by the agent after ana&#x27;s approval (step {used.number}); the server refused it: "
+    assert made in page
+    assert "Approved by ana, and sent" in page and "the server did it" not in page
+    assert f"the server refused it: {used.error_message[:40]}".replace("'", "&#x27;") in \
+        client.get("/actions/").content.decode()
