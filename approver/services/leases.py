@@ -248,15 +248,20 @@ async def _check(target: checks.CheckTarget) -> checks.CheckResult:
 
 def for_page(plan: Plan, items: list[PlanItem]) -> None:
     """What the plan page says of each item's record: this plan's lease on it (`item.lease`), the plan
-    that holds it if another does (`item.held_by`), and the plans waiting for it (`item.waiting`)."""
+    that holds it if another does (`item.held_by`), the plans waiting for it (`item.waiting`), and the
+    lease an admin broke, when this plan holds the record no more (`item.broken`)."""
     keys = {(item.step.server_name, item.record) for item in items if item.record}
     if not keys:
         return
     leases = list(RecordLease.objects.open().filter(resource__in={r for _, r in keys})
                   .select_related("plan__run", "plan__requested_by").order_by("asked_at", "id"))
+    broken = list(plan.leases.filter(broken_by__isnull=False).select_related("broken_by")
+                  .order_by("-released_at"))
     for item in items:
-        on = [lease for lease in leases if (lease.server, lease.resource) == (item.step.server_name,
-                                                                             item.record)]
+        key = (item.step.server_name, item.record)
+        on = [lease for lease in leases if (lease.server, lease.resource) == key]
         item.lease = next((lease for lease in on if lease.plan_id == plan.pk), None)
         item.held_by = next((lease for lease in on if lease.is_held and lease.plan_id != plan.pk), None)
         item.waiting = [lease for lease in on if not lease.is_held and lease.plan_id != plan.pk]
+        item.broken = None if item.lease is not None and item.lease.is_held else next(
+            (lease for lease in broken if (lease.server, lease.resource) == key), None)

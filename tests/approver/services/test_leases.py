@@ -143,6 +143,9 @@ def test_only_an_admin_breaks_a_lease_with_a_reason_and_the_next_plan_runs(
     assert web.post(url, {"reason": "stuck"}).status_code == 403
     web.force_login(admin_user)
     assert 'class="break-lease"' in page(waiter, admin_user)
+    # Issue 44, finding 9: the waiting plan names what can be done about it.
+    assert ("What can be done: that plan's approvers may approve or reject it, its requester may cancel "
+            "it, or an admin may break its lease, saying why.") in page(waiter, approver_user)
     assert web.post(url, {"reason": "  "}, follow=True).status_code == 200
     assert RecordLease.objects.held().get(resource=DEAL) == lease  # no reason, nothing broken
     assert web.post(url, {"reason": "Holder abandoned: its approver is away"}).status_code == 302
@@ -154,6 +157,10 @@ def test_only_an_admin_breaks_a_lease_with_a_reason_and_the_next_plan_runs(
     assert events(holder, "lease_released") == [broken] and broken in events(waiter, "lease_released")
     with pytest.raises(services.LeaseRefused, match="not held any more"):
         services.break_lease(lease=lease, by=admin_user, reason="again")
+    # The holder's page says so at once, and what it means for its undo (it signed for the record as it was).
+    said = page(holder, approver_user)
+    assert 'id="lease-broken-1"' in said and "ada (an admin) broke this plan's lease on" in said
+    assert "“Holder abandoned: its approver is away”" in said and "may end “left alone”" in said
 
     # Handed on and checked again: the deal is still at the version the waiter's approvers chose to overwrite.
     waiter = run_plan(Plan.objects.get(pk=waiter.pk))
