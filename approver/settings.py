@@ -134,6 +134,7 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "approver.context_processors.roles",
                 "approver.context_processors.held_calls",
+                "approver.context_processors.plans_waiting",
             ],
         },
     },

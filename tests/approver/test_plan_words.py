@@ -61,3 +61,19 @@ def test_wording_slips_read_as_sentences(globex, conflicted_plan, on_call, appro
     item.check_detail = {**item.check_detail, "current": current}
     item.save(update_fields=["check_detail"])
     assert "Since then an undo changed it" in part(page(conflicted_plan, approver_user), "changed-3", "</li>")
+
+
+def test_the_nav_counts_the_plans_waiting_for_me(conflicted_plan, approver_user, second_approver,  # noqa: F811
+                                                 on_call, client):
+    """Issue 44, finding 10: approvers were not told which plans wait for them."""
+    badge = 'title="Ready for sign-off, and yours to sign">'
+
+    def nav(user) -> str:
+        client.force_login(user)
+        home = client.get("/runs/").content.decode()
+        return home[home.index("<nav>"):home.index("</nav>")]
+
+    assert f"{badge}1</span>" in nav(approver_user) and f"{badge}1</span>" in nav(second_approver)
+    assert badge not in nav(on_call)  # she asked for it: not hers to sign
+    approve(conflicted_plan, approver_user, enrolled(approver_user))
+    assert badge not in nav(approver_user) and f"{badge}1</span>" in nav(second_approver)
