@@ -77,3 +77,13 @@ def test_the_nav_counts_the_plans_waiting_for_me(conflicted_plan, approver_user,
     assert badge not in nav(on_call)  # she asked for it: not hers to sign
     approve(conflicted_plan, approver_user, enrolled(approver_user))
     assert badge not in nav(approver_user) and f"{badge}1</span>" in nav(second_approver)
+
+
+def test_plan_rows_say_what_they_undo(conflicted_plan, approver_user, client):  # noqa: F811
+    """Issue 44, finding 10: every row's link was the agent's name, and "What" said "from step 2"."""
+    client.force_login(approver_user)
+    listing = client.get("/plans/").content.decode()
+    link = listing[listing.index(f'href="/plans/{conflicted_plan.public_id}/"'):]
+    words = " ".join(re.sub(r"<[^>]+>", " ", link[link.index(">") + 1:link.index("</td>")]).split())
+    assert words.startswith("Undo from step 2 of the run begun "), words
+    assert words.endswith(": 2 to undo, 1 that cannot be"), words
