@@ -58,8 +58,8 @@ def signing_state(user, *, role: str, refusal) -> dict[str, Any]:
     if refusal is None:
         return {"may_sign": False, "sign_refusal": ""}
     if not roles.has_role(user, role):  # say why there is no button, rather than leave it missing
-        return {"may_sign": False, "sign_refusal": f"Signing is for members of {role}, and you are not one: "
-                                                   "there is nothing for you to sign here."}
+        return {"may_sign": False, "sign_refusal": f"Signing is for {roles.in_words(role)}, and you are not "
+                                                   "one: there is nothing for you to sign here."}
     why = refusal() or ("" if Passkey.objects.active().filter(user=user).exists() else NO_PASSKEY)
     return {"may_sign": not why, "sign_refusal": why}
 
@@ -68,7 +68,7 @@ def signing_refusal(*, plan: Plan, user, rules: ApprovalRules | None = None) -> 
     """Why `user` may not approve or reject `plan` (separation of duties, role), or "" if they may."""
     rules = rules or ApprovalRules.current()
     if not user.is_active or not roles.has_role(user, rules.approver_role):
-        return f"Only members of {rules.approver_role} may approve or reject plans."
+        return f"Only {roles.in_words(rules.approver_role)} may approve or reject plans."
     if rules.separation_of_duties:
         if user.pk == plan.requested_by_id:
             return "You asked for this plan, so someone else must approve it (separation of duties)."
@@ -215,7 +215,7 @@ def action_refusal(*, action: ActionRequest, user) -> str:
     if action.state != ActionRequest.State.PENDING:
         return f"This call is {action.get_state_display().lower()}; there is nothing to decide."
     if not roles.has_role(user, action.approver_group):
-        return f"Only members of {action.approver_group} decide on held calls."
+        return f"Only {roles.in_words(action.approver_group)} decide on held calls."
     if ApprovalRules.current().separation_of_duties and action.agent.on_behalf_of_id == user.pk:
         return "The agent acts for you, so someone else must decide on its calls."
     if action.approvals.filter(approver=user).exists():

@@ -6,6 +6,14 @@ ADMIN = "admin"
 
 ALL = (ON_CALL, APPROVER, ADMIN)
 
+# The groups as people read them ("Only approvers may…"); a group an admin made up reads as its name does.
+_WORDS = {ON_CALL: "on-call engineers", APPROVER: "approvers", ADMIN: "admins"}
+
+
+def in_words(group: str) -> str:
+    """Who a group's members are, in words: "approvers", or "members of the group finance-leads"."""
+    return _WORDS.get(group) or f"members of the group {group}"
+
 
 def has_role(user, role: str) -> bool:
     if not user.is_authenticated or not user.is_active:

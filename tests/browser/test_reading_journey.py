@@ -127,7 +127,7 @@ def test_every_page_fits_a_phone_and_reads_right(recorder, story, chromium, appr
                 if isinstance(text, str) and re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d", text)]
     assert re.search(r"Dec \d+, \d\d:\d\d:\d\d EST", read["policies"])  # the change log's times
     # A missing control is explained; the person an agent acts for lands on her agents.
-    assert "Signing is for members of approver, and you are not one" in read["plan-admin"]
+    assert "Signing is for approvers, and you are not one" in read["plan-admin"]
     assert read["dana-landing"][0].endswith("/agents/") and "Runs" not in read["dana-landing"][1]
     assert "Your agents" in read["dana-landing"][1]
     assert "Runs" in read["olivia-landing"][1] and read["olivia-landing"][0].endswith("/runs/")

@@ -446,7 +446,7 @@ def test_the_policy_names_the_group_that_decides_on_held_calls(sales_bot, admin_
     assert action.approver_group == "on-call"
     assert (
         services.action_refusal(action=action, user=approver_user)
-        == "Only members of on-call decide on held calls."
+        == "Only on-call engineers decide on held calls."
     )
     key = SoftKey()
     services.enroll_passkey(user=on_call, name="key", credential=key.register(b"e" * 32), challenge=b"e" * 32)

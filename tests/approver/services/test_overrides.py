@@ -136,7 +136,7 @@ def test_an_admin_who_is_not_an_approver_is_told_why_there_is_no_sign_button(
 ):
     html = page(conflicted_plan, admin_user)
     assert 'id="sign-off"' not in html
-    assert "Signing is for members of approver, and you are not one" in html
+    assert "Signing is for approvers, and you are not one" in html
 
 
 def test_the_sign_button_and_the_choices_say_what_they_do(
