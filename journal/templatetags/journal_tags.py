@@ -21,6 +21,15 @@ def pretty_json(value) -> str:
 
 
 @register.filter
+def no_stop(value):
+    """A server's or an agent's sentence without its closing full stop, where the page adds its own (else
+    "If it goes wrong, the remedy is: send a correction email.." reads doubled)."""
+    if not isinstance(value, str):
+        return value
+    return value.rstrip().removesuffix(".")  # one stop only: "wait..." keeps its ellipsis with the page's
+
+
+@register.filter
 def shown(value):
     """An agent's or a server's words as an approver must see them (`journal.visible`): each hidden
     character as ⟨U+…⟩, a long run of spaces counted, a letter of another script inside a word marked, and

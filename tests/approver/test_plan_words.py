@@ -87,3 +87,15 @@ def test_plan_rows_say_what_they_undo(conflicted_plan, approver_user, client):  
     words = " ".join(re.sub(r"<[^>]+>", " ", link[link.index(">") + 1:link.index("</td>")]).split())
     assert words.startswith("Undo from step 2 of the run begun "), words
     assert words.endswith(": 2 to undo, 1 that cannot be"), words
+
+
+def test_a_sentence_of_a_servers_ends_with_one_full_stop():
+    """Issue 44, finding 12: "the remedy is: send a correction email.." read doubled."""
+    from django.template import Context, Template
+
+    page = Template("{% load journal_tags %}If it goes wrong, the remedy is: {{ remedy|no_stop|shown }}.")
+    for said in ("send a correction email.", "send a correction email", "send a correction email. ",
+                 "send a correction email"):
+        assert page.render(Context({"remedy": said})) == \
+            "If it goes wrong, the remedy is: send a correction email."
+    assert page.render(Context({"remedy": "wait..."})) == "If it goes wrong, the remedy is: wait..."
