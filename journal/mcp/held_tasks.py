@@ -30,6 +30,7 @@ from ..models import Agent, Step
 from . import earlier as earlier_reads
 from . import holding
 from .failing import tool_error
+from .task_follower import every
 
 logger = logging.getLogger(__name__)
 
@@ -170,27 +171,23 @@ async def adopt_orphans(journal, upstreams, held_tasks: HeldTasks, complete, ver
     """For as long as this Recorder runs: every `ports.HOLD_BEAT_SECONDS`, take over the held calls agents
     have as tasks whose process stopped waiting on them (killed, or restarted), exactly one process each,
     and wait on them here as their own process did."""
-    while True:
-        try:
-            for step, held in await sync_to_async(_orphans)(timezone.now()):
-                if held_tasks.waiting.get(handle_of(held), {}).get("status") == "working":
-                    continue
-                if not await journal.run(services.adopt_held_task, step_id=step.pk, seen=step.held_seen_at,
-                                         now=timezone.now()):
-                    continue  # another process took it
-                logger.info("took over waiting on held call %s (step %s)", held.public_id, step.pk)
-                standing = await sync_to_async(ports.gate().state)(held.id)
-                opened = dataclasses.replace(services.opened_again(step), policy=step.policy_decision or {},
-                                             earlier=step.earlier_state)
-                work = _work(journal, upstreams, complete, held=held, opened=opened,
-                             started=step.started_at, owner=(step.run.agent_id, ""),
-                             arguments=step.arguments or {}, version=version)
-                held_tasks.start(held, standing.expires_at if standing else None, work)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001 - the next round tries again; the reconciler is the backstop
-            logger.exception("could not look for held tasks to take over")
-        await asyncio.sleep(ports.HOLD_BEAT_SECONDS)
+
+    async def one_round():
+        for step, held in await sync_to_async(_orphans)(timezone.now()):
+            if held_tasks.waiting.get(handle_of(held), {}).get("status") == "working":
+                continue
+            if not await journal.run(services.adopt_held_task, step_id=step.pk, seen=step.held_seen_at,
+                                     now=timezone.now()):
+                continue  # another process took it
+            logger.info("took over waiting on held call %s (step %s)", held.public_id, step.pk)
+            standing = await sync_to_async(ports.gate().state)(held.id)
+            opened = dataclasses.replace(services.opened_again(step), policy=step.policy_decision or {},
+                                         earlier=step.earlier_state)
+            work = _work(journal, upstreams, complete, held=held, opened=opened, started=step.started_at,
+                         owner=(step.run.agent_id, ""), arguments=step.arguments or {}, version=version)
+            held_tasks.start(held, standing.expires_at if standing else None, work)
+
+    await every(ports.HOLD_BEAT_SECONDS, one_round, "held tasks to take over")
 
 
 def _orphans(now: datetime) -> list[tuple[Step, ports.HeldCall]]:

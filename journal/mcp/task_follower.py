@@ -66,14 +66,7 @@ class TaskFollower:
 
     async def adopt(self) -> None:
         """For as long as this Recorder runs: `resume` every `ADOPT_EVERY` seconds."""
-        while True:
-            try:
-                await self.resume()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - the next round tries again; the reconciler is the backstop
-                logger.exception("could not look for tasks nobody follows")
-            await asyncio.sleep(ADOPT_EVERY)
+        await every(ADOPT_EVERY, self.resume, "tasks nobody follows")
 
     async def close(self) -> None:
         for following in list(self.following.values()):
@@ -107,6 +100,19 @@ class TaskFollower:
                 await self.journal.run(services.close_step, opened=opened, started=task.started,
                                        outcome=self.outcome_of(opened, answer), finished=timezone.now())
                 return
+
+
+async def every(seconds: float, one_round, what: str) -> None:
+    """`await one_round()` now and every `seconds` after, for as long as the Recorder runs (until cancelled):
+    a round that fails is logged and the next one tries again (the reconciler is the backstop)."""
+    while True:
+        try:
+            await one_round()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - logged; the next round tries again
+            logger.exception("could not look for %s", what)
+        await asyncio.sleep(seconds)
 
 
 def _unfollowed(now: datetime) -> list[tuple[Step, tuple[int, str]]]:
