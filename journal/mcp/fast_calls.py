@@ -107,7 +107,8 @@ class FastCalls:
         if version is None:
             return False
         body = await read_body(receive)
-        name_header = dict(scope.get("headers") or []).get(b"mcp-name", b"").decode("latin-1") or None
+        headers = dict(scope.get("headers") or [])
+        name_header = headers.get(b"mcp-name", b"").decode("latin-1") or None
         request = self._request(body, version, name_header)
         if request is None or await self.security.validate_request(Request(scope), is_post=True) is not None:
             # Hand the untouched body to the SDK, which gives the standard answer.
@@ -118,7 +119,6 @@ class FastCalls:
 
             await self.sdk_app(scope, replayed, send)
             return True
-        headers = dict(scope.get("headers") or [])
         accept = headers.get(b"accept", b"").decode("latin-1")
         stream = _HeldStream(send) if "text/event-stream" in accept else None
         run_header = headers.get(RUN_ID_HEADER.encode(), b"").decode("latin-1") or None
