@@ -10,7 +10,7 @@ from django.views.decorators.http import require_GET
 
 from journal.access import READERS, require_role
 
-from . import planning
+from . import planning, sentence
 from .models import Plan, RecordLease
 from .services import live_rest, plan_content
 
@@ -30,6 +30,9 @@ def plan_detail(request, plan_id):
         # Plan the rest: the plan this one takes up, and where this one's rest went
         "restOf": str(plan.rest_of.public_id) if plan.rest_of_id else None,
         "rest": str(rest.public_id) if (rest := live_rest(plan)) else None,
+        # What signing does, in the words the page and the approvers' email use (approver.sentence)
+        "sentence": sentence.of_items(list(plan.items.select_related("step").order_by("position"))).as_json(
+            sentence.lead(plan.state)) if plan.digest else None,
         # What each undo does, as the change it makes to the record (not signed: the content has the call)
         "undo": [{"item": item.position, "does": item.undo_words} for item in plan.items.filter(
             action="compensate").select_related("step").order_by("position")],

@@ -42,6 +42,20 @@ NEEDS_A_HUMAN = frozenset({IRREVERSIBLE, OUTCOME_UNKNOWN, CONFLICT, COMPENSATION
 
 MAX_ATTEMPTS = 4
 
+# What signing means for an item (`intent`): its undo is sent, left alone as the approvers chose, or there is
+# nothing to send (it cannot be undone, or it needs nothing).
+UNDO, LEAVE, CANNOT, NOTHING = "undo", "leave", "cannot", "nothing"
+
+
+def intent(action: str, choice: str) -> str:
+    """What the executor does with an item of this action under this conflict choice: the plan's sentence
+    (`approver.sentence`) says what it says from this same answer."""
+    if action == "cannot_undo":
+        return CANNOT
+    if action != "compensate":
+        return NOTHING
+    return LEAVE if choice == "keep_newer" else UNDO
+
 
 @dataclass(frozen=True)
 class Verdict:

@@ -19,7 +19,7 @@ from django.core.mail import send_mail
 from journal import visible
 from journal.recipe_text import after_the_agent
 
-from . import authority, execution, planning
+from . import authority, execution, planning, sentence
 from .content import plan_content, plan_url
 from .models import ActionRequest, Approval, ApprovalRules, Plan, PlanItem, RecordLease
 from .services import bell
@@ -79,6 +79,12 @@ def summary(plan: Plan) -> str:
     return (f"Undo {actions} by {who}{across}: "
             f"{plan.cannot_undo_count} cannot be undone, {plan.conflict_count} changed since. "
             f"Asked by {plan.requested_by.get_username()}: “{one_line(plan.reason, 500)}”.")
+
+
+def signing_will(plan: Plan) -> str:
+    """What signing does, in the words the plan's page and JSON use (`approver.sentence`)."""
+    items = list(plan.items.select_related("step").order_by("position"))
+    return sentence.of_items(items).text(sentence.lead(plan.state))
 
 
 def _held_lines(plan: Plan) -> str:
@@ -157,8 +163,8 @@ def plan_ready(plan: Plan) -> int:
     """Email every approver who may sign it, and post to the webhook; returns how many were emailed."""
     changed = changed_since(plan)
     changes = "Changed since the agent acted:\n" + "\n".join(changed) + "\n" if changed else ""
-    text = (f"{summary(plan)}\n" + _rest_line(plan) + _undo_lines(plan) + changes + _held_lines(plan)
-            + f"{_digest_line(plan)}\nReview and sign: {_link(plan, digest=True)}")
+    text = (f"{signing_will(plan)}\n\n{summary(plan)}\n" + _rest_line(plan) + _undo_lines(plan) + changes
+            + _held_lines(plan) + f"{_digest_line(plan)}\nReview and sign: {_link(plan, digest=True)}")
     _keep_what_was_sent(plan)
     return _tell_approvers([u.email for u in approvers_to_tell(plan)],
                            f"Undo plan ready for sign-off: {plan.run.agent_name}", text, plan)

@@ -24,7 +24,7 @@ def choice_words(rows: list[Any], by: str) -> dict[str, str]:
     `overwrite` ("Undo the stage anyway: priya's amount change is kept")."""
     whose = f"{by}'s" if by else "the newer"
     keep = f"Leave it as {by} left it: skip this undo" if by else "Leave it as it is now: skip this undo"
-    agent, since = _changed_by_whom([r for r in rows if isinstance(r, dict)])
+    agent, since = changed_by_whom([r for r in rows if isinstance(r, dict)])
     if not agent:
         return {"keep": keep, "overwrite": f"Undo it anyway, over {whose} change"}
     overwrite = f"Undo the {' and '.join(agent)} anyway"
@@ -36,7 +36,7 @@ def choice_words(rows: list[Any], by: str) -> dict[str, str]:
     return {"keep": keep, "overwrite": overwrite}
 
 
-def _changed_by_whom(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+def changed_by_whom(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     """The fields the agent changed, and those changed since."""
     return ([r.get("field") for r in rows if r.get("left") != r.get("before")],
             [r.get("field") for r in rows if r.get("now") != r.get("left")])

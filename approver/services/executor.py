@@ -180,9 +180,10 @@ def _claim(plan: Plan, item: PlanItem, now: datetime) -> bool:
 
 def _run_item(plan: Plan, item: PlanItem, stops: dict[int, set[int]],
               facts: dict[int, planning.StepFacts]) -> execution.Verdict:
-    if item.action != PlanItem.Action.COMPENSATE:
+    intent = execution.intent(item.action, item.conflict_choice)
+    if intent in (execution.CANNOT, execution.NOTHING):
         return execution.without_compensation(item.action, item.reason)
-    if item.conflict_choice == PlanItem.Choice.KEEP_NEWER:
+    if intent == execution.LEAVE:
         return execution.Verdict(
             execution.SKIPPED, {"message": "The approver chose to keep the newer change."}
         )

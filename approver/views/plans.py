@@ -14,7 +14,7 @@ from journal.access import READERS, require_role, visible_agent
 from journal.models import Run, ToolServer
 from journal.recipe_text import brief
 
-from .. import authority, execution, planning, services, signing
+from .. import authority, execution, planning, sentence, services, signing
 from ..forms import UndoRequestForm, UndoSinceForm
 from ..models import Approval, ApprovalRules, Plan, PlanItem, RecordLease
 from ..services import checking
@@ -158,8 +158,17 @@ def _plan_context(request, plan: Plan) -> dict:
         "overrides": [i for i in items if i.override_reason],
         "short_digest": planning.short_digest(plan.digest),
         "since_message": _since_message(plan, planning.seen_digest(request.GET.get("digest"))),
-        **_sign_off_context(request, plan, items),
+        **(sign_off := _sign_off_context(request, plan, items)),
+        "sentence": _sentence(plan, items, may_sign=sign_off["may_sign"]),
     }
+
+
+def _sentence(plan: Plan, items: list[PlanItem], *, may_sign: bool) -> str:
+    """What signing does, in one sentence (approver.sentence): the top of the page, the sign button, the
+    approvers' email and the plan's JSON read the same function, which the executor decides with."""
+    if not plan.digest or plan.state in (Plan.State.DRAFTING, Plan.State.CHECKING):
+        return ""
+    return sentence.of_items(items).text(sentence.lead(plan.state, may_sign=may_sign))
 
 
 def _name_recipes(items: list[PlanItem]) -> list[PlanItem]:
