@@ -207,7 +207,7 @@ def test_the_sentence_as_a_pure_function():
         "“Deal D-2 stage: Proposal → Won” stays). Cannot be undone: sent the SMS (remedy: call them). Choose "
         "first, for each record changed since: deal D-3 (priya changed it since the agent).")
     assert sentence.of_items([item(choice="keep_newer")]).text("Approved, this plan will") == (
-        "Approved: this plan will undo nothing. It will not touch: step 1's update_deal as it is now (the "
+        "Approved, this plan will undo nothing. It will not touch: step 1's update_deal as it is now (the "
         "agent's change stays).")
     assert sentence.record_name("crm://acme/deal/D-881") == "deal D-881"
     assert sentence.record_name("/srv/world/brief.md") == "brief.md"
