@@ -215,6 +215,28 @@ def recipe_after_undo(verdict: Verdict, *, now: str, before: str) -> Verdict:
         "The undo ran, but the record does not read as it did before the agent's call.")})
 
 
+def recipe_after_override(verdict: Verdict, *, now: str, before: str, taken_back: bool, kept: bool
+                          ) -> Verdict:
+    """A recipe undo the approvers chose to run over a newer change counts once it did what they signed:
+    the record reads as before the agent's call (the newer change overwritten: a file written back whole),
+    or the agent's own change is taken back and the newer change kept (an observation deleted, a colleague's
+    beside it left) (`changes.taken_back_and_kept`)."""
+    if verdict.outcome != COMPENSATED:
+        return verdict
+    if now == before:
+        return Verdict(COMPENSATED, {**verdict.detail, "postcondition": (
+            "It reads as it did before the agent's call: the newer change is overwritten, as the approvers "
+            "signed.")})
+    if taken_back and kept:
+        return Verdict(COMPENSATED, {**verdict.detail, "postcondition": (
+            "The agent's change is taken back, and the newer change is kept: the undo takes back only what "
+            "the agent did.")})
+    return Verdict(COMPENSATION_FAILED, {**verdict.detail, "postcondition": False, "message": (
+        "The undo ran, but the record reads neither as before the agent's call nor as the approvers signed "
+        f"(the agent's change {'taken back' if taken_back else 'still there'}, the newer change "
+        f"{'kept' if kept else 'changed'}).")})
+
+
 def partial_undo(verdict: Verdict, *, calls: list[str], failed: int) -> Verdict:
     """A recipe undo of several calls whose call number `failed` did not do its part: the calls before it
     ran, so the undo is partial, and it is never tried again by itself (that would repeat them)."""

@@ -237,9 +237,11 @@ def _attempt(plan: Plan, item: PlanItem, attempt: int) -> execution.Verdict:
     as a step of the plan's compensation run like any agent's call: the intent before it leaves, what came
     back after. A recipe's undo reads the record first (its server has no conditional write), and nothing is
     sent when it changed since; it counts once the record reads as before, after its last call."""
-    earlier = recipe_undo.earlier_read(item)
-    if earlier is not None and (early := anyio.run(recipe_undo.before, item, earlier)) is not None:
-        return early
+    earlier, seen = recipe_undo.earlier_read(item), None
+    if earlier is not None:
+        early, seen = anyio.run(recipe_undo.before, item, earlier)
+        if early is not None:
+            return early
     arguments, meta = compensation_call(item)
     calls = [(item.tool, arguments, meta), *(
         (call["tool"], call["arguments"], _numbered(meta, n)) for n, call in enumerate(item.then or (), 2))]
@@ -251,7 +253,7 @@ def _attempt(plan: Plan, item: PlanItem, attempt: int) -> execution.Verdict:
         if verdict.outcome != execution.COMPENSATED:
             return verdict
     if earlier is not None:
-        verdict = anyio.run(recipe_undo.after, item, earlier, verdict)
+        verdict = anyio.run(recipe_undo.after, item, earlier, verdict, seen)
     return verdict
 
 

@@ -8,9 +8,10 @@ from typing import Any
 from django.conf import settings
 
 from journal.upstream.client import ToolServerError, Upstreams, endpoint_of
-from journal.upstream.recipe_reads import read_version
+from journal.upstream.recipe_reads import read_state
 
-from .. import execution, planning
+from .. import changes, execution, planning
+from ..checks import STATE_SHOWN_BYTES
 from ..models import PlanItem
 
 
@@ -20,31 +21,45 @@ def earlier_read(item: PlanItem) -> dict[str, Any] | None:
     return earlier if item.dialect == planning.RECIPE and earlier.get("version") else None
 
 
-async def before(item: PlanItem, earlier: dict[str, Any]) -> execution.Verdict | None:
-    """A recipe undo's read just before it runs (see `execution.recipe_before_undo`)."""
-    overwrite = ""
+def overwrites(item: PlanItem) -> str:
+    """The version the approvers chose to undo over (a newer change they saw), or ""."""
     if item.conflict_choice == PlanItem.Choice.OVERWRITE and item.check_status == PlanItem.Check.CONFLICT:
-        overwrite = ((item.check_detail or {}).get("current") or {}).get("version") or ""
+        return ((item.check_detail or {}).get("current") or {}).get("version") or ""
+    return ""
+
+
+async def before(item: PlanItem, earlier: dict[str, Any]) -> tuple[execution.Verdict | None, Any]:
+    """A recipe undo's read just before it runs (see `execution.recipe_before_undo`), and, for an undo over
+    a newer change, the record as read then: what the approvers chose to undo over."""
+    overwrite = overwrites(item)
     async with Upstreams(timeout=settings.TOOL_SERVER_TIMEOUT) as upstreams:
         endpoint = endpoint_of(item.step.server)
         try:
-            now = await read_version(upstreams, endpoint, earlier)
+            now, seen = await read_state(upstreams, endpoint, earlier, limit=STATE_SHOWN_BYTES)
         except (ToolServerError, ValueError) as exc:
             return execution.Verdict(execution.COMPENSATION_FAILED, {"message": (
                 f"{endpoint.name} could not be read before the undo, so nothing was sent: "
-                f"{getattr(exc, 'message', exc)}")}, retry=bool(getattr(exc, "transient", False)))
+                f"{getattr(exc, 'message', exc)}")}, retry=bool(getattr(exc, "transient", False))), None
     return execution.recipe_before_undo(now=now, agent_left=item.if_version, before=earlier["version"],
-                                        overwrite=overwrite)
+                                        overwrite=overwrite), seen if overwrite and now == overwrite else None
 
 
-async def after(item: PlanItem, earlier: dict[str, Any], verdict: execution.Verdict) -> execution.Verdict:
-    """A recipe undo's read after its last call (see `execution.recipe_after_undo`)."""
+async def after(item: PlanItem, earlier: dict[str, Any], verdict: execution.Verdict, seen: Any = None
+                ) -> execution.Verdict:
+    """A recipe undo's read after its last call (see `execution.recipe_after_undo`); an undo over a newer
+    change (`seen`: the record as the approvers chose to undo over it) counts by what they signed
+    (`execution.recipe_after_override`)."""
     async with Upstreams(timeout=settings.TOOL_SERVER_TIMEOUT) as upstreams:
         endpoint = endpoint_of(item.step.server)
         try:
-            now = await read_version(upstreams, endpoint, earlier)
+            now, state = await read_state(upstreams, endpoint, earlier, limit=STATE_SHOWN_BYTES)
         except (ToolServerError, ValueError) as exc:
             return execution.Verdict(execution.OUTCOME_UNKNOWN, {**verdict.detail, "message": (
                 f"The undo ran, but {endpoint.name} could not be read again to see whether it took: "
                 f"{getattr(exc, 'message', exc)}")})
-    return execution.recipe_after_undo(verdict, now=now, before=earlier["version"])
+    if seen is None or state is None or earlier.get("structured") is None or earlier.get("left") is None:
+        return execution.recipe_after_undo(verdict, now=now, before=earlier["version"])
+    taken_back, kept = changes.taken_back_and_kept(before=earlier["structured"], left=earlier["left"],
+                                                   seen=seen, after=state)
+    return execution.recipe_after_override(verdict, now=now, before=earlier["version"], taken_back=taken_back,
+                                           kept=kept)

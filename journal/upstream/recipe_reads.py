@@ -25,9 +25,3 @@ def _versioned(answer: Any, earlier: dict[str, Any], limit: int) -> tuple[str, A
                               ignore_order=bool(earlier.get("ignoreOrder")),
                               pattern=earlier.get("versionPattern"))
     return version, recipes.kept_state(answer, limit)
-
-
-async def read_version(upstreams: Upstreams, endpoint: Endpoint, earlier: dict[str, Any], *,
-                       timeout: float | None = None, owner=None) -> str:
-    """The record's version now (`read_state`)."""
-    return (await read_state(upstreams, endpoint, earlier, timeout=timeout, owner=owner))[0]
