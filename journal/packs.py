@@ -66,6 +66,10 @@ def _nodes(names: str) -> dict[str, Any]:
     return {"tool": "open_nodes", "arguments": {"names": names}}
 
 
+# Both ends of each relation a call names.
+_ENDS = ["$request.body#/relations/*/from", "$request.body#/relations/*/to"]
+
+
 def _graph(tool: str, does: str, read: dict, compensation: dict, then=(), **more) -> dict[str, Any]:
     """A knowledge-graph recipe; its version is of what the call changes (`version`: only the relations, or
     only the entities with their observations), so a later change to the rest is no conflict."""
@@ -94,10 +98,12 @@ PACKS: dict[str, list[dict[str, Any]]] = {
                _nodes("$request.body#/entities/*/name"),
                {"tool": "delete_entities", "arguments": {"entityNames": "$response.body#/entities/*/name"}},
                sideEffect="Deleting an entity also deletes every relation to or from it."),
+        # A relation touches both entities it names: a run that relates an entity it created is undone in
+        # turn, the relation first, with no conflict.
         _graph("create_relations", "delete exactly the relations the call created",
                _nodes("$request.body#/relations/*/from"),
                {"tool": "delete_relations", "arguments": {"relations": "$response.body#/relations"}},
-               version="/relations"),
+               version="/relations", touches=_ENDS),
         _graph("add_observations", "delete exactly the observations the call added",
                _nodes("$request.body#/observations/*/entityName"),
                {"tool": "delete_observations", "arguments": {"deletions": {
@@ -121,7 +127,7 @@ PACKS: dict[str, list[dict[str, Any]]] = {
         _graph("delete_relations", "create the deleted relations again",
                _nodes("$request.body#/relations/*/from"),
                {"tool": "create_relations", "arguments": {"relations": "$before.body#/relations"}},
-               version="/relations"),
+               version="/relations", touches=_ENDS),
     ],
     "git": [
         # The branch is read from git_status's text before the checkout; a detached HEAD has none, so such a

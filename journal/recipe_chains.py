@@ -1,4 +1,5 @@
-"""A run's recipe calls that read the same record, one after another. No ORM and no clock.
+"""A run's recipe calls that read the same record, one after another, and what each call touches. No ORM
+and no clock.
 
 An agent may change one record several times in a run (write a file, then edit it). Each call's undo
 restores what was there just before that call, and a plan undoes the latest first: so when a plan is
@@ -9,6 +10,8 @@ calls read the same record, and where the run left it.
 from collections.abc import Mapping
 from typing import Any
 
+from . import recipes
+from .bindings import BindingError, resolve_arguments
 from .canonical import canonical_bytes, sha256_hex
 
 
@@ -21,11 +24,16 @@ def read_key(earlier: Mapping[str, Any] | None) -> str:
 
 
 def reads_overlap(one: Mapping[str, Any] | None, other: Mapping[str, Any] | None) -> bool:
-    """Whether two kept earlier states may have read the same record: the same read tool, with an argument
-    value in common (the same path; an entity named in both)."""
+    """Whether two kept earlier states may have read the same record: the same read tool, with a value in
+    common among their read's arguments and what their recipes say the calls touch (the same path; an
+    entity named in both, or by a relation the other call made)."""
     if not one or not other or one.get("tool") != other.get("tool"):
         return False
-    return bool(_leaves(one.get("arguments")) & _leaves(other.get("arguments")))
+    return bool(_named(one) & _named(other))
+
+
+def _named(earlier: Mapping[str, Any]) -> set[str]:
+    return _leaves(earlier.get("arguments")) | _leaves(earlier.get("touches") or [])
 
 
 def _leaves(value: Any) -> set[str]:
@@ -45,3 +53,31 @@ def left_by_the_run(after: str, later: list[tuple[str, str]]) -> str:
         if before == after:
             after = left
     return after
+
+
+def touched(recipe: "recipes.Recipe", arguments: Mapping[str, Any]) -> list[Any]:
+    """The values the recipe's `touches` bindings name in a call's arguments (those that resolve)."""
+    found = []
+    for expression in recipe.touches:
+        try:
+            value = resolve_arguments({"t": expression}, dialect="recipe", request=dict(arguments),
+                                      response=None)["t"]
+        except BindingError:
+            continue
+        found.extend(value if isinstance(value, list) else [value])
+    return found
+
+
+def version_of_state(state: Any, earlier: Mapping[str, Any]) -> str:
+    """The version `earlier`'s read gives a record that read `state` (a kept `structuredContent`, or its
+    text), compared its way; "" when it cannot be told."""
+    if state is None:
+        return ""
+    answer = {"content": [{"type": "text", "text": state}]} if isinstance(state, str) else {
+        "structuredContent": state}
+    try:
+        return recipes.version(answer, earlier.get("versionAt") or "",
+                               ignore_order=bool(earlier.get("ignoreOrder")),
+                               pattern=earlier.get("versionPattern"))
+    except ValueError:
+        return ""

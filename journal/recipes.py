@@ -113,6 +113,9 @@ class Recipe(_Strict):
     # Arrays whose order means nothing (a knowledge graph's entities and observations) are compared as sets.
     version_ignores_order: bool = Field(False, alias="versionIgnoresOrder")
     needs_human: bool = Field(True, alias="needsHuman")
+    # The records a call touches besides what its read names, as bindings over its arguments (a relation
+    # touches both entities it names): two calls that touch one are known to overlap.
+    touches: list[str] = Field(default_factory=list, max_length=4)
 
     @model_validator(mode="after")
     def _whole(self) -> "Recipe":
@@ -181,6 +184,12 @@ def problems(recipe: Recipe, catalogue: list[Any]) -> list[str]:
                 found.append(f"{role} argument {name}: {problem}")
             elif (problem := _unknown_field(expression, declared)) is not None:
                 found.append(f"{role} argument {name}: {problem}")
+    for expression in recipe.touches:
+        if not expression.startswith("$request.body#") or (
+                problem := expression_problem(expression, sources=("$request.body",))) is not None:
+            found.append(f"touches {expression!r}: a binding over the call's arguments ($request.body#/…)")
+        elif (problem := _unknown_field(expression, declared)) is not None:
+            found.append(f"touches {expression!r}: {problem}")
     return found
 
 
@@ -371,14 +380,15 @@ def read_arguments(recipe: Recipe, arguments: Mapping[str, Any]) -> dict[str, An
 
 
 def earlier_state(recipe: Recipe, *, arguments: dict[str, Any], result: Any = None, error: str = "",
-                  limit: int) -> dict[str, Any]:
+                  limit: int, touches: list[Any] | None = None) -> dict[str, Any]:
     """What the step keeps of the read made just before the call: the read (tool and arguments), its
     version, size and digest, and the answer's `structuredContent` when it is within `limit` bytes;
     `problem` says why the recipe cannot undo the call from it."""
     # How to read it again, and compare (the plan's check and its execution read it again the same way).
     state: dict[str, Any] = {"tool": recipe.read.tool, "arguments": arguments, "versionAt": recipe.version,
                              "ignoreOrder": recipe.version_ignores_order, "does": recipe.does,
-                             **({"versionPattern": recipe.version_pattern} if recipe.version_pattern else {})}
+                             **({"versionPattern": recipe.version_pattern} if recipe.version_pattern else {}),
+                             **({"touches": touches} if touches else {})}
     if error or not isinstance(result, Mapping) or result.get("isError") is True:
         text = error or " ".join(str(block.get("text", "")) for block in (result or {}).get("content") or []
                                  if isinstance(block, Mapping))

@@ -99,14 +99,29 @@ def _recipe_left(plan: Plan) -> dict[int, str]:
     found = {}
     for n, (item_id, server, earlier, _, after) in enumerate(keyed):
         key = recipe_chains.read_key(earlier)
-        later = [(recipe_chains.read_key(other), before, left) for _, on, other, before, left in keyed[n + 1:]
+        later = [(recipe_chains.read_key(other), before, left, other)
+                 for _, on, other, before, left in keyed[n + 1:]
                  if on == server and before and before != left
                  and recipe_chains.reads_overlap(earlier, other)]
-        if after and later:
-            same = [(before, left) for other, before, left in later if other == key and key]
-            left = recipe_chains.left_by_the_run(after, same) if same else after
-            found[item_id] = left if left != after or len(same) == len(later) else checks.LATER_CHANGES
+        if not (after and later):
+            continue
+        if left := _as_last_read(earlier, key, later[-1]):
+            found[item_id] = left
+            continue
+        same = [(before, left) for other, before, left, _ in later if other == key and key]
+        left = recipe_chains.left_by_the_run(after, same) if same else after
+        found[item_id] = left if left != after or len(same) == len(later) else checks.LATER_CHANGES
     return found
+
+
+def _as_last_read(earlier: dict, key: str, last: tuple) -> str:
+    """Where the run left a record, compared the way `earlier` reads it, when the last of the run's later
+    calls to it read it the same way and kept what it found after the call ("" otherwise): its version may
+    be of another part of the record (the relations, where this one's is of the entities)."""
+    last_key, _, _, last_earlier = last
+    if not key or last_key != key:
+        return ""
+    return recipe_chains.version_of_state(last_earlier.get("left"), earlier)
 
 
 def run_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> Plan | None:

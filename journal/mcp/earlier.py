@@ -12,7 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from .. import recipes, services
+from .. import recipe_chains, recipes, services
 from ..bindings import BindingError
 from ..models import ToolServer
 from ..upstream.client import ToolServerError, Upstreams, endpoint_of
@@ -56,16 +56,16 @@ async def before(upstreams: Upstreams, needs: NeedsRead, arguments: dict[str, An
         read_arguments = recipes.read_arguments(recipe, arguments)
     except BindingError as exc:
         return {"tool": recipe.read.tool, "arguments": {}, "error": f"the read's arguments: {exc}"}
-    limit = settings.RECORDER_INLINE_RESULT_BYTES
+    limit, touches = settings.RECORDER_INLINE_RESULT_BYTES, recipe_chains.touched(recipe, arguments)
     try:
         result = await upstreams.call_tool(endpoint_of(needs.server), recipe.read.tool, read_arguments,
                                            owner=owner)
     except ToolServerError as exc:
         return await asyncio.to_thread(recipes.earlier_state, recipe, arguments=read_arguments,
-                                       error=exc.message, limit=limit)
+                                       error=exc.message, limit=limit, touches=touches)
     # Off the event loop: digests and the recipe's patterns run over a text the agent may have written.
     return await asyncio.to_thread(recipes.earlier_state, recipe, arguments=read_arguments, result=result,
-                                   limit=limit)
+                                   limit=limit, touches=touches)
 
 
 async def after(upstreams: Upstreams, server: ToolServer, earlier: dict[str, Any] | None,

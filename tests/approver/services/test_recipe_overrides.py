@@ -106,3 +106,34 @@ def test_restoring_a_file_over_a_persons_newer_edit_overwrites_it_as_signed(
     assert item.outcome_detail["postcondition"] == (
         "It reads as it did before the agent's call: the newer change is overwritten, as the approvers "
         "signed.")
+
+
+@pytest.mark.parametrize("relation", [
+    {"from": "Globex kickoff", "to": "Ann", "relationType": "is attended by"},  # read the same way
+    {"from": "Ann", "to": "Globex kickoff", "relationType": "attends"},  # read another way: it names both
+])
+def test_an_entity_the_run_created_and_then_related_is_no_conflict_and_both_are_undone(
+        recorder, memory, on_call, approver_user, second_approver, relation):
+    """Issue 44, finding 3: the run's own later step (relating the new entity) is undone first by the same
+    plan; the earlier step is not "changed since by someone"."""
+    path, token = memory
+    path.write_text(json.dumps({"type": "entity", "name": "Ann", "entityType": "person",
+                                "observations": []}) + "\n")
+    before = entities(path)
+
+    async def script(client):
+        await client.call_tool("memory__create_entities", {"entities": [
+            {"name": "Globex kickoff", "entityType": "meeting", "observations": []}]})
+        await client.call_tool("memory__create_relations", {"relations": [relation]})
+
+    run_agent(recorder, token, script)
+    plan = services.request_plan(run=Run.objects.get(agent__name="notes-bot"), requested_by=on_call,
+                                 reason="wrong meeting", from_step=1)
+    plan = services.run_checks(plan=plan, check_round=plan.check_round)
+    checks = {i.step.number: (i.check_status, i.check_detail) for i in plan.items.select_related("step")}
+    assert {n: status for n, (status, _) in checks.items()} == {1: "ok", 2: "ok"}, checks
+    for user in (approver_user, second_approver):
+        approve(plan, user, enrolled(user), choices={})
+    plan = run_plan(plan)
+    assert plan.execution_summary == "Reversed 2 of 2 actions"
+    assert entities(path) == before and "relation" not in path.read_text()
