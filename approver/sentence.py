@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from journal.recipe_text import recipe_title
+
 from . import execution
 from .wording import changed_by_whom
 
@@ -69,8 +71,8 @@ def of_items(items: list[Any]) -> Sentence:
                 choose.append(_to_choose(item, detail))
                 continue
             undo.append(_undo(item, detail))
-            if item.conflict_choice == OVERWRITE:
-                keep.extend(_kept_fields(item, detail))
+            if item.conflict_choice == OVERWRITE and getattr(item, "dialect", "") != "recipe":
+                keep.extend(_kept_fields(item, detail))  # a server's field write keeps the other fields
     return Sentence(tuple(undo), tuple(keep), tuple(cannot), tuple(choose))
 
 
@@ -85,7 +87,8 @@ def record_name(resource: str) -> str:
 
 
 def _undo(item, detail: dict[str, Any]) -> str:
-    phrase = _lead(detail.get("wouldDo") or "") or _put_back(item) or _take_back(item)
+    recipe = recipe_title(item.step.earlier_state) if getattr(item, "dialect", "") == "recipe" else ""
+    phrase = _lead(recipe or detail.get("wouldDo") or "") or _put_back(item) or _take_back(item)
     if item.check_status in _DOUBTFUL:
         phrase += f" (its check said: {_lead(detail.get('message') or 'it could not be checked')})"
     if item.conflict_choice == OVERWRITE:

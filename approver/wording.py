@@ -18,13 +18,16 @@ def undo_words(summary: str, fields: Any) -> str:
     return f"Take back the agent's change “{summary}”" if summary else ""
 
 
-def choice_words(rows: list[Any], by: str) -> dict[str, str]:
+def choice_words(rows: list[Any], by: str, *, recipe: str = "") -> dict[str, str]:
     """What each answer to a conflict does to the record, from its three-way rows (`{"field", "before",
     "left", "now"}`) and who changed it since: `keep` ("Leave it as priya left it: skip this undo") and
-    `overwrite` ("Undo the stage anyway: priya's amount change is kept")."""
+    `overwrite` ("Undo the stage anyway: priya's amount change is kept"). A recipe's undo (`recipe`: what it
+    does) is a call of the server's, not a field's write: what it keeps is not promised field by field."""
     whose = f"{by}'s" if by else "the newer"
     keep = f"Leave it as {by} left it: skip this undo" if by else "Leave it as it is now: skip this undo"
     agent, since = changed_by_whom([r for r in rows if isinstance(r, dict)])
+    if recipe:
+        return {"keep": keep, "overwrite": f"Undo it anyway, over {whose} change: {recipe}"}
     if not agent:
         return {"keep": keep, "overwrite": f"Undo it anyway, over {whose} change"}
     overwrite = f"Undo the {' and '.join(agent)} anyway"

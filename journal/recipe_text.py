@@ -54,6 +54,30 @@ def brief(tool: str, arguments: Mapping[str, Any]) -> str:
 # -- a conflict, three ways ---------------------------------------------------------------------------------
 
 
+def recipe_title(earlier: Mapping[str, Any] | None) -> str:
+    """A recipe's undo as the thing it puts back, not the tool: "Restore the file's earlier content, byte
+    for byte: globex-brief.md (44 B before the agent's call)"; "Delete exactly the entities the call created:
+    Dana". From what the step kept of its earlier read (`recipes.earlier_state`); "" with nothing kept."""
+    if not isinstance(earlier, Mapping) or not earlier.get("does"):
+        return ""
+    does = str(earlier["does"])
+    thing = _thing(earlier.get("arguments"))
+    if isinstance(earlier.get("structured"), str) and thing:
+        thing += f" ({size(earlier['structured'])} before the agent's call)"
+    return f"{does[0].upper()}{does[1:]}" + (f": {thing}" if thing else "")
+
+
+def _thing(arguments: Any) -> str:
+    """What a read names, in words: a path's file name, else its plain values."""
+    if not isinstance(arguments, Mapping):
+        return ""
+    values = [v for value in arguments.values() for v in (value if isinstance(value, list) else [value])
+              if isinstance(v, str | int)]
+    shown = [str(v).rstrip("/").rsplit("/", 1)[-1] if isinstance(v, str) and "/" in v else str(v)
+             for v in values[:4]]
+    return ", ".join(shown) + (f" and {len(values) - 4} more" if len(values) > 4 else "")
+
+
 def _text(value: Any) -> str | None:
     """The text of a state that is text: a string, or a record of one string (`{"content": "…"}`)."""
     if isinstance(value, str):
@@ -88,38 +112,61 @@ def _lines(a: str, b: str, label_a: str, label_b: str) -> list[str]:
 
 
 def _flat(value: Any, at: str = "") -> dict[str, Any]:
-    """Every leaf of a record by its JSON Pointer; a list of named records keyed by their names."""
-    if isinstance(value, Mapping):
-        items = ((str(key).replace("~", "~0").replace("/", "~1"), item) for key, item in value.items())
-    elif isinstance(value, list) and value and all(isinstance(i, Mapping) and "name" in i for i in value):
-        items = ((str(i["name"]), i) for i in value)
-    elif isinstance(value, list) and all(not isinstance(i, (Mapping, list)) for i in value):
-        return {at or "/": sorted(value, key=json.dumps)}  # a list of plain values: compared as a set
-    elif isinstance(value, list):
-        items = ((str(n), i) for n, i in enumerate(value))
-    else:
-        return {at or "/": value}
+    """Every leaf of a record by its path in words ("Dana › entityType"): a list of named records keyed by
+    their names (the name stands for the list), a list of plain values or of unnamed records (relations)
+    compared as a set of lines ("Ann attends Globex kickoff")."""
+    if isinstance(value, list) and all(not isinstance(i, list) for i in value) and not _named(value):
+        return {at or "the record": sorted((_line(i) for i in value), key=json.dumps)}
+    if not isinstance(value, Mapping | list):
+        return {at or "the record": value}
     flat: dict[str, Any] = {}
-    for key, item in items:
-        flat.update(_flat(item, f"{at}/{key}"))
-    return flat or {at or "/": value}
+    for key, item in _members(value, at):
+        flat.update(_flat(item, key))
+    return flat or {at or "the record": value}
+
+
+def _named(value: list) -> bool:
+    return bool(value) and all(isinstance(i, Mapping) and "name" in i for i in value)
+
+
+def _members(value: Mapping | list, at: str):
+    """A record's or a list's members, each with its path in words."""
+    if isinstance(value, Mapping):
+        return ((f"{at} › {key}" if at else str(key), item) for key, item in value.items())
+    if _named(value):
+        return ((str(i["name"]), i) for i in value)
+    return ((f"{at} › {n}" if at else str(n), i) for n, i in enumerate(value))
+
+
+def _line(value: Any) -> Any:
+    """A member of a set, as a line: a plain value as it is, a record as its values in order."""
+    if isinstance(value, Mapping):
+        return " ".join(_value(v) if not isinstance(v, str) else v for v in value.values())
+    return value
 
 
 def _shown(value: Any, missing: bool, start: int = 0) -> str:
     if missing:
         return "(absent)"
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = _as_text(value)
     if len(text) <= _VALUE:
         return text
     start = min(start, max(len(text) - _VALUE, 0))
     return ("…" if start else "") + text[start:start + _VALUE] + ("…" if start + _VALUE < len(text) else "")
 
 
+def _as_text(value: Any) -> str:
+    """A value as a reader reads it: a list of plain values one after another ("agenda sent; booked for
+    Dec 4"), an empty one "(none)"."""
+    if isinstance(value, list) and all(isinstance(item, str | int | float) for item in value):
+        return "; ".join(map(str, value)) if value else "(none)"
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
 def _cells(values: list[tuple[Any, bool]]) -> list[str]:
     """A row's cells, each cut to `_VALUE` characters: where the values differ only past that, each is
     shown from a little before the first difference, so a change never hides behind the cut."""
-    texts = [value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-             for value, missing in values if not missing]
+    texts = [_as_text(value) for value, missing in values if not missing]
     start = 0
     if len(set(texts)) > 1:
         common = len(os.path.commonprefix(texts))

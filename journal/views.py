@@ -206,7 +206,7 @@ def agent_detail(request, name):
         "may_undo": roles.has_role(request.user, roles.ON_CALL), "since": since,
         # The person an agent acts for may have no role that reads runs: no links that answer "Not allowed".
         "may_read_runs": any(roles.has_role(request.user, role) for role in READERS),
-        "time_zone": settings.TIME_ZONE})
+        "time_zone": timezone.get_current_timezone_name()})
 
 
 def _moment(text: str) -> str:
@@ -215,4 +215,6 @@ def _moment(text: str) -> str:
         moment = parse_datetime(text[:40])
     except ValueError:
         return ""
+    if moment is not None and timezone.is_aware(moment):
+        moment = timezone.localtime(moment)  # in the viewer's zone, which the form reads it in
     return moment.strftime("%Y-%m-%dT%H:%M:%S") if moment else ""

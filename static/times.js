@@ -19,5 +19,17 @@ function localise(root) {
   }
 }
 
+// The server reads and writes times in the zone the `zone` cookie names (journal/zones.py): told once, and
+// the page read again in it, so that what it shows and what a form takes are in the viewer's zone.
+const browserZone = Intl.DateTimeFormat().resolvedOptions().timeZone;
+if (browserZone && document.documentElement.dataset.zone !== browserZone) {
+  const secure = location.protocol === "https:" ? "; secure" : "";
+  document.cookie = `zone=${encodeURIComponent(browserZone)}; path=/; max-age=31536000; samesite=lax${secure}`;
+  if (sessionStorage.getItem("zone-told") !== browserZone) {
+    sessionStorage.setItem("zone-told", browserZone);
+    location.reload();
+  }
+}
+
 localise(document);
 document.addEventListener("htmx:afterSettle", (event) => localise(event.target));

@@ -7,6 +7,7 @@ from django.db import models
 from django.utils import timezone
 
 from journal.models import Run, Step
+from journal.recipe_text import recipe_title
 
 from ..execution import OUTCOME_WORDS
 from ..planning import inclusion_words
@@ -262,6 +263,9 @@ class PlanItem(models.Model):
     def undo_words(self) -> str:
         """What undoing the step does, as the change it makes (its server's own words come first, when the
         check gave them)."""
+        if self.dialect == "recipe" and (title := recipe_title(self.step.earlier_state)):
+            chained = ((self.check_detail or {}).get("wouldDo") or "").partition(", once ")[2]
+            return f"{title}, once {chained}" if chained else title
         return (self.check_detail or {}).get("wouldDo") or undo_words(self.step.effect_summary,
                                                                       self.step.effect_fields)
 
@@ -269,8 +273,10 @@ class PlanItem(models.Model):
     def choice_words(self) -> dict[str, str]:
         """What each answer to its conflict does to the record, in words (`wording.choice_words`)."""
         detail = self.check_detail or {}
+        does = ((self.step.earlier_state or {}).get("does") or "its recipe's undo") \
+            if self.dialect == "recipe" else ""
         return choice_words(((detail.get("threeWay") or {}).get("fields")) or [],
-                            (detail.get("current") or {}).get("changedBy") or "")
+                            (detail.get("current") or {}).get("changedBy") or "", recipe=does)
 
     @property
     def override_words(self) -> str:

@@ -133,7 +133,7 @@ def _plan_context(request, plan: Plan) -> dict:
     runs = list(plan.runs.order_by("started_at", "pk")) if plan.since else []
     for item in items:  # across runs, "step 3" says of which run
         begun = timezone.localtime(item.step.run.started_at)
-        item.in_run = f" of the run begun {begun:%b %-d, %H:%M:%S}" if plan.since else ""
+        item.in_run = f" of the run begun {begun:%b %-d, %H:%M:%S %Z}" if plan.since else ""
     by_action = {action: [i for i in items if i.action == action] for action in PlanItem.Action.values}
     compensate = by_action[PlanItem.Action.COMPENSATE]
     return {

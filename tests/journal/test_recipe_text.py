@@ -32,10 +32,16 @@ def test_a_records_conflict_is_a_field_diff_by_name_with_lists_of_plain_values_a
     now = {"entities": [{"name": "Ann", "observations": ["on call", "likes tea", "moved"]},
                         {"name": "Bob", "observations": []}]}
     rows = {row["field"]: row for row in three_way(before, left, now)["fields"]}
-    assert rows["/entities/Ann/observations"] == {
-        "field": "/entities/Ann/observations", "before": '["likes tea"]',
-        "left": '["likes tea", "on call"]', "now": '["likes tea", "moved", "on call"]'}
-    assert rows["/entities/Bob/name"]["before"] == "(absent)" and rows["/entities/Bob/name"]["now"] == "Bob"
+    # Issue 44, finding 3: the rows are the record's fields in words, and a list of values reads as one.
+    assert rows["Ann › observations"] == {
+        "field": "Ann › observations", "before": "likes tea", "left": "likes tea; on call",
+        "now": "likes tea; moved; on call"}
+    assert rows["Bob › name"]["before"] == "(absent)" and rows["Bob › name"]["now"] == "Bob"
+    assert rows["Bob › observations"]["now"] == "(none)"
+    # Relations (records with no name) are a set of lines.
+    knows = {"from": "Ann", "to": "Bob", "relationType": "knows"}
+    related = three_way({"relations": []}, {"relations": [knows]}, {"relations": []})["fields"]
+    assert related == [{"field": "relations", "before": "(none)", "left": "Ann Bob knows", "now": "(none)"}]
     # Order alone is no change.
     reordered = {"entities": [{"name": "Ann", "observations": ["on call", "likes tea"]}]}
     assert three_way(left, left, reordered) == {"fields": []}

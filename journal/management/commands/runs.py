@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from journal import services
+from journal import services, zones
 from journal.models import Agent, Run
 
 
@@ -21,7 +21,8 @@ def _moment(text: str | None, option: str) -> datetime | None:
 class Command(BaseCommand):
     help = (
         "List runs, newest first: by agent, state and the time they were active (a run is active from its "
-        "first call to its last). Times without a zone are in the server's (TIME_ZONE)."
+        "first call to its last). Times are shown, and times typed without an offset are read, in --zone "
+        "(default: the server's, TIME_ZONE); the listing names it."
     )
 
     def add_arguments(self, parser):
@@ -31,8 +32,18 @@ class Command(BaseCommand):
         parser.add_argument("--until", help="Only runs active at or before this time.")
         parser.add_argument("--at", help="Only runs active at this time (--since and --until both).")
         parser.add_argument("--limit", type=int, default=50, help="At most this many (default 50).")
+        parser.add_argument("--zone", help="The time zone to show and read times in, an IANA name such as "
+                                           "Europe/Berlin (default: the server's).")
 
-    def handle(self, *args, agent=None, state=None, since=None, until=None, at=None, limit=50, **options):
+    def handle(self, *args, zone=None, **options):
+        chosen = zones.zone_named(zone) if zone else timezone.get_default_timezone()
+        if chosen is None:
+            raise CommandError(f"--zone {zone!r} is not a time zone: give an IANA name, such as "
+                               "Europe/Berlin or UTC.")
+        with timezone.override(chosen):
+            self._list(**options)
+
+    def _list(self, *, agent=None, state=None, since=None, until=None, at=None, limit=50, **options):
         if limit < 1:
             raise CommandError("--limit must be at least 1.")
         found_agent = None
@@ -48,6 +59,7 @@ class Command(BaseCommand):
         if not listed:
             self.stdout.write("No runs match.")
             return
+        self.stdout.write(f"Times are in {timezone.get_current_timezone_name()}.")
         self.stdout.write(f"{'run':<36}  {'agent':<20}  {'started':<16}  {'last call':<16}  {'steps':>5}  "
                           f"{'state':<8}  grouped by")
         for run in listed:

@@ -63,6 +63,16 @@ def test_undoing_an_observation_over_a_colleagues_newer_one_keeps_hers_and_is_un
     plan = services.request_plan(run=Run.objects.get(agent__name="notes-bot"), requested_by=on_call,
                                  reason="wrong meeting", from_step=1)
     plan = services.run_checks(plan=plan, check_round=plan.check_round)
+    web = Client()
+    web.force_login(approver_user)
+    enrolled(approver_user)
+    page = web.get(f"/plans/{plan.public_id}/").content.decode()
+    # The thing, not the tool; the rows in words, not JSON Pointers and arrays; no promise of what is kept.
+    assert "Delete exactly the observations the call added: Globex kickoff" in page
+    assert ("<code>Globex kickoff › observations</code></th><td data-label=\"Before the agent\">booked for "
+            "Dec 4</td>") in page
+    assert "Undo it anyway, over the newer change: delete exactly the observations the call added" in page
+    assert "/entities" not in page and "is kept" not in page
     signed_over(plan, (approver_user, second_approver))
     plan = run_plan(plan)
     [item] = plan.items.all()
@@ -72,8 +82,6 @@ def test_undoing_an_observation_over_a_colleagues_newer_one_keeps_hers_and_is_un
         "The agent's change is taken back, and the newer change is kept: the undo takes back only what the "
         "agent did.")
     assert plan.execution_summary == "Reversed 1 of 1 action"
-    web = Client()
-    web.force_login(on_call)
     page = web.get(f"/plans/{plan.public_id}/").content.decode()
     assert ("Observations deleted successfully. <span class=\"postcondition\">The agent&#x27;s change is "
             "taken back, and the newer change is kept") in page

@@ -3,6 +3,7 @@ plan, the same checks and sign-off as a run's, executed most recent first agains
 
 import io
 from datetime import timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -241,3 +242,43 @@ def test_the_command_prints_the_sites_address_the_demo_wrote_down(story, on_call
     assert out.getvalue().splitlines()[-1] == f"http://localhost:8123/plans/{plan.public_id}/"
     monkeypatch.setenv("PUBLIC_URL", "https://undo.example")  # given one of its own, it is that
     assert site_url() == settings.PUBLIC_URL.rstrip("/")
+
+
+def test_in_berlin_the_form_shows_and_reads_berlin_time_and_undoes_the_right_hour(story, globex, on_call,
+                                                                                  client):
+    """Issue 44, finding 6: the form was pre-filled and read in UTC beside times shown in the viewer's zone.
+    The browser names its zone (the `zone` cookie, static/times.js); every time is shown and read in it."""
+    client.force_login(on_call)
+    client.cookies["zone"] = "Europe%2FBerlin"
+    berlin = story.astimezone(ZoneInfo("Europe/Berlin"))
+    run_page = client.get(reverse("journal:run_detail", args=[globex.public_id])).content.decode()
+    assert 'data-zone="Europe/Berlin"' in run_page
+    link = run_page.split('undo-since-link">Or <a href="', 1)[1].split('"', 1)[0].replace("&amp;", "&")
+    agent_page = client.get(link).content.decode()
+    typed = berlin.strftime("%Y-%m-%dT%H:%M:%S")
+    assert f'value="{typed}"' in agent_page and "Since (Europe/Berlin)" in agent_page
+    client.post(reverse("approver:undo_since", args=["sales-bot"]), {"since": typed, "reason": "r"})
+    plan = Plan.objects.get()
+    assert plan.since == story.replace(microsecond=0)  # the hour the viewer meant, not one off
+    services.draft_plan(plan=plan)
+    page = client.get(reverse("approver:plan_detail", args=[plan.public_id])).content.decode()
+    assert f"since {berlin:%Y-%m-%d %H:%M:%S} {berlin.tzname()}" in page
+    assert f"of the run begun {globex.started_at.astimezone(berlin.tzinfo):%b %-d, %H:%M:%S %Z}" in page
+    # A zone the server does not know is ignored: the site's.
+    client.cookies["zone"] = "Mars/Olympus"
+    page = client.get(reverse("journal:run_detail", args=[globex.public_id])).content.decode()
+    assert 'data-zone="UTC"' in page
+
+
+def test_the_runs_command_names_its_zone_and_reads_times_in_it(story, globex):
+    out = io.StringIO()
+    call_command("runs", "--zone", "Europe/Berlin", "--agent", "sales-bot", stdout=out)
+    berlin = timezone.localtime(globex.started_at, ZoneInfo("Europe/Berlin"))
+    assert out.getvalue().startswith("Times are in Europe/Berlin.\n")
+    assert f"{berlin:%Y-%m-%d %H:%M}" in out.getvalue()
+    out = io.StringIO()
+    call_command("runs", "--zone", "Europe/Berlin", "--agent", "sales-bot", "--since",
+                 (berlin - timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%M"), stdout=out)
+    assert str(globex.public_id) in out.getvalue()  # read in Berlin; in UTC it would be 30 minutes after
+    with pytest.raises(CommandError, match="is not a time zone"):
+        call_command("runs", "--zone", "Mars/Olympus")
