@@ -19,16 +19,13 @@ function localise(root) {
   }
 }
 
-// The server reads and writes times in the zone the `zone` cookie names (journal/zones.py): told once, and
-// the page read again in it, so that what it shows and what a form takes are in the viewer's zone.
+// The server reads and writes times in the zone the `zone` cookie names (journal/zones.py): told here, so
+// that from the next page on, what pages show and what forms take are in the viewer's zone. A page drawn
+// before that (the login page, on a first visit) names the zone its forms read.
 const browserZone = Intl.DateTimeFormat().resolvedOptions().timeZone;
 if (browserZone && document.documentElement.dataset.zone !== browserZone) {
   const secure = location.protocol === "https:" ? "; secure" : "";
   document.cookie = `zone=${encodeURIComponent(browserZone)}; path=/; max-age=31536000; samesite=lax${secure}`;
-  if (sessionStorage.getItem("zone-told") !== browserZone) {
-    sessionStorage.setItem("zone-told", browserZone);
-    location.reload();
-  }
 }
 
 localise(document);
