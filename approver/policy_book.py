@@ -155,19 +155,36 @@ def decide_call(*, agent_name: str, server_name: str, tool: str, declaration, bo
 
 
 def recent_calls(last: int) -> list[dict[str, Any]]:
-    """The agents' last `last` journaled calls, as `policy.decide` reads them (the tool's own declaration
-    as it was when the call was made)."""
+    """The agents' last `last` journaled calls, as `policy.decide` read them when they were made: the tool's
+    own declaration as it was then, whether a recipe's read of the record took a version (`versioned`: the
+    step kept its earlier state's version), and the earlier attempt a repeat was held for (`retry_of`)."""
     rows = (Step.objects.filter(run__agent__isnull=False).order_by("-id")
-            .values_list("run__agent__name", "server_name", "tool", "declaration")[:last])
+            .values_list("run__agent__name", "server_name", "tool", "declaration", "earlier_state",
+                         "policy_decision")[:last])
     calls = []
-    for agent_name, server_name, tool, declared in rows:
+    for agent_name, server_name, tool, declared, earlier, decided in rows:
         declared = declared if isinstance(declared, dict) else {}
         compensation = declared.get("compensation") if isinstance(declared.get("compensation"), dict) else {}
+        decided = decided if isinstance(decided, dict) else {}
+        retry_of = decided.get("retryOf")
         calls.append({"agent": agent_name, "server": server_name, "tool": tool,
                       "kind": declared.get("kind") or "unknown", "via": declared.get("via"),
                       "dialect": compensation.get("dialect"), "reason": declared.get("reason"),
-                      "remedy": declared.get("remedy"), "source": declared.get("source") or "none"})
+                      "remedy": declared.get("remedy"), "source": declared.get("source") or "none",
+                      "versioned": compensation.get("dialect") == "recipe"
+                      and bool((earlier or {}).get("version")),
+                      "retry_of": retry_of if isinstance(retry_of, dict) else None,
+                      "journaled": decided.get("decision") or ""})
     return calls
+
+
+def replay(policies, calls: list[dict[str, Any]]) -> list[str]:
+    """What `policies` decide for each of `calls` (`recent_calls`), in order."""
+    return [policy.decide(policies, **_inputs(call)).decision for call in calls]
+
+
+def _inputs(call: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in call.items() if key != "journaled"}
 
 
 def simulate_policy(*, draft: AutonomyPolicy, last: int = 200) -> dict[str, Any]:
@@ -178,10 +195,11 @@ def simulate_policy(*, draft: AutonomyPolicy, last: int = 200) -> dict[str, Any]
     calls = recent_calls(last)
     changes = []
     for call in calls:
-        before, after = policy.decide(today, **call), policy.decide(drafted, **call)
+        before, after = policy.decide(today, **_inputs(call)), policy.decide(drafted, **_inputs(call))
         if before.decision != after.decision:
             changes.append({"tool": f"{call['server']}__{call['tool']}", "agent": call["agent"],
                             "before": before.decision, "after": after.decision})
-    return {"calls": len(calls), "tally": policy.simulate(drafted, calls), "changed": len(changes),
+    return {"calls": len(calls), "tally": policy.simulate(drafted, [_inputs(c) for c in calls]),
+            "changed": len(changes),
             "changes": changes[:5]}
 
