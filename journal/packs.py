@@ -55,10 +55,19 @@ _NOT_TEXT = {
 }
 
 
-def _restore_file(tool: str, digest: str) -> dict[str, Any]:
+# An edit of a file that is not there changes nothing: the server refuses it.
+_NO_FILE_TO_EDIT = {
+    "matches": "ENOENT|no such file",
+    "kind": "read_only",
+    "reason": "The file did not exist when this call was made, and editing a file that does not exist "
+              "changes nothing (the server refuses it).",
+}
+
+
+def _restore_file(tool: str, digest: str, missing: dict[str, Any] = _NEW_FILE) -> dict[str, Any]:
     return {"tool": tool, "schemaDigest": digest, "kind": "compensate", "does": "restore the file's earlier "
             "content, byte for byte", "read": _FILE_BEFORE, "version": "/content",
-            "compensation": _RESTORE_FILE, "whenReadFails": _NEW_FILE, "refuseIfBefore": _NOT_TEXT}
+            "compensation": _RESTORE_FILE, "whenReadFails": missing, "refuseIfBefore": _NOT_TEXT}
 
 
 def _nodes(names: str) -> dict[str, Any]:
@@ -81,7 +90,7 @@ PACKS: dict[str, list[dict[str, Any]]] = {
     "filesystem": [
         _restore_file("write_file", _FS["write_file"]),
         # edit_file rewrites CRLF line endings to LF: the earlier bytes, read before, go back exactly.
-        _restore_file("edit_file", _FS["edit_file"]),
+        _restore_file("edit_file", _FS["edit_file"], _NO_FILE_TO_EDIT),
         {"tool": "move_file", "schemaDigest": _FS["move_file"], "kind": "compensate",
          "does": "move it back to where it was",
          "compensation": {"tool": "move_file", "arguments": {"source": "$request.body#/destination",

@@ -305,3 +305,20 @@ def test_a_checkout_from_a_detached_head_cannot_be_undone_and_says_why(recorder,
     plan = undo(recorder, token, script, on_call, ())
     item = items(plan)[1]
     assert item.action == "cannot_undo" and "does not match" in item.reason
+
+
+def test_an_edit_of_a_file_that_is_not_there_is_not_called_a_creation(recorder, serve):
+    """Issue 44, finding 8: an edit_file of a missing file was explained as "The file did not exist before
+    this call, which created it"; it creates nothing (the server refuses), so nothing is held or undone."""
+    world, token = serve("filesystem", "filesystem")
+
+    async def script(client):
+        return await client.call_tool("files__edit_file", {"path": str(world / "missing.md"),
+                                                           "edits": [{"oldText": "a", "newText": "b"}]})
+
+    result = run_agent(recorder, token, script)
+    assert result.is_error and not (world / "missing.md").exists()
+    step = Step.objects.get(tool="edit_file")
+    assert step.declaration["kind"] == "read_only" and "created it" not in step.declaration["reason"]
+    assert "editing a file that does not exist changes nothing" in step.declaration["reason"]
+    assert step.policy_decision["decision"] == "allow"
