@@ -166,15 +166,17 @@ def stopped_by(step: int, failed: dict[int, set[int]]) -> int | None:
 
 
 def summary_line(outcomes: list[str]) -> str:
-    """"Reversed 2 of 3 actions; 1 cannot be undone", counting only items that changed something and that no
-    earlier plan undid already (those are named at the end)."""
-    actions = [o for o in outcomes if o not in (NO_COMPENSATION, ALREADY_UNDONE)]
+    """"Reversed 2 of 2 actions; 1 cannot be undone": the actions are the undos the plan set out to make,
+    the same count as its title ("Undo 2 actions") and its progress; what cannot be undone, and what an
+    earlier plan undid already, are named after them."""
+    actions = [o for o in outcomes if o not in (NO_COMPENSATION, ALREADY_UNDONE, IRREVERSIBLE)]
     reversed_ = sum(o == COMPENSATED for o in actions)
-    parts = [f"Reversed {reversed_} of {len(actions)} action{'s' if len(actions) != 1 else ''}"]
-    for outcome, words in ((IRREVERSIBLE, "cannot be undone"), (CONFLICT, "left alone: changed since"),
-                           (COMPENSATION_FAILED, "failed"), (OUTCOME_UNKNOWN, "need a human to check"),
-                           (SKIPPED, "skipped")):
-        count = sum(o == outcome for o in actions)
+    parts = [f"Reversed {reversed_} of {len(actions)} action{'s' if len(actions) != 1 else ''}" if actions
+             else "Nothing left to reverse"]
+    for outcome, words in ((CONFLICT, "left alone: changed since"), (COMPENSATION_FAILED, "failed"),
+                           (OUTCOME_UNKNOWN, "need a human to check"), (SKIPPED, "skipped"),
+                           (IRREVERSIBLE, "cannot be undone")):
+        count = sum(o == outcome for o in (outcomes if outcome == IRREVERSIBLE else actions))
         if count:
             parts.append(f"{count} {words}")
     already = sum(o == ALREADY_UNDONE for o in outcomes)

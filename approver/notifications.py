@@ -17,7 +17,7 @@ from django.contrib.auth import get_user_model
 from django.core.mail import send_mail
 
 from journal import visible
-from journal.recipe_text import after_the_agent
+from journal.recipe_text import after_the_agent, record_name
 
 from . import authority, execution, planning, sentence
 from .content import plan_content, plan_url
@@ -99,7 +99,7 @@ def _held_lines(plan: Plan) -> str:
             asker = lease.plan.requested_by.get_username()
             holder = f"plan {str(lease.plan.public_id)[:8]} (asked for by {asker})"
             lines.append(f"- Step {item.step.number} waits for {holder}, which holds "
-                         f"{one_line(item.record)}.")
+                         f"{one_line(record_name(item.record))}.")
     return "Records other plans hold:\n" + "\n".join(lines) + "\n" if lines else ""
 
 

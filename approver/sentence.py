@@ -11,9 +11,8 @@ given, no database and no clock.
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
-from journal.recipe_text import recipe_title
+from journal.recipe_text import recipe_title, record_name
 
 from . import execution
 from .wording import changed_by_whom
@@ -74,16 +73,6 @@ def of_items(items: list[Any]) -> Sentence:
             if item.conflict_choice == OVERWRITE and getattr(item, "dialect", "") != "recipe":
                 keep.extend(_kept_fields(item, detail))  # a server's field write keeps the other fields
     return Sentence(tuple(undo), tuple(keep), tuple(cannot), tuple(choose))
-
-
-def record_name(resource: str) -> str:
-    """A record as people name it: "crm://acme/deal/D-881" reads "deal D-881", a path its file's name."""
-    if not resource:
-        return ""
-    parts = [p for p in urlsplit(resource).path.split("/") if p]
-    if "://" in resource and len(parts) >= 2 and parts[-2].isalpha():
-        return f"{parts[-2]} {parts[-1]}"
-    return parts[-1] if parts else resource
 
 
 def _undo(item, detail: dict[str, Any]) -> str:

@@ -107,24 +107,30 @@ def content_changes(signed: dict[str, Any], current: dict[str, Any]) -> list[str
     for position in sorted(before.keys() | after.keys()):
         old, new = before.get(position), after.get(position)
         if old is None or new is None:
-            changes.append(f"Item {position} was {'added' if old is None else 'removed'}.")
+            gone = old or new
+            changes.append(f"Step {gone.get('step')} was {'added' if old is None else 'removed'}.")
             continue
         for key in sorted(old.keys() | new.keys()):
             if old.get(key) != new.get(key):
-                changes.append(
-                    f"Item {position} (step {new.get('step')}): {_describe(key, old.get(key), new.get(key))}"
-                )
+                changes.append(f"Step {new.get('step')}: {_describe(key, old.get(key), new.get(key))}")
     for key in sorted((signed.keys() | current.keys()) - {"items"}):
         if signed.get(key) != current.get(key):
             changes.append(f"The plan's {key} changed.")
     return changes
 
 
+# How a change to an item reads: a check's status and an approver's choice in the page's own words.
+_CHECKS = {"ok": "would work now", "conflict": "changed since", "expired": "window closed",
+           "unavailable": "server unavailable", "error": "error", "pending": "waiting", "": "not checked"}
+_CHOICES = {"": "not chosen", "keep_newer": "keep the newer change", "overwrite": "undo it anyway"}
+
+
 def _describe(key: str, old: Any, new: Any) -> str:
     if key == "check":
-        return f"check went from {(old or {}).get('status')} to {(new or {}).get('status')}."
+        before, after = ((value or {}).get("status") or "" for value in (old, new))
+        return f"its check went from “{_CHECKS.get(before, before)}” to “{_CHECKS.get(after, after)}”."
     if key == "conflictChoice":
-        return f"conflict choice went from {old or 'none'} to {new or 'none'}."
+        return f"the choice went from “{_CHOICES.get(old or '', old)}” to “{_CHOICES.get(new or '', new)}”."
     if key == "overrideReason":
         return f"the reason to overwrite went from “{old or 'none'}” to “{new or 'none'}”."
     return f"{key} changed."

@@ -11,9 +11,11 @@
 import difflib
 import json
 import os
+import re
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from .fields import NOT_GIVEN, NOT_KEPT
 
@@ -52,6 +54,22 @@ def brief(tool: str, arguments: Mapping[str, Any]) -> str:
 
 
 # -- a conflict, three ways ---------------------------------------------------------------------------------
+
+
+def record_name(resource: str) -> str:
+    """A record as people name it: "crm://acme/deal/D-881" reads "deal D-881"; a path, or a recipe's read
+    naming one (`read_text_file {path: "/srv/globex-brief.md"}`), its file's name; an entity read by name
+    (`open_nodes {names: ["Dana"]}`), the name."""
+    if not resource:
+        return ""
+    read = re.fullmatch(r"[\w.-]+ \{(.*)\}", resource, re.S)
+    if read:
+        values = re.findall(r'"((?:[^"\\]|\\.)*)"', read.group(1))
+        return ", ".join(v.rstrip("/").rsplit("/", 1)[-1] for v in values) or resource
+    parts = [p for p in urlsplit(resource).path.split("/") if p]
+    if "://" in resource and len(parts) >= 2 and parts[-2].isalpha():
+        return f"{parts[-2]} {parts[-1]}"
+    return parts[-1] if parts else resource
 
 
 def recipe_title(earlier: Mapping[str, Any] | None) -> str:

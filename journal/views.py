@@ -101,12 +101,20 @@ def run_detail(request, run_id):
             "held_call",
         )
     )
+    # "Changes and failures only": every step that changed something or may have, and every one that failed.
+    only_changes = request.GET.get("only") == "changes"
+    if only_changes:
+        steps = steps.exclude(reversibility=Step.Reversibility.READ_ONLY, status=Step.Status.OK,
+                              is_error=False)
     page = Paginator(steps, STEPS_PER_PAGE).get_page(request.GET.get("page"))
     page.object_list = list(page.object_list)
     stories = ports.story().steps(page.object_list)
     for step in page.object_list:
         step.story = stories.get(step.pk, {})
         step.offers_undo = not (step.story.get("undone") or step.story.get("inPlan"))
+        # As the step is now: undone by a plan; a held call approved and sent, or denied.
+        step.badge_now = ("undone", "Undone") if step.story.get("undone") else step.badge
+        step.decided_now = _decided_now(step)
     return render(
         request,
         "journal/run_detail.html",
@@ -117,9 +125,24 @@ def run_detail(request, run_id):
             "idle_minutes": settings.RECORDER_RUN_IDLE_SECONDS // 60,
             "by_idle_rule": not run.key or run.key.startswith(IDLE_KEY),
             "programs": _programs(run),
+            "only_changes": only_changes,
             **_header(run),
         },
     )
+
+
+def _decided_now(step: Step) -> tuple[str, str]:
+    """(css class, words) for what the policies decided of a step, as it stands now: "Held for approval"
+    while it waits, "Held for approval, then approved and sent" once it went out."""
+    decision = (step.policy_decision or {}).get("decision")
+    if decision in ("allow", "deny"):
+        return f"decision-{decision}", "Allowed" if decision == "allow" else "Denied"
+    trail = [part.get("what", "") for part in (step.story.get("held") or {}).get("trail", [])]
+    if step.status != Step.Status.HELD and trail and trail[-1].startswith("sent"):
+        return "decision-settled", "Held for approval, then approved and sent"
+    if step.status != Step.Status.HELD and any(what.startswith("denied") for what in trail):
+        return "decision-settled", "Held for approval, then denied"
+    return "decision-ask", "Held for approval"
 
 
 def _programs(run: Run) -> list[str]:

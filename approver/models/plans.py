@@ -108,7 +108,7 @@ class Plan(models.Model):
     # Opened by a saga policy after a failed call (`services.sagas`): capped per agent, and its approvers are
     # told in batches (`tasks.notify_saga_plans`).
     saga = models.BooleanField(default=False)
-    # Execution's report line ("Reversed 2 of 3 actions; 1 cannot be undone") and why it stopped, if it did.
+    # Execution's report line ("Reversed 2 of 2 actions; 1 cannot be undone") and why it stopped, if it did.
     execution_summary = models.CharField(max_length=300, blank=True)
     stop_reason = models.TextField(blank=True)
     # Set (to the digest it covered) when no human had to sign: the autonomy policies let it run alone.

@@ -201,6 +201,7 @@ def _report(plan: Plan, items: list) -> dict | None:
     if plan.state not in (Plan.State.EXECUTING, Plan.State.PAUSED, *Plan.FINISHED_STATES):
         return None
     finished = plan.state in Plan.FINISHED_STATES
+    undos = [i for i in items if i.action == PlanItem.Action.COMPENSATE]
     return {
         # Executing, and its next item waits for another plan's lease on its record.
         "waits": next((i for i in items if i.exec_state == PlanItem.Exec.NOT_STARTED and getattr(
@@ -210,8 +211,14 @@ def _report(plan: Plan, items: list) -> dict | None:
                  and i.outcome != execution.COMPENSATED] if finished else [],
         "rest_plan": services.live_rest(plan) if finished else None,
         "rest_refusal": services.rest_refusal(plan) if finished else "",
-        "done": sum(i.exec_state == PlanItem.Exec.DONE for i in items), "total": len(items),
-            "to_do": [i for i in items if i.outcome in execution.NEEDS_A_HUMAN],
+        # The same count of actions as the title and the summary: the undos it set out to make.
+        "done": sum(i.exec_state == PlanItem.Exec.DONE for i in undos), "total": len(undos),
+        **_report_lists(plan, items)}
+
+
+def _report_lists(plan: Plan, items: list) -> dict:
+    """What the report lists: to do by hand, the overrides and who signed them."""
+    return {"to_do": [i for i in items if i.outcome in execution.NEEDS_A_HUMAN],
             "overrides": [i for i in items if i.override_reason],
             "signers": sorted({a.approver.get_username() for a in plan.approvals.filter(
                 decision=Approval.Decision.APPROVE, digest=plan.digest).select_related("approver")})}

@@ -64,6 +64,12 @@ def moment(value, fmt: str = "M j, H:i"):
 
 
 @register.filter
+def record_words(resource):
+    """A record as people name it (`recipe_text.record_name`): "deal D-881", "globex-brief.md"."""
+    return recipe_text.record_name(str(resource or ""))
+
+
+@register.filter
 def when(value, fmt: str = "M j, H:i"):
     """A moment (a datetime, or ISO 8601 text from a JSON field) as a person reads it, with its zone named:
     `<time datetime="…" data-format="…">Dec 4, 02:31 UTC</time>`; the page's script (`times.js`) shows it in

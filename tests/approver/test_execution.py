@@ -103,7 +103,7 @@ def test_a_failure_stops_what_its_step_depends_on_and_nothing_else():
 
 def test_the_summary_line_reads_like_the_report():
     outcomes = ["irreversible", "compensated", "compensated", "no_compensation"]
-    assert ex.summary_line(outcomes) == "Reversed 2 of 3 actions; 1 cannot be undone"
+    assert ex.summary_line(outcomes) == "Reversed 2 of 2 actions; 1 cannot be undone"
     assert ex.summary_line(["conflict", "skipped", "outcome_unknown"]) == (
         "Reversed 0 of 3 actions; 1 left alone: changed since; 1 need a human to check; 1 skipped")
 
@@ -112,7 +112,7 @@ def test_what_an_earlier_plan_undid_is_named_apart_and_does_not_count_against_th
     outcomes = ["compensated", "irreversible", *["already_undone"] * 4]
     assert (
         ex.summary_line(outcomes)
-        == "Reversed 1 of 2 actions; 1 cannot be undone; 4 already undone by an earlier plan"
+        == "Reversed 1 of 1 action; 1 cannot be undone; 4 already undone by an earlier plan"
     )
     assert ex.finished_state(outcomes, stopped=False) == "completed"
     assert ex.finished_state(["already_undone", "irreversible"], stopped=False) == "completed"

@@ -225,7 +225,7 @@ def test_the_message_shows_the_digest_and_its_link_says_if_the_plan_changed_sinc
     page = web.get(path).content.decode()
     banner = page[page.index('id="since-message"'):page.index("</section>", page.index('id="since-message"'))]
     assert "This plan changed since the message was sent" in banner and short in banner
-    assert "check went from ok to conflict" in banner
+    assert "its check went from “would work now” to “changed since”" in banner
     # A link that carries no digest, or something that is not one, opens the plan as it is.
     for junk in ("", "?digest=zz", "?digest=" + "a" * 80, "?digest[]=1"):
         response = web.get(f"/plans/{plan.public_id}/{junk}")

@@ -49,4 +49,4 @@ def test_what_changed_since_signing_is_said_in_words():
     now = {"plan": "p", "items": [{"position": 1, "step": 3, "check": {"status": "conflict"}},
                                   {"position": 2, "step": 2}]}
     assert signing.content_changes(signed, now) == [
-        "Item 1 (step 3): check went from ok to conflict.", "Item 2 was added."]
+        "Step 3: its check went from “would work now” to “changed since”.", "Step 2 was added."]

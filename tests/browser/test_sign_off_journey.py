@@ -96,7 +96,7 @@ def test_two_approvers_sign_with_passkeys_and_the_requester_cannot(
         # Ana's override is there for Bo to read, by name and with her reason, and to sign as it is.
         asked_at = bo.locator("#override-3 time").inner_text()
         assert bo.locator("#override-3").inner_text() == (
-            f"Override: ana asked to overwrite priya's newer change (v14), {asked_at}: “{WHY}”")
+            f"Override: ana asked to overwrite priya's newer change, {asked_at}: “{WHY}”")
         assert "item 3 by ana" in bo.locator(".overrides-to-sign").inner_text()
         assert bo.locator("#changed-since input[value=overwrite]").is_checked()
         bo.click("#sign-off button[value=approve]")
@@ -110,8 +110,7 @@ def test_two_approvers_sign_with_passkeys_and_the_requester_cannot(
     plan.refresh_from_db()
     assert plan.state == "completed"
     assert sorted(a.approver.username for a in Approval.objects.all()) == ["ana", "bo"]
-    assert overrides.startswith("Step 2, crm://acme/deal/D-881: ana asked to overwrite priya's newer change "
-                                "(v14, the agent had left v13)")
+    assert overrides.startswith(f"Step 2, deal D-881: ana asked to overwrite priya's newer change: “{WHY}”")
     assert "signed by ana and bo · Undone" in overrides
     [override] = run.entries.filter(event="override")
     assert (override.data["by"], override.data["reason"]) == ("ana", WHY)
@@ -143,7 +142,8 @@ def test_a_plan_checked_again_after_signing_shows_what_changed_and_needs_signing
         ana = authenticated_page(browser, base, "ana")
         ana.goto(f"{base}/plans/{plan.public_id}/")
         signed = ana.locator(".approvals li").first.inner_text()
-        assert "changed since ana signed" in signed and "check went from ok to conflict" in signed
+        assert "changed since ana signed" in signed
+        assert "its check went from “would work now” to “changed since”" in signed
         assert "0 of 2 approvals that count" in ana.locator(".quorum").inner_text()
         assert ana.locator("#sign-off button[value=approve]").is_visible()
 

@@ -176,3 +176,30 @@ def test_verifying_a_run_from_its_page_with_and_without_htmx(client, agent, on_c
     ChainEntry.objects.filter(run=run, seq=2).update(data={"forged": True})
     page = client.get(url).content.decode()
     assert "<html" in page and "Record broken at entry 2" in page
+
+
+def test_a_long_run_shows_only_its_changes_and_failures_on_asking_with_its_pager_at_the_top(
+        client, agent, crm, on_call, monkeypatch):
+    """Issue 44, finding 10: a 420-step run page was 37,000 px tall, with no way to show only the steps that
+    changed something or failed, and its pager only at the bottom."""
+    from journal import views
+
+    monkeypatch.setattr(views, "STEPS_PER_PAGE", 10)
+    services.save_catalogue(server=crm, tools=[*crm.catalogue, {
+        "name": "get_deal", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}])
+    for n in range(12):
+        journal_call(agent, server=crm, tool="get_deal", arguments={"n": n})
+    journal_call(agent, server=crm, tool="update_deal", arguments={"deal_id": "D-881"}, result=HATP_RESULT)
+    journal_call(agent, server=crm, tool="get_deal", arguments={"n": "gone"},
+                 result={"isError": True, "content": [{"type": "text", "text": "no such deal"}]})
+    run = Run.objects.get()
+    client.force_login(on_call)
+    page = client.get(reverse("journal:run_detail", args=[run.public_id])).content.decode()
+    assert page.count('<nav class="pages" aria-label="Steps">') == 2  # above the steps and below
+    assert page.index('<nav class="pages"') < page.index('<ol class="timeline">')
+    assert "Steps 1–10 of 14" in page and 'href="?only=changes"' in page
+    only = client.get(reverse("journal:run_detail", args=[run.public_id]) + "?only=changes").content.decode()
+    shown = [n for n in range(1, 15) if f'id="step-{n}"' in only]
+    assert shown == [13, 14], shown  # the change and the failure, and no read that went well
+    assert "Showing only the steps that changed something or failed" in only
+    assert '<nav class="pages"' not in only

@@ -197,7 +197,7 @@ def test_a_change_to_the_plan_voids_earlier_approvals(conflicted_plan, approver_
     assert conflicted_plan.state == "ready"
     assert [a.approver for a in services.counting_approvals(plan=conflicted_plan)] == [second_approver]
     changes = signing.content_changes(first.content, services.plan_content(conflicted_plan))
-    assert any("conflict choice went from overwrite to keep_newer" in c for c in changes)
+    assert any("the choice went from “undo it anyway” to “keep the newer change”" in c for c in changes)
     # Ana signs the new version and the quorum is reached.
     approve(conflicted_plan, approver_user, ana, choices={"3": "keep_newer"})
     conflicted_plan.refresh_from_db()

@@ -52,7 +52,7 @@ def ops(sample_servers, name):
 def test_an_approved_plan_is_undone_most_recent_first(approved, sample_servers):
     plan = run_plan(approved("overwrite"))
     assert (
-        plan.state == "completed" and plan.execution_summary == "Reversed 2 of 3 actions; 1 cannot be undone"
+        plan.state == "completed" and plan.execution_summary == "Reversed 2 of 2 actions; 1 cannot be undone"
     )
     outcomes = [(i.step.tool, i.outcome) for i in plan.items.order_by("position").select_related("step")]
     assert outcomes == [("send_email", "irreversible"), ("create_event", "compensated"),
@@ -182,7 +182,7 @@ def test_the_requester_and_approvers_hear_the_result_with_the_to_do_list(approve
     assert tasks.notify_plan_executed(plan.pk) == 1 and tasks.notify_plan_executed(plan.pk) == 0
     [message] = mail.outbox
     assert sorted(message.to) == ["ana@acme.example", "bo@acme.example", "olivia@acme.example"]
-    assert "Reversed 2 of 3 actions; 1 cannot be undone" in message.subject
+    assert "Reversed 2 of 2 actions; 1 cannot be undone" in message.subject
     assert "To do by hand, step 4 (send_email): send a correction email" in message.body
 
 
@@ -192,7 +192,7 @@ def test_the_plan_page_becomes_the_report(approved, client, on_call):
     plan = run_plan(approved("overwrite"))
     client.force_login(on_call)
     page = client.get(reverse("approver:plan_detail", args=[plan.public_id])).content.decode()
-    assert "Completed: Reversed 2 of 3 actions; 1 cannot be undone" in page
+    assert "Completed: Reversed 2 of 2 actions; 1 cannot be undone" in page
     assert "To do by hand (never done for you)" in page and "send a correction email" in page
     assert "Cancel &#x27;Kickoff with Globex&#x27;" in page or "Undone: Cancel" in page
     assert "hx-trigger" not in page
@@ -434,7 +434,7 @@ def test_a_second_plan_names_what_the_first_undid_and_completes(
     assert second.state == "completed"
     assert (
         second.execution_summary
-        == "Reversed 0 of 1 action; 1 cannot be undone; 2 already undone by an earlier plan"
+        == "Nothing left to reverse; 1 cannot be undone; 2 already undone by an earlier plan"
     )
     assert set(second.items.filter(action="already_undone").values_list("outcome", flat=True)) == {
         "already_undone"
@@ -442,7 +442,7 @@ def test_a_second_plan_names_what_the_first_undid_and_completes(
     client.force_login(on_call)
     page = client.get(f"/plans/{second.public_id}/").content.decode()
     assert (
-        "Completed: Reversed 0 of 1 action; 1 cannot be undone; 2 already undone by an earlier plan" in page
+        "Completed: Nothing left to reverse; 1 cannot be undone; 2 already undone by an earlier plan" in page
     )
     assert "1 with nothing to undo, 2 already undone</summary>" in page and "skipped" not in page.lower()
 

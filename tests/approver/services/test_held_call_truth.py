@@ -392,7 +392,7 @@ def test_a_held_call_as_a_task_whose_agent_never_asks_again_is_still_sent_once_a
 
 
 def test_two_held_calls_on_one_record_are_each_decided_and_sent_at_most_once(
-        recorder, sales_bot, sample_servers, admin_user, approver_user, settings):
+        recorder, sales_bot, sample_servers, admin_user, approver_user, settings, client):
     """A sequence: two calls on the same deal (its stage, then its amount) are both held and the agent told
     of each. ana approves the first and denies the second. The agent makes both again: the first goes through
     once; the second is not sent (it waits anew, as a new held call). The CRM's ledger has one change, and
@@ -422,6 +422,14 @@ def test_two_held_calls_on_one_record_are_each_decided_and_sent_at_most_once(
     assert any(part.startswith("denied by ana") for part in trails[1]), trails[1]
     assert steps[2].status == "ok" and steps[3].status != "ok" and steps[3].held_call not in ("", None)
     assert steps[3].held_call != str(second.public_id)  # a new held call: a denial is not reused
+    # Issue 44, finding 10: the run page says how each held step stands now, not "Held for approval".
+    client.force_login(approver_user)
+    page = client.get(f"/runs/{steps[0].run.public_id}/").content.decode()
+    held = [page.split(f'id="step-{step.number}"', 1)[1].split('<p class="policy ', 1)[1][:80]
+            for step in steps]
+    assert held[0].startswith('decision-settled">Held for approval, then approved and sent:'), held[0]
+    assert held[1].startswith('decision-settled">Held for approval, then denied:'), held[1]
+    assert held[3].startswith('decision-ask">Held for approval:'), held[3]  # waits anew
 
 
 def test_a_held_calls_page_and_the_list_say_where_it_stands_and_what_came_of_it(

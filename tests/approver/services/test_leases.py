@@ -97,7 +97,7 @@ def test_the_second_plan_waits_for_the_first_and_checks_the_record_again(
     mail.outbox.clear()
     notifications.plan_ready(waiter)
     assert (f"Records other plans hold:\n- Step 2 waits for plan {str(holder.public_id)[:8]} (asked for by "
-            f"olivia), which holds {DEAL}.") in mail.outbox[0].body
+            f"olivia), which holds deal D-881.") in mail.outbox[0].body
 
     waiter = run_plan(waiter)  # the kickoff is undone; the deal waits for the holder
     assert waiter.state == "executing" and ops(sample_servers, "crm") == []

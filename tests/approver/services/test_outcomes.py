@@ -77,7 +77,7 @@ def test_a_human_settles_an_unknown_outcome_and_the_report_is_counted_again(answ
         plan=plan, position=event.position, by=on_call, settlement="took_effect"
     )
     assert settled.state == "partially_completed"
-    assert settled.execution_summary == "Reversed 1 of 3 actions; 1 cannot be undone; 1 skipped"
+    assert settled.execution_summary == "Reversed 1 of 2 actions; 1 skipped; 1 cannot be undone"
     event.refresh_from_db()
     assert event.outcome == "compensated" and event.outcome_detail["settledBy"] == "olivia"
     with pytest.raises(services.NotSettled, match="not unknown"):  # once only

@@ -98,7 +98,7 @@ def test_an_agents_file_writes_are_undone_byte_for_byte_and_a_persons_later_edit
     done = plan.items.get(step__number=1)
     assert done.outcome_detail["postcondition"] == "It reads as it did before the call."
     assert plan.state == "partially_completed"  # the person's change was kept, as the approvers chose
-    assert plan.execution_summary == "Reversed 1 of 3 actions; 1 cannot be undone; 1 skipped"
+    assert plan.execution_summary == "Reversed 1 of 2 actions; 1 skipped; 1 cannot be undone"
 
 
 def test_an_undo_finds_the_file_changed_since_the_check_and_leaves_it_alone(
@@ -189,9 +189,9 @@ def test_the_whole_story_files_and_a_knowledge_graph_undone_a_persons_edit_kept(
     assert (world / "new.txt").exists()
     assert sorted(map(json.loads, (graph / "memory.jsonl").read_text().splitlines()),
                   key=lambda r: r["name"]) == [json.loads(graph_before)]
-    assert plan.execution_summary == "Reversed 4 of 6 actions; 1 cannot be undone; 1 skipped"
+    assert plan.execution_summary == "Reversed 4 of 5 actions; 1 skipped; 1 cannot be undone"
     report = web.get(f"/plans/{plan.public_id}/").content.decode()
-    assert "Reversed 4 of 6 actions; 1 cannot be undone; 1 skipped" in report
+    assert "Reversed 4 of 5 actions; 1 skipped; 1 cannot be undone" in report
 
 
 def test_a_held_call_reads_the_record_again_once_approved(recorder, files, admin_user, approver_user,

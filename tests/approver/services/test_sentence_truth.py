@@ -14,6 +14,7 @@ from django.utils.html import escape
 
 from approver import execution, notifications, sentence, services, tasks
 from approver.models import Plan
+from journal import recipe_text
 from journal import services as journal_services
 from journal.models import Run, Step
 from tests.journal.helpers import register_samples, run_agent
@@ -103,6 +104,18 @@ def test_hatp_an_override_and_what_cannot_be_undone(globex, on_call, approver_us
     [kickoff] = [e for e in sample_servers.ledger("calendar") if e["op"] == "compensate"]
     assert plan.items.get(step__tool="create_event").step.effect_resource.endswith(kickoff["resource"])
     assert [e["op"] for e in sample_servers.ledger("mail") if e["op"] == "compensate"] == []
+    # The run page shows the steps as they are now: undone, not "Reversible via the API".
+    web = Client()
+    web.force_login(on_call)
+    page = web.get(f"/runs/{globex.public_id}/").content.decode()
+    badges = [page.split(f'id="step-{n}"', 1)[1].split('<span class="badge ', 1)[1].split("</span>", 1)[0]
+              for n in (1, 2, 3, 4)]
+    assert badges == ['read-only">Read-only', 'undone">Undone', 'undone">Undone',
+                      'irreversible">Cannot be undone']
+    # The runs list reads the undo run as one: no "Unknown" count of calls that are undos themselves.
+    rows = web.get("/runs/").content.decode().split("<tr>")
+    [undo_row] = [row for row in rows if "undo calls of" in row]
+    assert undo_row.count('class="num undo-calls"') == 3 and 'class="num unknown"' not in undo_row
 
 
 def test_an_undo_left_alone_is_not_sent(globex, on_call, approver_user, second_approver, sample_servers,
@@ -209,5 +222,7 @@ def test_the_sentence_as_a_pure_function():
     assert sentence.of_items([item(choice="keep_newer")]).text("Approved, this plan will") == (
         "Approved, this plan will undo nothing. It will not touch: step 1's update_deal as it is now (the "
         "agent's change stays).")
-    assert sentence.record_name("crm://acme/deal/D-881") == "deal D-881"
-    assert sentence.record_name("/srv/world/brief.md") == "brief.md"
+    assert recipe_text.record_name("crm://acme/deal/D-881") == "deal D-881"
+    assert recipe_text.record_name("/srv/world/brief.md") == "brief.md"
+    assert recipe_text.record_name('read_text_file {path: "/srv/world/brief.md"}') == "brief.md"
+    assert recipe_text.record_name('open_nodes {names: ["Dana", "Globex kickoff"]}') == "Dana, Globex kickoff"
