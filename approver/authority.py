@@ -132,15 +132,17 @@ def signed_already(*, plan: Plan, user, now: datetime | None = None,
                  if approval.approver_id == user.pk), None)
 
 
-def signed_words(approval: Approval, *, still_needed: int, names: list[str]) -> str:
-    """What an approver whose approval counts is told instead of a sign button: that they signed, and what
-    the plan still needs, from whom."""
+def signed_words(approval: Approval, *, still_needed: int, names: list[str], chose: list[str] = ()) -> str:
+    """What an approver whose approval counts is told instead of a sign button: that they signed, when and
+    with which choices (`chose`, in words), and what the plan still needs, from whom."""
     if still_needed <= 0:
         needs = "It has every approval it needs."
     else:
         needs = (f"It needs {still_needed} more approval{'s' if still_needed != 1 else ''}, from "
                  f"{', '.join(names) if names else 'nobody who may sign now'}.")
-    return f"You approved this plan as it is now. {needs}"
+    at = timezone.localtime(approval.created_at).strftime("%b %-d, %H:%M %Z")
+    choices = f", choosing: {'; '.join(chose)}" if chose else ""
+    return f"You approved this plan as it is now, on {at}{choices}. {needs}"
 
 
 def approvals_for_bundle(run: Run) -> list[dict[str, Any]]:  # the journal's `signed_decisions` port

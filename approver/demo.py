@@ -337,7 +337,7 @@ def main() -> None:
     say(f"Agents connect to http://localhost:{WEB_PORT}/mcp/ with the token in {VAR / 'demo-agent-token'};")
     say(f"  a client that takes only a URL is given http://localhost:{WEB_PORT}/mcp and signs in as dana.")
     say(f"A colleague's edit: curl -X POST localhost:{SAMPLES_PORT}/crm/colleague/update_deal "
-        "-d '{\"deal_id\": \"D-881\", \"changes\": {\"stage\": \"Negotiation\"}, \"by\": \"priya\"}'")
+        "-d '{\"deal_id\": \"D-881\", \"changes\": {\"amount\": 45000}, \"by\": \"priya\"}'")
     say("Ctrl-C stops everything.")
     while True:
         for child in children:

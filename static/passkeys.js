@@ -55,7 +55,8 @@ if (form) {
       const options = await post(form.dataset.options, form);
       const credential = await navigator.credentials.create({publicKey: creationOptions(options)});
       const done = await post(form.dataset.enroll, form, {name: form.elements.name.value,
-                                                          credential: registrationJSON(credential)});
+                                                          credential: registrationJSON(credential),
+                                                          next: form.elements.next?.value || ""});
       window.location.assign(done.redirect);
     } catch (error) {
       problem.textContent = error.name === "NotAllowedError"

@@ -1,9 +1,13 @@
-"""An approver's passkeys: the list, enrolling one (the service mints the challenge), revoking one."""
+"""An approver's passkeys: the list, enrolling one (the service mints the challenge), revoking one. Enrolling
+from a plan's page (`?next=`) comes back to it."""
+
+import re
 
 from django.contrib import messages
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from journal import roles
@@ -16,11 +20,20 @@ from .sign_off import json_body
 _REGISTRATION = "passkey-registration"  # session key: the one challenge in flight, and when it lapses
 
 
+def _back_to(value) -> str:
+    """Where to go back to once enrolled: a plan's or a held call's page on this site, else ""."""
+    value = str(value or "")[:200]
+    if not re.fullmatch(r"/(plans|actions)/[0-9a-f-]{36}/", value):
+        return ""
+    return value if url_has_allowed_host_and_scheme(value, allowed_hosts=None) else ""
+
+
 @require_GET
 def passkey_list(request):
     require_role(request, roles.APPROVER)
     keys = Passkey.objects.filter(user=request.user).order_by("revoked_at", "-created_at")
-    return render(request, "approver/passkeys.html", {"passkeys": keys})
+    return render(request, "approver/passkeys.html",
+                  {"passkeys": keys, "back": _back_to(request.GET.get("next"))})
 
 
 @require_POST
@@ -50,8 +63,10 @@ def passkey_enroll(request):
                                           credential=body.get("credential"), challenge=challenge)
     except passkeys.PasskeyRefused as refused:
         return JsonResponse({"error": refused.message}, status=400)
-    messages.success(request, f"Passkey “{passkey.name}” enrolled. You can approve plans with it.")
-    return JsonResponse({"ok": True, "redirect": reverse("approver:passkey_list")})
+    back = _back_to(body.get("next"))
+    messages.success(request, f"Passkey “{passkey.name}” enrolled. " + (
+        "You are back where you were, and can sign now." if back else "You can approve plans with it."))
+    return JsonResponse({"ok": True, "redirect": back or reverse("approver:passkey_list")})
 
 
 @require_POST

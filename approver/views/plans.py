@@ -12,7 +12,7 @@ from django_htmx.http import HttpResponseClientRefresh
 from journal import roles
 from journal.access import READERS, require_role, visible_agent
 from journal.models import Run, ToolServer
-from journal.recipe_text import brief
+from journal.recipe_text import brief, record_name
 
 from .. import authority, execution, planning, sentence, services, signing
 from ..forms import UndoRequestForm, UndoSinceForm
@@ -119,10 +119,11 @@ def plan_list(request):
 def plan_detail(request, plan_id):
     require_role(request, *READERS)
     plan = get_object_or_404(Plan.objects.for_page(), public_id=plan_id)
-    if request.htmx and request.GET.get("was") == Plan.State.DRAFTING and plan.state != Plan.State.DRAFTING:
-        return (
-            HttpResponseClientRefresh()
-        )  # drafted: the whole page changes (its heading too), not the fragment
+    was = request.GET.get("was")
+    if request.htmx and was and was != plan.state:
+        # Drafted, checked, started or finished: the whole page changes (its heading, its controls at the
+        # top), not only the fragment.
+        return HttpResponseClientRefresh()
     template = "approver/plan_detail.html#checks" if request.htmx else "approver/plan_detail.html"
     return render(request, template, _plan_context(request, plan))
 
@@ -250,7 +251,8 @@ def _sign_off_context(request, plan: Plan, items: list) -> dict:
 
     def refusal() -> str:  # an approver whose approval counts is told so, and what is still needed
         return authority.signing_refusal(plan=plan, user=request.user, rules=rules) or (
-            authority.signed_words(mine, still_needed=still_needed, names=names) if mine else "")
+            authority.signed_words(mine, still_needed=still_needed, names=names, chose=_chose(mine, items))
+            if mine else "")
 
     return {"rules": rules, "signed": signed, "counting": len(counting),
             "choices_differ": _choices_differ(plan, items, approvals),
@@ -260,6 +262,16 @@ def _sign_off_context(request, plan: Plan, items: list) -> dict:
             and not plan.approved_by_policy,
             **authority.signing_state(request.user, role=roles.APPROVER,
                                       refusal=refusal if plan.state == Plan.State.READY else None)}
+
+
+def _chose(approval: Approval, items: list) -> list[str]:
+    """An approval's choices on the records changed since, in words: "deal D-881: undo it anyway"."""
+    by_position = {str(i.position): i for i in items}
+    words = {PlanItem.Choice.KEEP_NEWER: "leave it as it is now", PlanItem.Choice.OVERWRITE: "undo it anyway"}
+    return [f"{record_name(item.step.effect_resource or item.record) or f'step {item.step.number}'}: "
+            f"{words.get(choice, choice)}"
+            for position, choice in sorted((approval.choices or {}).items())
+            if (item := by_position.get(position)) is not None]
 
 
 def _choices_differ(plan: Plan, items: list, approvals: list[Approval]) -> bool:

@@ -30,6 +30,7 @@ def test_on_call_asks_to_undo_from_a_step_and_lands_on_the_plan(globex, on_call,
     assert "Will be undone" not in drafting and "Sign-off" not in drafting
     url = reverse("approver:plan_detail", args=[plan.public_id])
     assert f'hx-get="{url}?was=drafting"' in drafting
+    # Any change of state refreshes the whole page (its heading, and its controls at the top).
     assert (
         client.get(f"{url}?was=drafting", headers={"HX-Request": "true"}).status_code == 200
     )  # still drafting

@@ -79,3 +79,31 @@ def test_the_undo_since_form_in_berlin_undoes_the_hour_meant(recorder, globex, o
         title = page.locator("h1").inner_text()
     assert f"since {berlin:%Y-%m-%d %H:%M:%S} {berlin.tzname()}" in title
     assert Plan.objects.get().since == since.replace(microsecond=0)  # the hour meant, not one off
+
+
+@pytest.mark.parametrize("size", [DESKTOP, PHONE], ids=["desktop", "phone"])
+def test_bo_without_a_passkey_enrols_from_the_plan_and_comes_back_to_sign(
+        recorder, globex, sample_servers, on_call, second_approver, chromium, settings, size):
+    """Issue 44, finding 10: bo, from the email, found "first enrol a passkey" at the end of a 4,700 px page,
+    and once enrolled had no way back to the plan."""
+    base = f"http://localhost:{recorder.port}"
+    settings.WEBAUTHN_RP_ID, settings.WEBAUTHN_ORIGINS = "localhost", [base]
+    plan = services.request_plan(run=globex, requested_by=on_call, reason="wrong customer", from_step=1)
+    plan = services.run_checks(plan=plan, check_round=plan.check_round)
+    with chromium() as browser:
+        page = log_in(browser, base, "bo", size)
+        devtools = page.context.new_cdp_session(page)
+        devtools.send("WebAuthn.enable")
+        devtools.send("WebAuthn.addVirtualAuthenticator", {"options": {
+            "protocol": "ctap2", "transport": "internal", "hasResidentKey": True,
+            "hasUserVerification": True, "isUserVerified": True}})
+        page.goto(f"{base}/plans/{plan.public_id}/?digest={plan.digest[:12]}")
+        first = page.locator("#enrol-first")
+        assert first.bounding_box()["y"] < size["height"]  # told at the top, not at the end
+        first.locator("a").click()
+        page.fill("#enrol input[name=name]", "Phone")
+        page.click("#enrol button")
+        page.wait_for_url(f"{base}/plans/{plan.public_id}/")
+        assert "You are back where you were, and can sign now" in page.content()
+        assert page.locator("#sign-off button[value=approve]").count() == 1
+        assert page.locator("#enrol-first").count() == 0

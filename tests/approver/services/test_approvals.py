@@ -304,7 +304,9 @@ def test_an_approver_who_signed_sees_that_she_has_and_cannot_sign_the_same_conte
     approve(conflicted_plan, approver_user, ana)
     conflicted_plan.refresh_from_db()
     html = page(conflicted_plan, approver_user)
-    assert "You approved this plan as it is now. It needs 1 more approval, from bo." in html
+    at = timezone.localtime(Approval.objects.get(approver=approver_user).created_at)
+    assert (f"You approved this plan as it is now, on {at:%b %-d, %H:%M %Z}, choosing: deal D-881: undo it "
+            "anyway. It needs 1 more approval, from bo.") in html
     assert 'id="sign-off"' not in html and "undoing starts as soon as you sign" not in html
     with pytest.raises(signing.SigningRefused, match="You approved this plan as it is now already"):
         services.begin_signing(plan=conflicted_plan, user=approver_user, decision="approve",

@@ -327,6 +327,18 @@ def test_an_approver_pauses_and_resumes_from_the_page(approved, client, approver
     client.post(reverse("approver:resume", args=[plan.public_id]))
     plan.refresh_from_db()
     assert plan.state == "executing" and plan.paused_by == ""
+    # Issue 44, finding 10: Pause and Abort at the top, outside the fragment the page replaces every second
+    # (so they keep focus), and the progress told to screen readers.
+    page = client.get(url).content.decode()
+    controls, fragment = page.index('id="controls"'), page.index('<div id="checks"')
+    assert controls < fragment and controls < page.index("Pause after the current item") < fragment
+    assert controls < page.index("Abort: skip what has not started") < fragment
+    assert '<p id="progress-live" class="visually-hidden" role="status" aria-live="polite"></p>' in page
+    live = client.get(f"{url}?was=executing", headers={"HX-Request": "true"}).content.decode()
+    assert "Pause after the current item" not in live  # the fragment leaves them be
+    assert '<span id="progress-live" hx-swap-oob="innerHTML">Undoing now: 0 of 2 actions done.</span>' in live
+    # A change of state redraws the whole page, controls and all.
+    assert client.get(f"{url}?was=paused", headers={"HX-Request": "true"}).headers["HX-Refresh"] == "true"
 
 
 def test_no_worker_sleeps_through_a_backoff_and_an_abort_comes_before_the_next_try(
