@@ -108,7 +108,7 @@ def _put_back(item) -> str:
     changed = [name for name in after if name in before and after[name] != before[name]]
     if not changed:
         return ""
-    whose = f"{name}'s " if (name := record_name(item.step.effect_resource)) else ""
+    whose = f"{name}'s " if (name := _record(item)) else ""
     return "put back " + " and ".join(f"{whose if n == 0 else ''}{field} to {_plain(before[field])}"
                                       for n, field in enumerate(changed))
 
@@ -123,7 +123,7 @@ def _take_back(item) -> str:
 def _left_alone(item) -> str:
     detail = item.check_detail or {}
     by = ((detail.get("current") or {}).get("changedBy")) or ""
-    thing = record_name(item.step.effect_resource) or f"step {item.step.number}'s {item.step.tool}"
+    thing = _record(item) or f"step {item.step.number}'s {item.step.tool}"
     left = f"{thing} as {by} left it" if by else f"{thing} as it is now"
     agent = f" (the agent's change “{_unstopped(item.step.effect_summary)}” stays)" if \
         item.step.effect_summary else " (the agent's change stays)"
@@ -139,8 +139,13 @@ def _kept_fields(item, detail: dict[str, Any]) -> list[str]:
 
 def _to_choose(item, detail: dict[str, Any]) -> str:
     by = ((detail.get("current") or {}).get("changedBy")) or "someone"
-    thing = record_name(item.step.effect_resource) or f"step {item.step.number}'s {item.step.tool}"
+    thing = _record(item) or f"step {item.step.number}'s {item.step.tool}"
     return f"{thing} ({by} changed it since the agent)"
+
+
+def _record(item) -> str:
+    """The record an item's undo changes, in words: its server's resource, else what a recipe reads."""
+    return record_name(item.step.effect_resource or getattr(item, "record", "") or "")
 
 
 def _cannot(item) -> str:

@@ -62,14 +62,25 @@ def record_name(resource: str) -> str:
     (`open_nodes {names: ["Dana"]}`), the name."""
     if not resource:
         return ""
-    read = re.fullmatch(r"[\w.-]+ \{(.*)\}", resource, re.S)
+    read = re.fullmatch(r"[\w.-]+ (\{.*\})", resource, re.S)
     if read:
-        values = re.findall(r'"((?:[^"\\]|\\.)*)"', read.group(1))
+        try:
+            values = _strings(json.loads(read.group(1)))
+        except ValueError:  # `brief`'s form: the quoted values after each name
+            values = re.findall(r'"((?:[^"\\]|\\.)*)"(?!\s*:)', read.group(1))
         return ", ".join(v.rstrip("/").rsplit("/", 1)[-1] for v in values) or resource
     parts = [p for p in urlsplit(resource).path.split("/") if p]
     if "://" in resource and len(parts) >= 2 and parts[-2].isalpha():
         return f"{parts[-2]} {parts[-1]}"
     return parts[-1] if parts else resource
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, Mapping):
+        return [s for item in value.values() for s in _strings(item)]
+    if isinstance(value, list):
+        return [s for item in value for s in _strings(item)]
+    return [value] if isinstance(value, str) else []
 
 
 def recipe_title(earlier: Mapping[str, Any] | None) -> str:

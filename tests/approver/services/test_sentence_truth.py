@@ -226,3 +226,4 @@ def test_the_sentence_as_a_pure_function():
     assert recipe_text.record_name("/srv/world/brief.md") == "brief.md"
     assert recipe_text.record_name('read_text_file {path: "/srv/world/brief.md"}') == "brief.md"
     assert recipe_text.record_name('open_nodes {names: ["Dana", "Globex kickoff"]}') == "Dana, Globex kickoff"
+    assert recipe_text.record_name('open_nodes {"names":["Globex kickoff"]}') == "Globex kickoff"
