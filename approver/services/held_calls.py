@@ -239,5 +239,12 @@ def standing_words(action: ActionRequest, *, now: datetime | None = None) -> str
         return (f"Approved by {action.decided_by}: the agent's waiting call goes through now." if waiting else
                 f"Approved by {action.decided_by}; nobody waits on it now: the agent's next identical call "
                 "goes through, once.")
-    return ("Waiting for approval: the agent waits on it now." if waiting else
-            "Waiting for approval; the agent is not waiting (it was told to call again once approved).")
+    if waiting:
+        return "Waiting for approval: the agent waits on it now."
+    why = _NOT_WAITING.get(getattr(step, "held_end", ""), "its attempt was not sent")
+    return f"Waiting for approval; the agent is not waiting ({why})."
+
+
+# Why nobody waits on a pending held call, by how its attempt ended (`Step.held_end`).
+_NOT_WAITING = {"told": "it was told to call again once approved", "hung_up": "it stopped waiting",
+                "lost": "the Recorder holding its call stopped", "lapsed": "its attempt lapsed"}

@@ -342,6 +342,8 @@ def test_the_run_page_shows_the_decision_and_a_held_call_left_by_a_dead_recorder
     assert "Nobody is waiting for it now: the attempt at step 1 was not sent" in held
     assert "The Recorder holding this call stopped (a restart or a crash)" in held
     assert "the agent's next identical call goes through (once)" in held
+    # Issue 44, finding 8: where it stands says why nobody waits, not "it was told to call again".
+    assert "Waiting for approval; the agent is not waiting (the Recorder holding its call stopped)." in held
 
 
 def test_a_long_hold_keeps_the_agents_connection_alive_and_delivers_the_answer(
