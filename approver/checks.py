@@ -109,9 +109,12 @@ def chained(result: CheckResult, target: CheckTarget) -> CheckResult:
     current = (result.detail.get("current") or {}).get("version")
     if result.status != "conflict" or not target.run_left or current != target.run_left:
         return result
-    return CheckResult("ok", {"wouldDo": answers.bounded(
-        f"{target.tool}, once the undos of the run's later changes to this record have run first: changed "
-        f"since only by the run itself (it is at {current}, as the run left it)."), "after": current})
+    return CheckResult("ok", {"chained": CHAINED, "after": current})
+
+
+# A chained undo, in words after what it does (`PlanItem.undo_words`): the record's version is behind Details.
+CHAINED = ("once the undos of the run's later changes to this record have run first: changed since only by "
+           "the run itself, as it left it")
 
 
 def read_catalogue(catalogue: list[dict[str, Any]], target: CheckTarget) -> CheckResult:

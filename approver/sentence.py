@@ -78,6 +78,8 @@ def of_items(items: list[Any]) -> Sentence:
 def _undo(item, detail: dict[str, Any]) -> str:
     recipe = recipe_title(item.step.earlier_state) if getattr(item, "dialect", "") == "recipe" else ""
     phrase = _lead(recipe or detail.get("wouldDo") or "") or _put_back(item) or _take_back(item)
+    if detail.get("chained"):
+        phrase += f", {detail['chained']}"
     if item.check_status in _DOUBTFUL:
         phrase += f" (its check said: {_lead(detail.get('message') or 'it could not be checked')})"
     if item.conflict_choice == OVERWRITE:

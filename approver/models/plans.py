@@ -266,8 +266,9 @@ class PlanItem(models.Model):
         if self.dialect == "recipe" and (title := recipe_title(self.step.earlier_state)):
             chained = ((self.check_detail or {}).get("wouldDo") or "").partition(", once ")[2]
             return f"{title}, once {chained}" if chained else title
-        return (self.check_detail or {}).get("wouldDo") or undo_words(self.step.effect_summary,
-                                                                      self.step.effect_fields)
+        detail = self.check_detail or {}
+        words = detail.get("wouldDo") or undo_words(self.step.effect_summary, self.step.effect_fields)
+        return f"{words or 'Undo ' + self.step.tool}, {detail['chained']}" if detail.get("chained") else words
 
     @property
     def choice_words(self) -> dict[str, str]:

@@ -42,8 +42,9 @@ def test_two_changes_of_one_record_by_the_run_are_undone_in_turn_with_no_conflic
     plan = services.run_checks(plan=plan, check_round=plan.check_round)
     assert plan.state == "ready" and services.conflict_positions(plan) == set()
     first = plan.items.get(step=stage)
-    assert "once the undos of the run's later changes to this record have run first" in \
-        first.check_detail["wouldDo"]
+    assert first.undo_words == ("Put back stage: Won → Proposal (the agent's change was “Deal D-881 stage: "
+                                "Proposal → Won”), once the undos of the run's later changes to this record "
+                                "have run first: changed since only by the run itself, as it left it")
     for user in (approver_user, second_approver):
         approve(plan, user, enrolled(user), choices={})
     plan = run_plan(Plan.objects.get(pk=plan.pk))

@@ -120,3 +120,30 @@ def test_a_record_someone_changed_on_its_screen_is_a_conflict_with_what_it_shows
     edit = plan.items.get(step__number=2)
     assert edit.check_status == "conflict" and edit.check_detail["current"]["changedBy"] == "priya"
     assert "status Churned" in edit.check_detail["message"]
+
+
+def test_two_edits_of_one_record_through_the_screens_are_undone_in_turn_with_no_conflict(
+        recorder, sample_servers, dana, on_call, approver_user, second_approver, monkeypatch):
+    """Issue 44, build item 3, for undo through an app's screens: the run's own later edit of the record is
+    undone first by the same plan, so the earlier edit is no conflict, and reads as the change it makes."""
+    monkeypatch.setattr(tasks.execute_plan, "delay", lambda *args: None)
+    register_samples(sample_servers, names=("desk",))
+    _, token = journal_services.create_agent(name="desk-bot", on_behalf_of=dana)
+
+    async def script(client):
+        await client.call_tool("desk__edit_record", {"id": "C-77", "status": "Customer"})
+        await client.call_tool("desk__edit_record", {"id": "C-77", "owner": "bo"})
+
+    run_agent(recorder, token, script)
+    plan = checked_plan(Step.objects.get(number=1).run, on_call)
+    items = {i.step.number: i for i in plan.items.select_related("step")}
+    assert {n: i.check_status for n, i in items.items()} == {1: "ok", 2: "ok"}
+    assert "hatp_compensate" not in items[1].undo_words
+    assert items[1].undo_words.endswith("once the undos of the run's later changes to this record have run "
+                                        "first: changed since only by the run itself, as it left it")
+    for user in (approver_user, second_approver):
+        approve(plan, user, enrolled(user), choices={})
+    plan = run_plan(Plan.objects.get(pk=plan.pk))
+    assert plan.execution_summary == "Reversed 2 of 2 actions"
+    assert records(sample_servers)["record"]["fields"] == {"title": "Globex", "status": "Prospect",
+                                                           "owner": "dana"}
