@@ -23,7 +23,7 @@ import jsonschema
 
 from journal import recipes
 from journal.outcomes import classify_tool_error
-from journal.recipe_text import field_changes, three_way
+from journal.recipe_text import brief, field_changes, three_way
 from journal.upstream.client import Endpoint, ToolServerError, Upstreams
 from journal.upstream.recipe_reads import read_state
 
@@ -141,7 +141,16 @@ def read_catalogue(catalogue: list[dict[str, Any]], target: CheckTarget) -> Chec
         return _error("invalid_arguments", f"{target.tool}'s input schema is not a valid JSON Schema.")
     if problem is not None:
         return _error("invalid_arguments", f"{target.tool} would refuse the arguments: {problem.message}")
-    return CheckResult("ok", {"wouldDo": f"Call {target.tool} on {target.endpoint.name}."})
+    return CheckResult("ok", {"wouldDo": answers.bounded(_in_its_words(tool, target))})
+
+
+def _in_its_words(tool: dict[str, Any], target: CheckTarget) -> str:
+    """A compensating call as its server describes its tool, with what it is called on: "Refund a charge in
+    full: refund_payment {transactionId: "txn_…"} on payments"."""
+    described = tool.get("title") or tool.get("description")
+    said = described.strip().split("\n")[0].rstrip(". ") if isinstance(described, str) else ""
+    call = f"{brief(target.tool, target.arguments)} on {target.endpoint.name}"
+    return f"{said[:200]}: {call}" if said else f"Call {call}"
 
 
 async def check_all(targets: list[CheckTarget], *, upstreams: Upstreams, now: datetime, per_server: int,

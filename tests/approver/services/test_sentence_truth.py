@@ -143,7 +143,12 @@ def test_sep3172_and_chronomcp(recorder, sample_servers, dana, on_call, approver
     run_agent(recorder, token, script)
     said, plan = said_then_done(checked(Step.objects.get(tool="charge_payment").run, on_call),
                                 (approver_user, second_approver), {})
-    assert said.undo == ("call release_inventory on inventory", "call refund_payment on payments")
+    # Each in its server's words, with the thing it is called on (issue 44, build item 5).
+    release, refund = said.undo
+    assert release.startswith("release a hold: release_inventory {id: \"res_") and \
+        release.endswith("\"} on inventory"), release
+    assert refund.startswith("refund a charge in full: refund_payment {transactionId: \"") and \
+        refund.endswith("\"} on payments"), refund
     assert [e["op"] for e in sample_servers.ledger("payments")][-1] == "refund"
     assert [e["op"] for e in sample_servers.ledger("inventory")][-1] == "release"
 
