@@ -132,6 +132,19 @@ def signed_already(*, plan: Plan, user, now: datetime | None = None,
                  if approval.approver_id == user.pk), None)
 
 
+def waiting_for(user, *, limit: int) -> tuple[list[Plan], bool]:
+    """The plans ready for sign-off that `user` may sign and has not, newest first, up to `limit` (and
+    whether there may be more): the nav counts them, and an approver lands on them."""
+    if not roles.has_role(user, roles.APPROVER):
+        return [], False
+    rules = ApprovalRules.current()
+    ready = list(Plan.objects.filter(state=Plan.State.READY).select_related("run__agent", "requested_by")
+                 .order_by("-updated_at")[:limit + 1])
+    mine = [plan for plan in ready[:limit] if not signing_refusal(plan=plan, user=user, rules=rules)
+            and signed_already(plan=plan, user=user, rules=rules) is None]
+    return mine, len(ready) > limit
+
+
 def signed_words(approval: Approval, *, still_needed: int, names: list[str], chose: list[str] = ()) -> str:
     """What an approver whose approval counts is told instead of a sign button: that they signed, when and
     with which choices (`chose`, in words), and what the plan still needs, from whom."""

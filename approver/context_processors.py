@@ -4,7 +4,7 @@ from django.utils.functional import SimpleLazyObject
 from journal import roles as role_names
 
 from . import authority
-from .models import ActionRequest, ApprovalRules, Plan
+from .models import ActionRequest
 
 PLANS_COUNTED = 100  # the nav counts at most this many plans ready for sign-off (more reads "100+")
 
@@ -38,17 +38,9 @@ def plans_waiting(request):
     """How many plans ready for sign-off this user may sign and has not: the nav shows it beside Plans, so an
     approver sees at a glance what waits for them. Lazy, as `held_calls`."""
     def count() -> str:
-        user = request.user
-        if not role_names.has_role(user, role_names.APPROVER):
-            return ""
-        rules = ApprovalRules.current()
-        ready = list(Plan.objects.filter(state=Plan.State.READY).select_related("run__agent", "requested_by")
-                     .order_by("-updated_at")[:PLANS_COUNTED + 1])
-        mine = sum(1 for plan in ready[:PLANS_COUNTED]
-                   if not authority.signing_refusal(plan=plan, user=user, rules=rules)
-                   and authority.signed_already(plan=plan, user=user, rules=rules) is None)
-        if len(ready) > PLANS_COUNTED and mine == PLANS_COUNTED:
-            return f"{mine}+"
-        return str(mine) if mine else ""
+        mine, more = authority.waiting_for(request.user, limit=PLANS_COUNTED)
+        if more and len(mine) == PLANS_COUNTED:
+            return f"{len(mine)}+"
+        return str(len(mine)) if mine else ""
 
     return {"plans_waiting": SimpleLazyObject(count)}

@@ -110,6 +110,11 @@ def break_lease(request, plan_id, lease_id):
 @require_GET
 def plan_list(request):
     require_role(request, *READERS)
+    if request.GET.get("waiting") == "me":  # what waits for this approver's signature, all on one page
+        mine, _ = authority.waiting_for(request.user, limit=PLANS_PER_PAGE * 4)
+        ids = [plan.pk for plan in mine]
+        plans = Plan.objects.for_page().filter(pk__in=ids).order_by("-created_at", "-id")
+        return render(request, "approver/plan_list.html", {"page": list(plans), "waiting": True})
     plans = Plan.objects.for_page().order_by("-created_at", "-id")
     page = Paginator(plans, PLANS_PER_PAGE).get_page(request.GET.get("page"))
     return render(request, "approver/plan_list.html", {"page": page})

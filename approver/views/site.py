@@ -5,20 +5,25 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import JsonResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from journal import roles
 
+from .. import authority
 from .. import health as health_report
 
 
 @require_GET
 @login_required
 def home(request):
-    """Where signing in lands: the runs, for whoever may read them; the person an agent acts for, who may
+    """Where signing in lands: for an approver with plans waiting for their signature, those plans; else the
+runs, for whoever may read them; the person an agent acts for, who may
     not, lands on their agents (and their runs) instead of a refusal."""
     reader = roles.has_any_role(request.user, roles.ON_CALL, roles.APPROVER, roles.ADMIN)
+    if authority.waiting_for(request.user, limit=1)[0]:  # an approver lands on what waits for them
+        return redirect(reverse("approver:plan_list") + "?waiting=me")
     return redirect("journal:run_list" if reader else "journal:agent_list")
 
 

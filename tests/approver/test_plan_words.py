@@ -79,6 +79,21 @@ def test_the_nav_counts_the_plans_waiting_for_me(conflicted_plan, approver_user,
     assert badge not in nav(approver_user) and f"{badge}1</span>" in nav(second_approver)
 
 
+def test_an_approver_lands_on_what_waits_for_their_signature(conflicted_plan, approver_user,  # noqa: F811
+                                                             on_call, client):
+    """Issue 44, build item 9: approvers land on what waits for them."""
+    client.force_login(approver_user)
+    landed = client.get("/", follow=True)
+    assert landed.redirect_chain[-1][0] == "/plans/?waiting=me"
+    listed = landed.content.decode()
+    assert "<h1>Waiting for your signature</h1>" in listed and str(conflicted_plan.public_id) in listed
+    approve(conflicted_plan, approver_user, enrolled(approver_user))
+    assert client.get("/", follow=True).redirect_chain[-1][0] == "/runs/"  # nothing waits: the runs
+    assert "Nothing waits for your signature now." in client.get("/plans/?waiting=me").content.decode()
+    client.force_login(on_call)
+    assert client.get("/", follow=True).redirect_chain[-1][0] == "/runs/"
+
+
 def test_plan_rows_say_what_they_undo(conflicted_plan, approver_user, client):  # noqa: F811
     """Issue 44, finding 10: every row's link was the agent's name, and "What" said "from step 2"."""
     client.force_login(approver_user)
