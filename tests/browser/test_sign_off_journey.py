@@ -36,7 +36,7 @@ def authenticated_page(browser, base, username):
     page.fill("input[name=username]", username)
     page.fill("input[name=password]", f"{username}-password-1")
     page.click("button[type=submit]")
-    page.wait_for_url(re.compile(r".*/runs/$"))
+    page.wait_for_url(re.compile(r".*/(runs/|plans/\?waiting=me)$"))  # an approver lands on what waits
     return page
 
 
