@@ -10,7 +10,8 @@ from approver.models import Plan
 from journal import services as journal_services
 from journal.models import Run
 from tests.approver.services.test_approvals import approve, enrolled, relying_party  # noqa: F401
-from tests.approver.services.test_held_calls import set_policy
+from tests.approver.services.test_held_calls import sales_bot, set_policy  # noqa: F401 - a fixture
+from tests.approver.services.test_leases import two_plans  # noqa: F401 - a fixture
 from tests.browser.conftest import sign_in
 from tests.journal.helpers import run_agent
 from tests.journal.test_conformance import command, make_world
@@ -92,3 +93,78 @@ def test_a_run_shows_only_its_changes_and_failures_on_asking(recorder, globex, o
         said = olivia.locator("#step-filter").inner_text()
     assert shown == ["step-2", "step-3", "step-4"]  # the read of the deal (step 1) went well: not shown
     assert said.startswith("Showing only the steps that changed something or failed")
+
+
+@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
+def test_a_held_call_the_server_refused_says_so_and_the_run_page_says_how_it_stands(
+        recorder, sales_bot, sample_servers, admin_user, approver_user, settings, chromium,  # noqa: F811
+        size):
+    """Finding 8: "Approved and made by ana" for a call that failed; "Held for approval" in orange after it
+    was approved and sent."""
+    from mcp import MCPError
+
+    from approver.models import ActionRequest
+    from journal.models import Step
+    from tests.approver.services.test_held_calls import EMAIL, call, decide
+
+    settings.RECORDER_HOLD_WAIT_SECONDS = 0.5
+    _, token = sales_bot
+    set_policy(admin_user)
+    assert call(recorder, token, "mail__send_email", EMAIL).is_error  # told it awaits approval
+    action = ActionRequest.objects.get()
+    decide(action, approver_user, "approve")
+    sample_servers.set_mode("mail", "rpc_error")
+
+    async def refused(client):
+        try:
+            return await client.call_tool("mail__send_email", EMAIL)
+        except MCPError as exc:
+            return exc
+
+    assert isinstance(run_agent(recorder, token, refused), MCPError)
+    used = Step.objects.filter(tool="send_email").order_by("number").last()
+    run_id = action.run.public_id
+    base = f"http://localhost:{recorder.port}"
+    with chromium() as browser:
+        ana = log_in(browser, base, "ana", size)
+        ana.goto(f"{base}/actions/{action.public_id}/")
+        standing = ana.locator("#standing").inner_text()
+        heading = ana.locator("#held-call h2").inner_text()
+        ana.goto(f"{base}/runs/{run_id}/")
+        first = ana.locator("#step-1 p.policy").inner_text()
+    assert standing.startswith(f"Sent by the agent after ana's approval (step {used.number}); the server "
+                               "refused it: ")
+    assert heading == "Approved by ana, and sent" and "the server did it" not in standing
+    assert first.startswith("Held for approval, then approved and sent")
+
+
+@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
+def test_an_admin_breaks_a_lease_and_the_holders_page_says_so_at_once(
+        two_plans, sample_servers, approver_user, second_approver, admin_user, chromium, recorder,  # noqa: F811
+        size):
+    """Finding 9: after an admin broke a lease, the holder's page stayed "Ready for sign-off" with no trace of
+    the break."""
+    from approver.models import RecordLease
+    from tests.approver.services.test_executor import run_plan
+
+    holder, waiter = two_plans
+    ana, bo = enrolled(approver_user), enrolled(second_approver)
+    approve(holder, approver_user, ana, choices={})
+    for user, key in ((approver_user, ana), (second_approver, bo)):
+        approve(waiter, user, key)
+    waiter = run_plan(waiter)
+    lease = RecordLease.objects.held().get(plan=holder)
+    position = holder.items.get().position
+    base = f"http://localhost:{recorder.port}"
+    with chromium() as browser:
+        ada = log_in(browser, base, "ada", size)
+        ada.goto(f"{base}/plans/{waiter.public_id}/")
+        form = f"form[action$='/leases/{lease.pk}/break/']"
+        ada.fill(f"{form} textarea", "Holder abandoned: its approver is away")
+        ada.click(f"{form} button")
+        ada.locator("text=Lease broken").wait_for(timeout=10_000)
+        ana_page = log_in(browser, base, "ana", size)
+        ana_page.goto(f"{base}/plans/{holder.public_id}/")
+        broken = ana_page.locator(f"#lease-broken-{position}").inner_text()
+    assert broken.startswith("ada (an admin) broke this plan's lease on deal D-881 at ")
+    assert "“Holder abandoned: its approver is away”" in broken
