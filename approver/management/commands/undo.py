@@ -5,7 +5,7 @@ from django.utils.dateparse import parse_datetime
 
 from approver import services
 from approver.content import site_url
-from journal import roles
+from journal import roles, zones
 from journal.management.commands._runs import find_run
 from journal.models import Agent
 
@@ -18,12 +18,22 @@ class Command(BaseCommand):
         parser.add_argument("run", nargs="?", help="The run's id (UUID).")
         parser.add_argument("--from-step", type=int, help="Undo this step and everything after it.")
         parser.add_argument("--agent", help="Undo everything this agent did since --since, in every run.")
-        parser.add_argument("--since", help="The moment, ISO 8601 (the site's time zone if it names none).")
+        parser.add_argument("--since", help="The moment, ISO 8601 (in --zone if it names no offset).")
+        parser.add_argument("--zone", help="The time zone --since is read and the plan is named in, an IANA "
+                                           "name such as Europe/Berlin (default: the server's).")
         parser.add_argument("--reason", default="", help="Why (shown to the approver).")
         parser.add_argument("--as", dest="username", required=True,
                             help="The on-call user asking (the plan records who asked).")
 
-    def handle(self, run, from_step, agent, since, reason, username, **options):
+    def handle(self, *args, zone=None, **options):
+        chosen = zones.zone_named(zone) if zone else timezone.get_default_timezone()
+        if chosen is None:
+            raise CommandError(f"--zone {zone!r} is not a time zone: give an IANA name, such as "
+                               "Europe/Berlin or UTC.")
+        with timezone.override(chosen):
+            self._undo(**options)
+
+    def _undo(self, *, run, from_step, agent, since, reason, username, **options):
         user = get_user_model().objects.filter(username=username, is_active=True).first()
         if user is None or not roles.has_role(user, roles.ON_CALL):
             raise CommandError(

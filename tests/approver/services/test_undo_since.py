@@ -282,3 +282,12 @@ def test_the_runs_command_names_its_zone_and_reads_times_in_it(story, globex):
     assert str(globex.public_id) in out.getvalue()  # read in Berlin; in UTC it would be 30 minutes after
     with pytest.raises(CommandError, match="is not a time zone"):
         call_command("runs", "--zone", "Mars/Olympus")
+
+
+def test_the_undo_command_reads_since_in_the_zone_it_is_given(story, on_call):
+    berlin = story.astimezone(ZoneInfo("Europe/Berlin"))
+    out = io.StringIO()
+    call_command("undo", "--agent", "sales-bot", "--since", f"{berlin:%Y-%m-%dT%H:%M:%S}", "--zone",
+                 "Europe/Berlin", "--reason", "r", "--as", on_call.username, stdout=out)
+    assert Plan.objects.get().since == story.replace(microsecond=0)
+    assert f"since {berlin:%Y-%m-%d %H:%M:%S} {berlin.tzname()}" in out.getvalue()
