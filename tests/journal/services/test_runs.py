@@ -115,11 +115,13 @@ def test_manage_py_runs_lists_and_filters_in_a_terminal(dana):
     base, night, morning, other = runs_at(dana)
     out = StringIO()
     call_command("runs", stdout=out)
-    assert [line.split()[0] for line in out.getvalue().splitlines()[1:]] == [
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "Times are in UTC."  # the listing names its zone (issue 44, finding 6)
+    assert [line.split()[0] for line in lines[2:]] == [
         str(run.public_id) for run in (morning, other, night)]  # newest first
     out = StringIO()
     call_command("runs", "--agent", "ada-bot", "--at", (base + timedelta(minutes=20)).isoformat(), stdout=out)
-    lines = out.getvalue().splitlines()
+    lines = out.getvalue().splitlines()[1:]
     assert lines[0].startswith("run") and len(lines) == 2 and lines[1].startswith(str(night.public_id))
     assert "idle rule" in lines[1] and "ada-bot" in lines[1]
     out = StringIO()
