@@ -122,7 +122,7 @@ def content_changes(signed: dict[str, Any], current: dict[str, Any]) -> list[str
 # How a change to an item reads: a check's status and an approver's choice in the page's own words.
 _CHECKS = {"ok": "would work now", "conflict": "changed since", "expired": "window closed",
            "unavailable": "server unavailable", "error": "error", "pending": "waiting", "": "not checked"}
-_CHOICES = {"": "not chosen", "keep_newer": "keep the newer change", "overwrite": "undo it anyway"}
+CHOICE_WORDS = {"": "not chosen", "keep_newer": "keep the newer change", "overwrite": "undo it anyway"}
 
 
 def _describe(key: str, old: Any, new: Any) -> str:
@@ -130,7 +130,8 @@ def _describe(key: str, old: Any, new: Any) -> str:
         before, after = ((value or {}).get("status") or "" for value in (old, new))
         return f"its check went from “{_CHECKS.get(before, before)}” to “{_CHECKS.get(after, after)}”."
     if key == "conflictChoice":
-        return f"the choice went from “{_CHOICES.get(old or '', old)}” to “{_CHOICES.get(new or '', new)}”."
+        before, after = (CHOICE_WORDS.get(value or "", value) for value in (old, new))
+        return f"the choice went from “{before}” to “{after}”."
     if key == "overrideReason":
         return f"the reason to overwrite went from “{old or 'none'}” to “{new or 'none'}”."
     return f"{key} changed."

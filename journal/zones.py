@@ -3,9 +3,11 @@ keeps it in the `zone` cookie, an IANA name); each request reads its times in it
 read typed times in it too. A name that is not a known zone is ignored: the site's zone (TIME_ZONE) then."""
 
 import zoneinfo
+from contextlib import contextmanager
 from functools import lru_cache
 from urllib.parse import unquote
 
+from django.core.management.base import CommandError
 from django.utils import timezone
 
 COOKIE = "zone"
@@ -40,3 +42,15 @@ def viewer_zone(get_response):
 def zone(request) -> dict[str, str]:
     """Context processor: the zone the page's times are in (its IANA name), for `<html data-zone>`."""
     return {"viewer_zone": timezone.get_current_timezone_name()}
+
+
+@contextmanager
+def in_zone(name: str | None):
+    """For a command's `--zone NAME`: its times shown and read in that zone (else the server's);
+    CommandError when the name names none."""
+    chosen = zone_named(name) if name else timezone.get_default_timezone()
+    if chosen is None:
+        raise CommandError(f"--zone {name!r} is not a time zone: give an IANA name, such as Europe/Berlin or "
+                           "UTC.")
+    with timezone.override(chosen):
+        yield chosen

@@ -272,9 +272,8 @@ def _sign_off_context(request, plan: Plan, items: list) -> dict:
 def _chose(approval: Approval, items: list) -> list[str]:
     """An approval's choices on the records changed since, in words: "deal D-881: undo it anyway"."""
     by_position = {str(i.position): i for i in items}
-    words = {PlanItem.Choice.KEEP_NEWER: "leave it as it is now", PlanItem.Choice.OVERWRITE: "undo it anyway"}
     return [f"{record_name(item.step.effect_resource or item.record) or f'step {item.step.number}'}: "
-            f"{words.get(choice, choice)}"
+            f"{signing.CHOICE_WORDS.get(choice, choice)}"
             for position, choice in sorted((approval.choices or {}).items())
             if (item := by_position.get(position)) is not None]
 

@@ -26,11 +26,7 @@ class Command(BaseCommand):
                             help="The on-call user asking (the plan records who asked).")
 
     def handle(self, *args, zone=None, **options):
-        chosen = zones.zone_named(zone) if zone else timezone.get_default_timezone()
-        if chosen is None:
-            raise CommandError(f"--zone {zone!r} is not a time zone: give an IANA name, such as "
-                               "Europe/Berlin or UTC.")
-        with timezone.override(chosen):
+        with zones.in_zone(zone):
             self._undo(**options)
 
     def _undo(self, *, run, from_step, agent, since, reason, username, **options):

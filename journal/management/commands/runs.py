@@ -36,11 +36,7 @@ class Command(BaseCommand):
                                            "Europe/Berlin (default: the server's).")
 
     def handle(self, *args, zone=None, **options):
-        chosen = zones.zone_named(zone) if zone else timezone.get_default_timezone()
-        if chosen is None:
-            raise CommandError(f"--zone {zone!r} is not a time zone: give an IANA name, such as "
-                               "Europe/Berlin or UTC.")
-        with timezone.override(chosen):
+        with zones.in_zone(zone):
             self._list(**options)
 
     def _list(self, *, agent=None, state=None, since=None, until=None, at=None, limit=50, **options):
