@@ -12,9 +12,9 @@ from journal.models import Run
 from tests.approver.services.test_approvals import approve, enrolled, relying_party  # noqa: F401
 from tests.approver.services.test_held_calls import sales_bot, set_policy  # noqa: F401 - a fixture
 from tests.approver.services.test_leases import two_plans  # noqa: F401 - a fixture
+from tests.approver.services.test_recipe_undo import pinned_server
 from tests.browser.conftest import sign_in
 from tests.journal.helpers import run_agent
-from tests.journal.test_conformance import command, make_world
 from tests.services import needs_chromium, needs_node
 
 pytestmark = [pytest.mark.browser, needs_chromium, pytest.mark.django_db(transaction=True)]
@@ -35,10 +35,7 @@ def log_in(browser, base, username, size):
 def test_the_simulator_on_the_unchanged_default_policy_changes_nothing(recorder, dana, admin_user, tmp_path,
                                                                         chromium, size):
     world = tmp_path / "world"
-    make_world("filesystem", world)
-    fs = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
-        name="fs", command=" ".join(command("filesystem", world, ""))))
-    services.use_pack(server=fs, pack="filesystem", by=admin_user)
+    pinned_server("filesystem", world, by=admin_user, name="fs")
     default = set_policy(admin_user, ask_timeout=1)
     _, token = journal_services.create_agent(name="files-bot", on_behalf_of=dana)
     (world / "brief.md").write_text("# Brief\n")

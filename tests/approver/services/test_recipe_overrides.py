@@ -13,11 +13,11 @@ from approver import services, tasks
 from journal import services as journal_services
 from journal.models import Run
 from tests.journal.helpers import run_agent
-from tests.journal.test_conformance import command, make_world
 from tests.services import needs_node
 
 from .test_approvals import approve, enrolled, relying_party  # noqa: F401 - fixture and helpers
 from .test_executor import run_plan
+from .test_recipe_undo import pinned_server
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_node]
 
@@ -29,11 +29,8 @@ KICKOFF = {"type": "entity", "name": "Globex kickoff", "entityType": "meeting",
 def memory(recorder, dana, admin_user, tmp_path, monkeypatch):
     monkeypatch.setattr(tasks.execute_plan, "delay", lambda *args: None)
     graph = tmp_path / "graph"
-    make_world("memory", graph)
+    pinned_server("memory", graph, by=admin_user, name="memory")
     (graph / "memory.jsonl").write_text(json.dumps(KICKOFF) + "\n")
-    server = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
-        name="memory", command=" ".join(command("memory", graph, ""))))
-    services.use_pack(server=server, pack="memory", by=admin_user)
     return graph / "memory.jsonl", journal_services.create_agent(name="notes-bot", on_behalf_of=dana)[1]
 
 
@@ -91,10 +88,7 @@ def test_restoring_a_file_over_a_persons_newer_edit_overwrites_it_as_signed(
         recorder, dana, admin_user, on_call, approver_user, second_approver, tmp_path, monkeypatch):
     monkeypatch.setattr(tasks.execute_plan, "delay", lambda *args: None)
     world = tmp_path / "world"
-    make_world("filesystem", world)
-    server = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
-        name="fs", command=" ".join(command("filesystem", world, ""))))
-    services.use_pack(server=server, pack="filesystem", by=admin_user)
+    pinned_server("filesystem", world, by=admin_user, name="fs")
     _, token = journal_services.create_agent(name="files-bot", on_behalf_of=dana)
     (world / "brief.md").write_bytes(b"# Brief\n")
 

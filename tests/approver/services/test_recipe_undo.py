@@ -24,6 +24,16 @@ from .test_held_calls import call, decide, held, in_background, set_policy
 pytestmark = [pytest.mark.django_db(transaction=True), needs_node]
 
 
+def pinned_server(kind: str, world, *, by, name: str = ""):
+    """The pinned official server of `kind` over `world` (made first), registered under `name` (default:
+    the kind's short name) with its recipe pack in force, put there by `by`."""
+    make_world(kind, world)
+    server = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
+        name=name or {"filesystem": "fs"}.get(kind, kind), command=" ".join(command(kind, world, ""))))
+    services.use_pack(server=server, pack=kind, by=by)
+    return server
+
+
 @pytest.fixture
 def files(recorder, dana, admin_user, tmp_path, monkeypatch):
     monkeypatch.setattr(tasks.execute_plan, "delay", lambda *args: None)

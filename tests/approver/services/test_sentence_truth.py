@@ -18,11 +18,11 @@ from journal import recipe_text
 from journal import services as journal_services
 from journal.models import Run, Step
 from tests.journal.helpers import register_samples, run_agent
-from tests.journal.test_conformance import command, make_world
 from tests.services import needs_node
 
 from .test_approvals import approve, enrolled, relying_party  # noqa: F401 - fixture and helpers
 from .test_executor import run_plan
+from .test_recipe_undo import pinned_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -172,10 +172,7 @@ def test_undo_through_an_apps_screens(recorder, sample_servers, dana, on_call, a
 def test_an_admins_recipe(recorder, dana, admin_user, on_call, approver_user, second_approver, tmp_path,
                           no_bell):
     world = tmp_path / "world"
-    make_world("filesystem", world)
-    server = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
-        name="fs", command=" ".join(command("filesystem", world, ""))))
-    services.use_pack(server=server, pack="filesystem", by=admin_user)
+    pinned_server("filesystem", world, by=admin_user, name="fs")
     _, token = journal_services.create_agent(name="files-bot", on_behalf_of=dana)
     (world / "brief.md").write_bytes(b"# Brief\n")
 

@@ -13,11 +13,11 @@ from approver.models import AutonomyPolicy
 from journal import services as journal_services
 from journal.models import Step, ToolServer
 from tests.journal.helpers import register_samples
-from tests.journal.test_conformance import command, make_world
 from tests.services import needs_node
 
 from ..test_policy_views import form_data
 from .test_held_calls import set_policy
+from .test_recipe_undo import pinned_server
 from .test_retry_guard import TICKET, call, lost_answer, quick_timeout  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_node, pytest.mark.usefixtures("quick_timeout")]
@@ -28,10 +28,7 @@ def test_the_unchanged_policies_decide_every_journaled_call_as_the_journal_says(
     monkeypatch.setattr(tasks.notify_action_requested, "delay", lambda *args: None)
     register_samples(sample_servers, names=("crm", "mail", "legacy", "calendar"))
     world = tmp_path / "world"
-    make_world("filesystem", world)
-    fs = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
-        name="fs", command=" ".join(command("filesystem", world, ""))))
-    services.use_pack(server=fs, pack="filesystem", by=admin_user)
+    pinned_server("filesystem", world, by=admin_user, name="fs")
     default = set_policy(admin_user, ask_timeout=1)  # as the demo's Default: everything else asks
     services.save_policy(row=AutonomyPolicy(
         name="No new meetings", scope="tool", server=ToolServer.objects.get(name="calendar"),
