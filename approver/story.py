@@ -124,6 +124,10 @@ def _held(steps: dict[int, Step]) -> dict[int, dict[str, Any]]:
         for step_id in these & set(ids):
             held[step_id] = {"url": reverse("approver:action_detail", args=[action.public_id]),
                              "state": action.get_state_display().lower(),
+                             # What came of it, for the run page's words: sent once approved, or denied.
+                             "sent": action.state == ActionRequest.State.USED and (
+                                 action.used_step is None or journaling.went_out(action.used_step)),
+                             "denied": action.state == ActionRequest.State.DENIED,
                              "trail": _trail(action, steps[step_id], decisions[action.pk])}
     return held
 

@@ -137,10 +137,10 @@ def _decided_now(step: Step) -> tuple[str, str]:
     decision = (step.policy_decision or {}).get("decision")
     if decision in ("allow", "deny"):
         return f"decision-{decision}", "Allowed" if decision == "allow" else "Denied"
-    trail = [part.get("what", "") for part in (step.story.get("held") or {}).get("trail", [])]
-    if step.status != Step.Status.HELD and trail and trail[-1].startswith("sent"):
+    held = step.story.get("held") or {}
+    if step.status != Step.Status.HELD and held.get("sent"):
         return "decision-settled", "Held for approval, then approved and sent"
-    if step.status != Step.Status.HELD and any(what.startswith("denied") for what in trail):
+    if step.status != Step.Status.HELD and held.get("denied"):
         return "decision-settled", "Held for approval, then denied"
     return "decision-ask", "Held for approval"
 
