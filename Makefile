@@ -50,7 +50,7 @@ $(SUITE_STAMP): tests/conformance-suite/package-lock.json
 # exit status counts as the first's does. With PYTEST_ARGS (one file, say), it is one run, as before.
 SECOND_HALF := tests/journal/test_conformance.py tests/journal/test_pairings.py tests/journal/test_features.py \
 	tests/journal/test_versions_pairings.py tests/journal/test_large_results.py tests/journal/upstream/test_sessions.py \
-	tests/journal/test_recorder.py tests/journal/test_oauth.py tests/journal/test_hostile.py tests/journal/test_agent_meta.py \
+	tests/journal/test_recorder.py tests/journal/auth/test_oauth.py tests/journal/test_hostile.py tests/journal/test_agent_meta.py \
 	tests/journal/test_python_clients.py tests/journal/test_task_calls.py tests/journal/test_conformance_suite.py \
 	tests/browser
 # The documentation site: a broken link or a missing page fails the build (and so the tests).

@@ -3,7 +3,7 @@ execution alike. Answers are untrusted input: only bounded strings of the fields
 
 from typing import Any
 
-from journal.fields import field_values
+from journal.undo.fields import field_values
 
 TEXT = 500
 CURRENT_FIELDS = ("version", "summary", "changedBy", "changedAt")

@@ -8,7 +8,7 @@ from django.http import JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 
-from journal.access import READERS, require_role
+from journal.auth.access import READERS, require_role
 
 from . import planning, sentence
 from .models import Plan, RecordLease

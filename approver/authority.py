@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import Q
 from django.utils import timezone
 
-from journal import roles
+from journal.auth import roles
 from journal.models import Run
 
 from . import passkeys

@@ -21,9 +21,9 @@ from typing import Any
 import anyio
 import jsonschema
 
-from journal import recipes
-from journal.outcomes import classify_tool_error
-from journal.recipe_text import brief, field_changes, three_way
+from journal.undo import recipes
+from journal.undo.outcomes import classify_tool_error
+from journal.undo.recipe_text import brief, field_changes, three_way
 from journal.upstream.client import Endpoint, ToolServerError, Upstreams
 from journal.upstream.recipe_reads import read_state
 
@@ -46,7 +46,7 @@ class CheckTarget:
     if_version: str
     idempotency_key: str
     undo_by: datetime | None
-    earlier: dict[str, Any] | None = None  # a recipe's read before the call (`journal.recipes`)
+    earlier: dict[str, Any] | None = None  # a recipe's read before the call (`journal.undo.recipes`)
     # Where the agent's run left that record, when later calls in the plan changed it again (their undos come
     # first), or LATER_CHANGES when they changed the server's records another way; else "".
     run_left: str = ""

@@ -1,7 +1,7 @@
 from django.utils import timezone
 from django.utils.functional import SimpleLazyObject
 
-from journal import roles as role_names
+from journal.auth import roles as role_names
 
 from . import authority
 from .models import ActionRequest

@@ -2,7 +2,7 @@ import json
 
 from django import forms
 
-from journal import roles
+from journal.auth import roles
 
 from . import policy
 from .models import AutonomyPolicy
@@ -109,7 +109,7 @@ class PolicyForm(forms.ModelForm):
 
 
 class PackForm(forms.Form):
-    """Put a recipe pack in force for a tool server (`journal.packs`)."""
+    """Put a recipe pack in force for a tool server (`journal.undo.packs`)."""
 
     pack = forms.ChoiceField(choices=())
     needs_human = forms.BooleanField(

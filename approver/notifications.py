@@ -17,7 +17,7 @@ from django.contrib.auth import get_user_model
 from django.core.mail import send_mail
 
 from journal import visible
-from journal.recipe_text import after_the_agent, record_name
+from journal.undo.recipe_text import after_the_agent, record_name
 
 from . import authority, execution, planning, sentence
 from .content import plan_content, plan_url

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from journal import idempotency
-from journal.canonical import sha256_hex
-from journal.declarations import NO_VERSION_PROBLEM
+from journal.record import idempotency
+from journal.record.canonical import sha256_hex
+from journal.undo.declarations import NO_VERSION_PROBLEM
 
 # The dialect of a compensation decides how it is checked and run.
 HATP = "hatp"
@@ -167,8 +167,8 @@ def reverse_completion_order(steps: list[StepFacts]) -> list[StepFacts]:
 
 def idempotency_key(plan_id: str, step_number: int, secret: bytes, run: str = "") -> str:
     """Stable for the plan's life, so a retried compensation is the same request to the server, and
-    unguessable without `secret` (`journal.idempotency`): an agent told the plan's id cannot send it first.
-    A plan across runs names the run too (two runs both have a step 1)."""
+    unguessable without `secret` (`journal.record.idempotency`): an agent told the plan's id cannot send it
+    first. A plan across runs names the run too (two runs both have a step 1)."""
     return idempotency.recorder_key(secret, "undo", plan_id, *((run,) if run else ()), step_number)
 
 

@@ -5,9 +5,10 @@ writes: those are `approver.services.policies`.
 
 from typing import Any
 
-from journal import chain, keys, roles, sql
+from journal.auth import roles
 from journal.models import Step
 from journal.ports import DEFAULT_HOLD_SECONDS
+from journal.record import chain, keys, sql
 
 from . import policy
 from .models import AutonomyPolicy, Plan, PolicyChange
@@ -128,7 +129,7 @@ def decide_call(*, agent_name: str, server_name: str, tool: str, declaration, bo
                 retry_of: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the autonomy policies decide for an agent's call, as the run record keeps it. A change to the
     policies applies to the very next call (see `PolicyBook`). `declaration` is the tool's own
-    (journal.declarations.UndoDeclaration). An `ask` also carries how the call is held: who approves, how
+    (journal.undo.declarations.UndoDeclaration). An `ask` also carries how the call is held: who approves, how
     many, and how long the agent waits. `retry_of` is an earlier attempt of the same call whose outcome is
     unknown (see `policy.decide`)."""
     policies, holds = (book or BOOK).now()

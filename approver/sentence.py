@@ -12,7 +12,7 @@ given, no database and no clock.
 from dataclasses import dataclass
 from typing import Any
 
-from journal.recipe_text import recipe_title, record_name
+from journal.undo.recipe_text import recipe_title, record_name
 
 from . import execution
 from .wording import changed_by_whom

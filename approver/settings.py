@@ -106,7 +106,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
-    "journal.access.LoginRequiredMiddleware",
+    "journal.auth.access.LoginRequiredMiddleware",
     # Last, as django-axes asks: it answers a locked-out login with the lock-out page.
     "axes.middleware.AxesMiddleware",
 ]
@@ -163,14 +163,14 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# People's passwords: Django's default hasher, first. Last, the OAuth client secrets' (journal.hashers).
+# People's passwords: Django's default hasher, first. Last, the OAuth client secrets' (journal.auth.hashers).
 PASSWORD_HASHERS = [
     "django.contrib.auth.hashers.PBKDF2PasswordHasher",
     "django.contrib.auth.hashers.PBKDF2SHA1PasswordHasher",
     "django.contrib.auth.hashers.Argon2PasswordHasher",
     "django.contrib.auth.hashers.BCryptSHA256PasswordHasher",
     "django.contrib.auth.hashers.ScryptPasswordHasher",
-    "journal.hashers.ClientSecretHasher",
+    "journal.auth.hashers.ClientSecretHasher",
 ]
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -238,14 +238,14 @@ else:
     # The filesystem transport expects its folders to exist.
     for _folder in ("queue", "control", "processed"):
         (BROKER_DIR / _folder).mkdir(parents=True, exist_ok=True)
-# The cache holds the per-address counts of the OAuth endpoints (journal.throttling): in Redis, shared by
+# The cache holds the per-address counts of the OAuth endpoints (journal.auth.throttling): in Redis, shared by
 # every process, when REDIS_URL is set; else in each process's memory (the demo runs one process).
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
                           "KEY_PREFIX": "agent-undo"}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
-RATELIMIT_FAIL_OPEN = True  # a cache that answers nothing lets requests on (journal.throttling)
+RATELIMIT_FAIL_OPEN = True  # a cache that answers nothing lets requests on (journal.auth.throttling)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # A pool child that died (killed, out of memory) has its task sent back to the queue after this many seconds
@@ -335,7 +335,7 @@ PUBLIC_URL = env_str("PUBLIC_URL", "http://localhost:8000")
 # metadata. Empty: the URL each request came to, which is right on one host; behind a load balancer (or in
 # production, where it defaults to PUBLIC_URL + "/mcp") every process must agree on one.
 RECORDER_URL = env_str("RECORDER_URL", f"{PUBLIC_URL.rstrip('/')}/mcp" if PRODUCTION else "")
-# MCP authorization for clients that take only a URL (journal.oauth): this app is their OAuth 2.1
+# MCP authorization for clients that take only a URL (journal.auth.oauth): this app is their OAuth 2.1
 # authorization server, with dynamic client registration and PKCE; the person who signs in picks the agent.
 OAUTH2_PROVIDER = {
     "SCOPES": {"mcp": "Call tools through the Recorder as an agent acting for you"},
@@ -347,7 +347,7 @@ OAUTH2_PROVIDER = {
     "REFRESH_TOKEN_REUSE_PROTECTION": True,
     "PKCE_REQUIRED": True,
     # The toolkit's validator, and a replayed authorization code ends every token it gave.
-    "OAUTH2_VALIDATOR_CLASS": "journal.oauth_validator.RecorderValidator",
+    "OAUTH2_VALIDATOR_CLASS": "journal.auth.oauth_validator.RecorderValidator",
     "DCR_ENABLED": True,
     # MCP clients register themselves before anyone signs in (RFC 7591 open registration); a registration
     # nobody authorises is removed after a day (journal.forget_unused_oauth_clients).
@@ -358,17 +358,19 @@ OAUTH2_PROVIDER = {
     "OAUTH2_PROTECTED_RESOURCE_NAME": "Agent undo Recorder",
     "OAUTH2_PROTECTED_RESOURCE_BEARER_METHODS_SUPPORTED": ["header"],
     # https, and http only to the client's own machine (RFC 8252 loopback: desktop and command-line MCP
-    # clients listen on 127.0.0.1 for the redirect); registration refuses any other http URI (journal.oauth).
+    # clients listen on 127.0.0.1 for the redirect); registration refuses any other http URI
+    # (journal.auth.oauth).
     "ALLOWED_REDIRECT_URI_SCHEMES": ["http", "https"],
     # RFC 9700, the OAuth security best current practice: every gate but the http scheme one, above.
     **{f"COMPLIANT_BCP_RFC9700_{gate}": True for gate in (
         "IMPLICIT_GRANT", "PASSWORD_GRANT", "PKCE_METHOD", "ACCESS_TOKEN_TRANSPORT", "AUTHZ_RESPONSE_ISS",
         "TOKEN_STORAGE", "REFRESH_TOKEN", "REDIRECT_URI_MATCHING", "PKCE_REQUIRED")},
 }
-# The toolkit keeps client secrets hashed; a generated secret needs no slow password hash (journal.hashers).
+# The toolkit keeps client secrets hashed; a generated secret needs no slow password hash
+# (journal.auth.hashers).
 OAUTH2_PROVIDER["CLIENT_SECRET_HASHER"] = "sha256-client-secret"
 # Anyone may register a client and ask for tokens, unsigned-in: both are limited per address
-# (journal.throttling), and registrations nobody authorised are kept to a number (the oldest go first).
+# (journal.auth.throttling), and registrations nobody authorised are kept to a number (the oldest go first).
 OAUTH_REGISTRATIONS_PER_HOUR = env_int("OAUTH_REGISTRATIONS_PER_HOUR", 20)
 OAUTH_TOKEN_REQUESTS_PER_MINUTE = env_int("OAUTH_TOKEN_REQUESTS_PER_MINUTE", 30)
 OAUTH_MAX_PENDING_CLIENTS = env_int("OAUTH_MAX_PENDING_CLIENTS", 500)

@@ -10,8 +10,8 @@ import hashlib
 from datetime import datetime, timedelta
 from typing import Any
 
-from journal.canonical import canonical_bytes
 from journal.errors import Refused
+from journal.record.canonical import canonical_bytes
 
 from .planning import KEEP_NEWER, OVERWRITE
 

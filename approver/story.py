@@ -9,8 +9,9 @@ from typing import Any
 from django.db.models import Q
 from django.urls import reverse
 
-from journal import journaling, ports
+from journal import ports
 from journal.models import Run, Step
+from journal.record import journaling
 
 from . import execution
 from .models import ActionApproval, ActionRequest, Approval, Plan, PlanItem

@@ -12,7 +12,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("health/", site.health, name="health"),
     path("admin/", admin.site.urls),
-    path("", include("journal.oauth_urls")),
+    path("", include("journal.auth.oauth_urls")),
     path("", include("journal.urls")),
     path("", include("approver.plan_urls")),
 ]

@@ -53,7 +53,8 @@ def main() -> None:
         from django.contrib.auth.models import Group
         from django.test import Client as WebClient
 
-        from journal import roles, services
+        from journal import services
+        from journal.auth import roles
         from journal.models import Step
 
         tool = "legacy__blob"

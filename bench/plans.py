@@ -114,8 +114,8 @@ def main() -> None:
     from django.contrib.auth.models import Group, User
 
     from approver import services
-    from journal import roles
     from journal import services as journal_services
+    from journal.auth import roles
 
     on_call = User.objects.create_user("olivia")
     on_call.groups.add(Group.objects.get(name=roles.ON_CALL))

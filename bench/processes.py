@@ -114,7 +114,8 @@ def run_agents(args) -> None:
     from approver import policy
     from approver import services as approver_services
     from approver.models import ActionRequest, AutonomyPolicy
-    from journal import roles, services
+    from journal import services
+    from journal.auth import roles
     from journal.models import Run, Step
     from tests.approver.softkey import SoftKey
 

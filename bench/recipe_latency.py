@@ -46,7 +46,8 @@ def main() -> None:
         import subprocess
 
         from approver import services as approver_services
-        from journal import recipes, services
+        from journal import services
+        from journal.undo import recipes
 
         subprocess.run(["git", "init", "-q", "-b", "main", str(world)], check=True)
         servers = {}

@@ -11,7 +11,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from . import services
-from .access import READERS, require_role
+from .auth.access import READERS, require_role
 from .models import Run, Step
 
 PAGE_SIZE = 100

@@ -6,4 +6,4 @@ class JournalConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import receivers  # noqa: F401 - connects them; models are ready only now
+        from .auth import receivers  # noqa: F401 - connects them; models are ready only now

@@ -1,6 +1,7 @@
 from django.urls import path
 
-from . import api, oauth, views
+from . import api, views
+from .auth import oauth
 
 app_name = "journal"
 

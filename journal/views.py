@@ -8,12 +8,13 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET, require_POST
 
-from . import oauth, ports, roles, services, tally
-from .access import READERS, LoginRequired, require_role, visible_agent, visible_agents
-from .declarations import HATP_KEY
+from . import ports, services, tally
+from .auth import oauth, roles
+from .auth.access import READERS, LoginRequired, require_role, visible_agent, visible_agents
 from .forms import RunFilterForm
 from .models import Run, Step, StepDependency
 from .services.runs import IDLE_KEY
+from .undo.declarations import HATP_KEY
 
 RUNS_PER_PAGE = 25
 RUN_NAME_KEY = "runName"  # what an agent may call its run, in `_meta["hatp/journal"]`

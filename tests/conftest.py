@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 from django.contrib.auth.models import Group, User
 
-from journal import roles
+from journal.auth import roles
 
 
 def free_port() -> int:
@@ -81,8 +81,8 @@ def _isolated_keys(settings, tmp_path):
 
 @pytest.fixture(autouse=True)
 def _fresh_cache():
-    """Each test starts with no per-address counts (journal.throttling): the test client's address is always
-    127.0.0.1, and the suite registers far more OAuth clients than one address may in an hour."""
+    """Each test starts with no per-address counts (journal.auth.throttling): the test client's address is
+    always 127.0.0.1, and the suite registers far more OAuth clients than one address may in an hour."""
     from django.core.cache import cache
 
     cache.clear()

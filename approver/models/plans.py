@@ -7,7 +7,7 @@ from django.db import models
 from django.utils import timezone
 
 from journal.models import Run, Step
-from journal.recipe_text import recipe_title
+from journal.undo.recipe_text import recipe_title
 
 from ..execution import OUTCOME_WORDS
 from ..planning import inclusion_words

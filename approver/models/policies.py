@@ -107,8 +107,8 @@ class AutonomyPolicy(models.Model):
 
 class PolicyChange(models.Model):
     """One change to the autonomy policies (who, when, before and after), hash-chained like a run record
-    (journal.chain: seq, ts, event, data, prevHash, hash) and with each head signed by the Recorder's key,
-    so an edit, a removal or a cut tail shows."""
+    (journal.record.chain: seq, ts, event, data, prevHash, hash) and with each head signed by the Recorder's
+    key, so an edit, a removal or a cut tail shows."""
 
     seq = models.PositiveIntegerField(unique=True)
     ts = models.CharField(max_length=40)

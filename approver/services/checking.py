@@ -11,8 +11,9 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from journal import recipe_chains, sql
 from journal import services as journal_services
+from journal.record import sql
+from journal.undo import recipe_chains
 from journal.upstream.client import Endpoint, Upstreams
 
 from .. import checks, planning

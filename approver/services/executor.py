@@ -15,10 +15,10 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from journal import declarations
 from journal import services as journal_services
 from journal.errors import Refused
 from journal.models import Step
+from journal.undo import declarations
 from journal.upstream.client import ToolServerError, Upstreams, endpoint_of
 
 from .. import answers, checks, execution, passkeys, planning, signing

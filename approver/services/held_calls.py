@@ -12,9 +12,10 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from journal import ports, roles
+from journal import ports
 from journal import services as journal_services
-from journal.canonical import canonical_bytes
+from journal.auth import roles
+from journal.record.canonical import canonical_bytes
 
 from .. import authority
 from ..models import ActionRequest, ApprovalRules

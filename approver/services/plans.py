@@ -11,10 +11,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from journal import idempotency, journaling
 from journal import services as journal_services
 from journal.errors import Refused
 from journal.models import Agent, Run, Step, StepDependency, ToolServer
+from journal.record import idempotency, journaling
 
 from .. import execution, planning
 from ..content import plan_content

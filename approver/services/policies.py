@@ -6,8 +6,9 @@ from datetime import datetime
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from journal import chain, keys, roles
+from journal.auth import roles
 from journal.errors import Refused
+from journal.record import chain, keys
 
 from .. import policy
 from ..models import AutonomyPolicy, PolicyChange

@@ -1,5 +1,5 @@
-"""The worker's reads around a recipe undo (`journal.recipes`): its server has no conditional write, so the
-record is read just before the undo (nothing is sent when it changed since the check) and again after its
+"""The worker's reads around a recipe undo (`journal.undo.recipes`): its server has no conditional write, so
+the record is read just before the undo (nothing is sent when it changed since the check) and again after its
 last call (it counts only once the record reads as it did before the agent's call). The judgments are
 `execution.recipe_before_undo` and `execution.recipe_after_undo`."""
 

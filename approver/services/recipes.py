@@ -1,4 +1,4 @@
-"""Admins' undo recipes for the tool servers that declare nothing (`journal.recipes`): enabling a pack,
+"""Admins' undo recipes for the tool servers that declare nothing (`journal.undo.recipes`): enabling a pack,
 writing one recipe, removing one, turning them off. Each change is made through the journal's one writer of a
 server's recipes and recorded in the policies' change log (who, when, before, after), in one transaction: a
 recipe decides what the autonomy policies see as undoable, so it is a policy change."""
@@ -11,11 +11,11 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from journal import packs, recipes
 from journal import services as journal_services
-from journal.bindings import BindingError, resolve_runtime_expression
 from journal.models import Step, ToolServer
-from journal.recipe_text import brief
+from journal.undo import packs, recipes
+from journal.undo.bindings import BindingError, resolve_runtime_expression
+from journal.undo.recipe_text import brief
 
 from ..models import PolicyChange
 from .policies import log_change

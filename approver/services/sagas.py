@@ -18,9 +18,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from journal import journaling
 from journal import services as journal_services
 from journal.models import Run, Step
+from journal.record import journaling
 
 from .. import execution
 from ..content import plan_url

@@ -8,8 +8,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from journal import roles
-from journal.access import READERS, require_role
+from journal.auth import roles
+from journal.auth.access import READERS, require_role
 
 from .. import authority, services, signing
 from ..models import ActionRequest

@@ -4,7 +4,7 @@ from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
-from journal.access import require_role
+from journal.auth.access import require_role
 
 from .. import authority, services
 from ..models import Plan

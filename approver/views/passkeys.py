@@ -10,8 +10,8 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from journal import roles
-from journal.access import require_role
+from journal.auth import roles
+from journal.auth.access import require_role
 
 from .. import passkeys, services
 from ..models import Passkey

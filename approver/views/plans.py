@@ -9,10 +9,10 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
-from journal import roles
-from journal.access import READERS, require_role, visible_agent
+from journal.auth import roles
+from journal.auth.access import READERS, require_role, visible_agent
 from journal.models import Run, ToolServer
-from journal.recipe_text import brief, record_name
+from journal.undo.recipe_text import brief, record_name
 
 from .. import authority, execution, planning, sentence, services, signing
 from ..forms import UndoRequestForm, UndoSinceForm

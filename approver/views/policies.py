@@ -4,8 +4,8 @@ from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from journal import roles
-from journal.access import require_role
+from journal.auth import roles
+from journal.auth.access import require_role
 
 from .. import policy, services
 from ..forms import PolicyForm

@@ -8,16 +8,17 @@ from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from journal import recipes, roles
-from journal.access import require_role
+from journal.auth import roles
+from journal.auth.access import require_role
 from journal.models import ToolServer
-from journal.packs import PACKS
 from journal.services import RecipesRefused, names_too_long
+from journal.undo import recipes
+from journal.undo.packs import PACKS
 
 from .. import services
 from ..forms import PackForm, RecipeForm
 
-# The kinds of undo (`journal.recipes.explain`), as an admin reads them.
+# The kinds of undo (`journal.undo.recipes.explain`), as an admin reads them.
 KIND_WORDS = {"compensate": "Undone by a compensation", "none": "Cannot be undone",
               "read_only": "Only reads: nothing to undo", "unknown": "Not known"}
 

@@ -8,8 +8,8 @@ from django.http import JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_POST
 
-from journal import roles
-from journal.access import require_role
+from journal.auth import roles
+from journal.auth.access import require_role
 
 from .. import services, signing
 from ..models import Plan

@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from journal import roles
+from journal.auth import roles
 
 from .. import authority
 from .. import health as health_report

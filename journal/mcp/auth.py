@@ -11,8 +11,9 @@ from django.conf import settings
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
 from starlette.responses import JSONResponse
 
-from .. import services, strict_json
+from .. import services
 from ..models import Agent
+from ..record import strict_json
 from ..services import clients
 from .context import recorder_data
 

@@ -8,11 +8,12 @@ from typing import Any
 import mcp_types as types
 from mcp import MCPError
 
-from .. import declarations, idempotency, journaling, recovery
-from ..canonical import canonical_bytes, ijson_problem
 from ..models import Agent, ToolServer
 from ..models.servers import SEPARATOR as SEPARATOR  # tools and prompts are named server__name
+from ..record import idempotency, journaling
+from ..record.canonical import canonical_bytes, ijson_problem
 from ..services.runs import IDLE_KEY
+from ..undo import declarations, recovery
 from ..upstream.client import ToolServerError
 from . import versions
 

@@ -1,4 +1,4 @@
-"""The Recorder's own reads for an admin's undo recipe (`journal.recipes`): the record as it was just
+"""The Recorder's own reads for an admin's undo recipe (`journal.undo.recipes`): the record as it was just
 before an agent's call (its earlier state, which the undo puts back, and that state's version), and its
 version just after (what the agent left). Each read goes to the same server on the agent's own upstream
 session, like the call itself, through the one client; a failure is an answer here, never an error, since
@@ -12,9 +12,10 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from .. import recipe_chains, recipes, services
-from ..bindings import BindingError
+from .. import services
 from ..models import ToolServer
+from ..undo import recipe_chains, recipes
+from ..undo.bindings import BindingError
 from ..upstream.client import ToolServerError, Upstreams, endpoint_of
 from ..upstream.recipe_reads import read_state
 from .failing import failed

@@ -1,5 +1,5 @@
-"""How the Recorder answers a failed call: the error result with MCP-Rescue's advice (`journal.recovery`),
-and,
+"""How the Recorder answers a failed call: the error result with MCP-Rescue's advice
+(`journal.undo.recovery`), and,
 under a policy that stops the run on failure (ChronoMCP's saga mode), the plan that undoes the run's task and
 what was unwound (the approval side does both, behind `journal.ports`)."""
 
@@ -11,7 +11,8 @@ import mcp_types as types
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from .. import declarations, ports, recovery, services
+from .. import ports, services
+from ..undo import declarations, recovery
 from .journal_thread import Journaled
 
 logger = logging.getLogger(__name__)
@@ -46,8 +47,8 @@ ADVICE_PREFIX = "[Recorder advice] "
 
 
 def with_advice_text(result: Any) -> Any:
-    """A failed call's result with its advice (`hatp/journal.recovery`) repeated as one short text block at
-    the end of its content, for a model whose framework drops `_meta`; any other result as it was."""
+    """A failed call's result with its advice (`hatp/journal.recovery`) repeated as one short text block
+    at the end of its content, for a model whose framework drops `_meta`; any other result as it was."""
     if isinstance(result, types.CallToolResult):
         dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
         added = with_advice_text(dumped)

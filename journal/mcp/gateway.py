@@ -1,13 +1,11 @@
 """The Recorder: an MCP server to agents and an MCP client to every registered tool server.
 
 `tools/list` is the union of the catalogues, each tool named `server__tool`, with the undo contract's own
-tools (`hatp_check`, `hatp_compensate`) hidden (an agent that can answer a server's requests gets the lists
-read on its own sessions). `tools/call` is journaled (intent, then outcome, each in its own short
-transaction), forwarded through the one client (`journal.upstream.client`) on the agent session's own upstream
-session, and its result goes back to the agent as the server sent it, shaped for the agent's protocol
-version (`versions`). Everything else MCP has is in `features` (resources, prompts, completion, logging)
-and `relay` (what servers send or ask the agent). Agents authenticate with a bearer token; the agent is
-resolved once per HTTP request by `BearerAgent` and handed to the handlers through the request's ASGI state.
+tools (`hatp_check`, `hatp_compensate`) hidden. `tools/call` is journaled (intent, then outcome, each in its
+own short transaction), forwarded through the one client (`journal.upstream.client`) on the agent session's
+own upstream session, and answered as the server sent it, shaped for the agent's protocol version
+(`versions`). The rest of MCP is in `features` and `relay`. Agents authenticate with a bearer token, resolved
+once per HTTP request by `BearerAgent` and handed to the handlers through the request's ASGI state.
 
 The SDK's server answers everything, except that plain 2026-07-28 `tools/call` requests take `FastCalls`,
 which gives the same answer with less work per call (the Recorder's latency is the product's tax on every
@@ -31,8 +29,10 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp_types import methods as _methods
 from pydantic import ValidationError
 
-from .. import declarations, idempotency, keys, outcomes, services
+from .. import services
 from ..models import Agent, ToolServer
+from ..record import idempotency, keys
+from ..undo import declarations, outcomes
 from ..upstream.client import DEFAULT_MAX_ANSWER_BYTES, ToolServerError, Upstreams, endpoint_of
 from ..upstream.connection import TASK_RESULT
 from . import bridge, holding, opening, versions
@@ -253,7 +253,7 @@ class Recorder:
             return await resumed  # the agent answers what the server asked in a call still in flight
         arguments = dict(arguments or {})
         # The agent's own idempotency key goes on in its namespace: it can be neither another agent's key nor
-        # one of the Recorder's (journal.idempotency).
+        # one of the Recorder's (journal.record.idempotency).
         kept_meta = idempotency.namespaced_meta(forwarded_meta(meta), agent.pk)
         if (refusal := unsendable(arguments, kept_meta, server_name)) is not None:
             return tool_error(refusal, failed("invalid_arguments")), None

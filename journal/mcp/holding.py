@@ -18,8 +18,10 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
-from .. import idempotency, ports, recovery, services
+from .. import ports, services
 from ..models import Agent
+from ..record import idempotency
+from ..undo import recovery
 from . import earlier as earlier_reads
 from .context import approved_meta, held_call_meta
 from .failing import failed

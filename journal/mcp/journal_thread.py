@@ -13,8 +13,9 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from .. import services, sql
+from .. import services
 from ..models import ToolServer
+from ..record import sql
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,8 @@ from mcp_types import CLIENT_CAPABILITIES_META_KEY
 from mcp_types import methods as _methods
 from pydantic import Field, ValidationError
 
-from .. import outcomes, services
+from .. import services
+from ..undo import outcomes
 from ..upstream.client import ToolServerError, Upstreams, endpoint_of
 from ..upstream.connection import TASKS_EXTENSION
 from ..upstream.failures import translate

@@ -10,8 +10,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from .. import recovery
 from ..ports import HeldEnd
+from ..undo import recovery
 from .clients import ClientAuthorization as ClientAuthorization  # re-exported: one place to import from
 from .clients import RedeemedCode as RedeemedCode
 from .record_json import RecordJSONField as RecordJSONField  # re-exported: migrations name it here
@@ -193,14 +193,14 @@ class Step(models.Model):
     # The server had the call and its outcome is not known (no answer, cancelled while it had it), or it
     # answered and the agent never saw the answer: a repeat of the same call may act twice (the retry guard).
     may_have_acted = models.BooleanField(default=False)
-    # What the agent was advised to do about a failure (journal.recovery.Advice.as_wire).
+    # What the agent was advised to do about a failure (journal.undo.recovery.Advice.as_wire).
     recovery = models.JSONField(null=True, blank=True)
     # SHA-256 of the agent, server, tool and arguments, to find an earlier attempt of the same call.
     call_digest = models.CharField(max_length=64, blank=True, db_index=True)
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.FloatField(null=True, blank=True)
-    # The normalised UndoDeclaration (journal.declarations) and what it means for this call.
+    # The normalised UndoDeclaration (journal.undo.declarations) and what it means for this call.
     declaration = models.JSONField(default=dict)
     declaration_source = models.CharField(max_length=40, blank=True)
     reversibility = models.CharField(
@@ -210,8 +210,8 @@ class Step(models.Model):
     # A recipe's further compensating calls, in order, each {"tool", "arguments"} resolved like the first.
     compensation_then = RecordJSONField(null=True, blank=True)
     undo_problems = models.JSONField(default=list, blank=True)
-    # An admin's recipe read the record just before the call was sent (journal.recipes): what it read, the
-    # version of it, and its size and digest; the answer itself only when within the inline bound.
+    # An admin's recipe read the record just before the call was sent (journal.undo.recipes): what it read,
+    # the version of it, and its size and digest; the answer itself only when within the inline bound.
     earlier_state = RecordJSONField(null=True, blank=True)
     effect_summary = models.CharField(max_length=500, blank=True)
     effect_resource = models.CharField(max_length=500, blank=True)
@@ -311,7 +311,7 @@ class StepDependency(models.Model):
 class RunValue(models.Model):
     """A distinctive value some result of a run contained: the most recent step whose result had it (and
     where), and in how many results it was, so inferring a later call's links costs one indexed lookup per
-    argument value however long the run is (`journal.dependencies`)."""
+    argument value however long the run is (`journal.undo.dependencies`)."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+")
     digest = models.CharField(max_length=32)

@@ -9,8 +9,9 @@ from oauth2_provider.settings import oauth2_settings
 
 class ClientAuthorization(models.Model):
     """A person let an OAuth client (an MCP client that takes only a URL) act as one of their agents
-    (`journal.oauth`): every token that client holds for that person is this agent's, and is journaled under
-    it. One agent per client and person; revoking the authorization ends each of those tokens at once."""
+    (`journal.auth.oauth`): every token that client holds for that person is this agent's, and is journaled
+    under it. One agent per client and person; revoking the authorization ends each of those tokens at
+    once."""
 
     application = models.ForeignKey(
         oauth2_settings.APPLICATION_MODEL, on_delete=models.CASCADE, related_name="+"

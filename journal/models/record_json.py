@@ -5,7 +5,7 @@ import json
 from django.db import models
 from django.db.models.fields.json import KeyTransform
 
-from ..canonical import from_jsonb, loads_record
+from ..record.canonical import from_jsonb, loads_record
 
 
 class RecordJSONField(models.JSONField):

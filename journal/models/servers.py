@@ -31,7 +31,7 @@ class ToolServer(models.Model):
     catalogue_error = models.TextField(blank=True)
     # Receipt keys the server published ({keyId: base64url Ed25519 public key}), pinned on first sight.
     receipt_keys = models.JSONField(default=dict, blank=True)
-    # Admins' undo recipes for the tools this server says nothing about (journal.recipes): the recipes in
+    # Admins' undo recipes for the tools this server says nothing about (journal.undo.recipes): the recipes in
     # force (raw, one per tool), the pack they came from if any, and who last changed them, when. Written by
     # `services.set_recipes` only; every change is in the policies' change log.
     recipes = models.JSONField(default=list, blank=True)

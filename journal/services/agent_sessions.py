@@ -4,8 +4,8 @@ serves a session by (`journal.mcp.sessions`) and the worker forgets once idle (`
 from datetime import datetime, timedelta
 from typing import Any
 
-from ..canonical import to_ijson
 from ..models import AgentSession
+from ..record.canonical import to_ijson
 
 
 def save_agent_session(*, session_id: str, agent_id: int, protocol_version: str, client_info: dict[str, Any],

@@ -9,10 +9,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from .. import chain, keys, ports
-from ..bundle import ImportRefused, parse_chronomcp_log, parse_ts
-from ..canonical import to_ijson
+from .. import ports
 from ..models import RecorderKey, Run, Step
+from ..record import chain, keys
+from ..record.bundle import ImportRefused, parse_chronomcp_log, parse_ts
+from ..record.canonical import to_ijson
 from .record import append_entry, checkpoint_run, open_run, sign_checkpoint
 from .steps import count
 

@@ -1,6 +1,6 @@
 """OAuth clients acting as agents: a person authorises a client that takes only a URL to act as one of their
-agents (`journal.oauth` is the consent page), the Recorder accepts that client's tokens as the agent's, and
-the agent's page revokes them.
+agents (`journal.auth.oauth` is the consent page), the Recorder accepts that client's tokens as the agent's,
+and the agent's page revokes them.
 
 A token is the agent's while all of this holds: it has not expired, it carries the `mcp` scope, its audience
 (RFC 8707 `resource`) is this Recorder's URL, the person who authorised it and the agent are active, and the

@@ -7,8 +7,8 @@ from typing import Any
 
 from django.db import transaction
 
-from ..canonical import to_ijson
 from ..models import Step
+from ..record.canonical import to_ijson
 from .record import append_entry, locked_run_by_id, save_moving
 
 

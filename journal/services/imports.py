@@ -20,10 +20,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from .. import chain, sql, strict_json
-from ..bundle import BUNDLE_MAX_DEPTH, ImportRefused, StepBuilder, aware_moment, read_entry, read_head
-from ..json_stream import ObjectStream
 from ..models import ChainEntry, Checkpoint, RecorderKey, Run, Step
+from ..record import chain, sql, strict_json
+from ..record.bundle import BUNDLE_MAX_DEPTH, ImportRefused, StepBuilder, aware_moment, read_entry, read_head
+from ..record.json_stream import ObjectStream
 from .steps import count
 
 # How far a foreign Recorder's clock may run ahead of ours.

@@ -17,9 +17,10 @@ from django.db.models import Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from .. import ports, sql
-from ..journaling import Outcome
+from .. import ports
 from ..models import Agent, Run, Step
+from ..record import sql
+from ..record.journaling import Outcome
 from .record import append_entry, locked_run_by_id, save_moving
 from .steps import OpenedStep, close_step, refuse_step
 

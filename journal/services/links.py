@@ -3,8 +3,9 @@ values for the steps after it (docs/design.md: dependent steps, inferred and dec
 
 from typing import Any
 
-from .. import dependencies, journaling, sql
 from ..models import Run, RunValue, Step, StepDependency
+from ..record import journaling, sql
+from ..undo import dependencies
 
 
 def link(run: Run, step: Step, *, wanted, indexed: dict[str, str]) -> list[dict[str, Any]]:

@@ -10,9 +10,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from .. import chain, keys, sql
 from ..errors import Refused
 from ..models import Agent, ChainEntry, Checkpoint, Run, Step
+from ..record import chain, keys, sql
 
 
 class ForeignRun(Refused):

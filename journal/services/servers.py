@@ -8,11 +8,12 @@ import anyio
 from django.conf import settings
 from django.utils import timezone
 
-from .. import chain, declarations, recipes
-from ..canonical import to_ijson
 from ..errors import Refused
 from ..models import ToolServer
 from ..models.servers import SEPARATOR
+from ..record import chain
+from ..record.canonical import to_ijson
+from ..undo import declarations, recipes
 from ..upstream.client import ToolServerError, Upstreams, endpoint_of
 
 

@@ -15,10 +15,12 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from .. import canonical, dependencies, journaling, ports, recovery, sql
-from ..canonical import to_ijson
-from ..journaling import Outcome
+from .. import ports
 from ..models import Agent, Run, Step, ToolServer
+from ..record import canonical, journaling, sql
+from ..record.canonical import to_ijson
+from ..record.journaling import Outcome
+from ..undo import dependencies, recovery
 from .links import link
 from .record import append_entry, locked_run, locked_run_by_id, open_run, save_moving
 from .runs import IDLE_KEY, release, release_agent

@@ -8,7 +8,8 @@ from django.utils.formats import date_format
 from django.utils.html import conditional_escape, format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from journal import fields, recipe_text, visible
+from journal import visible
+from journal.undo import fields, recipe_text
 from journal.views import STEPS_PER_PAGE
 
 register = template.Library()
@@ -96,5 +97,5 @@ def after_the_agent(value, finished) -> str:
 
 @register.filter
 def changed_cells(row) -> dict[str, bool]:
-    """Which cells of a three-way row to mark as changed (`journal.fields.marks`)."""
+    """Which cells of a three-way row to mark as changed (`journal.undo.fields.marks`)."""
     return fields.marks(row)

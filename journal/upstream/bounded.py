@@ -19,7 +19,7 @@ from typing import Any
 import httpx2 as httpx
 from mcp import MCPError
 
-from .. import strict_json
+from ..record import strict_json
 
 CHUNK = 1 << 16
 TOKEN_KEY = "oversizedAnswer"

@@ -11,7 +11,7 @@ import httpx2 as httpx  # the HTTP library the mcp SDK itself uses
 from mcp import MCPError
 from pydantic import ValidationError
 
-from .. import strict_json
+from ..record import strict_json
 
 
 class ToolServerError(Exception):

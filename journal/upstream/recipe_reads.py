@@ -6,7 +6,7 @@ whether order counts), so each of them reads it exactly the same way."""
 import asyncio
 from typing import Any
 
-from .. import recipes
+from ..undo import recipes
 from .client import Endpoint, Upstreams
 
 

@@ -10,8 +10,8 @@ from oauth2_provider.models import Application
 
 from approver import policy, services
 from approver.models import AutonomyPolicy
-from journal import roles
 from journal import services as journal_services
+from journal.auth import roles
 from journal.models import ClientAuthorization
 from tests.journal.factories import crm_server, make_run
 

@@ -7,7 +7,7 @@ import pytest
 from approver import planning, wording
 from approver.models import PlanItem
 from approver.planning import StepFacts
-from journal.declarations import NO_VERSION_PROBLEM
+from journal.undo.declarations import NO_VERSION_PROBLEM
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 PLAN = "0b5e7a1c-0000-4000-8000-000000000001"

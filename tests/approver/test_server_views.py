@@ -9,9 +9,9 @@ from django.test import Client
 
 from approver import services
 from approver.models import PolicyChange
-from journal import packs, recipes
 from journal import services as journal_services
 from journal.models import ToolServer
+from journal.undo import packs, recipes
 from tests.journal.helpers import run_agent
 from tests.journal.test_conformance import command, make_world
 from tests.services import needs_node

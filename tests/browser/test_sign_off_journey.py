@@ -11,8 +11,8 @@ from django.contrib.auth.models import Group
 
 from approver import services
 from approver.models import Approval, Plan
-from journal import roles
 from journal import services as journal_services
+from journal.auth import roles
 from journal.models import Run
 from samples import agent as scripted
 from tests.approver.services.test_approvals import WHY, enrolled

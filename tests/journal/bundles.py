@@ -9,8 +9,9 @@ from datetime import UTC, datetime
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from journal import chain, services
+from journal import services
 from journal.models import RecorderKey, Run
+from journal.record import chain
 
 OTHER = "https://undo.other.example"
 

@@ -60,7 +60,7 @@ def without_advice(value: Any) -> Any:
     """`value` (a result, or results, as an agent got them through the Recorder) without the recovery advice
     the Recorder adds to every failed call (`_meta["hatp/journal"]["recovery"]`), for comparing with what the
     server sent. Every `isError` result must carry the advice, or this fails."""
-    from journal import recovery
+    from journal.undo import recovery
 
     if isinstance(value, list):
         return [without_advice(item) for item in value]

@@ -11,8 +11,9 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from journal import services, strict_json
+from journal import services
 from journal.models import ChainEntry, Step
+from journal.record import strict_json
 from tests.conftest import ServerThread, free_port
 from tests.fixtures import handshake_server, modern_server
 

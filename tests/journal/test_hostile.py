@@ -6,9 +6,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from journal import chain, services
-from journal.canonical import to_ijson
+from journal import services
 from journal.mcp.gateway import agent_tools
+from journal.record import chain
+from journal.record.canonical import to_ijson
 
 from .factories import crm_server, journal_call
 

@@ -178,7 +178,7 @@ def test_an_undo_bound_from_an_answer_the_record_cannot_keep_exactly_is_not_prep
     """A compensation bound from a server's answer with U+0000 (the id of what it created): the record
     keeps U+FFFD, so an undo sent from the record would name another thing. The step says so, and holds no
     compensation to send."""
-    from journal.outcomes import undo_facts
+    from journal.undo.outcomes import undo_facts
 
     tool = {"name": "create", "inputSchema": {"type": "object"}, "annotations": {"recovery": {
         "strategy": "compensation", "compensatingOperation": {

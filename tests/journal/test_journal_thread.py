@@ -10,8 +10,9 @@ import pytest
 from django.contrib.auth.models import Group
 from django.db import IntegrityError, OperationalError, connection, transaction
 
-from journal import roles, sql
+from journal.auth import roles
 from journal.mcp.journal_thread import JournalThread
+from journal.record import sql
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from django.test import Client
 
-from journal import bundle, packs, recipes
 from journal import services as journal_services
 from journal.models import Step, ToolServer
+from journal.record import bundle
+from journal.undo import packs, recipes
 
 from ..services import needs_node
 from .helpers import run_agent

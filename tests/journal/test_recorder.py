@@ -7,8 +7,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from mcp import MCPError
 
-from journal import chain, keys, services
+from journal import services
 from journal.models import ChainEntry, Checkpoint, Run, Step, StepDependency
+from journal.record import chain, keys
 
 from .helpers import agent_client, register_samples, run_agent
 

@@ -12,8 +12,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from journal import keys, services
+from journal import services
 from journal.models import ChainEntry, Checkpoint, RecorderKey, Run, Step
+from journal.record import keys
 
 from .bundles import OTHER, foreign_bundle, new_key, resign
 from .factories import make_run
@@ -74,7 +75,7 @@ def test_inserting_an_entry_is_found(run):
     for entry in ChainEntry.objects.filter(run=run, seq__gte=4).order_by("-seq"):
         ChainEntry.objects.filter(pk=entry.pk).update(seq=entry.seq + 1)
     third = ChainEntry.objects.get(run=run, seq=3)
-    from journal import chain
+    from journal.record import chain
 
     forged = chain.make_entry(seq=4, ts=third.ts, event="call", data={"step": 99}, prev_hash=third.hash)
     ChainEntry.objects.create(run=run, seq=4, ts=forged["ts"], event="call", data=forged["data"],

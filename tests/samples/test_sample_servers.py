@@ -30,7 +30,7 @@ def test_update_deal_reports_the_change_with_a_signed_receipt(sample_servers, wo
     import rfc8785
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    from journal.chain import b64url_decode
+    from journal.record.chain import b64url_decode
 
     # The deal's fields before and after the change travel with the effect, under the receipt.
     fields = {"amount": "48000", "owner": "dana", "close_date": "2026-12-15"}

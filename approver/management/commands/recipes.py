@@ -4,10 +4,10 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from approver import services
-from journal import recipes
 from journal import services as journal_services
 from journal.models import ToolServer
-from journal.packs import PACKS
+from journal.undo import recipes
+from journal.undo.packs import PACKS
 
 
 class CommandLine:

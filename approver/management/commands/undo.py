@@ -5,7 +5,8 @@ from django.utils.dateparse import parse_datetime
 
 from approver import services
 from approver.content import site_url
-from journal import roles, zones
+from journal import zones
+from journal.auth import roles
 from journal.management.commands._runs import find_run
 from journal.models import Agent
 

@@ -2,8 +2,9 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from journal import services, strict_json
-from journal.bundle import ImportRefused
+from journal import services
+from journal.record import strict_json
+from journal.record.bundle import ImportRefused
 
 
 class Command(BaseCommand):

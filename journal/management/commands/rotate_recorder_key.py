@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from journal import keys
+from journal.record import keys
 
 
 class Command(BaseCommand):

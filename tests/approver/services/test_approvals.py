@@ -9,7 +9,7 @@ from webauthn.helpers import base64url_to_bytes
 
 from approver import services, signing
 from approver.models import Approval, ApprovalRules, Plan
-from journal import roles
+from journal.auth import roles
 
 from ..softkey import UP, SoftKey
 

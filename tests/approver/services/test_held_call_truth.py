@@ -231,7 +231,7 @@ def test_a_release_cancelled_before_it_is_sent_is_told_as_such(sales_bot, admin_
     from django.utils import timezone
 
     from journal import ports
-    from journal.journaling import Outcome
+    from journal.record.journaling import Outcome
 
     from .test_held_calls import hold_email
 

@@ -10,9 +10,9 @@ from django.conf import settings
 
 from approver import policy, services, tasks
 from approver.models import ActionRequest, AutonomyPolicy
-from journal import idempotency
 from journal import services as journal_services
 from journal.models import Step, ToolServer
+from journal.record import idempotency
 from tests.journal.helpers import post_stateless_call, register_samples, run_agent
 
 from ..softkey import SoftKey

@@ -11,9 +11,9 @@ from django.test import Client
 
 from approver import services, tasks
 from approver.models import Plan
-from journal import declarations
 from journal import services as journal_services
 from journal.models import Run, Step
+from journal.undo import declarations
 from tests.journal.helpers import run_agent
 from tests.journal.test_conformance import command, make_world
 from tests.services import needs_node

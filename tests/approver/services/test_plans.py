@@ -9,8 +9,8 @@ from django.urls import reverse
 
 from approver import content, notifications, planning, services
 from approver.models import Plan, PlanItem
-from journal.canonical import sha256_hex
 from journal.models import Step
+from journal.record.canonical import sha256_hex
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

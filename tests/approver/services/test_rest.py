@@ -135,7 +135,7 @@ def test_who_asked_for_the_undo_cannot_approve_its_rest_when_someone_else_asked_
     from django.contrib.auth.models import Group
 
     from approver import authority
-    from journal import roles
+    from journal.auth import roles
 
     on_call.groups.add(Group.objects.get_or_create(name=roles.APPROVER)[0])
     on_call = type(on_call).objects.get(pk=on_call.pk)  # its roles read afresh

@@ -14,9 +14,9 @@ from django.utils.html import escape
 
 from approver import execution, notifications, sentence, services, tasks
 from approver.models import Plan
-from journal import recipe_text
 from journal import services as journal_services
 from journal.models import Run, Step
+from journal.undo import recipe_text
 from tests.journal.helpers import register_samples, run_agent
 from tests.services import needs_node
 

@@ -91,7 +91,7 @@ def test_calls_journaled_in_one_group_lock_their_run_once_and_keep_its_chain_who
     from django.db import connection, transaction
     from django.test.utils import CaptureQueriesContext
 
-    from journal import sql
+    from journal.record import sql
 
     server = crm_server()
     result = {"content": [], "_meta": {"hatp/journal": {"compensationToken": "ctk_1",
