@@ -110,7 +110,8 @@ def call_class(*, kind: str, via: str | None, dialect: str | None, versioned: bo
     if kind == "read_only":
         return READ
     if kind == "compensate":
-        if dialect is not None and dialect != "hatp" and not (dialect == "recipe" and versioned):
+        checked = dialect in ("recipe", "database") and versioned
+        if dialect is not None and dialect != "hatp" and not checked:
             return "compensate_no_version"
         return "compensate_ui" if via == "ui" else "compensate_api"
     if kind == "none":

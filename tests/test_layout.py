@@ -32,6 +32,10 @@ PURE = (
     "journal.undo.recipe_chains",
     "journal.undo.fields",
     "journal.tally",
+    "journal.undo.database.reading",
+    "journal.undo.database.postgres",
+    "journal.undo.database.sqlite",
+    "journal.undo.database.judging",
 )
 # Imports inside functions that are there for another reason than a loop: Django's app loading (models
 # are ready only in `ready`), and the demo, which configures Django before it may import any model.

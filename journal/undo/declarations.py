@@ -34,11 +34,12 @@ Source = Literal[
     "annotations.readOnlyHint",
     "annotations.reversibility",
     "recipe",
+    "database",
     "none",
 ]
 # SEP-2793 (open): tool risk metadata in the annotations, read as a hint below the three dialects.
 RISK_HINT = "annotations.reversibility"
-Dialect = Literal["hatp", "sep3172", "chronomcp", "recipe"]
+Dialect = Literal["hatp", "sep3172", "chronomcp", "recipe", "database"]
 
 HATP_KEY = "hatp/journal"
 CHRONO_KEY = "dev.chronomcp/compensate"

@@ -1,0 +1,89 @@
+"""What a reading of an agent's SQL (`reading`) means for its undo, given what the database says about its
+tables (`Catalog`): reads change nothing; row changes on captured tables with a primary key can be undone
+row by row; anything else cannot, and says what it would destroy; text the grammar cannot read is unknown.
+No ORM and no clock."""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..declarations import Compensation, UndoDeclaration
+from .reading import Reading, Statement, named, plural
+
+SOURCE = "database"
+REMEDY = "Restore what it changed from a backup, or by hand."
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """What the database says, read just before the call: each table's primary key (by every name the SQL
+    may use for it: `contacts` and `public.contacts`), which tables are captured, and how many rows the
+    tables a statement would destroy hold now."""
+
+    keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    captured: frozenset[str] = frozenset()
+    counts: Mapping[str, int] = field(default_factory=dict)
+
+    def as_record(self) -> dict:
+        return {"captured": sorted(self.captured), "counts": dict(sorted(self.counts.items()))}
+
+
+def rows_of(tables: tuple[str, ...], counts: Mapping[str, int]) -> str:
+    """"customers: 1,196 rows", for each table whose count is known."""
+    known = [f"{t}: {plural(counts[t], 'row')}" for t in dict.fromkeys(tables) if t in counts]
+    return "; ".join(known)
+
+
+def uncapturable(statement: Statement, catalog: Catalog) -> str | None:
+    """Why a row change cannot be undone row by row, or None when every table it changes can be."""
+    for table in (*statement.writes, *statement.triggers):
+        by_trigger = table in statement.triggers and table not in statement.writes
+        through = " (through a trigger)" if by_trigger else ""
+        if table not in catalog.captured:
+            return (f"it {statement.verb}, and {table}{through} is not captured (an admin captures a table "
+                    "before agents change it)")
+        if not catalog.keys.get(table):
+            return (f"it {statement.verb}, and {table}{through} has no primary key, so its rows cannot be "
+                    "told apart")
+    return None
+
+
+def destroyed(statement: Statement, catalog: Catalog) -> str:
+    """A destroying statement's reason, with the rows it would take (a count read before the call)."""
+    counted = rows_of(statement.destroys, catalog.counts)
+    if counted:
+        return f"It {statement.verb}: {counted}."
+    return f"{statement.reason[:1].upper()}{statement.reason[1:]}."
+
+
+def declare(reading: Reading, catalog: Catalog) -> UndoDeclaration:
+    """The call's undo declaration, from its worst statement."""
+    kind, worst = reading.kind, reading.worst
+    if kind == "unknown":
+        return UndoDeclaration(kind="unknown", source=SOURCE, problems=(reading.problem or "no statement",))
+    if kind == "read":
+        return UndoDeclaration(kind="read_only", source=SOURCE)
+    if kind == "rows":
+        blocked = [why for s in reading.statements if s.kind == "rows" and (why := uncapturable(s, catalog))]
+        if blocked:
+            why = blocked[0]
+            return UndoDeclaration(kind="none", source=SOURCE, reason=f"{why[:1].upper()}{why[1:]}.",
+                                   remedy=REMEDY)
+        return UndoDeclaration(kind="compensate", source=SOURCE, compensation=Compensation(
+            tool="", dialect="database", versioned=True))
+    if kind == "refused":
+        return UndoDeclaration(kind="none", source=SOURCE, reason=f"Refused: {worst.reason}.",
+                               remedy="Nothing was sent; nothing needs undoing.")
+    return UndoDeclaration(kind="none", source=SOURCE, reason=destroyed(worst, catalog), remedy=REMEDY)
+
+
+def to_count(reading: Reading) -> tuple[str, ...]:
+    """The tables whose rows a person should hear the count of before the call: those it drops, empties,
+    or deletes every row of."""
+    return tuple(dict.fromkeys(t for s in reading.statements if s.kind in ("destroy", "rows")
+                               for t in s.destroys))
+
+
+def summary(reading: Reading) -> str:
+    """The text's statements in one line: "updates rows of contacts; deletes rows of contacts"."""
+    verbs = list(dict.fromkeys(s.verb for s in reading.statements))
+    return named(verbs[:5]) + (f" and {len(verbs) - 5} more" if len(verbs) > 5 else "")

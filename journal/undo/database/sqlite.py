@@ -1,0 +1,257 @@
+"""SQLite's SQL read by SQLite itself: the text split where SQLite ends a statement
+(`sqlite3.complete_statement`), and each statement compiled, never run, against an in-memory copy of the
+database's schema with an authorizer that hears every action it would take, its triggers' included
+(`reading`). The agent's text is only ever compiled (`EXPLAIN`); the copy takes the text's own schema
+changes (a table it creates, then fills) so that what follows compiles as it would on the database."""
+
+import sqlite3
+from collections.abc import Sequence
+
+from .reading import SQLITE_PREFIX, Reading, Statement, named, transaction_control_among_others
+
+A = sqlite3  # the authorizer's action codes
+READ_ACTIONS = {A.SQLITE_READ, A.SQLITE_SELECT, A.SQLITE_RECURSIVE}
+ROW_ACTIONS = {A.SQLITE_INSERT: "inserts rows into", A.SQLITE_UPDATE: "updates rows of",
+               A.SQLITE_DELETE: "deletes rows of"}
+SCHEMA_ACTIONS = {
+    A.SQLITE_CREATE_TABLE: "creates table", A.SQLITE_CREATE_TEMP_TABLE: "creates temporary table",
+    A.SQLITE_CREATE_INDEX: "creates index", A.SQLITE_CREATE_TEMP_INDEX: "creates index",
+    A.SQLITE_CREATE_VIEW: "creates view", A.SQLITE_CREATE_TEMP_VIEW: "creates view",
+    A.SQLITE_CREATE_TRIGGER: "creates trigger", A.SQLITE_CREATE_TEMP_TRIGGER: "creates trigger",
+    A.SQLITE_DROP_TABLE: "drops table", A.SQLITE_DROP_TEMP_TABLE: "drops temporary table",
+    A.SQLITE_DROP_INDEX: "drops index", A.SQLITE_DROP_TEMP_INDEX: "drops index",
+    A.SQLITE_DROP_VIEW: "drops view", A.SQLITE_DROP_TEMP_VIEW: "drops view",
+    A.SQLITE_DROP_TRIGGER: "drops trigger", A.SQLITE_DROP_TEMP_TRIGGER: "drops trigger",
+    A.SQLITE_ALTER_TABLE: "alters table", A.SQLITE_CREATE_VTABLE: "creates virtual table",
+    A.SQLITE_DROP_VTABLE: "drops virtual table", A.SQLITE_ATTACH: "attaches database file",
+    A.SQLITE_DETACH: "detaches database", A.SQLITE_ANALYZE: "analyzes", A.SQLITE_REINDEX: "reindexes",
+}
+TRANSACTION_WORDS = {"BEGIN": "begins a transaction", "COMMIT": "commits the transaction",
+                     "ROLLBACK": "rolls the transaction back"}
+# Pragmas that only read, with or without an argument (a table's name, most of them).
+READ_PRAGMAS = frozenset("""
+table_info table_xinfo table_list index_list index_info index_xinfo foreign_key_list foreign_key_check
+database_list collation_list function_list module_list pragma_list compile_options integrity_check
+quick_check page_count freelist_count data_version encoding schema_version user_version application_id
+page_size journal_mode foreign_keys recursive_triggers busy_timeout cache_size synchronous
+""".split())
+# Pragmas that, set, reach the capture: a schema anyone may edit by hand, triggers that stop firing.
+CAPTURE_PRAGMAS = frozenset({"writable_schema", "trusted_schema"})
+SIDE_EFFECT_FUNCTIONS = frozenset({"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer"})
+WORDS_AFTER = {"VACUUM": "vacuums the database (VACUUM INTO writes a copy to a file)",
+               "REINDEX": "reindexes", "ANALYZE": "analyzes"}
+
+
+def statements(text: str) -> list[str]:
+    """`text` cut where SQLite ends each statement; what is left over is one more (incomplete) statement."""
+    pieces, start = [], 0
+    for index, char in enumerate(text):
+        if char == ";" and sqlite3.complete_statement(text[start:index + 1]):
+            pieces.append(text[start:index + 1])
+            start = index + 1
+    if text[start:].strip():
+        pieces.append(text[start:])
+    return [p for p in pieces if not _blank(p)]
+
+
+def _blank(piece: str) -> bool:
+    """Nothing but blanks, comments and semicolons."""
+    index, n = 0, len(piece)
+    while index < n:
+        if piece[index].isspace() or piece[index] == ";":
+            index += 1
+        elif piece.startswith("--", index):
+            end = piece.find("\n", index)
+            index = n if end < 0 else end + 1
+        elif piece.startswith("/*", index):
+            end = piece.find("*/", index + 2)
+            index = n if end < 0 else end + 2
+        else:
+            return False
+    return True
+
+
+def _first_word(piece: str) -> str:
+    words = piece
+    while True:
+        words = words.lstrip()
+        if words.startswith("--"):
+            words = words.partition("\n")[2]
+        elif words.startswith("/*"):
+            words = words.partition("*/")[2]
+        else:
+            break
+    return (words.split(None, 1) or [""])[0].rstrip(";").upper()
+
+
+class _Copy:
+    """An in-memory copy of the schema, and the actions the last statement compiled there would take."""
+
+    def __init__(self, schema: Sequence[str]):
+        self.connection = sqlite3.connect(":memory:", isolation_level=None)
+        for statement in schema:
+            try:
+                self.connection.execute(statement)
+            except sqlite3.Error:
+                continue  # an object of a kind the copy cannot hold (a virtual table's module, say)
+        self.actions: list[tuple] = []
+        self.applying = False
+        self.connection.set_authorizer(self._heard)
+
+    def _heard(self, action, first, second, database, trigger):
+        if self.applying:  # the copy takes schema changes, and never a file: no ATTACH, no VACUUM INTO
+            return sqlite3.SQLITE_DENY if action in (A.SQLITE_ATTACH, A.SQLITE_DETACH) else sqlite3.SQLITE_OK
+        self.actions.append((action, first, second, database, trigger))
+        return sqlite3.SQLITE_OK
+
+    def compile(self, piece: str, explained: bool) -> list[tuple]:
+        self.actions = []
+        self.connection.execute(piece if explained else f"EXPLAIN {piece}").fetchall()
+        return self.actions
+
+    def apply(self, piece: str) -> None:
+        """The text's own schema change, made on the copy only (never anything that reaches a file)."""
+        if _first_word(piece) not in ("CREATE", "DROP", "ALTER"):
+            return
+        self.applying = True
+        try:
+            self.connection.execute(piece)
+        except sqlite3.Error:
+            pass
+        finally:
+            self.applying = False
+
+    def close(self):
+        self.connection.close()
+
+
+def _capture(actions: list[tuple]) -> list[str]:
+    """The capture's own tables and triggers a statement would touch (its triggers' inserts are the capture
+    working, not a touch)."""
+    touched = []
+    dropped = {first for action, first, *_ in actions if action == A.SQLITE_DROP_TABLE}
+    for action, first, second, _, trigger in actions:
+        if trigger and trigger.startswith(SQLITE_PREFIX):
+            continue
+        if action == A.SQLITE_DROP_TRIGGER and second in dropped or action == A.SQLITE_ANALYZE:
+            # A dropped table's triggers go with it (the drop is what a person decides), and statistics of
+            # every table, the capture's among them, are no touch.
+            continue
+        if action == A.SQLITE_PRAGMA and (first or "").lower() in CAPTURE_PRAGMAS and second is not None:
+            touched.append(f"PRAGMA {first}")
+        for name in (first, second) if action != A.SQLITE_FUNCTION else ():
+            if isinstance(name, str) and name.startswith(SQLITE_PREFIX):
+                touched.append(name)
+    return list(dict.fromkeys(touched))
+
+
+def _control(piece: str, mine: list[tuple]) -> Statement | None:
+    """Transaction control: BEGIN, COMMIT, ROLLBACK, savepoints."""
+    for action, first, *_ in mine:
+        if action == A.SQLITE_TRANSACTION:
+            return Statement("read", TRANSACTION_WORDS.get(first, "controls the transaction"), piece)
+        if action == A.SQLITE_SAVEPOINT:
+            verb = {"BEGIN": "sets a savepoint", "RELEASE": "releases a savepoint"}.get(
+                first, "rolls back to a savepoint")
+            return Statement("read", verb, piece)
+    return None
+
+
+def _schema_or_pragma(piece: str, mine: list[tuple]) -> Statement | None:
+    """A change of the schema (or an attached file), or a pragma: read, or set."""
+    schema = [(SCHEMA_ACTIONS[a], f) for a, f, *_ in mine if a in SCHEMA_ACTIONS]
+    if schema:
+        verb, name = schema[0]
+        dropped = tuple(f for a, f, *_ in mine if a == A.SQLITE_DROP_TABLE)
+        return Statement("destroy", f"{verb} {name}", piece, destroys=dropped,
+                         reason=f"it {verb} {name}: not a change of rows a capture can put back")
+    pragmas = [(f, s) for a, f, s, *_ in mine if a == A.SQLITE_PRAGMA]
+    if not pragmas:
+        return None
+    name, value = pragmas[0]
+    takes_a_name = name.lower().endswith(("_info", "_list", "_check", "xinfo"))
+    if name.lower() in READ_PRAGMAS and (value is None or takes_a_name):
+        return Statement("read", f"reads pragma {name}", piece)
+    return Statement("destroy", f"sets pragma {name}", piece,
+                     reason=f"it sets pragma {name}, which nothing records")
+
+
+def _rows(piece: str, actions: list[tuple], word: str) -> Statement | None:
+    """A change of rows: by the statement itself, or by the triggers it fires."""
+    writes = [(a, f, t) for a, f, _, _, t in actions
+              if a in ROW_ACTIONS and not (f or "").startswith(("sqlite_", SQLITE_PREFIX))]
+    own = tuple(dict.fromkeys(f for a, f, t in writes if not t))
+    by_triggers = tuple(dict.fromkeys(f for a, f, t in writes if t and f not in own))
+    if not own and not by_triggers:
+        return None
+    verbs = "; ".join(dict.fromkeys(f"{ROW_ACTIONS[a]} {f}" for a, f, t in writes if not t))
+    flat = f" {' '.join(piece.upper().split())} "
+    if word == "REPLACE" or " OR REPLACE " in flat:
+        return Statement("destroy", f"{verbs}, replacing rows on a conflict", piece, writes=own,
+                         replaces=True, reason="it replaces rows on a conflict (OR REPLACE): SQLite deletes "
+                         "them without telling the triggers, so no capture sees them go")
+    whole = word in ("DELETE", "WITH") and " WHERE " not in flat and bool(own)
+    return Statement("rows", verbs or "changes rows through triggers", piece, writes=own,
+                     triggers=by_triggers, whole_table=whole, destroys=own if whole else ())
+
+
+def _other(piece: str, actions: list[tuple], word: str) -> Statement:
+    """What is left: a read, or a statement SQLite says nothing about (taken as the worst)."""
+    if word in WORDS_AFTER:
+        return Statement("destroy", WORDS_AFTER[word], piece, reason=f"it {WORDS_AFTER[word]}")
+
+    def reads(action, table) -> bool:
+        return action in READ_ACTIONS or action == A.SQLITE_FUNCTION or (
+            action in ROW_ACTIONS and (table or "").startswith("sqlite_") and word != "WITH")
+
+    if word in ("SELECT", "VALUES", "WITH") and all(reads(a, f) for a, f, *_ in actions):
+        return Statement("read", "reads", piece)
+    return Statement("destroy", f"runs {word or 'a statement'}", piece,
+                     reason="SQLite does not say what it does, so it is taken as the worst")
+
+
+def _classify(piece: str, actions: list[tuple], explained: bool) -> Statement:
+    if explained:
+        return Statement("read", "explains a query", piece)
+    if touched := _capture(actions):
+        return Statement("refused", "touches the capture", piece,
+                         reason=f"it touches {named(touched)}, which keeps the rows agents change")
+    mine = [a for a in actions if not a[4]]  # the statement's own, not its triggers'
+    if (found := _control(piece, mine) or _schema_or_pragma(piece, mine)) is not None:
+        return found
+    word = _first_word(piece)
+    functions = tuple(dict.fromkeys(s for a, _, s, *_ in actions if a == A.SQLITE_FUNCTION
+                                    and (s or "").lower() in SIDE_EFFECT_FUNCTIONS))
+    if functions:
+        called = named([f + "()" for f in functions])
+        return Statement("destroy", f"calls {called}", piece, functions=functions,
+                         reason=f"it calls {called}, which can change anything, the capture included")
+    # SQLite registers a pragma's table-valued function by writing its schema table: no write of the query's.
+    if word not in ("SELECT", "VALUES") and any(f.startswith("sqlite_") for a, f, *_ in actions
+                                                if a in ROW_ACTIONS and f):
+        return Statement("destroy", "writes the schema table", piece,
+                         reason="it writes SQLite's own schema table")
+    return _rows(piece, actions, word) or _other(piece, actions, word)
+
+
+def read(text: str, *, schema: Sequence[str] = ()) -> Reading:
+    """Every statement of `text`, in order, compiled against a copy of `schema` (the database's own
+    `sqlite_master.sql`, in order)."""
+    pieces = statements(text)
+    if not pieces:
+        return Reading("sqlite", problem="there is no statement in it")
+    copy, read_ = _Copy(schema), []
+    try:
+        for piece in pieces:
+            explained = _first_word(piece) == "EXPLAIN"
+            try:
+                actions = copy.compile(piece, explained)
+            except sqlite3.Error as exc:
+                return Reading("sqlite", problem=f"SQLite cannot compile {piece.strip()[:80]!r}: {exc}")
+            statement = _classify(piece.strip(), actions, explained)
+            read_.append(statement)
+            if statement.kind == "destroy" and any(a in SCHEMA_ACTIONS for a, *_ in actions):
+                copy.apply(piece)
+    finally:
+        copy.close()
+    return Reading("sqlite", tuple(transaction_control_among_others(read_)))
