@@ -11,6 +11,10 @@ SUITE_STAMP := tests/conformance-suite/node_modules/.installed
 # (their pins differ from ours: LangChain's adapters are on the mcp SDK 1.x), pinned in tests/clients/*.txt.
 CLIENTS := fastmcp langchain pydantic-ai openai-agents llamaindex autogen
 CLIENT_STAMPS := $(foreach c,$(CLIENTS),tests/clients/envs/$(c)/.installed)
+# Third-party Python MCP servers whose SDK pins differ from ours (mcp-server-sqlite is on the mcp SDK 1.x),
+# each in an environment of its own, pinned in samples/third_party/*.txt: the demo runs them too.
+SERVERS := mcp-server-sqlite
+SERVER_STAMPS := $(foreach s,$(SERVERS),.servers/$(s)/.installed)
 
 .PHONY: demo test lint bench docs
 
@@ -26,7 +30,13 @@ tests/clients/envs/%/.installed: tests/clients/%.txt
 	tests/clients/envs/$*/bin/python -m pip install --quiet -r $<
 	touch $@
 
-demo: $(STAMP) $(NODE_STAMP)
+.servers/%/.installed: samples/third_party/%.txt
+	test -x .servers/$*/bin/python || $(PYTHON) -m venv .servers/$*
+	.servers/$*/bin/python -m pip install --quiet --upgrade pip
+	.servers/$*/bin/python -m pip install --quiet -r $<
+	touch $@
+
+demo: $(STAMP) $(NODE_STAMP) $(SERVER_STAMPS)
 	$(PY) -m approver.demo
 
 # The third-party MCP servers and clients the conformance tests run, pinned in their lockfile. Without npm
@@ -58,7 +68,7 @@ docs: $(STAMP)
 	@mkdir -p var; NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict > var/docs.log 2>&1 \
 		|| { cat var/docs.log; exit 1; }; echo "docs: built (mkdocs build --strict)"
 
-test: $(STAMP) $(NODE_STAMP) $(SUITE_STAMP) $(CLIENT_STAMPS) lint docs
+test: $(STAMP) $(NODE_STAMP) $(SUITE_STAMP) $(CLIENT_STAMPS) $(SERVER_STAMPS) lint docs
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@mkdir -p var; status=0; rm -f var/test-second-half.status; \
 	{ VAR_DIR=$(CURDIR)/var/test-2 $(PY) -m pytest $(SECOND_HALF) 2>&1; echo $$? > var/test-second-half.status; } \

@@ -40,6 +40,18 @@ needs_node = pytest.mark.skipif(
     reason="Node and the pinned npm MCP servers are not installed here (apt install nodejs npm; "
            "npm ci --prefix tests/conformance)",
 )
+# Third-party Python MCP servers on SDK pins of their own (the Makefile builds .servers/, from
+# samples/third_party/*.txt).
+SERVERS = Path(__file__).resolve().parent.parent / ".servers"
+SQLITE_SERVER = SERVERS / "mcp-server-sqlite" / "bin" / "mcp-server-sqlite"
+needs_sqlite_server = pytest.mark.skipif(
+    not REQUIRED and not SQLITE_SERVER.exists(),
+    reason="mcp-server-sqlite is not installed here (make .servers/mcp-server-sqlite/.installed)",
+)
+POSTGRES_URL = os.environ.get("TEST_POSTGRES_URL", "")
+needs_postgres = pytest.mark.skipif(
+    not REQUIRED and not POSTGRES_URL, reason="PostgreSQL is not available here (set TEST_POSTGRES_URL)"
+)
 needs_chromium = pytest.mark.skipif(
     not REQUIRED and not shutil.which(CHROMIUM), reason=f"Chromium is not available here ({CHROMIUM})"
 )

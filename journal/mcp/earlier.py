@@ -2,7 +2,9 @@
 before an agent's call (its earlier state, which the undo puts back, and that state's version), and its
 version just after (what the agent left). Each read goes to the same server on the agent's own upstream
 session, like the call itself, through the one client; a failure is an answer here, never an error, since
-the recipe says what a failed read means (else the call's undo is unknown)."""
+the recipe says what a failed read means (else the call's undo is unknown). A database server's SQL tool
+reads its database instead, through the Recorder's own connection (`journal.upstream.database`): what the
+statements would do, and where the capture stands."""
 
 import asyncio
 import dataclasses
@@ -14,8 +16,10 @@ from django.utils import timezone
 
 from .. import services
 from ..models import ToolServer
+from ..record.canonical import sha256_hex
 from ..undo import recipe_chains, recipes
 from ..undo.bindings import BindingError
+from ..upstream import database
 from ..upstream.client import ToolServerError, Upstreams, endpoint_of
 from ..upstream.recipe_reads import read_state
 from .failing import failed
@@ -30,16 +34,23 @@ class NeedsRead:
 
 
 def needs_read(server: ToolServer, tool: str) -> recipes.Recipe | None:
-    """The recipe in force for a call of `tool`, when it reads the record before the call."""
+    """The recipe in force for a call of `tool`, when it reads the record (or its database) before the
+    call."""
     if not server.recipes:
         return None
     recipe = recipes.applying(server.recipe(tool), server.tool(tool), server.catalogue)
-    return recipe if recipe is not None and recipe.read is not None else None
+    return recipe if recipe is not None and (recipe.read is not None or recipe.sql is not None) else None
+
+
+def statements_digest(recipe: recipes.Recipe, arguments: dict[str, Any]) -> str:
+    return sha256_hex({"sql": arguments.get(recipe.sql)})
 
 
 def taken_by(recipe: recipes.Recipe, arguments: dict[str, Any], earlier: dict[str, Any] | None) -> bool:
     """Whether `earlier` was read the way `recipe` reads the record for this call."""
-    if earlier is None or earlier.get("tool") != recipe.read.tool:
+    if earlier is not None and recipe.sql is not None:
+        return earlier.get("statements") == statements_digest(recipe, arguments)
+    if earlier is None or recipe.read is None or earlier.get("tool") != recipe.read.tool:
         return False
     try:
         read_arguments = recipes.read_arguments(recipe, arguments)
@@ -53,6 +64,8 @@ def taken_by(recipe: recipes.Recipe, arguments: dict[str, Any], earlier: dict[st
 async def before(upstreams: Upstreams, needs: NeedsRead, arguments: dict[str, Any], owner) -> dict[str, Any]:
     """What the step keeps of the record just before the call (`recipes.earlier_state`)."""
     recipe = needs.recipe
+    if recipe.sql is not None:
+        return await statements_before(needs.server, recipe, arguments)
     try:
         read_arguments = recipes.read_arguments(recipe, arguments)
     except BindingError as exc:
@@ -67,6 +80,31 @@ async def before(upstreams: Upstreams, needs: NeedsRead, arguments: dict[str, An
     # Off the event loop: digests and the recipe's patterns run over a text the agent may have written.
     return await asyncio.to_thread(recipes.earlier_state, recipe, arguments=read_arguments, result=result,
                                    limit=limit, touches=touches)
+
+
+async def statements_before(server: ToolServer, recipe: recipes.Recipe, arguments: dict[str, Any]) -> dict:
+    """What a database server's SQL would do, read against its database just before it is sent."""
+    text = arguments.get(recipe.sql)
+    if not isinstance(text, str):
+        state = {"database": {"problem": f"its statements ({recipe.sql}) are not text"}}
+    elif not server.database:
+        state = {"database": {"problem": f"no database is registered for {server.name}, so its statements "
+                              "could not be read against one (manage.py add_tool_server NAME --update "
+                              "--database …)"}}
+    else:
+        state = await asyncio.to_thread(database.before_call, server.database, text)
+    return {"tool": recipe.tool, "statements": statements_digest(recipe, arguments), **state}
+
+
+def refused(earlier: dict[str, Any] | None) -> str | None:
+    """Why a call's statements are never sent (they touch the capture), or None."""
+    found = (earlier or {}).get("database")
+    reading = found.get("reading") if isinstance(found, dict) else None
+    if not isinstance(reading, dict) or reading.get("kind") != "refused":
+        return None
+    worst = next((s for s in reading.get("statements", ()) if s.get("kind") == "refused"), {})
+    return (f"Refused: {worst.get('reason', 'it touches the capture')}. Statements that touch the undo "
+            "capture are never sent, whatever the policies say.")
 
 
 async def after(upstreams: Upstreams, server: ToolServer, earlier: dict[str, Any] | None,
@@ -88,12 +126,16 @@ async def again(journal, upstreams: Upstreams, opened, arguments: dict[str, Any]
     while the call waited (`services.read_again`). Returns the step as it goes on, and a refusal when the
     record can no longer be read as the recipe needs (the approval was for an undoable call: nothing is
     sent, and the agent may ask again)."""
-    recipe = needs_read(opened.server, opened.tool) if (opened.earlier or {}).get("version") else None
+    kept = opened.earlier or {}
+    recipe = needs_read(opened.server, opened.tool) if kept.get("version") or "database" in kept else None
     if recipe is None:
         return opened, None
     earlier = await before(upstreams, NeedsRead(server=opened.server, recipe=recipe), arguments, owner)
-    if "version" not in earlier or earlier.get("problem"):
-        why = earlier.get("error") or earlier.get("problem") or "its answer has no version"
+    found = earlier.get("database") or {}
+    if ("version" not in earlier and recipe.sql is None) or earlier.get("problem") or found.get("problem") \
+            or refused(earlier):
+        why = earlier.get("error") or earlier.get("problem") or found.get("problem") or refused(earlier) or (
+            "its answer has no version")
         message = (f"Not done: after the approval, {opened.server.name} could no longer be read as the undo "
                    f"of this call needs ({why}). Nothing was sent; make the call again to ask anew.")
         advice = failed("policy", opened.traits, held="lapsed")

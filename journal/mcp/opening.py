@@ -38,8 +38,12 @@ def gated_step(*, servers: ServerDirectory, agent: Agent, server_name: str, tool
     gate = ports.gate()
 
     def decide(declaration, retry_of=None):
-        return not_held(gate.decide(agent_name=agent.name, server_name=server_name, tool=tool,
-                                    declaration=declaration, retry_of=retry_of), agent, server, tool)
+        decision = not_held(gate.decide(agent_name=agent.name, server_name=server_name, tool=tool,
+                                        declaration=declaration, retry_of=retry_of), agent, server, tool)
+        if (why := reads.refused(earlier)) is not None:  # whatever the policies say
+            return {**{k: v for k, v in (decision or {}).items() if k != "hold"}, "decision": "deny",
+                    "reason": why, "capture": True}
+        return decision
 
     return services.open_step(agent=agent, run_key=key, server=server, server_name=server_name, tool=tool,
                               arguments=arguments, request_meta=request_meta, now=now, decide=decide,

@@ -5,6 +5,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
+from ..undo.database.places import NotADatabase, dialect_of, shown_database
+
 SEPARATOR = "__"  # tools are named prefix__tool
 
 
@@ -25,6 +27,12 @@ class ToolServer(models.Model):
         blank=True, max_length=1000, help_text="For stdio: the command line to start it."
     )
     enabled = models.BooleanField(default=True)
+    # The database a database server's SQL tools act on, as the Recorder reaches it with its own credentials
+    # (a PostgreSQL URL, or an SQLite file's path): what it reads the statements' tables from before a call,
+    # the rows a call changed from after it, and undoes them through (journal.undo.database).
+    database = models.CharField(max_length=500, blank=True, default="", help_text=(
+        "For a database server: the database its SQL acts on, as the Recorder reaches it with its own "
+        "credentials (postgresql://user:password@host/db, or an SQLite file's path)."))
     # The raw `tools/list` JSON, exactly as the server sent it (the SDK's models drop annotations.recovery).
     catalogue = models.JSONField(default=list, blank=True)
     catalogue_fetched_at = models.DateTimeField(null=True, blank=True)
@@ -51,6 +59,11 @@ class ToolServer(models.Model):
         return self.name
 
     @property
+    def database_shown(self) -> str:
+        """The database as pages and logs show it: never its password."""
+        return shown_database(self.database)
+
+    @property
     def prefix(self) -> str:
         """What its tools' names start with as agents see them: its alias, else its name."""
         return self.alias or self.name
@@ -66,6 +79,11 @@ class ToolServer(models.Model):
                 {"alias": f"{self.alias!r} is already another tool server's name or alias."})
         if ToolServer.objects.exclude(pk=self.pk).filter(alias=self.name).exists():
             raise ValidationError({"name": f"{self.name!r} is already another tool server's alias."})
+        if self.database:
+            try:
+                dialect_of(self.database)
+            except NotADatabase as exc:
+                raise ValidationError({"database": str(exc)}) from None
         if self.transport == self.Transport.HTTP and not self.url:
             raise ValidationError({"url": "A streamable HTTP server needs a URL."})
         if self.transport == self.Transport.STDIO and not self.command:

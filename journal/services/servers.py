@@ -17,19 +17,24 @@ from ..undo import declarations, recipes
 from ..upstream.client import ToolServerError, Upstreams, endpoint_of
 
 
-def register_tool_server(*, name: str, url: str = "", command: str = "", alias: str = "") -> ToolServer:
+def register_tool_server(*, name: str, url: str = "", command: str = "", alias: str = "",
+                         database: str = "") -> ToolServer:
     """A new tool server, reached over streamable HTTP at `url` or started as the stdio `command`, its tools
-    offered to agents as `alias__tool` if it has an alias. ValidationError names what is wrong."""
-    return save_tool_server(server=ToolServer(name=name, alias=alias), url=url, command=command)
+    offered to agents as `alias__tool` if it has an alias; for a database server, the `database` its SQL
+    acts on, as the Recorder reaches it. ValidationError names what is wrong."""
+    return save_tool_server(server=ToolServer(name=name, alias=alias, database=database), url=url,
+                            command=command)
 
 
 def save_tool_server(*, server: ToolServer, url: str | None = None, command: str | None = None,
-                     alias: str | None = None) -> ToolServer:
+                     alias: str | None = None, database: str | None = None) -> ToolServer:
     """Keep a tool server's row, new or changed (its URL or command, if given; the transport follows from
-    them; its alias, if given), after Django's validation. The one writer of the row: the command, the admin
-    and the demo."""
+    them; its alias and database, if given), after Django's validation. The one writer of the row: the
+    command, the admin and the demo."""
     if alias is not None:
         server.alias = alias
+    if database is not None:
+        server.database = database
     moved = False
     if url is not None or command is not None:
         moved = server.pk is not None and (server.url, server.command) != (url or "", command or "")

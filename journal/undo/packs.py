@@ -1,8 +1,11 @@
 """Recipe packs for the official servers, written against the versions the conformance tests pin
 (tests/conformance/package.json, pyproject.toml): `filesystem` (@modelcontextprotocol/server-filesystem),
-`memory` (@modelcontextprotocol/server-memory) and `git` (mcp-server-git). Each write tool is classified
-honestly; read-only tools need nothing (their servers say so). Each recipe carries the digest of the input
-schema it was written for, so a server whose tool changed is not undone by a stale recipe. No ORM.
+`memory` (@modelcontextprotocol/server-memory) and `git` (mcp-server-git); and for the SQL servers people
+run, whose every call is decided by its statements (journal.undo.database): `sqlite` (mcp-server-sqlite,
+samples/third_party), `dbhub` (@bytebase/dbhub) and `postgres` (@modelcontextprotocol/server-postgres).
+Each write tool is classified honestly; read-only tools need nothing (their servers say so). Each recipe
+carries the digest of the input schema it was written for, so a server whose tool changed is not undone by a
+stale recipe. No ORM.
 
 tests/journal/undo/test_packs.py lists every pinned server and checks each recipe against its real catalogue.
 """
@@ -32,6 +35,16 @@ _GIT = {
     "git_create_branch": "fc11ec836b25b8e829547cdf19fb1808dc935595bf4b4370eabc5fc4a8a94e26",
     "git_checkout": "b655a056a01c07675207106a974e3c18649ad97cfe5049bbc68b5f033a8ce4d6",
 }
+_SQLITE = {
+    "read_query": "991adb5dff15e2b173837367c3f391c1a7a1901168cc9677deff755c07303b8a",
+    "write_query": "335b081f8028a304e55106c1fc221b8d045cab067fa1b04a027cf3550dfc591b",
+    "create_table": "e9061b0c2b2cc138b4f6998e566f1e3ac6516f75f65284c70d74258cf7b0c3cd",
+    "list_tables": "efddc7bd8bbcef73a14eb1ace1ffdaec81e518ef1e13c1e9271d0b8acb694a49",
+    "describe_table": "b423e0671fc803b07eabc5908c6b55aa2329a51f81ec0a8ea6c7973b765d9b2a",
+    "append_insight": "60d511d26c2f5e2908a8949d1a272d833bc005a824a7012fbbe50d73508ec82f",
+}
+_DBHUB_EXECUTE_SQL = "350fb021e6ede0128f13d7fbd4604f0978cc9f112b8aeddd9842aa8480a79f7c"
+_POSTGRES_QUERY = "3ebb862b8ec5e1d9f2b25c650229632f2eed77de4c71c41dbec37b12e99fc6a0"
 # The branch checked out, as git_status says it in text.
 _ON_BRANCH = r"On branch (\S+)"
 
@@ -138,6 +151,21 @@ PACKS: dict[str, list[dict[str, Any]]] = {
                {"tool": "create_relations", "arguments": {"relations": "$before.body#/relations"}},
                version="/relations", touches=_ENDS),
     ],
+    # A read tool's "read-only" is the server's word, not the database's: the reference PostgreSQL server's
+    # `query` runs the text in a read-only transaction that a COMMIT inside the text ends. Every call of every
+    # SQL tool is read, statement by statement, whatever the tool calls itself.
+    "sqlite": [
+        *({"tool": tool, "schemaDigest": _SQLITE[tool], "kind": "sql", "sql": "query"}
+          for tool in ("read_query", "write_query", "create_table")),
+        *({"tool": tool, "schemaDigest": _SQLITE[tool], "kind": "read_only"}
+          for tool in ("list_tables", "describe_table")),
+        {"tool": "append_insight", "schemaDigest": _SQLITE["append_insight"], "kind": "none",
+         "reason": "It adds to the server's memo of insights, kept in its memory, which has no way to take "
+                   "one back; the database is not touched.",
+         "remedy": "The memo goes when the server restarts."},
+    ],
+    "dbhub": [{"tool": "execute_sql", "schemaDigest": _DBHUB_EXECUTE_SQL, "kind": "sql", "sql": "sql"}],
+    "postgres": [{"tool": "query", "schemaDigest": _POSTGRES_QUERY, "kind": "sql", "sql": "sql"}],
     "git": [
         # The branch is read from git_status's text before the checkout; a detached HEAD has none, so such a
         # checkout is not undoable, and the step says why.

@@ -33,6 +33,7 @@ from pydantic import AfterValidator, Field, ValidationError, model_validator
 from ..record.canonical import canonical_bytes, sha256_hex
 from . import patterns
 from .bindings import EACH, MATCH, expression_problem, resolve_arguments
+from .database import judging
 from .declarations import HIDDEN_TOOLS, Compensation, Cost, UndoDeclaration, Window, _Strict, normalise
 
 SOURCE = "recipe"
@@ -87,7 +88,9 @@ class RefuseIfBefore(_Strict):
 class Recipe(_Strict):
     tool: str = Field(max_length=200)
     schema_digest: str = Field(alias="schemaDigest", pattern=r"^[0-9a-f]{64}$")
-    kind: Literal["compensate", "none", "read_only"]
+    # `sql`: a database's SQL tool, each call decided by its statements (journal.undo.database)
+    kind: Literal["compensate", "none", "read_only", "sql"]
+    sql: str | None = Field(None, max_length=200)  # the argument that holds the statements
     does: str = Field("", max_length=200)  # the undo, in words
     window: Window = None
     side_effect: str | None = Field(None, alias="sideEffect", max_length=_TEXT)
@@ -115,6 +118,9 @@ class Recipe(_Strict):
             raise ValueError("a compensating recipe names its compensation")
         if self.kind != "compensate" and (self.compensation is not None or self.then):
             raise ValueError(f"a recipe of kind {self.kind!r} has no compensation")
+        if (self.kind == "sql") != (self.sql is not None) or self.kind == "sql" and self.read is not None:
+            raise ValueError("a recipe of kind 'sql' names the argument that holds the statements (sql), and "
+                             "no other recipe does")
         uses_before = "$before.body" in str([call.arguments for call in self.calls])
         needs_read = (uses_before or self.version or self.version_pattern or self.when_read_fails
                       or self.refuse_if_before)
@@ -162,6 +168,8 @@ def problems(recipe: Recipe, catalogue: list[Any]) -> list[str]:
                      f"for (digest {schema_digest(tool)[:12]}…, the recipe's {recipe.schema_digest[:12]}…): "
                      "it no longer applies")
     declared = _fields(recipe, tools)
+    if recipe.sql is not None and recipe.sql not in declared["$request.body"][1]:
+        found.append(f"{recipe.tool} declares no argument {recipe.sql!r} to hold its statements")
     after = ("$request.body", "$response.body", "$before.body")
     for role, call, sources in (("read", recipe.read, ("$request.body",)),
                                 *(("compensation", call, after) for call in recipe.calls)):
@@ -216,8 +224,9 @@ def declare(recipe: Recipe, tool: Mapping[str, Any] | None, catalogue: list[Any]
     """The declaration a recipe makes for one call of its tool (`unknown`, saying why, when it no longer
     applies to the server's catalogue)."""
     found = problems(recipe, catalogue)
-    if found:
-        return UndoDeclaration(kind="unknown", source=SOURCE, problems=tuple(found))
+    if found or recipe.kind == "sql":  # a database's SQL: each call is decided by its statements, read first
+        return UndoDeclaration(kind="unknown", source=SOURCE, problems=tuple(found) or (
+            f"its statements were not read before the call ({recipe.tool} takes them in {recipe.sql!r})",))
     compensation = Compensation(
         tool=recipe.compensation.tool, dialect="recipe", bindings=dict(recipe.compensation.arguments),
         then=tuple({"tool": call.tool, "bindings": dict(call.arguments)} for call in recipe.then),
@@ -261,6 +270,8 @@ def declaration_for(tool: Mapping[str, Any] | None, *, catalogue: Any, recipe: A
         return UndoDeclaration(kind="unknown", source=SOURCE,
                                problems=tuple(f"its recipe is malformed: {problem}" for problem in found))
     declared = combine(server, parsed, tool, list(listing))
+    if parsed.kind == "sql" and declared.source == SOURCE and earlier and not problems(parsed, list(listing)):
+        return judging.from_state(earlier)  # what the statements would do, read just before the call
     return with_earlier_state(declared, parsed, earlier) if earlier is not None else declared
 
 

@@ -28,22 +28,25 @@ class Catalog:
 
 
 def rows_of(tables: tuple[str, ...], counts: Mapping[str, int]) -> str:
-    """"customers: 1,196 rows", for each table whose count is known."""
-    known = [f"{t}: {plural(counts[t], 'row')}" for t in dict.fromkeys(tables) if t in counts]
-    return "; ".join(known)
+    """"1,196 rows" for one table; "customers: 1,196 rows; orders: 40 rows" for several."""
+    known = [t for t in dict.fromkeys(tables) if t in counts]
+    if len(known) == 1 and len(set(tables)) == 1:
+        return plural(counts[known[0]], "row")
+    return "; ".join(f"{t}: {plural(counts[t], 'row')}" for t in known)
 
 
 def uncapturable(statement: Statement, catalog: Catalog) -> str | None:
     """Why a row change cannot be undone row by row, or None when every table it changes can be."""
+    counted = rows_of(statement.destroys, catalog.counts)
+    verb = f"{statement.verb} ({counted})" if counted else statement.verb
     for table in (*statement.writes, *statement.triggers):
         by_trigger = table in statement.triggers and table not in statement.writes
         through = " (through a trigger)" if by_trigger else ""
         if table not in catalog.captured:
-            return (f"it {statement.verb}, and {table}{through} is not captured (an admin captures a table "
-                    "before agents change it)")
+            return (f"it {verb}, and {table}{through} is not captured (an admin captures a table before "
+                    "agents change it)")
         if not catalog.keys.get(table):
-            return (f"it {statement.verb}, and {table}{through} has no primary key, so its rows cannot be "
-                    "told apart")
+            return f"it {verb}, and {table}{through} has no primary key, so its rows cannot be told apart"
     return None
 
 
@@ -87,3 +90,20 @@ def summary(reading: Reading) -> str:
     """The text's statements in one line: "updates rows of contacts; deletes rows of contacts"."""
     verbs = list(dict.fromkeys(s.verb for s in reading.statements))
     return named(verbs[:5]) + (f" and {len(verbs) - 5} more" if len(verbs) > 5 else "")
+
+
+def from_state(state: Mapping) -> UndoDeclaration:
+    """The declaration the Recorder worked out just before the call (`state["database"]["undo"]`), as the
+    step keeps it; unknown, saying why, when it could not read the statements or their database."""
+    found = state.get("database") if isinstance(state, Mapping) else None
+    undo = found.get("undo") if isinstance(found, Mapping) else None
+    if not isinstance(undo, Mapping):
+        problem = (found or {}).get("problem") if isinstance(found, Mapping) else None
+        return UndoDeclaration(kind="unknown", source=SOURCE, problems=(
+            problem or "its statements were not read before the call",))
+    declaration = UndoDeclaration.model_validate(undo)
+    if declaration.compensation is not None and declaration.compensation.dialect == "database":
+        # Checked row by row against what the capture kept: as versioned as any undo gets.
+        return declaration.model_copy(update={
+            "compensation": declaration.compensation.model_copy(update={"versioned": True})})
+    return declaration

@@ -128,6 +128,7 @@ class _Facts(Visitor):
         self.verbs.append(f"{WRITE_VERBS[type(node).__name__]} {name}")
         if isinstance(node, ast.DeleteStmt) and node.whereClause is None and not node.usingClause:
             self.whole.append(name)
+            self.verbs[-1] = f"deletes every row of {name}"
 
     visit_InsertStmt = visit_UpdateStmt = visit_DeleteStmt = visit_MergeStmt = (
         lambda self, ancestors, node: self._write(node))

@@ -176,12 +176,18 @@ def _schema_or_pragma(piece: str, mine: list[tuple]) -> Statement | None:
                      reason=f"it sets pragma {name}, which nothing records")
 
 
-def _rows(piece: str, actions: list[tuple], word: str) -> Statement | None:
-    """A change of rows: by the statement itself, or by the triggers it fires."""
+def _written(actions: list[tuple]) -> tuple[list[tuple], tuple[str, ...], tuple[str, ...]]:
+    """The row writes (action, table, trigger), the tables the statement writes, and those only its
+    triggers do; SQLite's own tables and the capture's are not the statement's."""
     writes = [(a, f, t) for a, f, _, _, t in actions
               if a in ROW_ACTIONS and not (f or "").startswith(("sqlite_", SQLITE_PREFIX))]
     own = tuple(dict.fromkeys(f for a, f, t in writes if not t))
-    by_triggers = tuple(dict.fromkeys(f for a, f, t in writes if t and f not in own))
+    return writes, own, tuple(dict.fromkeys(f for a, f, t in writes if t and f not in own))
+
+
+def _rows(piece: str, actions: list[tuple], word: str) -> Statement | None:
+    """A change of rows: by the statement itself, or by the triggers it fires."""
+    writes, own, by_triggers = _written(actions)
     if not own and not by_triggers:
         return None
     verbs = "; ".join(dict.fromkeys(f"{ROW_ACTIONS[a]} {f}" for a, f, t in writes if not t))
@@ -191,6 +197,8 @@ def _rows(piece: str, actions: list[tuple], word: str) -> Statement | None:
                          replaces=True, reason="it replaces rows on a conflict (OR REPLACE): SQLite deletes "
                          "them without telling the triggers, so no capture sees them go")
     whole = word in ("DELETE", "WITH") and " WHERE " not in flat and bool(own)
+    if whole and word == "DELETE" and len(own) == 1:
+        verbs = f"deletes every row of {own[0]}"
     return Statement("rows", verbs or "changes rows through triggers", piece, writes=own,
                      triggers=by_triggers, whole_table=whole, destroys=own if whole else ())
 

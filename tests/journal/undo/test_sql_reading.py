@@ -36,7 +36,7 @@ def test_a_drop_after_a_commit_sent_to_a_read_tool_is_a_drop_with_its_rows(diale
     assert [s.kind for s in read.statements] == ["read", "destroy", "destroy"]
     declaration = judging.declare(read, Catalog(counts={"contacts": 1196}))
     assert (declaration.kind, declaration.source) == ("none", "database")
-    assert declaration.reason == "It drops table contacts: contacts: 1,196 rows."
+    assert declaration.reason == "It drops table contacts: 1,196 rows."
     assert judging.to_count(read) == ("contacts",)
 
 
@@ -71,6 +71,10 @@ def test_sqlite_names_the_tables_its_triggers_change():
 def test_a_whole_table_delete_is_counted_before_it_runs(dialect):
     read = reading(dialect, "DELETE FROM contacts")
     assert read.kind == "rows" and read.worst.whole_table
+    assert read.worst.verb == "deletes every row of contacts"
+    uncaptured = judging.declare(read, Catalog(keys={"contacts": ("id",)}, counts={"contacts": 1196}))
+    assert uncaptured.reason.startswith("It deletes every row of contacts (1,196 rows), and contacts is not "
+                                        "captured")
     assert judging.to_count(read) == ("contacts",)
     assert not reading(dialect, "DELETE FROM contacts WHERE id = 1").worst.whole_table
 

@@ -1,0 +1,270 @@
+"""The Recorder's own door to a database server's database (journal.undo.database): with its own
+credentials, never through the agent's tool server. Before an agent's SQL is sent, what the database says
+about the tables it names (keys, which are captured, how many rows a destroying statement would take) and
+where the capture stands; putting the capture in place; and the rows a call changed, after it. One error
+type, `DatabaseUnreachable`, whose message says what went wrong in words. Synchronous: callers on the event
+loop run it in a thread."""
+
+import contextlib
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import psycopg
+
+from ..undo.database import capture, judging, postgres, sqlite
+from ..undo.database.judging import Catalog
+from ..undo.database.places import (
+    POSTGRESQL,
+    NotADatabase,
+    dialect_of,
+    postgresql_url,
+    shown_database,
+    sqlite_path,
+)
+from ..undo.database.reading import CAPTURE_SCHEMA, CAPTURE_TRIGGER, SQLITE_PREFIX, Reading
+
+TIMEOUT_SECONDS = 5  # a connection, and each statement the Recorder runs before a call
+
+
+class DatabaseUnreachable(Exception):
+    """The database could not be reached or read: the message says which and why, in words."""
+
+
+@dataclass
+class Connection:
+    dialect: str
+    raw: object  # a psycopg or sqlite3 connection
+
+    def rows(self, sql: str, params: Sequence = ()) -> list[tuple]:
+        cursor = self.raw.execute(sql, params)
+        return list(cursor.fetchall()) if cursor.description else []
+
+
+@contextlib.contextmanager
+def connected(place: str, *, timeout: float = TIMEOUT_SECONDS) -> Iterator[Connection]:
+    """A connection to `place` (autocommit on PostgreSQL, with a statement timeout)."""
+    try:
+        dialect = dialect_of(place)
+    except NotADatabase as exc:
+        raise DatabaseUnreachable(str(exc)) from None
+    try:
+        if dialect == POSTGRESQL:
+            raw = psycopg.connect(postgresql_url(place), autocommit=True,
+                                  connect_timeout=max(1, int(timeout)),
+                                  options=f"-c statement_timeout={int(timeout * 1000)}")
+        else:
+            raw = sqlite3.connect(f"file:{sqlite_path(place)}?mode=rw", uri=True, timeout=timeout,
+                                  isolation_level=None)
+    except (psycopg.Error, sqlite3.Error) as exc:
+        raise DatabaseUnreachable(f"{shown_database(place)} cannot be reached: {_words(exc)}") from None
+    try:
+        yield Connection(dialect, raw)
+    except (psycopg.Error, sqlite3.Error) as exc:
+        raise DatabaseUnreachable(f"{shown_database(place)} answered with an error: {_words(exc)}") from None
+    finally:
+        raw.close()
+
+
+def _words(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+# -- what the database says about its tables ----------------------------------------------------------------
+
+PG_TABLES = """
+SELECT n.nspname, c.relname, n.nspname = current_schema() AS visible,
+       coalesce(array_agg(a.attname ORDER BY array_position(i.indkey::int2[], a.attnum))
+                FILTER (WHERE a.attname IS NOT NULL), '{}')
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary
+LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = ANY (i.indkey)
+WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema', %s)
+  AND n.nspname NOT LIKE 'pg_toast%%'
+GROUP BY n.nspname, c.relname
+"""
+PG_CAPTURED = """
+SELECT n.nspname, c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace WHERE t.tgname = %s AND t.tgenabled = 'O'
+"""
+
+
+def keys(connection: Connection) -> dict[str, tuple[str, ...]]:
+    """Every table, by every name the SQL may use for it, with its primary key's columns (() for none)."""
+    found: dict[str, tuple[str, ...]] = {}
+    if connection.dialect == POSTGRESQL:
+        for schema, table, visible, key in connection.rows(PG_TABLES, (CAPTURE_SCHEMA,)):
+            found[f"{schema}.{table}"] = tuple(key)
+            if visible:
+                found.setdefault(table, tuple(key))
+        return found
+    for (table,) in connection.rows("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE "
+                                    "'sqlite\\_%' ESCAPE '\\' AND name NOT LIKE ?", (f"{SQLITE_PREFIX}%",)):
+        columns = connection.rows(f"PRAGMA table_info({capture.quoted(table)})")
+        key = tuple(name for _, name, *_, pk in sorted(columns, key=lambda c: c[-1]) if pk)
+        found[table] = found[f"main.{table}"] = key
+    return found
+
+
+def captured(connection: Connection) -> frozenset[str]:
+    """The tables whose changes the capture keeps now (their triggers there, switched on, and on SQLite,
+    written for the table's columns as they are)."""
+    if connection.dialect == POSTGRESQL:
+        names = set()
+        for schema, table in connection.rows(PG_CAPTURED, (CAPTURE_TRIGGER,)):
+            names.add(f"{schema}.{table}")
+            if schema == connection.rows("SELECT current_schema()")[0][0]:
+                names.add(table)
+        return frozenset(names)
+    if not connection.rows("SELECT 1 FROM sqlite_master WHERE name = ?", (capture.SQLITE_TABLES,)):
+        return frozenset()
+    triggers = {name for (name,) in connection.rows("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+    names = set()
+    for table, columns in connection.rows(f"SELECT tbl, columns FROM {capture.SQLITE_TABLES}"):
+        now = [row[1] for row in connection.rows(f"PRAGMA table_info({capture.quoted(table)})")]
+        if now == json.loads(columns) and all(capture.trigger_name(table, op) in triggers for op in "iud"):
+            names.update((table, f"main.{table}"))
+    return frozenset(names)
+
+
+def counts(connection: Connection, tables: Sequence[str]) -> dict[str, int]:
+    """How many rows each table holds now (the tables a statement would drop or empty); a table that does
+    not exist, or whose count takes longer than the timeout, is left out."""
+    found = {}
+    for table in tables:
+        try:
+            found[table] = connection.rows(f"SELECT count(*) FROM {capture.qualified(table)}")[0][0]
+        except (psycopg.Error, sqlite3.Error):
+            continue
+    return found
+
+
+def head(connection: Connection) -> int:
+    """The capture's last change id now (0 when there is no capture): a call's rows come after it."""
+    table = capture.CHANGES if connection.dialect == POSTGRESQL else capture.SQLITE_CHANGES
+    try:
+        return int(connection.rows(f"SELECT coalesce(max(id), 0) FROM {table}")[0][0])
+    except (psycopg.Error, sqlite3.Error):
+        return 0
+
+
+def non_volatile(connection: Connection, functions: Sequence[str]) -> set[str]:
+    """Of `functions`, those PostgreSQL's catalogue says change nothing (immutable or stable)."""
+    if connection.dialect != POSTGRESQL or not functions:
+        return set()
+    rows = connection.rows("SELECT f FROM unnest(%s::text[]) f WHERE NOT EXISTS (SELECT 1 FROM pg_proc p "
+                           "WHERE p.proname = lower(split_part(f, '.', -1)) AND p.provolatile = 'v') AND "
+                           "EXISTS (SELECT 1 FROM pg_proc p WHERE p.proname = lower(split_part(f, '.', -1)))",
+                           (list(functions),))
+    return {name for (name,) in rows}
+
+
+def read_statements(connection: Connection, text: str) -> Reading:
+    """`text` read by its database's grammar, with what the database's catalogue knows."""
+    if connection.dialect == POSTGRESQL:
+        reading = postgres.read(text)
+        unknown = [f for s in reading.statements for f in s.functions]
+        return postgres.read(text, safe=non_volatile(connection, unknown)) if unknown else reading
+    schema = [sql for (sql,) in connection.rows(
+        "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY CASE type WHEN 'table' THEN 0 "
+        "WHEN 'index' THEN 1 WHEN 'view' THEN 2 ELSE 3 END, rowid")]
+    return sqlite.read(text, schema=schema)
+
+
+def before_call(place: str, text: str) -> dict:
+    """What the step keeps of the database just before an agent's SQL is sent (`earlier_state`): the
+    statements in words, what the database said of their tables, the undo that follows, and where the
+    capture stands; `problem` instead when the database could not be read (then the call's undo is
+    unknown, and the policies hold it)."""
+    try:
+        with connected(place) as connection:
+            reading = read_statements(connection, text)
+            catalog = Catalog(keys=keys(connection), captured=captured(connection))
+            catalog = Catalog(keys=catalog.keys, captured=catalog.captured,
+                              counts=counts(connection, judging.to_count(reading)))
+            declaration = judging.declare(reading, catalog)
+            at = head(connection) if reading.kind == "rows" else None
+    except DatabaseUnreachable as exc:
+        return {"database": {"problem": f"its database could not be read before the call: {exc}"}}
+    state = {"dialect": reading.dialect, "reading": reading.as_record(), "catalog": catalog.as_record(),
+             "undo": declaration.model_dump(mode="json", exclude_none=True)}
+    if at is not None:
+        state["head"] = at
+    return {"database": state}
+
+
+# -- putting the capture in place ---------------------------------------------------------------------------
+
+
+class CannotCapture(Exception):
+    """A table the capture cannot keep (it does not exist, or has no primary key): the message says which."""
+
+
+def _canonical(every: dict[str, tuple[str, ...]], name: str, dialect: str) -> str | None:
+    """The name the capture keeps a table under: `schema.table` on PostgreSQL, the bare name on SQLite."""
+    if name not in every:
+        return None
+    if dialect != POSTGRESQL:
+        return name.removeprefix("main.")
+    if "." in name:
+        return name
+    same = (q for q in every if "." in q and q.split(".", 1)[1] == name and every[q] == every[name])
+    return next(same, name)
+
+
+def _chosen(connection: Connection, tables: Sequence[str] | None) -> dict[str, tuple[str, ...]]:
+    """{table: key columns} for `tables`, or for every table with a primary key (None)."""
+    every = keys(connection)
+    if tables is None:
+        return {name: key for name, key in every.items() if key and (
+            "." in name if connection.dialect == POSTGRESQL else not name.startswith("main."))}
+    chosen, problems = {}, []
+    for name in tables:
+        canonical = _canonical(every, name, connection.dialect)
+        if canonical is None:
+            problems.append(f"there is no table {name}")
+        elif not every[canonical]:
+            problems.append(f"{name} has no primary key, so its rows cannot be told apart")
+        else:
+            chosen[canonical] = every[canonical]
+    if problems:
+        raise CannotCapture("; ".join(problems))
+    return chosen
+
+
+def capture_sql(place: str, tables: Sequence[str] | None, *, agent_roles: Sequence[str] = (),
+                guard: bool = True) -> tuple[str, list[str]]:
+    """The SQL that puts the capture in place on `tables` (None: every table with a primary key), and the
+    tables it captures. CannotCapture names a table it cannot keep."""
+    with connected(place) as connection:
+        chosen = _chosen(connection, tables)
+        if connection.dialect == POSTGRESQL:
+            recorder = connection.rows("SELECT current_user")[0][0]
+            return capture.postgresql(chosen, recorder=recorder, agent_roles=agent_roles,
+                                      guard=guard), sorted(chosen)
+        columns = {table: [row[1] for row in connection.rows(f"PRAGMA table_info({capture.quoted(table)})")]
+                   for table in chosen}
+        return capture.sqlite({t: (key, columns[t]) for t, key in chosen.items()}), sorted(chosen)
+
+
+def install(place: str, tables: Sequence[str] | None, *,
+            agent_roles: Sequence[str] = ()) -> tuple[list[str], str]:
+    """Put the capture in place, in one transaction: the tables captured, and a note when the database's
+    own guard could not be installed (it needs a superuser)."""
+    sql, chosen = capture_sql(place, tables, agent_roles=agent_roles)
+    note = ""
+    with connected(place, timeout=60) as connection:
+        if connection.dialect == POSTGRESQL:
+            superuser = connection.rows("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")[0][0]
+            if not superuser:
+                sql = capture_sql(place, tables, agent_roles=agent_roles, guard=False)[0]
+                note = ("The guard that stops anyone dropping or switching off a capture trigger was not "
+                        "installed: it needs a superuser. The Recorder still refuses every statement of an "
+                        "agent's that touches the capture; a superuser can run `manage.py capture --sql` for "
+                        "it.")
+            with connection.raw.transaction():
+                connection.raw.execute(sql)
+        else:
+            connection.raw.executescript(f"BEGIN IMMEDIATE;\n{sql}\nCOMMIT;")
+    return chosen, note
