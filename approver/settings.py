@@ -296,6 +296,9 @@ RECORDER_MAX_UPSTREAM_SESSIONS = env_int("RECORDER_MAX_UPSTREAM_SESSIONS", 256)
 # only.
 RECORDER_MAX_RESULT_BYTES = env_int("RECORDER_MAX_RESULT_BYTES", 32 * 1024 * 1024)
 RECORDER_INLINE_RESULT_BYTES = env_int("RECORDER_INLINE_RESULT_BYTES", 64 * 1024)
+# The rows of a database call the run's record keeps (journal.upstream.windows): past it, the record keeps
+# their count and digest, and the rows stay in the database's capture for the undo.
+RECORDER_DATABASE_ROWS_KEPT = env_int("RECORDER_DATABASE_ROWS_KEPT", 10_000)
 # A run bundle or audit log over this many bytes is refused before it is parsed (`import_run`).
 RECORDER_IMPORT_MAX_BYTES = env_int("RECORDER_IMPORT_MAX_BYTES", 256 * 1024 * 1024)
 # The stdio tool server commands an admin may pick in the web admin (a command runs as the Recorder's user, so

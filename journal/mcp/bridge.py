@@ -15,7 +15,8 @@ from typing import Any
 
 import mcp_types as types
 
-from ..upstream.client import Owner
+from ..upstream.client import Owner, endpoint_of
+from . import versions
 
 ANSWER_SECONDS = 300.0
 ABANDONED = "The agent did not answer: it made another call instead."
@@ -131,3 +132,32 @@ class Bridge:
         self.by_id.pop(pending.id, None)
         if self.by_owner.get(pending.owner) is pending:
             del self.by_owner[pending.owner]
+
+
+INPUT_ROUNDS = 8  # how many times a server may ask for more input on one call of a handshake agent
+
+
+async def answered(relay, upstreams, result: dict, owner, opened, tool: str, arguments: dict,
+                   meta: dict | None) -> dict:
+    """A 2026-07-28 server asks for more input, which an agent on the handshake cannot read as a result:
+    its embedded requests go to the agent (through `relay`) as the requests they are, and the call is
+    repeated with the answers, as a 2026 client would, for up to INPUT_ROUNDS rounds. What the agent cannot
+    answer leaves the result as it was (then journaled as undelivered)."""
+    for _ in range(INPUT_ROUNDS):
+        asked = result.get("inputRequests") or {}
+        if not isinstance(asked, dict) or not asked:
+            return result
+        answers = {}
+        for key, request in asked.items():
+            answer = await relay.answer(owner, opened.server.name, request)
+            if answer is None:
+                return result
+            answers[key] = answer
+        retry = {"inputResponses": answers, **({"requestState": result["requestState"]}
+                                               if "requestState" in result else {})}
+        asks = relay.capabilities_of(owner)
+        result = await upstreams.call_tool(endpoint_of(opened.server), tool, arguments, meta=meta,
+                                           owner=owner, retry=retry, capabilities=asks)
+        if result.get("resultType") != versions.INPUT_REQUIRED:
+            return result
+    return result

@@ -19,7 +19,7 @@ from ..models import ToolServer
 from ..record.canonical import sha256_hex
 from ..undo import recipe_chains, recipes
 from ..undo.bindings import BindingError
-from ..upstream import database
+from ..upstream import database, windows
 from ..upstream.client import ToolServerError, Upstreams, endpoint_of
 from ..upstream.recipe_reads import read_state
 from .failing import failed
@@ -105,6 +105,36 @@ def refused(earlier: dict[str, Any] | None) -> str | None:
     worst = next((s for s in reading.get("statements", ()) if s.get("kind") == "refused"), {})
     return (f"Refused: {worst.get('reason', 'it touches the capture')}. Statements that touch the undo "
             "capture are never sent, whatever the policies say.")
+
+
+def writes(earlier: dict[str, Any] | None) -> bool:
+    """Whether a call's statements may change rows (anything but reads; refused calls are never sent)."""
+    reading = ((earlier or {}).get("database") or {}).get("reading") or {}
+    return reading.get("kind") in ("rows", "destroy", "unknown")
+
+
+async def window(server: ToolServer, earlier: dict[str, Any] | None) -> windows.Window | None:
+    """The database's write window for a call whose statements may change rows, opened just before it is
+    sent (it waits for any other such call to the same database); None for any other call."""
+    if not server.database or not writes(earlier):
+        return None
+    try:
+        return await asyncio.to_thread(windows.opened, server.database)
+    except (database.DatabaseUnreachable, OSError):
+        return None  # the step then says its rows were not read (`rows_after`)
+
+
+async def rows_after(opened_window: windows.Window | None, earlier: dict[str, Any] | None) -> dict | None:
+    """The rows the call changed, read from the capture right after it, the window closed: what the record
+    keeps as the call's (`{"database": …}`), or None for a call that opened no window."""
+    if opened_window is None:
+        return {"database": {"problem": "its database could not be reached to read the rows it changed"}} \
+            if writes(earlier) else None
+    tables = [t for s in earlier["database"]["reading"].get("statements", ())
+              for t in (*s.get("writes", ()), *s.get("triggers", ()))]
+    found = await asyncio.to_thread(windows.closed, opened_window, tables=tables,
+                                    keep=settings.RECORDER_DATABASE_ROWS_KEPT)
+    return {"database": found}
 
 
 async def after(upstreams: Upstreams, server: ToolServer, earlier: dict[str, Any] | None,

@@ -33,6 +33,7 @@ from .. import services
 from ..models import Agent, ToolServer
 from ..record import idempotency, keys
 from ..undo import declarations, outcomes
+from ..upstream import windows
 from ..upstream.client import DEFAULT_MAX_ANSWER_BYTES, ToolServerError, Upstreams, endpoint_of
 from ..upstream.connection import TASK_RESULT
 from . import bridge, holding, opening, versions
@@ -67,7 +68,6 @@ from .task_calls import TaskCalls, declares_tasks, with_tasks
 
 logger = logging.getLogger(__name__)
 
-INPUT_ROUNDS = 8  # how many times a server may ask for more input on one call of a handshake agent
 
 
 def agent_tools(servers: list[ToolServer]) -> list[types.Tool]:
@@ -240,7 +240,7 @@ class Recorder:
         awaits it before replying. While the call is in flight, what the server asks the agent (elicitation,
         sampling, roots) goes on `session`, the agent's request's. `retry` is a 2026-07-28 agent's answer to
         a server's `input_required` result, passed on as it sent it; an agent on the handshake is asked the
-        server's embedded requests itself (`_answered`)."""
+        server's embedded requests itself (`bridge.answered`)."""
         server_name, separator, tool = name.partition(SEPARATOR)
         if not separator or not tool:
             return tool_error(f"Unknown tool {name!r}: tools are named server{SEPARATOR}tool.",
@@ -316,6 +316,7 @@ class Recorder:
         the tasks extension on this call, so the server is told it may answer with a task handle."""
         server_name = opened.server.name
         sent = []
+        window = await earlier_reads.window(opened.server, opened.earlier)  # a database's, for writing SQL
         try:
             with self.relay.call(owner, session, opened) as relaying:
                 # A server may wait on the agent (a person answering an elicitation): that time is not its
@@ -335,27 +336,31 @@ class Recorder:
                     logged=logged,
                 )
                 if result.get("resultType") == versions.INPUT_REQUIRED and version not in versions.MODERN:
-                    result = await self._answered(result, owner, opened, tool, arguments, meta)
+                    result = await bridge.answered(self.relay, self.upstreams, result, owner, opened, tool,
+                                                   arguments, meta)
         except get_cancelled_exc_class():
             # The agent cancelled (notifications/cancelled, or its 2026 request's connection closed). Leaving
             # the upstream call tells the server at once: the SDK sends notifications/cancelled on a
             # handshake session, and a 2026 request's connection closes. Once the server had the call it may
             # have acted: the journal says exactly that, never leaving the step for the reconciler to guess.
+            windows.release(window)
             self.outcomes.cancelled(opened, started, sent=bool(sent))
             raise
         except ToolServerError as exc:
+            rows = await earlier_reads.rows_after(window, opened.earlier)
             if (
                 exc.oversized is not None
             ):  # the server answered: it acted, but nothing of its answer is relayed
                 message = f"{exc.message}. The server may have acted; do not repeat the call blindly."
                 advice = failed("unknown", opened.traits, may_have_acted=True, answered=True)
                 return tool_error(message, advice), self.outcomes.write(opened, started, services.Outcome(
-                    undelivered=message, oversized=exc.oversized, recovery=advice.as_wire()))
+                    undelivered=message, oversized=exc.oversized, recovery=advice.as_wire(),
+                    after_state=rows))
             advice = failed(exc.failure_class, opened.traits, may_have_acted=exc.may_have_acted,
                             retry_after=exc.retry_after)
             journaled = self.outcomes.write(opened, started, services.Outcome(
                 error_message=exc.message, failure_class=exc.failure_class, may_have_acted=exc.may_have_acted,
-                recovery=advice.as_wire()))
+                recovery=advice.as_wire(), after_state=rows))
             saga = await stop_the_run(opened, journaled)
             if exc.code is not None and exc.failure_class != "transient":
                 # A JSON-RPC error from the server goes back as the same JSON-RPC error; the advice is
@@ -365,6 +370,7 @@ class Recorder:
             acted = exc.may_have_acted
             note = " It may have acted before failing; do not repeat the call blindly." if acted else ""
             return tool_error(f"{exc.message} ({exc.failure_class}).{note}", advice, saga), journaled
+        rows = await earlier_reads.rows_after(window, opened.earlier)  # the rows it changed, for a database
         if result.get("resultType") == TASK_RESULT:  # the tasks extension: the call goes on as a task
             return await self.tasks.started(opened, started, result, declared=tasks, owner=owner), None
         relayed = versions.from_server(result)
@@ -386,45 +392,14 @@ class Recorder:
         if relayed.get("isError") is True:  # the server's own tool error: advice added, nothing else changed
             advice = failed("unknown", opened.traits, relay_failed=relaying.failed) if relaying.failed \
                 else failed(outcomes.classify_tool_error(relayed), opened.traits)
-            journaled = self.outcomes.write(opened, started, services.Outcome(result=relayed,
-                                                                               recovery=advice.as_wire()))
+            journaled = self.outcomes.write(opened, started, services.Outcome(
+                result=relayed, recovery=advice.as_wire(), after_state=rows))
             saga = await stop_the_run(opened, journaled)
             delivered["_meta"] = advice_meta(advice, delivered.get("_meta"), saga)
             return delivered, journaled
         version, state = await earlier_reads.after(self.upstreams, opened.server, opened.earlier, owner)
         return delivered, self.outcomes.write(opened, started, services.Outcome(
-            result=relayed, after_version=version, after_state=state))
-
-    async def _answered(self, result: dict, owner, opened: services.OpenedStep, tool: str, arguments: dict,
-                        meta: dict | None) -> dict:
-        """A 2026-07-28 server asks for more input, which an agent on the handshake cannot read as a result:
-        its embedded requests go to the agent as the requests they are, and the call is repeated with the
-        answers, as a 2026 client would, for up to INPUT_ROUNDS rounds. What the agent cannot answer leaves
-        the result as it was (then journaled as undelivered)."""
-        for _ in range(INPUT_ROUNDS):
-            asked = result.get("inputRequests") or {}
-            if not isinstance(asked, dict) or not asked:
-                return result
-            answers = {}
-            for key, request in asked.items():
-                answer = await self.relay.answer(owner, opened.server.name, request)
-                if answer is None:
-                    return result
-                answers[key] = answer
-            retry = {"inputResponses": answers, **({"requestState": result["requestState"]}
-                                                   if "requestState" in result else {})}
-            result = await self.upstreams.call_tool(
-                endpoint_of(opened.server),
-                tool,
-                arguments,
-                meta=meta,
-                owner=owner,
-                retry=retry,
-                capabilities=self.relay.capabilities_of(owner),
-            )
-            if result.get("resultType") != versions.INPUT_REQUIRED:
-                return result
-        return result
+            result=relayed, after_version=version, after_state=rows or state))
 
     async def _orphaned(self, outcome) -> None:
         """A 2026 agent was asked something in a call and never came back: the call's answer never reached

@@ -42,9 +42,8 @@ class Connection:
         return list(cursor.fetchall()) if cursor.description else []
 
 
-@contextlib.contextmanager
-def connected(place: str, *, timeout: float = TIMEOUT_SECONDS) -> Iterator[Connection]:
-    """A connection to `place` (autocommit on PostgreSQL, with a statement timeout)."""
+def connect(place: str, *, timeout: float = TIMEOUT_SECONDS) -> Connection:
+    """A connection to `place` (autocommit on PostgreSQL, with a statement timeout); the caller closes it."""
     try:
         dialect = dialect_of(place)
     except NotADatabase as exc:
@@ -59,12 +58,19 @@ def connected(place: str, *, timeout: float = TIMEOUT_SECONDS) -> Iterator[Conne
                                   isolation_level=None)
     except (psycopg.Error, sqlite3.Error) as exc:
         raise DatabaseUnreachable(f"{shown_database(place)} cannot be reached: {_words(exc)}") from None
+    return Connection(dialect, raw)
+
+
+@contextlib.contextmanager
+def connected(place: str, *, timeout: float = TIMEOUT_SECONDS) -> Iterator[Connection]:
+    """A connection to `place`, closed at the end; the database's errors as DatabaseUnreachable."""
+    connection = connect(place, timeout=timeout)
     try:
-        yield Connection(dialect, raw)
+        yield connection
     except (psycopg.Error, sqlite3.Error) as exc:
         raise DatabaseUnreachable(f"{shown_database(place)} answered with an error: {_words(exc)}") from None
     finally:
-        raw.close()
+        connection.raw.close()
 
 
 def _words(exc: Exception) -> str:

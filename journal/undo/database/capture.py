@@ -56,6 +56,7 @@ CREATE TABLE IF NOT EXISTS {CHANGES} (
     after jsonb
 );
 CREATE INDEX IF NOT EXISTS changes_tbl_pk ON {CHANGES} (tbl, pk);
+CREATE TABLE IF NOT EXISTS {CAPTURE_SCHEMA}.agents (role name PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS {CAPTURE_SCHEMA}.applied (
     marker text PRIMARY KEY,
     at timestamptz NOT NULL DEFAULT clock_timestamp(),
@@ -124,7 +125,10 @@ def postgresql(tables: dict[str, Sequence[str]], *, recorder: str, agent_roles: 
     """Everything, in order, for `tables` ({table: key columns}): the schema (owned by the Recorder's role),
     each table's trigger, and the guard."""
     owner = f"ALTER SCHEMA {CAPTURE_SCHEMA} OWNER TO {quoted(recorder)};\n" if recorder else ""
-    denied = "".join(f"REVOKE ALL ON SCHEMA {CAPTURE_SCHEMA} FROM {quoted(role)};\n" for role in agent_roles)
+    denied = "".join(f"REVOKE ALL ON SCHEMA {CAPTURE_SCHEMA} FROM {quoted(role)};\n"
+                     f"INSERT INTO {CAPTURE_SCHEMA}.agents (role) VALUES ({literal(role)}) "
+                     "ON CONFLICT DO NOTHING;\n"
+                     for role in agent_roles)
     triggers = "".join(postgresql_table(table, key) for table, key in sorted(tables.items()))
     return POSTGRESQL_BASE + owner + denied + triggers + (POSTGRESQL_GUARD if guard else "")
 

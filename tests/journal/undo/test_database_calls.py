@@ -45,6 +45,19 @@ def test_reads_pass_row_changes_pass_and_a_drop_waits_for_a_person_who_keeps_the
     write = step("archived")
     assert (write.reversibility, write.policy_decision["decision"]) == ("compensate", "allow")
     assert write.earlier_state["database"]["reading"]["statements"][0]["verb"] == "updates rows of contacts"
+    # Every row it changed, before and after, from the database itself, on the run's signed record.
+    changed = write.earlier_state["left"]["database"]
+    assert (changed["count"], changed["tables"]) == (40, {"contacts": {"I": 0, "U": 40, "D": 0}})
+    assert changed["rows"][0] == {
+        "id": 1, "table": "contacts", "op": "U", "key": [1],
+        "before": {"id": 1, "name": "Contact 1", "email": "contact1@example.com", "status": "active",
+                   "company_id": 2},
+        "after": {"id": 1, "name": "Contact 1", "email": "contact1@example.com", "status": "archived",
+                  "company_id": 2}}
+    entry = next(e for e in write.run.entries.order_by("seq") if e.event == "result" and
+                 e.data.get("step") == write.number)
+    assert entry.data["readAfter"]["database"]["sha256"] == changed["sha256"]
+    assert journal_services.verify_run(run=write.run).ok
 
     thread, box = in_background(lambda: call(recorder, token, "crm__write_query",
                                              {"query": "DROP TABLE contacts"}))

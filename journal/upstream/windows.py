@@ -1,0 +1,168 @@
+"""A call's write window on a database: while an agent's writing SQL is in flight, no other call the
+Recorder sends writes to that database (in this process, a lock; across processes, an advisory lock on
+PostgreSQL and a file lock beside an SQLite file), so the rows the capture keeps between the window's
+opening and its closing are that call's, and the window says which are not (another role's on PostgreSQL,
+a table the call could not touch on SQLite) and whether that leaves them exact. The rows are read in
+batches and hashed as they come, so a statement of any size is read in memory bounded by what is kept."""
+
+import fcntl
+import hashlib
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..record.canonical import canonical_bytes
+from ..undo.database import capture
+from ..undo.database.places import POSTGRESQL, dialect_of, sqlite_path
+from . import database
+
+ADVISORY_KEY = 4_615_313_070_240_905_539  # the capture's advisory lock (any fixed 64-bit number)
+BATCH = 2000
+_LOCAL: dict[str, Any] = {}
+_LOCAL_GUARD = threading.Lock()
+
+
+@dataclass
+class Window:
+    place: str
+    dialect: str
+    head: int = 0
+    held: Any = None  # the file descriptor or connection that holds the cross-process lock
+    local: Any = None  # this process's lock on the database (a threading.Lock)
+    roles: list[str] = field(default_factory=list)  # PostgreSQL: the agent's roles, as the capture names them
+
+
+def _local(place: str):
+    with _LOCAL_GUARD:
+        return _LOCAL.setdefault(place, threading.Lock())
+
+
+def opened(place: str) -> Window:
+    """Wait for the database's window, then read where its capture stands."""
+    window = Window(place=place, dialect=dialect_of(place), local=_local(place))
+    window.local.acquire()
+    try:
+        if window.dialect == POSTGRESQL:
+            window.held = database.connect(place, timeout=3600)
+            window.held.rows("SELECT pg_advisory_lock(%s)", (ADVISORY_KEY,))
+            window.head = database.head(window.held)
+            named = _optional(window.held, f"SELECT role FROM {capture.CAPTURE_SCHEMA}.agents")
+            window.roles = [role for (role,) in named]
+        else:
+            fd = os.open(f"{sqlite_path(place)}.undo-lock", os.O_CREAT | os.O_RDWR, 0o600)
+            window.held = fd
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            with database.connected(place) as connection:
+                window.head = database.head(connection)
+    except BaseException:
+        _release(window)
+        raise
+    return window
+
+
+def _optional(connection, sql: str) -> list[tuple]:
+    try:
+        return connection.rows(sql)
+    except Exception:  # an older capture without the table: no roles named
+        return []
+
+
+def release(window: Window | None) -> None:
+    """Let the window go without reading it (a call the agent cancelled)."""
+    if window is not None:
+        _release(window)
+
+
+def _release(window: Window) -> None:
+    try:
+        if isinstance(window.held, int):
+            os.close(window.held)  # closing the descriptor releases the file lock
+        elif window.held is not None:
+            window.held.raw.close()  # ending the session releases the advisory lock
+    finally:
+        window.held = None
+        if window.local is not None and window.local.locked():
+            window.local.release()
+
+
+def _row(dialect: str, row: tuple) -> dict[str, Any]:
+    """A captured change as the record keeps it."""
+    if dialect == POSTGRESQL:
+        change_id, table, op, key, before, after, who, txid = row
+        extra = {"who": who, "txid": str(txid)}
+    else:
+        change_id, table, op, key, before, after = row
+        key, before, after = (json.loads(v) if v is not None else None for v in (key, before, after))
+        extra = {}
+    return {"id": change_id, "table": table, "op": op, "key": key, "before": before, "after": after, **extra}
+
+
+def closed(window: Window, *, tables: list[str], keep: int) -> dict[str, Any]:
+    """The rows the capture kept since the window opened, then the window released: the call's rows
+    (at most `keep` of them kept; all of them counted and hashed), and `problem` when they cannot be told
+    apart from another writer's."""
+    try:
+        return _read(window, tables=tables, keep=keep)
+    except database.DatabaseUnreachable as exc:
+        return {"problem": f"the rows it changed could not be read from the capture: {exc}",
+                "from": window.head}
+    finally:
+        _release(window)
+
+
+def _read(window: Window, *, tables: list[str], keep: int) -> dict[str, Any]:
+    postgresql = window.dialect == POSTGRESQL
+    columns = "id, tbl, op, pk, before, after" + (", who, txid" if postgresql else "")
+    table = capture.CHANGES if postgresql else capture.SQLITE_CHANGES
+    mark = "%s" if postgresql else "?"
+    kept, counts, others, writers, last, digest = [], {}, {}, set(), window.head, hashlib.sha256()
+    with database.connected(window.place, timeout=3600) as connection:
+        cursor = connection.raw.execute(f"SELECT {columns} FROM {table} WHERE id > {mark} ORDER BY id",
+                                        (window.head,))
+        while batch := cursor.fetchmany(BATCH):
+            for raw in batch:
+                row = _row(window.dialect, raw)
+                last = row["id"]
+                if not _the_calls(window, row, tables):
+                    other = row.get("who") or row["table"]
+                    others[other] = others.get(other, 0) + 1
+                    continue
+                writers.add(row.get("who"))
+                digest.update(canonical_bytes(row) + b"\n")
+                per = counts.setdefault(row["table"], {"I": 0, "U": 0, "D": 0})
+                per[row["op"]] += 1
+                if len(kept) < keep:
+                    kept.append(row)
+    total = sum(sum(per.values()) for per in counts.values())
+    found = {"from": window.head, "to": last, "count": total, "tables": counts, "sha256": digest.hexdigest()}
+    found["rows"] = kept if total <= keep else None
+    if total > keep:
+        found["inCapture"] = True  # over the bound kept in the record: the rows stay in the capture
+    problem = _mixed(window, writers, others)
+    if problem:
+        found["problem"] = problem
+    if others:
+        found["others"] = others
+    return found
+
+
+def _the_calls(window: Window, row: dict, tables: list[str]) -> bool:
+    if window.dialect == POSTGRESQL:
+        return not window.roles or row["who"] in window.roles
+    return row["table"] in tables or f"main.{row['table']}" in tables
+
+
+def _mixed(window: Window, writers: set, others: dict) -> str:
+    """Why the rows cannot be told apart from another writer's, or ""."""
+    if window.dialect == POSTGRESQL:
+        if len(writers) > 1:
+            return ("rows by more than one role changed while the call ran, and the capture does not name "
+                    "the agent's role (manage.py capture NAME --agent-role ROLE), so the call's rows cannot "
+                    "be told apart from the others'")
+        return ""
+    if others:
+        return (f"another writer changed {', '.join(sorted(others))} while the call ran, so the call's own "
+                "rows cannot be told apart from theirs with certainty")
+    return ""
