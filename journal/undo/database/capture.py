@@ -93,9 +93,12 @@ DECLARE
 BEGIN
     IF TG_EVENT = 'sql_drop' THEN
         FOR gone IN SELECT * FROM pg_event_trigger_dropped_objects() LOOP
-            IF gone.object_type = 'trigger' AND gone.original AND gone.object_name LIKE '{CAPTURE_TRIGGER}%'
-               OR gone.schema_name = '{CAPTURE_SCHEMA}' AND gone.original AND session_user <> (
-                   SELECT nspowner::regrole::name FROM pg_namespace WHERE nspname = '{CAPTURE_SCHEMA}') THEN
+            -- A trigger's identity is "name on schema.table"; a dropped table's triggers are not original.
+            IF gone.original AND (gone.object_type = 'trigger'
+                                  AND gone.object_identity LIKE '{CAPTURE_TRIGGER} on %'
+                                  OR gone.schema_name = '{CAPTURE_SCHEMA}' AND session_user <> (
+                                      SELECT nspowner::regrole::name FROM pg_namespace
+                                      WHERE nspname = '{CAPTURE_SCHEMA}')) THEN
                 RAISE EXCEPTION 'the undo capture is not yours to drop (%)', gone.object_identity;
             END IF;
         END LOOP;

@@ -1,7 +1,12 @@
 """A small customer database for the tests of database servers, and the servers that act on it."""
 
+import contextlib
+import secrets
 import sqlite3
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
 
 from approver import services
 from journal import services as journal_services
@@ -67,3 +72,51 @@ def server_command(pack: str, place: str) -> str:
     if pack == "postgres":
         return f"node {CONFORMANCE_MODULES / '@modelcontextprotocol/server-postgres/dist/index.js'} {place}"
     raise KeyError(pack)
+
+
+AGENT_ROLE = "undo_agent"
+
+
+def postgres_url(base: str, *, database: str, user: str | None = None, password: str | None = None) -> str:
+    parts = urlsplit(base)
+    user = user or parts.username
+    password = password or parts.password
+    return urlunsplit(("postgresql", f"{user}:{password}@{parts.hostname}:{parts.port or 5432}",
+                       f"/{database}", "", ""))
+
+
+@contextlib.contextmanager
+def postgres_crm(base: str, *, contacts: int = CONTACTS):
+    """A fresh PostgreSQL database with the CRM's tables, owned by the agent's role (the worst case: it may
+    alter and drop them), yielding (the Recorder's URL, the agent's URL); dropped at the end."""
+    name = f"undo_crm_{secrets.token_hex(4)}"
+    with psycopg.connect(base, autocommit=True) as admin:
+        admin.execute(f"DO $$ BEGIN CREATE ROLE {AGENT_ROLE} LOGIN PASSWORD '{AGENT_ROLE}'; "
+                      "EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        admin.execute(f'CREATE DATABASE "{name}" OWNER {AGENT_ROLE}')
+    recorder = postgres_url(base, database=name)
+    agent = postgres_url(base, database=name, user=AGENT_ROLE, password=AGENT_ROLE)
+    try:
+        with psycopg.connect(agent, autocommit=True) as connection:
+            connection.execute("""
+                CREATE TABLE companies (id integer PRIMARY KEY, name text NOT NULL);
+                CREATE TABLE contacts (id integer PRIMARY KEY, name text NOT NULL, email text NOT NULL,
+                                       status text NOT NULL, company_id integer REFERENCES companies (id));
+                CREATE TABLE notes (body text);
+            """)
+            connection.execute("INSERT INTO companies SELECT n, 'Company ' || n "
+                               "FROM generate_series(1, 10) AS n")
+            connection.execute(
+                "INSERT INTO contacts SELECT n, 'Contact ' || n, 'contact' || n || '@example.com', "
+                "CASE WHEN n %% 3 = 0 THEN 'lead' ELSE 'active' END, n %% 10 + 1 "
+                "FROM generate_series(1, %s) AS n",
+                (contacts,))
+        yield recorder, agent
+    finally:
+        with psycopg.connect(base, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def pg_rows(url: str, sql: str, *params) -> list[tuple]:
+    with psycopg.connect(url, autocommit=True) as connection:
+        return connection.execute(sql, params).fetchall()

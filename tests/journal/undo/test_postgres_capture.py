@@ -1,0 +1,92 @@
+"""The capture on PostgreSQL (issue 45): row-level triggers in a schema the agent's role cannot read, write
+or drop, even when it owns the tables; an event trigger that refuses any statement switching a capture
+trigger off; and an agent's SQL through the pinned DBHub, whose rows land on the run's signed record with
+the role that wrote them."""
+
+import psycopg
+import pytest
+from django.core.management import call_command
+
+from approver import services
+from journal import services as journal_services
+from journal.models import Step, ToolServer
+from tests.approver.services.test_held_calls import call, set_policy
+from tests.services import POSTGRES_URL, needs_node, needs_postgres
+
+from .databases import AGENT_ROLE, CONTACTS, pg_rows, postgres_crm, server_command
+
+pytestmark = [pytest.mark.django_db(transaction=True), needs_postgres]
+
+
+@pytest.fixture
+def crm():
+    with postgres_crm(POSTGRES_URL) as urls:
+        yield urls
+
+
+@pytest.fixture
+def captured(crm, capsys):
+    recorder, _ = crm
+    journal_services.register_tool_server(name="crm", command="true", database=recorder)
+    call_command("capture", "crm", tables="contacts,companies", agent_roles=[AGENT_ROLE])
+    return crm
+
+
+def test_the_agents_role_cannot_read_change_or_switch_off_the_capture_even_owning_the_tables(captured):
+    recorder, agent = captured
+    with psycopg.connect(agent, autocommit=True) as connection:
+        connection.execute("UPDATE contacts SET status = 'x' WHERE id = 1")
+        for statement in ("SELECT * FROM undo_capture.changes", "DELETE FROM undo_capture.changes",
+                          "DROP TABLE undo_capture.changes", "DROP TRIGGER undo_capture ON contacts",
+                          "ALTER TABLE contacts DISABLE TRIGGER undo_capture",
+                          "ALTER TABLE contacts DISABLE TRIGGER ALL",
+                          "ALTER TABLE contacts DISABLE TRIGGER USER",
+                          "ALTER TABLE contacts ENABLE REPLICA TRIGGER undo_capture",
+                          "DROP SCHEMA undo_capture CASCADE",
+                          "SET session_replication_role = replica"):
+            with pytest.raises(psycopg.Error):
+                connection.execute(statement)
+    kept = pg_rows(recorder, "SELECT tbl, op, pk, before ->> 'status', after ->> 'status', who "
+                             "FROM undo_capture.changes")
+    assert kept == [("public.contacts", "U", [1], "active", "x", AGENT_ROLE)]
+    switched_on = "SELECT count(*) FROM pg_trigger WHERE tgname = 'undo_capture' AND tgenabled = 'O'"
+    assert pg_rows(recorder, switched_on) == [(2,)]
+
+
+def test_the_capture_says_which_tables_it_keeps(captured, capsys):
+    call_command("capture", "crm")
+    assert capsys.readouterr().out.splitlines()[-3:] == [
+        "public.companies: captured", "public.contacts: captured",
+        "public.notes: not captured: it has no primary key"]
+
+
+def test_a_dba_gets_the_sql_to_run_instead(crm, capsys):
+    recorder, _ = crm
+    journal_services.register_tool_server(name="crm", command="true", database=recorder)
+    call_command("capture", "crm", tables="contacts", sql=True)
+    text = capsys.readouterr().out
+    assert "CREATE TRIGGER undo_capture AFTER INSERT OR UPDATE OR DELETE ON \"public\".\"contacts\"" in text
+    assert pg_rows(recorder, "SELECT count(*) FROM pg_trigger WHERE tgname = 'undo_capture'") == [(0,)]
+    with pytest.raises(Exception, match="notes has no primary key"):
+        call_command("capture", "crm", tables="notes")
+
+
+@needs_node
+def test_an_agents_update_through_dbhub_lands_on_the_record_row_by_row(captured, recorder, admin_user, dana):
+    recorder_url, agent_url = captured
+    server = journal_services.refresh_catalogue(server=journal_services.save_tool_server(
+        server=ToolServer.objects.get(name="crm"), command=server_command("dbhub", agent_url)))
+    services.use_pack(server=server, pack="dbhub", by=admin_user)
+    set_policy(admin_user)
+    token = journal_services.create_agent(name="cleanup-bot", on_behalf_of=dana)[1]
+    result = call(recorder, token, "crm__execute_sql",
+                  {"sql": "UPDATE contacts SET status = 'archived' WHERE id <= 40; "
+                          "SELECT count(*) FROM contacts"})
+    assert not result.is_error, result.content[0].text
+    step = Step.objects.get(tool="execute_sql")
+    assert (step.reversibility, step.policy_decision["decision"]) == ("compensate", "allow")
+    changed = step.earlier_state["left"]["database"]
+    assert (changed["count"], changed["tables"]) == (40, {"public.contacts": {"I": 0, "U": 40, "D": 0}})
+    assert {row["who"] for row in changed["rows"]} == {AGENT_ROLE}
+    assert pg_rows(recorder_url, "SELECT count(*) FROM contacts WHERE status = 'archived'") == [(40,)]
+    assert CONTACTS == pg_rows(recorder_url, "SELECT count(*) FROM contacts")[0][0]
