@@ -13,6 +13,7 @@ untrusted input: only the fields the plan page shows are kept, as bounded string
   conflict: someone changed it since). Without a read, as SEP-3172.
 """
 
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,7 +28,7 @@ from journal.undo.recipe_text import brief, field_changes, three_way
 from journal.upstream.client import Endpoint, ToolServerError, Upstreams
 from journal.upstream.recipe_reads import read_state
 
-from . import answers
+from . import answers, database_checks
 
 HATP_CHECK = "hatp_check"
 
@@ -52,6 +53,9 @@ class CheckTarget:
     run_left: str = ""
     # The changed fields' values before and after the call, when its server gave them (`Step.effect_fields`).
     effect_fields: dict[str, Any] | None = None
+    database: str = ""  # a database undo's: where its rows are, as the Recorder reaches it
+    # A database undo's rows that the plan's later undos change first: {row: as those undos leave it}.
+    chained: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -204,6 +208,10 @@ async def check_one(
         except ToolServerError as exc:
             return _from_failure(exc)
         return chained(read_hatp_answer(answer, target.effect_fields), target)
+    if target.dialect == "database":
+        status, detail = await anyio.to_thread.run_sync(functools.partial(
+            database_checks.check, place=target.database, earlier=target.earlier, chained=target.chained))
+        return CheckResult(status, detail)
     if target.dialect == "recipe" and (target.earlier or {}).get("version"):
         return await check_recipe(target, upstreams=upstreams, timeout=timeout)
     try:

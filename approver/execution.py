@@ -47,14 +47,15 @@ MAX_ATTEMPTS = 4
 UNDO, LEAVE, CANNOT, NOTHING = "undo", "leave", "cannot", "nothing"
 
 
-def intent(action: str, choice: str) -> str:
+def intent(action: str, choice: str, dialect: str = "") -> str:
     """What the executor does with an item of this action under this conflict choice: the plan's sentence
-    (`approver.sentence`) says what it says from this same answer."""
+    (`approver.sentence`) says what it says from this same answer. A database undo's conflict is row by row:
+    keeping the newer changes leaves those rows alone and puts back the rest."""
     if action == "cannot_undo":
         return CANNOT
     if action != "compensate":
         return NOTHING
-    return LEAVE if choice == "keep_newer" else UNDO
+    return LEAVE if choice == "keep_newer" and dialect != "database" else UNDO
 
 
 @dataclass(frozen=True)

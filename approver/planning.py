@@ -25,6 +25,7 @@ from journal.undo.declarations import NO_VERSION_PROBLEM
 # The dialect of a compensation decides how it is checked and run.
 HATP = "hatp"
 RECIPE = "recipe"
+DATABASE = "database"
 UI_NEEDS_HUMAN = (
     "Undone through the app's screens, by the server replaying the app's own way back: a person "
     "signs it, whatever the policies say."
@@ -239,7 +240,7 @@ def _without_compensation(step: StepFacts, covered: frozenset = frozenset()) -> 
         return "nothing_to_undo", "An autonomy policy stopped it: it was never sent to the tool server.", ""
     if step.reversibility == "read_only":
         return "nothing_to_undo", "A read: it changed nothing.", ""
-    if step.status == "error" and step.reversibility != "unknown":
+    if failed_unchanged(step):
         return "nothing_to_undo", "The call failed and changed nothing.", ""
     remedy = declaration.get("remedy") or ""
     if step.reversibility == "none":
@@ -252,6 +253,14 @@ def _without_compensation(step: StepFacts, covered: frozenset = frozenset()) -> 
         reason = "; ".join(step.undo_problems) or f"{step.server} says nothing about undoing {step.tool}."
         return "cannot_undo", _sentence(reason), remedy or by_hand
     return None
+
+
+def failed_unchanged(step: StepFacts) -> bool:
+    """A call that failed, and so changed nothing: but a database call may have changed rows before it
+    failed (its capture says which), and then it has something to undo."""
+    compensation = (step.declaration or {}).get("compensation") or {}
+    changed_rows = compensation.get("dialect") == DATABASE and bool(step.compensation_arguments)
+    return step.status == "error" and step.reversibility != "unknown" and not changed_rows
 
 
 HELD_NOT_MADE = "Held for approval and not made: deny it on its held-call page so it never is."

@@ -59,13 +59,21 @@ def of_items(items: list[Any]) -> Sentence:
     """The sentence for a plan's items in position order (PlanItems with their steps)."""
     undo, keep, cannot, choose = [], [], [], []
     for item in items:
-        intent = execution.intent(item.action, item.conflict_choice)
+        intent = execution.intent(item.action, item.conflict_choice, getattr(item, "dialect", ""))
         if intent == execution.CANNOT:
             cannot.append(_cannot(item))
         elif intent == execution.LEAVE:
             keep.append(_left_alone(item))
         elif intent == execution.UNDO:
             detail = item.check_detail or {}
+            if getattr(item, "dialect", "") == "database" and item.check_status == CONFLICT and \
+                    item.conflict_choice:  # row by row: the rest go back, the conflicting rows as chosen
+                undo.append(_lead(detail.get("wouldDo") or "") or _take_back(item))
+                rows = (detail.get("rows") or {}).get(CONFLICT, 0)
+                (keep if item.conflict_choice == KEEP_NEWER else undo).append(
+                    f"the {rows:,} row{'' if rows == 1 else 's'} changed since by someone else" +
+                    (", overwritten as the approvers chose" if item.conflict_choice == OVERWRITE else ""))
+                continue
             if item.check_status == CONFLICT and item.conflict_choice != OVERWRITE:
                 choose.append(_to_choose(item, detail))
                 continue

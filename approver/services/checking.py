@@ -3,6 +3,7 @@ would work now, in rounds (a new round when someone presses "Check again"); resu
 and the plan is ready, with a digest over them, once every item has its answer."""
 
 from datetime import datetime
+from typing import Any
 
 import anyio
 from asgiref.sync import sync_to_async
@@ -16,7 +17,7 @@ from journal.record import sql
 from journal.undo import recipe_chains
 from journal.upstream.client import Endpoint, Upstreams
 
-from .. import checks, planning
+from .. import checks, database_checks, planning
 from ..checks import CheckResult
 from ..content import content_rows, plan_content
 from ..models import Plan, PlanItem
@@ -125,6 +126,22 @@ def _as_last_read(earlier: dict, key: str, last: tuple) -> str:
     return recipe_chains.version_of_state(last_earlier.get("left"), earlier)
 
 
+def _chained_rows(plan: Plan) -> dict[int, dict[str, Any]]:
+    """For each database undo of the plan, its rows that undos run before it change first, as they leave
+    them (the row before the plan's later call that changed it): {item id: {row: its state then}}."""
+    chained, left = {}, {}
+    items = plan.items.filter(action=PlanItem.Action.COMPENSATE, dialect=planning.DATABASE).order_by(
+        "position").values("id", "step__earlier_state", "step__server_id")
+    for item in items:
+        changes, _ = database_checks.changes_of(item["step__earlier_state"])
+        mine = {(item["step__server_id"], c.identity()): c for c in changes or ()}
+        if found := {identity: left[(server, identity)] for (server, identity) in mine
+                     if (server, identity) in left}:
+            chained[item["id"]] = found
+        left.update({where: change.before for where, change in mine.items()})
+    return chained
+
+
 def run_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> Plan | None:
     """Check every item of this round still `pending` against its server, keeping results as they arrive,
     then mark the plan ready. Safe to run twice (a worker that died is simply asked again): answered items
@@ -146,8 +163,10 @@ def run_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> 
         "step__server__transport",
         "step__server__url",
         "step__server__command",
+        "step__server__database",
     )
     targets, orphans = [], []
+    chained = _chained_rows(plan)
     endpoints: dict[tuple, Endpoint] = {}
     run_left = _left_by_the_run(plan)
     for row in rows:
@@ -175,6 +194,8 @@ def run_checks(*, plan: Plan, check_round: int, now: datetime | None = None) -> 
                 earlier=row["step__earlier_state"],
                 run_left=run_left.get(row["id"], ""),
                 effect_fields=row["step__effect_fields"],
+                database=row["step__server__database"] or "",
+                chained=chained.get(row["id"]),
             )
         )
     if orphans:

@@ -25,7 +25,7 @@ from .. import answers, checks, execution, passkeys, planning, signing
 from ..authority import counting_approvals
 from ..models import ApprovalRules, Plan, PlanItem
 from ..policy_book import plan_needs_a_human
-from . import bell, leases, recipe_undo
+from . import bell, database_undo, leases, recipe_undo
 from .if_versions import if_version
 from .plans import facts_of
 
@@ -180,7 +180,7 @@ def _claim(plan: Plan, item: PlanItem, now: datetime) -> bool:
 
 def _run_item(plan: Plan, item: PlanItem, stops: dict[int, set[int]],
               facts: dict[int, planning.StepFacts]) -> execution.Verdict:
-    intent = execution.intent(item.action, item.conflict_choice)
+    intent = execution.intent(item.action, item.conflict_choice, item.dialect)
     if intent in (execution.CANNOT, execution.NOTHING):
         return execution.without_compensation(item.action, item.reason)
     if intent == execution.LEAVE:
@@ -237,6 +237,8 @@ def _attempt(plan: Plan, item: PlanItem, attempt: int) -> execution.Verdict:
     as a step of the plan's compensation run like any agent's call: the intent before it leaves, what came
     back after. A recipe's undo reads the record first (its server has no conditional write), and nothing is
     sent when it changed since; it counts once the record reads as before, after its last call."""
+    if item.dialect == planning.DATABASE:  # the Recorder's own connection, not a tool server's call
+        return database_undo.attempt(plan, item, attempt, run_id=_compensation_run(plan))
     earlier, seen = recipe_undo.earlier_read(item), None
     if earlier is not None:
         early, seen = anyio.run(recipe_undo.before, item, earlier)

@@ -232,7 +232,8 @@ def recheck(*, item: PlanItem, if_version: str) -> execution.Verdict | None:
     target = checks.CheckTarget(
         item_id=item.pk, endpoint=endpoint_of(item.step.server), dialect=item.dialect, tool=item.tool,
         arguments=item.arguments or {}, if_version=if_version, idempotency_key=item.idempotency_key,
-        undo_by=item.undo_by, earlier=item.step.earlier_state, effect_fields=item.step.effect_fields)
+        undo_by=item.undo_by, earlier=item.step.earlier_state, effect_fields=item.step.effect_fields,
+        database=item.step.server.database)
     result = anyio.run(_check, target)
     if result.status != "conflict":
         return None

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from ..undo import declarations, outcomes, recipes, recovery
+from ..undo.database import judging
 from .canonical import sha256_hex, to_ijson
 from .chain import format_ts
 
@@ -226,6 +227,10 @@ def _answered(result: dict[str, Any], outcome: Outcome, *, tool: Tool, arguments
                                           earlier=tool.earlier, after_version=outcome.after_version))
         if tool.earlier and outcome.after_state is not None:  # kept for a conflict's three-way view
             fields["earlier_state"] = {**tool.earlier, "left": outcome.after_state}
+    if (rows := judging.database_rows(outcome.after_state)) is not None:  # the rows a database's capture kept
+        fields["earlier_state"] = {**(tool.earlier or {}), "left": outcome.after_state}
+        declared = fields.get("reversibility") or judging.from_state(tool.earlier or {}).kind
+        fields.update(judging.after_call(rows, kind=declared))
     if result.get("resultType") == "input_required":  # 2026-07-28: asked for more before doing anything
         fields.update(reversibility=READ_ONLY, undo_problems=[], compensation_arguments=None,
                       compensation_then=None, effect_summary="The server asked for more input before acting.")

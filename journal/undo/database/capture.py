@@ -21,6 +21,8 @@ from .reading import CAPTURE_SCHEMA, CAPTURE_TRIGGER, SQLITE_PREFIX
 CHANGES = f"{CAPTURE_SCHEMA}.changes"
 SQLITE_CHANGES = f"{SQLITE_PREFIX}_changes"
 SQLITE_TABLES = f"{SQLITE_PREFIX}_tables"
+SQLITE_APPLIED = f"{SQLITE_PREFIX}_applied"
+APPLIED = f"{CAPTURE_SCHEMA}.applied"
 GUARD = f"{CAPTURE_TRIGGER}_guard"
 
 
@@ -60,7 +62,7 @@ CREATE TABLE IF NOT EXISTS {CAPTURE_SCHEMA}.agents (role name PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS {CAPTURE_SCHEMA}.applied (
     marker text PRIMARY KEY,
     at timestamptz NOT NULL DEFAULT clock_timestamp(),
-    rows integer NOT NULL
+    detail jsonb NOT NULL
 );
 CREATE OR REPLACE FUNCTION {CAPTURE_SCHEMA}.record() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $capture$
@@ -154,10 +156,10 @@ CREATE TABLE IF NOT EXISTS {SQLITE_TABLES} (
     key TEXT NOT NULL,
     columns TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS {SQLITE_PREFIX}_applied (
+CREATE TABLE IF NOT EXISTS {SQLITE_APPLIED} (
     marker TEXT PRIMARY KEY,
     at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
-    rows INTEGER NOT NULL
+    detail TEXT NOT NULL
 );
 """
 

@@ -7,9 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..declarations import Compensation, UndoDeclaration
+from . import rows
 from .reading import Reading, Statement, named, plural
 
 SOURCE = "database"
+# What a database undo runs, as the plan names it: the Recorder's own restore, through its own connection.
+RESTORE_TOOL = "restore_rows"
 REMEDY = "Restore what it changed from a backup, or by hand."
 
 
@@ -72,7 +75,7 @@ def declare(reading: Reading, catalog: Catalog) -> UndoDeclaration:
             return UndoDeclaration(kind="none", source=SOURCE, reason=f"{why[:1].upper()}{why[1:]}.",
                                    remedy=REMEDY)
         return UndoDeclaration(kind="compensate", source=SOURCE, compensation=Compensation(
-            tool="", dialect="database", versioned=True))
+            tool=RESTORE_TOOL, dialect="database", versioned=True))
     if kind == "refused":
         return UndoDeclaration(kind="none", source=SOURCE, reason=f"Refused: {worst.reason}.",
                                remedy="Nothing was sent; nothing needs undoing.")
@@ -107,3 +110,32 @@ def from_state(state: Mapping) -> UndoDeclaration:
         return declaration.model_copy(update={
             "compensation": declaration.compensation.model_copy(update={"versioned": True})})
     return declaration
+
+
+def after_call(found: Mapping, *, kind: str) -> dict:
+    """The step's undo once the rows the call changed are known (`found`: what the capture kept of them,
+    `journal.upstream.windows`), as the step's column values over those its declaration gave it (`kind`)."""
+    if found.get("problem"):
+        return {"reversibility": "unknown", "undo_problems": [found["problem"]],
+                "compensation_arguments": None,
+                "effect_summary": "What it changed in the database is not known exactly."}
+    words = rows.changed_words(found.get("tables") or {})
+    if not found.get("count"):
+        return {"reversibility": "read_only", "undo_problems": [], "compensation_arguments": None,
+                "effect_summary": "It changed no rows.", "effect_version": ""}
+    summary = {"effect_summary": f"{words[0].upper()}{words[1:]}.",
+               "effect_resource": ", ".join(found["tables"])}
+    if kind != "compensate":
+        return summary
+    arguments = {"rows": found["count"], "sha256": found["sha256"], "tables": found["tables"],
+                 "from": found["from"], "to": found["to"]}
+    if found.get("inCapture"):  # over the bound the record keeps: the undo reads them from the capture
+        arguments["inCapture"] = True
+    return {**summary, "reversibility": "compensate", "undo_problems": [], "effect_version": found["sha256"],
+            "compensation_arguments": arguments}
+
+
+def database_rows(after_state) -> Mapping | None:
+    """What the capture kept of a call's rows (its outcome's `after_state`), or None for another call."""
+    found = after_state.get("database") if isinstance(after_state, Mapping) else None
+    return found if isinstance(found, Mapping) else None

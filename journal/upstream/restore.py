@@ -1,0 +1,203 @@
+"""A database undo, through the Recorder's own connection (journal.undo.database): the rows a call changed
+read as they are now, and put back in one transaction, each row only where the database still finds it as
+the agent left it (or as the approvers saw it, for a row they chose to overwrite), with a marker written in
+the same transaction so an undo that ran is never run again, whatever is killed when."""
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..undo.database import capture
+from ..undo.database.places import POSTGRESQL
+from ..undo.database.rows import INSERTED, UPDATED, Change
+from . import database, windows
+
+BATCH = 500
+
+
+def _pg_image(table: str) -> str:
+    return f"jsonb_populate_record(NULL::{capture.qualified(table)}, %s::jsonb)"
+
+
+def rows_now(connection: database.Connection, changes: list[Change],
+             key_columns: Mapping[str, tuple[str, ...]]) -> dict[str, dict | None]:
+    """Each changed row as it reads now ({identity: row, or None where there is no row with its key}),
+    written as the capture writes rows, so the two compare as they are."""
+    found: dict[str, dict | None] = {}
+    by_table: dict[str, list[Change]] = {}
+    for change in changes:
+        by_table.setdefault(change.table, []).append(change)
+    for table, group in by_table.items():
+        key = key_columns[table]
+        for start in range(0, len(group), BATCH):
+            batch = group[start:start + BATCH]
+            for row in _read(connection, table, key, [_now_key(c, key) for c in batch]):
+                found[_identity(table, [row.get(k) for k in key])] = row
+    return {c.identity(): found.get(_identity_now(c, key_columns[c.table])) for c in changes}
+
+
+def _now_key(change: Change, key: tuple[str, ...]) -> list:
+    """Where the row is now: its key as the agent left it (an update may have changed the key itself)."""
+    image = change.after or change.before
+    return [image.get(k) for k in key]
+
+
+def _identity(table: str, values: list) -> str:
+    return json.dumps([table, values], separators=(",", ":"), sort_keys=True)
+
+
+def _identity_now(change: Change, key: tuple[str, ...]) -> str:
+    return _identity(change.table, _now_key(change, key))
+
+
+def _read(connection: database.Connection, table: str, key: tuple[str, ...],
+          keys: list[list]) -> Iterable[dict]:
+    if connection.dialect == POSTGRESQL:
+        keyed = json.dumps([dict(zip(key, values, strict=True)) for values in keys])
+        using = ", ".join(capture.quoted(k) for k in key)
+        sql = (f"SELECT to_jsonb(t) FROM {capture.qualified(table)} t JOIN "
+               f"jsonb_populate_recordset(NULL::{capture.qualified(table)}, %s::jsonb) k USING ({using})")
+        return [row for (row,) in connection.rows(sql, (keyed,))]
+    columns = [row[1] for row in connection.rows(f"PRAGMA table_info({capture.quoted(table)})")]
+    marks = ", ".join("(" + ", ".join("?" for _ in key) + ")" for _ in keys)
+    where = "(" + ", ".join(capture.quoted(k) for k in key) + ")"
+    sql = (f"SELECT {capture._sqlite_image('t', columns)} FROM {capture.quoted(table)} AS t "
+           f"WHERE {where} IN (VALUES {marks})")
+    params = [_sqlite(v) for values in keys for v in values]
+    return [json.loads(row) for (row,) in connection.rows(sql, params)]
+
+
+def _sqlite(value: Any) -> Any:
+    """A captured value as SQLite takes it back: a {"$blob": hex} as bytes."""
+    if isinstance(value, dict) and set(value) == {"$blob"}:
+        return bytes.fromhex(value["$blob"])
+    return value
+
+
+# -- putting rows back ---------------------------------------------------------------------------------------
+
+
+def _statement(connection: database.Connection, change: Change, key: tuple[str, ...], expected: dict | None
+               ) -> tuple[str, list]:
+    """The one conditional statement that puts `change`'s row back where the row reads as `expected` (as the
+    agent left it, or as the approvers saw it) in the fields that matter: a row that is not there is
+    inserted as it was before; a row the agent inserted is deleted; any other is updated back."""
+    if expected is None:
+        return _insert(connection, change, key)
+    if change.op == INSERTED:
+        return _delete(connection, change.table, key, expected)
+    fields = change.fields if change.op == UPDATED else list(change.before)
+    checked = change.fields if change.op == UPDATED else list(expected)
+    return _update(connection, change, key, expected, fields=fields, checked=checked)
+
+
+def _insert(connection: database.Connection, change: Change, key: tuple[str, ...]) -> tuple[str, list]:
+    table, q = capture.qualified(change.table), capture.quoted
+    if connection.dialect == POSTGRESQL:
+        where = " AND ".join(f"t.{q(k)} = b.{q(k)}" for k in key)
+        return (f"INSERT INTO {table} SELECT b.* FROM {_pg_image(change.table)} b WHERE NOT EXISTS "
+                f"(SELECT 1 FROM {table} t WHERE {where})", [json.dumps(change.before)])
+    columns = list(change.before)
+    return (f"INSERT INTO {table} ({', '.join(q(c) for c in columns)}) "
+            f"SELECT {', '.join('?' for _ in columns)} "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE {' AND '.join(f'{q(k)} IS ?' for k in key)})",
+            [*(_sqlite(change.before[c]) for c in columns), *(_sqlite(change.before[k]) for k in key)])
+
+
+def _delete(connection: database.Connection, table_name: str, key: tuple[str, ...], expected: dict
+            ) -> tuple[str, list]:
+    table, q = capture.qualified(table_name), capture.quoted
+    if connection.dialect == POSTGRESQL:
+        conditions = " AND ".join([*(f"t.{q(k)} = a.{q(k)}" for k in key),
+                                   *(f"t.{q(c)} IS NOT DISTINCT FROM a.{q(c)}" for c in expected)])
+        sql = f"DELETE FROM {table} t USING {_pg_image(table_name)} a WHERE {conditions}"
+        return sql, [json.dumps(expected)]
+    conditions = " AND ".join(f"{q(c)} IS ?" for c in expected)
+    return f"DELETE FROM {table} WHERE {conditions}", [_sqlite(v) for v in expected.values()]
+
+
+def _update(connection: database.Connection, change: Change, key: tuple[str, ...], expected: dict, *,
+            fields: list[str], checked: list[str]) -> tuple[str, list]:
+    table, q = capture.qualified(change.table), capture.quoted
+    if connection.dialect == POSTGRESQL:
+        image = _pg_image(change.table)
+        conditions = " AND ".join([*(f"t.{q(k)} = a.{q(k)}" for k in key),
+                                   *(f"t.{q(c)} IS NOT DISTINCT FROM a.{q(c)}" for c in checked)])
+        sets = ", ".join(f"{q(c)} = b.{q(c)}" for c in fields)
+        return (f"UPDATE {table} t SET {sets} FROM {image} b, {image} a WHERE {conditions}",
+                [json.dumps(change.before), json.dumps(expected)])
+    conditions = " AND ".join([*(f"{q(k)} IS ?" for k in key), *(f"{q(c)} IS ?" for c in checked)])
+    sets = ", ".join(f"{q(c)} = ?" for c in fields)
+    return (f"UPDATE {table} SET {sets} WHERE {conditions}",
+            [*(_sqlite(change.before.get(c)) for c in fields), *(_sqlite(expected.get(k)) for k in key),
+             *(_sqlite(expected.get(c)) for c in checked)])
+
+
+def applied(connection: database.Connection, marker: str) -> dict | None:
+    """What an undo that already ran did (its marker's detail), or None."""
+    table = capture.APPLIED if connection.dialect == POSTGRESQL else capture.SQLITE_APPLIED
+    mark = "%s" if connection.dialect == POSTGRESQL else "?"
+    found = connection.rows(f"SELECT detail FROM {table} WHERE marker = {mark}", (marker,))
+    if not found:
+        return None
+    detail = found[0][0]
+    return detail if isinstance(detail, dict) else json.loads(detail)
+
+
+def put_back(place: str, changes: list[Change], *, marker: str, expected: Mapping[str, dict | None],
+             leave: set[str]) -> dict[str, Any]:
+    """Put `changes` back in one transaction, latest change first, each row only where it reads as
+    `expected` ({identity: the row as the agent left it, or as the approvers saw it}); `leave`: rows left
+    alone as signed. The counts, kept under `marker` in the same transaction: a second run finds them and
+    changes nothing (`"again": True`)."""
+    window = windows.opened(place)  # no agent's call writes the database while its rows go back
+    try:
+        with database.connected(place, timeout=3600) as connection:
+            return _transaction(connection, changes, marker=marker, expected=expected, leave=leave)
+    finally:
+        windows.release(window)
+
+
+def _transaction(connection: database.Connection, changes: list[Change], *, marker: str,
+                 expected: Mapping[str, dict | None], leave: set[str]) -> dict[str, Any]:
+    pg = connection.dialect == POSTGRESQL
+    keys = database.keys(connection)
+    counts: dict[str, dict[str, int]] = {}
+    begin = connection.raw.transaction() if pg else _sqlite_transaction(connection)
+    with begin:
+        if (done := applied(connection, marker)) is not None:
+            return {**done, "again": True}
+        for change in sorted(changes, key=lambda c: max(c.ids), reverse=True):
+            per = counts.setdefault(change.table, {"restored": 0, "changedSince": 0, "left": 0,
+                                                   "byOp": {"I": 0, "U": 0, "D": 0}})
+            if change.identity() in leave:
+                per["left"] += 1
+                continue
+            key = keys.get(change.table) or keys.get(change.table.split(".", 1)[-1]) or ()
+            sql, params = _statement(connection, change, key, expected.get(change.identity()))
+            done_rows = connection.raw.execute(sql, params).rowcount
+            per["restored" if done_rows == 1 else "changedSince"] += 1
+            per["byOp"][change.op] += 1 if done_rows == 1 else 0
+        detail = {"tables": counts, "restored": sum(c["restored"] for c in counts.values()),
+                  "changedSince": sum(c["changedSince"] for c in counts.values()),
+                  "left": sum(c["left"] for c in counts.values())}
+        table = capture.APPLIED if pg else capture.SQLITE_APPLIED
+        mark = "%s" if pg else "?"
+        connection.raw.execute(f"INSERT INTO {table} (marker, detail) VALUES ({mark}, {mark})",
+                               (marker, json.dumps(detail)))
+    return detail
+
+
+class _sqlite_transaction:
+    """BEGIN IMMEDIATE … COMMIT on an autocommit sqlite3 connection, rolled back on any error."""
+
+    def __init__(self, connection: database.Connection):
+        self.raw = connection.raw
+
+    def __enter__(self):
+        self.raw.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind, value, traceback):
+        self.raw.execute("COMMIT" if kind is None else "ROLLBACK")
+        return False
+
