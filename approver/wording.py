@@ -39,6 +39,15 @@ def choice_words(rows: list[Any], by: str, *, recipe: str = "") -> dict[str, str
     return {"keep": keep, "overwrite": overwrite}
 
 
+def database_choice_words(detail: dict[str, Any]) -> dict[str, str]:
+    """A database undo's answers: the conflict is row by row, and either way the other rows go back."""
+    n = ((detail.get("rows") or {}).get("conflict")) or 0
+    rows = f"the {n:,} row{'' if n == 1 else 's'} changed since"
+    return {"keep": f"Keep {rows} as they are now, and put back the rest",
+            "overwrite": f"Put back {rows} too, over the newer changes (each only while it still reads as "
+                         "shown here)"}
+
+
 def changed_by_whom(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     """The fields the agent changed, and those changed since."""
     return ([r.get("field") for r in rows if r.get("left") != r.get("before")],

@@ -11,7 +11,7 @@ from journal.undo.recipe_text import recipe_title
 
 from ..execution import OUTCOME_WORDS
 from ..planning import inclusion_words
-from ..wording import choice_words, undo_words
+from ..wording import choice_words, database_choice_words, undo_words
 
 
 def since_words(moment) -> str:
@@ -274,6 +274,8 @@ class PlanItem(models.Model):
     def choice_words(self) -> dict[str, str]:
         """What each answer to its conflict does to the record, in words (`wording.choice_words`)."""
         detail = self.check_detail or {}
+        if self.dialect == "database":
+            return database_choice_words(detail)
         does = ((self.step.earlier_state or {}).get("does") or "its recipe's undo") \
             if self.dialect == "recipe" else ""
         return choice_words(((detail.get("threeWay") or {}).get("fields")) or [],

@@ -145,9 +145,12 @@ def _plan_context(request, plan: Plan) -> dict:
     return {
         "plan": plan,
         "runs": runs,
-        # What will be undone under the current choices; an undo the approvers chose to skip is left alone.
-        "undo": [i for i in compensate if i.conflict_choice != PlanItem.Choice.KEEP_NEWER],
-        "left_alone": [i for i in compensate if i.conflict_choice == PlanItem.Choice.KEEP_NEWER],
+        # What will be undone under the current choices, decided as the executor decides it; an undo the
+        # approvers chose to skip is left alone.
+        "undo": [i for i in compensate
+                 if execution.intent(i.action, i.conflict_choice, i.dialect) == execution.UNDO],
+        "left_alone": [i for i in compensate
+                       if execution.intent(i.action, i.conflict_choice, i.dialect) == execution.LEAVE],
         # Undos whose check found the record as the agent left it: unchanged since, as far as can be told.
         "unchanged": sum(i.check_status == PlanItem.Check.OK for i in compensate),
         "cannot": by_action[PlanItem.Action.CANNOT_UNDO],

@@ -8,8 +8,9 @@ report says exactly that."""
 import sqlite3
 
 import pytest
+from django.test import Client
 
-from approver import services, tasks
+from approver import sentence, services, tasks
 from journal import services as journal_services
 from journal.models import Run
 from tests.journal.helpers import run_agent
@@ -98,8 +99,17 @@ def test_an_agents_cleanup_is_undone_row_by_row_and_a_persons_later_changes_are_
     assert items[4].check_status == "ok"
     assert items[5].check_status == "ok" and items[1].action == "nothing_to_undo"
 
+    web = Client()
+    web.force_login(approver_user)
+    page = web.get(f"/plans/{plan.public_id}/").content.decode()
+    assert 'data-row="contacts 7"' in page and "<mark>customer</mark>" in page  # the conflict, field by field
+    assert "Keep the 1 row changed since as they are now, and put back the rest" in page
+    assert "contacts <code>5</code>'s email (now “new5@example.com”)" in page  # kept either way
     for user in (approver_user, second_approver):
         approve(plan, user, enrolled(user), choices={str(update.position): "keep_newer"})
+    plan.refresh_from_db()
+    signed = sentence.of_items(list(plan.items.select_related("step").order_by("position"))).text()
+    assert "the 1 row changed since by someone else" in signed.split("It will not touch:")[1]
     plan = run_plan(plan)
     outcomes = {i.step.number: i.outcome for i in plan.items.select_related("step")}
     assert outcomes[2] == outcomes[3] == outcomes[4] == outcomes[5] == "compensated"
