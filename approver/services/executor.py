@@ -420,13 +420,14 @@ def finish_if_done(plan: Plan, now: datetime) -> Plan:
 def reconcile_execution(*, older_than: datetime, now: datetime | None = None) -> list[int]:
     """Pick up what a killed worker left: an item still `running` since before `older_than` is claimed
     again when repeating it is safe (an HATP server honours the idempotency key, so a repeat returns the
-    first outcome), and otherwise becomes `outcome_unknown` for a human. Returns the plans to ring again."""
+    first outcome; a database undo commits with its marker or not at all), and otherwise becomes
+    `outcome_unknown` for a human. Returns the plans to ring again."""
     now = now or timezone.now()
     stuck = PlanItem.objects.filter(exec_state=RUNNING, exec_started_at__lt=older_than,
                                     plan__state__in=[Plan.State.EXECUTING, Plan.State.PAUSED]
                                     ).select_related("plan__run", "step")
     for item in stuck:
-        if item.dialect == planning.HATP:
+        if item.dialect in (planning.HATP, planning.DATABASE):
             _unclaim(item)
         else:
             _keep_outcome(item.plan, item, execution.Verdict(execution.OUTCOME_UNKNOWN, {

@@ -36,10 +36,11 @@ def make_crm(path: Path, *, contacts: int = CONTACTS) -> Path:
     return path
 
 
-def sqlite_crm(path: Path, *, by, name: str = "crm", capture: tuple[str, ...] = ("contacts",)):
+def sqlite_crm(path: Path, *, by, name: str = "crm", capture: tuple[str, ...] = ("contacts",),
+               contacts: int = CONTACTS):
     """The CRM at `path`, served by the pinned mcp-server-sqlite with the `sqlite` pack in force and the
     capture on `capture`."""
-    make_crm(path)
+    make_crm(path, contacts=contacts)
     if capture:
         database.install(str(path), list(capture))
     server = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
