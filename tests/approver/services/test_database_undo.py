@@ -6,16 +6,27 @@ change. The database then holds every row as before the agent but the status the
 report says exactly that."""
 
 import sqlite3
+from io import StringIO
 
+import psycopg
 import pytest
+from django.core.management import call_command
 from django.test import Client
 
 from approver import sentence, services, tasks
 from journal import services as journal_services
 from journal.models import Run
 from tests.journal.helpers import run_agent
-from tests.journal.undo.databases import CONTACTS, rows, sqlite_crm
-from tests.services import needs_sqlite_server
+from tests.journal.undo.databases import (
+    AGENT_ROLE,
+    CONTACTS,
+    pg_rows,
+    postgres_crm,
+    rows,
+    server_command,
+    sqlite_crm,
+)
+from tests.services import POSTGRES_URL, needs_node, needs_postgres, needs_sqlite_server
 
 from .test_approvals import approve, enrolled, relying_party  # noqa: F401 - fixture and helpers
 from .test_executor import run_plan
@@ -123,3 +134,60 @@ def test_an_agents_cleanup_is_undone_row_by_row_and_a_persons_later_changes_are_
     assert report[4] == "Deleted the 3 rows of contacts the agent inserted."
     assert report[5] == "Re-inserted 1 deleted row of contacts."
     assert journal_services.verify_run(run=run).ok
+
+
+@needs_node
+@needs_postgres
+def test_on_postgresql_through_dbhub_the_same_cleanup_is_undone_and_another_roles_changes_are_kept(
+        recorder, admin_user, dana, on_call, approver_user, second_approver, settings, monkeypatch):
+    monkeypatch.setattr(tasks.execute_plan, "delay", lambda *args: None)
+    settings.RECORDER_HOLD_WAIT_SECONDS = 1
+    with postgres_crm(POSTGRES_URL) as (recorder_url, agent_url):
+        server = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
+            name="crm", command=server_command("dbhub", agent_url), database=recorder_url))
+        services.use_pack(server=server, pack="dbhub", by=admin_user)
+        call_command("capture", "crm", tables="contacts,companies", agent_roles=[AGENT_ROLE],
+                     stdout=StringIO())
+        token = journal_services.create_agent(name="cleanup-bot", on_behalf_of=dana)[1]
+        set_policy(admin_user)
+        shape = "SELECT id, name, email, status, company_id FROM contacts ORDER BY id"
+        before = pg_rows(recorder_url, shape)
+
+        async def script(client):
+            return [await client.call_tool("crm__execute_sql", {"sql": sql}) for sql in (
+                "SELECT count(*) FROM contacts WHERE status = 'lead'",
+                "UPDATE contacts SET status = 'archived' WHERE id <= 40",
+                "DELETE FROM contacts WHERE id BETWEEN 101 AND 125",
+                "INSERT INTO contacts (id, name, email, status) VALUES "
+                "(9001, 'Fake 1', 'f1@x.test', 'lead'), (9002, 'Fake 2', 'f2@x.test', 'lead'), "
+                "(9003, 'Fake 3', 'f3@x.test', 'lead')",
+                "WITH doomed AS (DELETE FROM contacts WHERE id = 200 RETURNING id) "
+                "SELECT count(*) FROM doomed",
+                "DROP TABLE contacts CASCADE")]
+
+        said = run_agent(recorder, token, script)
+        assert not any(s.is_error for s in said[:5]) and said[5].is_error  # the drop waits for a person
+        assert pg_rows(recorder_url, "SELECT count(*) FROM contacts") == [(CONTACTS - 25 + 3 - 1,)]
+        run = Run.objects.get(agent__name="cleanup-bot")
+        steps = {s.number: s for s in run.steps.all()}
+        assert [steps[n].effect_summary for n in (2, 3, 4, 5)] == [
+            "Updated 40 rows of public.contacts.", "Deleted 25 rows of public.contacts.",
+            "Inserted 3 rows of public.contacts.", "Deleted 1 row of public.contacts."]
+        with psycopg.connect(recorder_url, autocommit=True) as person:  # another role, afterwards
+            person.execute("UPDATE contacts SET email = 'new5@example.com' WHERE id = 5")
+            person.execute("UPDATE contacts SET status = 'customer' WHERE id = 7")
+
+        plan = services.request_plan(run=run, requested_by=on_call, reason="bad cleanup", from_step=1)
+        plan = services.run_checks(plan=plan, check_round=plan.check_round)
+        items = {i.step.number: i for i in plan.items.select_related("step")}
+        assert items[2].check_detail["rows"] == {"restore": 39, "undone": 0, "conflict": 1}
+        assert items[6].action == "nothing_to_undo"  # held, never sent
+        for user in (approver_user, second_approver):
+            approve(plan, user, enrolled(user), choices={str(items[2].position): "keep_newer"})
+        plan = run_plan(plan)
+        outcomes = {i.step.number: i.outcome for i in plan.items.select_related("step")}
+        assert [outcomes[n] for n in (2, 3, 4, 5)] == ["compensated"] * 4
+        expected = [(i, n, "new5@example.com" if i == 5 else e, "customer" if i == 7 else s, c)
+                    for (i, n, e, s, c) in before]
+        assert pg_rows(recorder_url, shape) == expected
+        assert journal_services.verify_run(run=run).ok

@@ -90,3 +90,30 @@ def test_an_agents_update_through_dbhub_lands_on_the_record_row_by_row(captured,
     assert {row["who"] for row in changed["rows"]} == {AGENT_ROLE}
     assert pg_rows(recorder_url, "SELECT count(*) FROM contacts WHERE status = 'archived'") == [(40,)]
     assert CONTACTS == pg_rows(recorder_url, "SELECT count(*) FROM contacts")[0][0]
+
+
+@needs_node
+def test_a_hostile_agent_cannot_touch_the_capture_through_its_sql_tool(captured, recorder, admin_user, dana):
+    """Whatever the policies allow: refused before anything is sent, and the record keeps every row image."""
+    recorder_url, agent_url = captured
+    server = journal_services.refresh_catalogue(server=journal_services.save_tool_server(
+        server=ToolServer.objects.get(name="crm"), command=server_command("dbhub", agent_url)))
+    services.use_pack(server=server, pack="dbhub", by=admin_user)
+    set_policy(admin_user, none="allow", unknown="allow")
+    token = journal_services.create_agent(name="hostile-bot", on_behalf_of=dana)[1]
+    call(recorder, token, "crm__execute_sql", {"sql": "UPDATE contacts SET status = 'x' WHERE id <= 3"})
+    for sql in ("DROP TRIGGER undo_capture ON contacts", "ALTER TABLE contacts DISABLE TRIGGER ALL",
+                "ALTER TABLE contacts DISABLE TRIGGER undo_capture", "SELECT * FROM undo_capture.changes",
+                "DELETE FROM undo_capture.changes", "SET session_replication_role = replica",
+                "SELECT 1; COMMIT; DROP SCHEMA undo_capture CASCADE", "DROP EVENT TRIGGER undo_capture_guard",
+                "UPDATE contacts SET status = 'y'; TRUNCATE undo_capture.changes"):
+        result = call(recorder, token, "crm__execute_sql", {"sql": sql})
+        assert result.is_error and "Refused: it touches" in result.content[0].text, sql
+    steps = list(Step.objects.order_by("number"))
+    assert [s.policy_decision["decision"] for s in steps] == ["allow"] + ["deny"] * 9
+    assert steps[0].earlier_state["left"]["database"]["count"] == 3
+    switched_on = "SELECT count(*) FROM pg_trigger WHERE tgname = 'undo_capture' AND tgenabled = 'O'"
+    assert pg_rows(recorder_url, switched_on) == [(2,)]
+    assert pg_rows(recorder_url, "SELECT count(*) FROM undo_capture.changes") == [(3,)]
+    assert pg_rows(recorder_url, "SELECT count(*) FROM contacts WHERE status = 'y'") == [(0,)]
+    assert journal_services.verify_run(run=steps[0].run).ok
