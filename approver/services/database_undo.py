@@ -41,7 +41,8 @@ def words(detail: dict[str, Any]) -> str:
     for table, counts in (detail.get("tables") or {}).items():
         said = [undone_words(table, counts.get("byOp") or {"U": counts["restored"]})]
         if counts.get("changedSince"):
-            said.append(f"{plural(counts['changedSince'], 'row')} changed since the check, left as they are")
+            n = counts["changedSince"]
+            said.append(f"{plural(n, 'row')} changed since the check, left as {'it is' if n == 1 else 'they are'}")
         if counts.get("left"):
             said.append(f"{plural(counts['left'], 'row')} changed since by someone else, kept as the "
                         "approvers chose")

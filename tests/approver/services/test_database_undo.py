@@ -191,3 +191,32 @@ def test_on_postgresql_through_dbhub_the_same_cleanup_is_undone_and_another_role
                     for (i, n, e, s, c) in before]
         assert pg_rows(recorder_url, shape) == expected
         assert journal_services.verify_run(run=run).ok
+
+
+def test_an_override_puts_back_the_rows_changed_since_only_where_they_still_read_as_the_approvers_saw_them(
+        recorder, crm, admin_user, on_call, approver_user, second_approver):
+    path, token = crm
+    set_policy(admin_user)
+    run_agent(recorder, token, lambda client: client.call_tool(
+        "crm__write_query", {"query": "UPDATE contacts SET status = 'archived' WHERE id <= 3"}))
+    with sqlite3.connect(path) as person:
+        person.execute("UPDATE contacts SET status = 'customer' WHERE id IN (1, 2)")
+    run = Run.objects.get(agent__name="cleanup-bot")
+    plan = services.request_plan(run=run, requested_by=on_call, reason="undo it all", from_step=1)
+    plan = services.run_checks(plan=plan, check_round=plan.check_round)
+    item = plan.items.get()
+    assert item.check_detail["rows"] == {"restore": 1, "undone": 0, "conflict": 2}
+    why = "The customers were marked by mistake too; the sales lead agreed."
+    for user in (approver_user, second_approver):
+        approve(plan, user, enrolled(user), choices={str(item.position): "overwrite"},
+                overrides={str(item.position): why})
+    with sqlite3.connect(path) as person:  # after the signatures: this row no longer reads as they saw it
+        person.execute("UPDATE contacts SET status = 'vip' WHERE id = 2")
+    plan = run_plan(plan)
+    item.refresh_from_db()
+    assert item.outcome == "compensated"
+    assert rows(path, "SELECT id, status FROM contacts WHERE id <= 3") == [(1, "active"), (2, "vip"),
+                                                                        (3, "lead")]
+    assert item.outcome_detail["message"] == ("Put back 2 rows of contacts; 1 row changed since the check, "
+                                              "left as it is.")
+    assert item.outcome_detail["rows"]["changedSince"] == 1
