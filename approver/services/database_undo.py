@@ -42,7 +42,8 @@ def words(detail: dict[str, Any]) -> str:
         said = [undone_words(table, counts.get("byOp") or {"U": counts["restored"]})]
         if counts.get("changedSince"):
             n = counts["changedSince"]
-            said.append(f"{plural(n, 'row')} changed since the check, left as {'it is' if n == 1 else 'they are'}")
+            left = "it is" if n == 1 else "they are"
+            said.append(f"{plural(n, 'row')} changed since the check, left as {left}")
         if counts.get("left"):
             said.append(f"{plural(counts['left'], 'row')} changed since by someone else, kept as the "
                         "approvers chose")
