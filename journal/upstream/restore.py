@@ -11,6 +11,7 @@ from ..undo.database import capture
 from ..undo.database.places import POSTGRESQL
 from ..undo.database.rows import INSERTED, UPDATED, Change
 from . import database, windows
+from . import restore_batches as batches
 
 BATCH = 500
 
@@ -167,17 +168,19 @@ def _transaction(connection: database.Connection, changes: list[Change], *, mark
     with begin:
         if (done := applied(connection, marker)) is not None:
             return {**done, "again": True}
-        for change in sorted(changes, key=lambda c: max(c.ids), reverse=True):
-            per = counts.setdefault(change.table, {"restored": 0, "changedSince": 0, "left": 0,
-                                                   "byOp": {"I": 0, "U": 0, "D": 0}})
-            if change.identity() in leave:
-                per["left"] += 1
+        ordered = sorted(changes, key=lambda c: max(c.ids), reverse=True)  # the latest change first
+        for group in _runs(ordered, expected, leave, batched=pg):
+            first = group[0]
+            per = counts.setdefault(first.table, {"restored": 0, "changedSince": 0, "left": 0,
+                                                  "byOp": {"I": 0, "U": 0, "D": 0}})
+            if first.identity() in leave:
+                per["left"] += len(group)
                 continue
-            key = keys.get(change.table) or keys.get(change.table.split(".", 1)[-1]) or ()
-            sql, params = _statement(connection, change, key, expected.get(change.identity()))
-            done_rows = connection.raw.execute(sql, params).rowcount
-            per["restored" if done_rows == 1 else "changedSince"] += 1
-            per["byOp"][change.op] += 1 if done_rows == 1 else 0
+            key = keys.get(first.table) or keys.get(first.table.split(".", 1)[-1]) or ()
+            done_rows = _apply(connection, group, key, expected)
+            per["restored"] += done_rows
+            per["changedSince"] += len(group) - done_rows
+            per["byOp"][first.op] += done_rows
         detail = {"tables": counts, "restored": sum(c["restored"] for c in counts.values()),
                   "changedSince": sum(c["changedSince"] for c in counts.values()),
                   "left": sum(c["left"] for c in counts.values())}
@@ -186,6 +189,43 @@ def _transaction(connection: database.Connection, changes: list[Change], *, mark
         connection.raw.execute(f"INSERT INTO {table} (marker, detail) VALUES ({mark}, {mark})",
                                (marker, json.dumps(detail)))
     return detail
+
+
+def _kind(change: Change, expected: dict | None) -> tuple:
+    """What a row's undo is, for putting like rows back together: where a statement fits many rows."""
+    if expected is None:
+        return change.table, "insert", ()
+    if change.op == INSERTED:
+        return change.table, "delete", tuple(expected)
+    if change.op == UPDATED:
+        return change.table, "update", tuple(change.fields)
+    return change.table, "other", ()
+
+
+def _runs(ordered: list[Change], expected: Mapping[str, dict | None], leave: set[str], *, batched: bool):
+    """Consecutive rows of the same kind, in order, up to BATCH each (one row each when not `batched`, and
+    for a kind no one statement fits); rows left alone as signed come as runs of their own."""
+    group: list[Change] = []
+    last = None
+    for change in ordered:
+        kind = ("leave",) if change.identity() in leave else _kind(change, expected.get(change.identity()))
+        if group and (not batched or kind != last or kind[1] == "other" or len(group) >= BATCH):
+            yield group
+            group = []
+        group.append(change)
+        last = kind
+    if group:
+        yield group
+
+
+def _apply(connection: database.Connection, group: list[Change], key: tuple[str, ...],
+           expected: Mapping[str, dict | None]) -> int:
+    """Put a run of like rows back: how many the database still found as expected."""
+    if len(group) == 1:
+        sql, params = _statement(connection, group[0], key, expected.get(group[0].identity()))
+        return connection.raw.execute(sql, params).rowcount
+    sql, params = batches.statement(group, key, [expected.get(c.identity()) for c in group])
+    return connection.raw.execute(sql, params).rowcount
 
 
 class _sqlite_transaction:
