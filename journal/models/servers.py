@@ -5,7 +5,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
-from ..undo.database.places import NotADatabase, dialect_of, shown_database
+from ..undo.database.places import NotADatabase, dialect_of, shown_database, without_passwords
 
 SEPARATOR = "__"  # tools are named prefix__tool
 
@@ -57,6 +57,11 @@ class ToolServer(models.Model):
 
     def __str__(self):
         return self.name
+
+    @property
+    def command_shown(self) -> str:
+        """The command line as pages show it: any URL's password in it (a DSN) replaced by ***."""
+        return without_passwords(self.command)
 
     @property
     def database_shown(self) -> str:

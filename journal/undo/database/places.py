@@ -2,6 +2,7 @@
 (`postgresql://user:password@host:5432/name`) or an SQLite file's path (`/srv/crm.db`, `sqlite:///srv/crm.db`).
 Which grammar reads its SQL follows from it. No ORM and no clock."""
 
+import re
 from urllib.parse import urlsplit, urlunsplit
 
 POSTGRESQL = "postgresql"
@@ -42,3 +43,11 @@ def shown_database(place: str) -> str:
     host = parts.hostname or ""
     port = f":{parts.port}" if parts.port else ""
     return urlunsplit((parts.scheme, f"{user}:***@{host}{port}", parts.path, parts.query, parts.fragment))
+
+
+_URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^\s:/@]*:)([^\s@/]+)(@)", re.IGNORECASE)
+
+
+def without_passwords(text: str) -> str:
+    """Every URL's password in `text` (a command line with a DSN in it) replaced by ***."""
+    return _URL_PASSWORD.sub(r"\1***\3", text)

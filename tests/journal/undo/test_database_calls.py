@@ -7,6 +7,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.test import Client
 
 from approver.models import ActionRequest
 from journal import services as journal_services
@@ -113,12 +114,20 @@ def test_a_change_to_a_table_without_capture_says_so_and_waits(recorder, crm, ad
     assert rows(path, "SELECT name FROM companies WHERE id = 1") == [("Company 1",)]
 
 
-def test_a_database_server_is_registered_with_its_database_and_its_password_is_never_shown(tmp_path):
+def test_a_database_server_is_registered_with_its_database_and_its_password_is_never_shown(
+        tmp_path, admin_user):
     out = StringIO()
-    call_command("add_tool_server", "pg", stdio_command=f"{SQLITE_SERVER} --db-path {tmp_path / 'x.db'}",
+    command = f"env DSN=postgres://agent:hunter2@db/crm {SQLITE_SERVER} --db-path {tmp_path / 'x.db'}"
+    call_command("add_tool_server", "pg", stdio_command=command,
                  database="postgresql://recorder:s3cret@db.internal:5432/crm", stdout=out, stderr=StringIO())
     assert "pg: its SQL acts on postgresql://recorder:***@db.internal:5432/crm" in out.getvalue()
     assert "s3cret" not in out.getvalue()
-    assert ToolServer.objects.get(name="pg").database_shown == "postgresql://recorder:***@db.internal:5432/crm"
+    server = ToolServer.objects.get(name="pg")
+    assert server.database_shown == "postgresql://recorder:***@db.internal:5432/crm"
+    web = Client()
+    web.force_login(admin_user)
+    page = web.get(f"/servers/{server.pk}/").content.decode()
+    assert "postgresql://recorder:***@db.internal:5432/crm" in page and "postgres://agent:***@db/crm" in page
+    assert "s3cret" not in page and "hunter2" not in page
     with pytest.raises(CommandError, match="database: 'ftp://x' is neither a PostgreSQL URL"):
         call_command("add_tool_server", "pg", update=True, database="ftp://x", stdout=out, stderr=StringIO())
