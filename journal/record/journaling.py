@@ -206,6 +206,10 @@ def closed_fields(*, outcome: Outcome, tool: Tool, arguments: dict[str, Any], st
         fields.update(_failed(outcome))
     if outcome.recovery is not None:
         fields["recovery"] = to_ijson(outcome.recovery)
+    if (rows := judging.database_rows(outcome.after_state)) is not None:  # the rows a database's capture kept
+        fields["earlier_state"] = {**(tool.earlier or {}), "left": outcome.after_state}
+        declared = fields.get("reversibility") or judging.from_state(tool.earlier or {}).kind
+        fields.update(judging.after_call(rows, kind=declared))
     return fields, result
 
 
@@ -227,10 +231,6 @@ def _answered(result: dict[str, Any], outcome: Outcome, *, tool: Tool, arguments
                                           earlier=tool.earlier, after_version=outcome.after_version))
         if tool.earlier and outcome.after_state is not None:  # kept for a conflict's three-way view
             fields["earlier_state"] = {**tool.earlier, "left": outcome.after_state}
-    if (rows := judging.database_rows(outcome.after_state)) is not None:  # the rows a database's capture kept
-        fields["earlier_state"] = {**(tool.earlier or {}), "left": outcome.after_state}
-        declared = fields.get("reversibility") or judging.from_state(tool.earlier or {}).kind
-        fields.update(judging.after_call(rows, kind=declared))
     if result.get("resultType") == "input_required":  # 2026-07-28: asked for more before doing anything
         fields.update(reversibility=READ_ONLY, undo_problems=[], compensation_arguments=None,
                       compensation_then=None, effect_summary="The server asked for more input before acting.")

@@ -6,11 +6,13 @@ the role that wrote them."""
 import psycopg
 import pytest
 from django.core.management import call_command
+from mcp.shared.exceptions import MCPError
 
 from approver import services
 from journal import services as journal_services
 from journal.models import Step, ToolServer
-from tests.approver.services.test_held_calls import call, set_policy
+from tests.approver.services.test_held_calls import call, decide, held, in_background, set_policy
+from tests.journal.helpers import run_agent
 from tests.services import POSTGRES_URL, needs_node, needs_postgres
 
 from .databases import AGENT_ROLE, CONTACTS, pg_rows, postgres_crm, server_command
@@ -117,3 +119,37 @@ def test_a_hostile_agent_cannot_touch_the_capture_through_its_sql_tool(captured,
     assert pg_rows(recorder_url, "SELECT count(*) FROM undo_capture.changes") == [(3,)]
     assert pg_rows(recorder_url, "SELECT count(*) FROM contacts WHERE status = 'y'") == [(0,)]
     assert journal_services.verify_run(run=steps[0].run).ok
+
+
+@needs_node
+def test_the_reference_postgres_servers_read_only_query_cannot_be_escaped_with_a_commit(
+        captured, recorder, admin_user, dana, approver_user, settings):
+    """@modelcontextprotocol/server-postgres runs `query` in a read-only transaction that a COMMIT inside the
+    text ends (its known escape). The statements decide: reads pass, the escape waits for a person, and an
+    UPDATE the server refuses is recorded as changing nothing, because the capture says so."""
+    settings.RECORDER_HOLD_WAIT_SECONDS = 30
+    recorder_url, agent_url = captured
+    server = journal_services.refresh_catalogue(server=journal_services.save_tool_server(
+        server=ToolServer.objects.get(name="crm"), command=server_command("postgres", agent_url)))
+    services.use_pack(server=server, pack="postgres", by=admin_user)
+    set_policy(admin_user)
+    token = journal_services.create_agent(name="report-bot", on_behalf_of=dana)[1]
+    read = call(recorder, token, "crm__query", {"sql": "SELECT count(*) AS n FROM contacts"})
+    assert not read.is_error and str(CONTACTS) in read.content[0].text
+    async def update(client):
+        try:
+            await client.call_tool("crm__query", {"sql": "UPDATE contacts SET status = 'x' WHERE id = 1"})
+        except MCPError as exc:  # the server's own JSON-RPC error, relayed as it came
+            return str(exc)
+
+    assert "read-only transaction" in run_agent(recorder, token, update)
+    update = Step.objects.get(arguments__sql__startswith="UPDATE")
+    assert (update.reversibility, update.effect_summary) == ("read_only", "It changed no rows.")
+    thread, box = in_background(lambda: call(recorder, token, "crm__query",
+                                             {"sql": "SELECT 1; COMMIT; DROP TABLE contacts CASCADE"}))
+    action = held()
+    assert "It drops table contacts" in action.why["reason"]
+    decide(action, approver_user, "reject", reason="a read tool does not drop tables")
+    thread.join(timeout=30)
+    assert box["result"].is_error
+    assert pg_rows(recorder_url, "SELECT count(*) FROM contacts") == [(CONTACTS,)]
