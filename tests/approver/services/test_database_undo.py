@@ -220,3 +220,29 @@ def test_an_override_puts_back_the_rows_changed_since_only_where_they_still_read
     assert item.outcome_detail["message"] == ("Put back 2 rows of contacts; 1 row changed since the check, "
                                               "left as it is.")
     assert item.outcome_detail["rows"]["changedSince"] == 1
+
+
+def test_two_steps_that_changed_the_same_rows_are_undone_later_first_without_a_conflict(
+        recorder, crm, admin_user, on_call, approver_user, second_approver):
+    path, token = crm
+    set_policy(admin_user)
+
+    async def script(client):
+        await client.call_tool("crm__write_query",
+                               {"query": "UPDATE contacts SET status = 'a' WHERE id <= 2"})
+        await client.call_tool("crm__write_query", {"query": "UPDATE contacts SET status = 'b' WHERE id = 1"})
+
+    run_agent(recorder, token, script)
+    run = Run.objects.get(agent__name="cleanup-bot")
+    plan = services.request_plan(run=run, requested_by=on_call, reason="undo both", from_step=1)
+    plan = services.run_checks(plan=plan, check_round=plan.check_round)
+    items = {i.step.number: i for i in plan.items.select_related("step")}
+    assert items[2].position < items[1].position  # the later step is undone first
+    assert (items[1].check_status, items[2].check_status) == ("ok", "ok")  # its own chain, not a conflict
+    assert items[1].check_detail["chained"] == (
+        "once the undos of the plan's later changes to the same rows have run")
+    for user in (approver_user, second_approver):
+        approve(plan, user, enrolled(user), choices={})
+    plan = run_plan(plan)
+    assert [i.outcome for i in plan.items.order_by("position")] == ["compensated", "compensated"]
+    assert rows(path, "SELECT id, status FROM contacts WHERE id <= 2") == [(1, "active"), (2, "active")]
