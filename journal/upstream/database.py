@@ -7,7 +7,9 @@ loop run it in a thread."""
 
 import contextlib
 import json
+import os
 import sqlite3
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -26,6 +28,10 @@ from ..undo.database.places import (
 from ..undo.database.reading import CAPTURE_SCHEMA, CAPTURE_TRIGGER, SQLITE_PREFIX, Reading
 
 TIMEOUT_SECONDS = 5  # a connection, and each statement the Recorder runs before a call
+# Each SQLite database's schema, copied in memory once per schema version (SQLite's `schema_version` moves
+# with every change of it): what the SQL is compiled against.
+_COPIES: dict[str, tuple] = {}
+_COPIES_GUARD = threading.Lock()
 
 
 class DatabaseUnreachable(Exception):
@@ -36,6 +42,7 @@ class DatabaseUnreachable(Exception):
 class Connection:
     dialect: str
     raw: object  # a psycopg or sqlite3 connection
+    place: str = ""
 
     def rows(self, sql: str, params: Sequence = ()) -> list[tuple]:
         cursor = self.raw.execute(sql, params)
@@ -58,7 +65,7 @@ def connect(place: str, *, timeout: float = TIMEOUT_SECONDS) -> Connection:
                                   isolation_level=None)
     except (psycopg.Error, sqlite3.Error) as exc:
         raise DatabaseUnreachable(f"{shown_database(place)} cannot be reached: {_words(exc)}") from None
-    return Connection(dialect, raw)
+    return Connection(dialect, raw, place)
 
 
 @contextlib.contextmanager
@@ -172,10 +179,22 @@ def read_statements(connection: Connection, text: str) -> Reading:
         reading = postgres.read(text)
         unknown = [f for s in reading.statements for f in s.functions]
         return postgres.read(text, safe=non_volatile(connection, unknown)) if unknown else reading
-    schema = [sql for (sql,) in connection.rows(
-        "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY CASE type WHEN 'table' THEN 0 "
-        "WHEN 'index' THEN 1 WHEN 'view' THEN 2 ELSE 3 END, rowid")]
-    return sqlite.read(text, schema=schema)
+    place = connection.place
+    try:  # a file put in another's place is another database, whatever its schema version says
+        version = (os.stat(sqlite_path(place)).st_ino, connection.rows("PRAGMA schema_version")[0][0])
+    except OSError:
+        version = None
+    with _COPIES_GUARD:
+        cached = _COPIES.get(place)
+    if cached is None or version is None or cached[0] != version:
+        schema = [sql for (sql,) in connection.rows(
+            "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY CASE type WHEN 'table' THEN 0 "
+            "WHEN 'index' THEN 1 WHEN 'view' THEN 2 ELSE 3 END, rowid")]
+        cached = (version, sqlite.Copy(schema, shared=True), threading.Lock())
+        with _COPIES_GUARD:
+            _COPIES[place] = cached
+    with cached[2]:  # one reading at a time on a copy
+        return sqlite.read(text, copy=cached[1])
 
 
 def before_call(place: str, text: str) -> dict:

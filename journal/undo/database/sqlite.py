@@ -84,11 +84,13 @@ def _first_word(piece: str) -> str:
     return (words.split(None, 1) or [""])[0].rstrip(";").upper()
 
 
-class _Copy:
-    """An in-memory copy of the schema, and the actions the last statement compiled there would take."""
+class Copy:
+    """An in-memory copy of the schema, and the actions the last statement compiled there would take. One
+    copy may serve many readings, one at a time (`shared`: from any thread): what a text applies to it is
+    rolled back after."""
 
-    def __init__(self, schema: Sequence[str]):
-        self.connection = sqlite3.connect(":memory:", isolation_level=None)
+    def __init__(self, schema: Sequence[str], *, shared: bool = False):
+        self.connection = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=not shared)
         for statement in schema:
             try:
                 self.connection.execute(statement)
@@ -242,13 +244,15 @@ def _classify(piece: str, actions: list[tuple], explained: bool) -> Statement:
     return _rows(piece, actions, word) or _other(piece, actions, word)
 
 
-def read(text: str, *, schema: Sequence[str] = ()) -> Reading:
+def read(text: str, *, schema: Sequence[str] = (), copy: Copy | None = None) -> Reading:
     """Every statement of `text`, in order, compiled against a copy of `schema` (the database's own
-    `sqlite_master.sql`, in order)."""
+    `sqlite_master.sql`, in order), or against `copy`, one made before from it."""
     pieces = statements(text)
     if not pieces:
         return Reading("sqlite", problem="there is no statement in it")
-    copy, read_ = _Copy(schema), []
+    own, read_ = copy is None, []
+    copy = copy or Copy(schema)
+    copy.connection.execute("SAVEPOINT reading")
     try:
         for piece in pieces:
             explained = _first_word(piece) == "EXPLAIN"
@@ -261,5 +265,8 @@ def read(text: str, *, schema: Sequence[str] = ()) -> Reading:
             if statement.kind == "destroy" and any(a in SCHEMA_ACTIONS for a, *_ in actions):
                 copy.apply(piece)
     finally:
-        copy.close()
+        copy.connection.execute("ROLLBACK TO reading")
+        copy.connection.execute("RELEASE reading")
+        if own:
+            copy.close()
     return Reading("sqlite", tuple(transaction_control_among_others(read_)))
