@@ -113,15 +113,33 @@ def writes(earlier: dict[str, Any] | None) -> bool:
     return reading.get("kind") in ("rows", "destroy", "unknown")
 
 
+# One writing call at a time per database in this process, waited for on the event loop (so calls queued
+# for a busy database hold no thread); `windows` adds the lock across processes.
+_WINDOW_LOCKS: dict[str, asyncio.Lock] = {}
+
+
 async def window(server: ToolServer, earlier: dict[str, Any] | None) -> windows.Window | None:
     """The database's write window for a call whose statements may change rows, opened just before it is
-    sent (it waits for any other such call to the same database); None for any other call."""
+    sent (it waits for any other such call to the same database); None for any other call. An agent that
+    hangs up while it waits leaves nothing held: the window, once opened, is let go at once."""
     if not server.database or not writes(earlier):
         return None
+    lock = _WINDOW_LOCKS.setdefault(server.database, asyncio.Lock())
+    await lock.acquire()
+    loop = asyncio.get_running_loop()
+    job = asyncio.ensure_future(asyncio.to_thread(windows.opened, server.database))
     try:
-        return await asyncio.to_thread(windows.opened, server.database)
-    except (database.DatabaseUnreachable, OSError):
-        return None  # the step then says its rows were not read (`rows_after`)
+        opened = await asyncio.shield(job)
+    except asyncio.CancelledError:
+        job.add_done_callback(lambda done: (
+            windows.release(done.result()) if not done.cancelled() and done.exception() is None else None,
+            loop.call_soon_threadsafe(lock.release)))
+        raise
+    except Exception:  # unreachable, or refused the lock: the step says its rows were not read (`rows_after`)
+        lock.release()
+        return None
+    opened.on_release = lambda: loop.call_soon_threadsafe(lock.release)
+    return opened
 
 
 async def rows_after(opened_window: windows.Window | None, earlier: dict[str, Any] | None) -> dict | None:

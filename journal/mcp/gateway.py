@@ -370,6 +370,9 @@ class Recorder:
             acted = exc.may_have_acted
             note = " It may have acted before failing; do not repeat the call blindly." if acted else ""
             return tool_error(f"{exc.message} ({exc.failure_class}).{note}", advice, saga), journaled
+        except Exception:
+            windows.release(window)  # nothing a failure here leaves may keep the database's window
+            raise
         rows = await earlier_reads.rows_after(window, opened.earlier)  # the rows it changed, for a database
         if result.get("resultType") == TASK_RESULT:  # the tasks extension: the call goes on as a task
             return await self.tasks.started(opened, started, result, declared=tasks, owner=owner), None

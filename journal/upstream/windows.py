@@ -32,6 +32,8 @@ class Window:
     held: Any = None  # the file descriptor or connection that holds the cross-process lock
     local: Any = None  # this process's lock on the database (a threading.Lock)
     roles: list[str] = field(default_factory=list)  # PostgreSQL: the agent's roles, as the capture names them
+    on_release: Any = None  # called once the window is let go (the caller's own lock on the database)
+    released: bool = False
 
 
 def _local(place: str):
@@ -76,6 +78,10 @@ def release(window: Window | None) -> None:
 
 
 def _release(window: Window) -> None:
+    """Let the window go, once: its cross-process lock, this process's lock, then the caller's."""
+    if window.released:
+        return
+    window.released = True
     try:
         if isinstance(window.held, int):
             os.close(window.held)  # closing the descriptor releases the file lock
@@ -83,8 +89,10 @@ def _release(window: Window) -> None:
             window.held.raw.close()  # ending the session releases the advisory lock
     finally:
         window.held = None
-        if window.local is not None and window.local.locked():
+        if window.local is not None:
             window.local.release()
+        if window.on_release is not None:
+            window.on_release()
 
 
 def _row(dialect: str, row: tuple) -> dict[str, Any]:

@@ -131,3 +131,25 @@ def test_a_database_server_is_registered_with_its_database_and_its_password_is_n
     assert "s3cret" not in page and "hunter2" not in page
     with pytest.raises(CommandError, match="database: 'ftp://x' is neither a PostgreSQL URL"):
         call_command("add_tool_server", "pg", update=True, database="ftp://x", stdout=out, stderr=StringIO())
+
+
+def test_two_agents_writing_one_database_at_once_each_get_exactly_their_own_rows(
+        recorder, crm, admin_user, dana):
+    path, first = crm
+    second = journal_services.create_agent(name="other-bot", on_behalf_of=dana)[1]
+    set_policy(admin_user)
+    calls = [(first, "UPDATE contacts SET status = 'archived' WHERE id <= 40"),
+             (second, "DELETE FROM contacts WHERE id BETWEEN 101 AND 125"),
+             (first, "UPDATE contacts SET name = 'x' WHERE id BETWEEN 500 AND 502"),
+             (second, "INSERT INTO contacts (id, name, email, status) "
+                      "VALUES (9001, 'f', 'f@x.test', 'lead')")]
+    threads = [in_background(lambda token=token, sql=sql: call(recorder, token, "crm__write_query",
+                                                               {"query": sql})) for token, sql in calls]
+    for thread, _ in threads:
+        thread.join(timeout=60)
+    assert all(not box["result"].is_error for _, box in threads)
+    counted = {s.arguments["query"]: s.earlier_state["left"]["database"]["tables"]["contacts"]
+               for s in Step.objects.all()}
+    assert counted == {calls[0][1]: {"I": 0, "U": 40, "D": 0}, calls[1][1]: {"I": 0, "U": 0, "D": 25},
+                       calls[2][1]: {"I": 0, "U": 3, "D": 0}, calls[3][1]: {"I": 1, "U": 0, "D": 0}}
+    assert rows(path, "SELECT count(*) FROM _undo_capture_changes") == [(69,)]
