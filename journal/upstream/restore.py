@@ -62,7 +62,7 @@ def _read(connection: database.Connection, table: str, key: tuple[str, ...],
     columns = [row[1] for row in connection.rows(f"PRAGMA table_info({capture.quoted(table)})")]
     marks = ", ".join("(" + ", ".join("?" for _ in key) + ")" for _ in keys)
     where = "(" + ", ".join(capture.quoted(k) for k in key) + ")"
-    sql = (f"SELECT {capture._sqlite_image('t', columns)} FROM {capture.quoted(table)} AS t "
+    sql = (f"SELECT {capture.sqlite_image('t', columns)} FROM {capture.quoted(table)} AS t "
            f"WHERE {where} IN (VALUES {marks})")
     params = [_sqlite(v) for values in keys for v in values]
     return [json.loads(row) for (row,) in connection.rows(sql, params)]

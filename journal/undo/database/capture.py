@@ -168,7 +168,7 @@ def _sqlite_value(row: str, column: str) -> str:
     return f"CASE WHEN typeof({value}) = 'blob' THEN json_object('$blob', hex({value})) ELSE {value} END"
 
 
-def _sqlite_image(row: str, columns: Sequence[str]) -> str:
+def sqlite_image(row: str, columns: Sequence[str]) -> str:
     return "json_object(" + ", ".join(f"{literal(c)}, {_sqlite_value(row, c)}" for c in columns) + ")"
 
 
@@ -181,10 +181,10 @@ def sqlite_table(table: str, key: Sequence[str], columns: Sequence[str]) -> str:
 
     insert = f"INSERT INTO {SQLITE_CHANGES} (tbl, op, pk, before, after) VALUES ({literal(table)}, "
     triggers = {
-        "i": ("INSERT", f"{insert}'I', {key_of('NEW')}, NULL, {_sqlite_image('NEW', columns)});"),
-        "u": ("UPDATE", f"{insert}'U', {key_of('OLD')}, {_sqlite_image('OLD', columns)}, "
-                        f"{_sqlite_image('NEW', columns)});"),
-        "d": ("DELETE", f"{insert}'D', {key_of('OLD')}, {_sqlite_image('OLD', columns)}, NULL);"),
+        "i": ("INSERT", f"{insert}'I', {key_of('NEW')}, NULL, {sqlite_image('NEW', columns)});"),
+        "u": ("UPDATE", f"{insert}'U', {key_of('OLD')}, {sqlite_image('OLD', columns)}, "
+                        f"{sqlite_image('NEW', columns)});"),
+        "d": ("DELETE", f"{insert}'D', {key_of('OLD')}, {sqlite_image('OLD', columns)}, NULL);"),
     }
     sql = "".join(f"DROP TRIGGER IF EXISTS {quoted(trigger_name(table, op))};\n"
                   f"CREATE TRIGGER {quoted(trigger_name(table, op))} AFTER {event} ON {name} "

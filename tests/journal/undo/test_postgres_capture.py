@@ -73,12 +73,17 @@ def test_a_dba_gets_the_sql_to_run_instead(crm, capsys):
         call_command("capture", "crm", tables="notes")
 
 
+def served_by(pack: str, agent_url: str, admin_user) -> None:
+    """The registered crm server, now the pinned server of `pack` over the agent's URL, its pack in force."""
+    server = journal_services.refresh_catalogue(server=journal_services.save_tool_server(
+        server=ToolServer.objects.get(name="crm"), command=server_command(pack, agent_url)))
+    services.use_pack(server=server, pack=pack, by=admin_user)
+
+
 @needs_node
 def test_an_agents_update_through_dbhub_lands_on_the_record_row_by_row(captured, recorder, admin_user, dana):
     recorder_url, agent_url = captured
-    server = journal_services.refresh_catalogue(server=journal_services.save_tool_server(
-        server=ToolServer.objects.get(name="crm"), command=server_command("dbhub", agent_url)))
-    services.use_pack(server=server, pack="dbhub", by=admin_user)
+    served_by("dbhub", agent_url, admin_user)
     set_policy(admin_user)
     token = journal_services.create_agent(name="cleanup-bot", on_behalf_of=dana)[1]
     result = call(recorder, token, "crm__execute_sql",
@@ -98,9 +103,7 @@ def test_an_agents_update_through_dbhub_lands_on_the_record_row_by_row(captured,
 def test_a_hostile_agent_cannot_touch_the_capture_through_its_sql_tool(captured, recorder, admin_user, dana):
     """Whatever the policies allow: refused before anything is sent, and the record keeps every row image."""
     recorder_url, agent_url = captured
-    server = journal_services.refresh_catalogue(server=journal_services.save_tool_server(
-        server=ToolServer.objects.get(name="crm"), command=server_command("dbhub", agent_url)))
-    services.use_pack(server=server, pack="dbhub", by=admin_user)
+    served_by("dbhub", agent_url, admin_user)
     set_policy(admin_user, none="allow", unknown="allow")
     token = journal_services.create_agent(name="hostile-bot", on_behalf_of=dana)[1]
     call(recorder, token, "crm__execute_sql", {"sql": "UPDATE contacts SET status = 'x' WHERE id <= 3"})
@@ -129,9 +132,7 @@ def test_the_reference_postgres_servers_read_only_query_cannot_be_escaped_with_a
     UPDATE the server refuses is recorded as changing nothing, because the capture says so."""
     settings.RECORDER_HOLD_WAIT_SECONDS = 30
     recorder_url, agent_url = captured
-    server = journal_services.refresh_catalogue(server=journal_services.save_tool_server(
-        server=ToolServer.objects.get(name="crm"), command=server_command("postgres", agent_url)))
-    services.use_pack(server=server, pack="postgres", by=admin_user)
+    served_by("postgres", agent_url, admin_user)
     set_policy(admin_user)
     token = journal_services.create_agent(name="report-bot", on_behalf_of=dana)[1]
     read = call(recorder, token, "crm__query", {"sql": "SELECT count(*) AS n FROM contacts"})
