@@ -54,8 +54,9 @@ class CheckTarget:
     # The changed fields' values before and after the call, when its server gave them (`Step.effect_fields`).
     effect_fields: dict[str, Any] | None = None
     database: str = ""  # a database undo's: where its rows are, as the Recorder reaches it
-    # A database undo's rows that the plan's later undos change first: {row: as those undos leave it}.
-    chained: dict[str, Any] | None = None
+    # A database undo's: the rows of the plan's undos that run before it on its database, the one run last
+    # first (`journal.upstream.captured.chained_rows`).
+    chained: list | None = None
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ def of_items(items: list[Any]) -> Sentence:
             detail = item.check_detail or {}
             if getattr(item, "dialect", "") == "database" and item.check_status == CONFLICT and \
                     item.conflict_choice:  # row by row: the rest go back, the conflicting rows as chosen
-                undo.append(_lead(detail.get("wouldDo") or "") or _take_back(item))
+                undo.append((_lead(detail.get("wouldDo") or "") or _take_back(item)) + _from_capture(detail))
                 rows = (detail.get("rows") or {}).get(CONFLICT, 0)
                 (keep if item.conflict_choice == KEEP_NEWER else undo).append(
                     f"the {rows:,} row{'' if rows == 1 else 's'} changed since by someone else" +
@@ -88,11 +88,19 @@ def _undo(item, detail: dict[str, Any]) -> str:
     phrase = _lead(recipe or detail.get("wouldDo") or "") or _put_back(item) or _take_back(item)
     if detail.get("chained"):
         phrase += f", {detail['chained']}"
+    phrase += _from_capture(detail)
     if item.check_status in _DOUBTFUL:
         phrase += f" (its check said: {_lead(detail.get('message') or 'it could not be checked')})"
     if item.conflict_choice == OVERWRITE:
         phrase += _over(item, detail)
     return phrase
+
+
+def _from_capture(detail: dict[str, Any]) -> str:
+    """A big statement's undo depends on the rows the database's capture keeps (the record keeps their
+    digest)."""
+    return " (its rows read from the database's capture, checked against the record's digest)" \
+        if detail.get("inCapture") else ""
 
 
 def _over(item, detail: dict[str, Any]) -> str:

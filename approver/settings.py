@@ -267,6 +267,7 @@ CELERY_BEAT_SCHEDULE = {
     "notify-saga-plans": {"task": "approver.notify_saga_plans", "schedule": 60.0},
     "forget-idle-sessions": {"task": "journal.forget_idle_sessions", "schedule": 300.0},
     "forget-unused-oauth-clients": {"task": "journal.forget_unused_oauth_clients", "schedule": 3600.0},
+    "prune-captures": {"task": "journal.prune_captures", "schedule": 3600.0},
 }
 
 # The Recorder's Ed25519 signing keys live outside the repository. Public keys are also kept in the

@@ -5,9 +5,12 @@
 1. Single-row UPDATEs, each its own transaction (as pgbench's simple update does), on a 10,000-row table
    without the capture and then with it: the time per row, and the ratio (target: at most 1.5x).
 2. One UPDATE of --rows rows with the capture on: rows per second captured (the statement's own time), then
-   the rows read from the capture as the Recorder reads them after a call, checked row by row against the
-   database, and put back in one transaction: rows per second for each (target: at least 20,000/s), and the
-   process's peak resident memory after each phase.
+   the rows read from the capture as the Recorder reads them after a call (over RECORDER_DATABASE_ROWS_KEPT,
+   10,000 by default, the record keeps their count and digest and the rows stay in the capture), checked row
+   by row against the database, and put back in one transaction, both reading them from the capture a batch
+   at a time: rows per second for each (target: at least 20,000/s), and the process's peak resident memory
+   after each phase. Each size runs in a process of its own, at a fifth of --rows and at --rows, so the two
+   peaks show whether memory grows with the row count.
 
 SQLite always (a scratch file); PostgreSQL too with --postgres (a scratch database is created on that server
 and dropped after).
@@ -19,9 +22,11 @@ import random
 import resource
 import secrets
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,10 +39,11 @@ import django  # noqa: E402
 django.setup()
 
 import psycopg  # noqa: E402
+from django.conf import settings  # noqa: E402
 
 from approver import database_checks  # noqa: E402
-from journal.undo.database.rows import net  # noqa: E402
 from journal.upstream import database, restore, windows  # noqa: E402
+from journal.upstream.captured import CallRows  # noqa: E402
 
 TABLE_ROWS = 10_000
 
@@ -82,44 +88,45 @@ def big_statement(place: str, execute, rows: int, dialect: str) -> None:
     make_table(execute, rows, dialect)
     database.install(place, ["accounts"])
     window = windows.opened(place)
+    print(f"  {rows:,} rows (peak {peak_mb():.0f} MB before the statement)")
     started = time.perf_counter()
     execute("UPDATE accounts SET status = 'closed', balance = 0")
     update = time.perf_counter() - started
     print(f"  UPDATE of {rows:,} rows with the capture: {rows / update:,.0f} rows/s captured "
           f"(peak {peak_mb():.0f} MB)")
     started = time.perf_counter()
-    found = windows.closed(window, tables=["accounts", "public.accounts"], keep=rows)
+    found = windows.closed(window, tables=["accounts", "public.accounts"],
+                           keep=settings.RECORDER_DATABASE_ROWS_KEPT)
     read = time.perf_counter() - started
     assert found["count"] == rows, found.get("problem")
-    print(f"  its rows read from the capture into the record: {rows / read:,.0f} rows/s "
-          f"(peak {peak_mb():.0f} MB)")
+    where = "kept in the capture, digest in the record" if found.get("inCapture") else "into the record"
+    print(f"  its rows read from the capture ({where}): {rows / read:,.0f} rows/s (peak {peak_mb():.0f} MB)")
     earlier = {"left": {"database": found}}
     started = time.perf_counter()
     status, detail = database_checks.check(place=place, earlier=earlier)
     check = time.perf_counter() - started
     assert status == "ok" and detail["rows"]["restore"] == rows, (status, detail.get("message"))
     print(f"  checked row by row: {rows / check:,.0f} rows/s (peak {peak_mb():.0f} MB)")
-    changes = net(found["rows"])
     started = time.perf_counter()
-    done = restore.put_back(place, changes, marker=f"bench:{secrets.token_hex(4)}",
-                            expected={c.identity(): c.after for c in changes}, leave=set())
+    done = restore.put_back(place, CallRows(found), marker=f"bench:{secrets.token_hex(4)}", overrides={},
+                            leave=set())
     undo = time.perf_counter() - started
     assert done["restored"] == rows, done
     print(f"  put back in one transaction: {rows / undo:,.0f} rows/s (peak {peak_mb():.0f} MB)")
 
 
 def on_sqlite(rows: int, updates: int) -> None:
-    print("SQLite")
     path = Path(tempfile.mkdtemp(prefix="capture-bench-")) / "bench.db"
     connection = sqlite3.connect(path, isolation_level=None)
     connection.execute("PRAGMA journal_mode = WAL")
-    write_overhead(str(path), connection.execute, updates, "sqlite")
-    big_statement(str(path), connection.execute, rows, "sqlite")
+    if updates:
+        write_overhead(str(path), connection.execute, updates, "sqlite")
+    else:
+        big_statement(str(path), connection.execute, rows, "sqlite")
     connection.close()
 
 
 def on_postgresql(url: str, rows: int, updates: int) -> None:
-    print("PostgreSQL")
     name = f"capture_bench_{secrets.token_hex(4)}"
     with psycopg.connect(url, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
@@ -127,11 +134,19 @@ def on_postgresql(url: str, rows: int, updates: int) -> None:
     place = "postgresql://" + place.split("://", 1)[1]
     try:
         with psycopg.connect(place, autocommit=True) as connection:
-            write_overhead(place, connection.execute, updates, "postgresql")
-            big_statement(place, connection.execute, rows, "postgresql")
+            if updates:
+                write_overhead(place, connection.execute, updates, "postgresql")
+            else:
+                big_statement(place, connection.execute, rows, "postgresql")
     finally:
         with psycopg.connect(url, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def big_in_own_process(dialect: str, rows: int, url: str) -> None:
+    """The big statement at `rows`, in a fresh process (so its peak memory is its own)."""
+    subprocess.run([sys.executable, __file__, "--big", dialect, "--rows", str(rows), "--postgres", url],
+                   check=True)
 
 
 def main() -> None:
@@ -140,10 +155,20 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--updates", type=int, default=5000)
     parser.add_argument("--postgres", default=os.environ.get("TEST_POSTGRES_URL", ""))
+    parser.add_argument("--big", choices=("sqlite", "postgresql"), help=argparse.SUPPRESS)
     options = parser.parse_args()
-    on_sqlite(options.rows, options.updates)
-    if options.postgres:
-        on_postgresql(options.postgres, options.rows, options.updates)
+    if options.big:
+        run = on_sqlite if options.big == "sqlite" else partial(on_postgresql, options.postgres)
+        run(options.rows, 0)
+        return
+    for dialect in ("sqlite", "postgresql") if options.postgres else ("sqlite",):
+        print("SQLite" if dialect == "sqlite" else "PostgreSQL")
+        if dialect == "sqlite":
+            on_sqlite(options.rows, options.updates)
+        else:
+            on_postgresql(options.postgres, options.rows, options.updates)
+        for rows in (options.rows // 5, options.rows):
+            big_in_own_process(dialect, rows, options.postgres)
 
 
 if __name__ == "__main__":

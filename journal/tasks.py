@@ -1,5 +1,6 @@
 """Thin Celery entry points for the Recorder side."""
 
+import logging
 from datetime import timedelta
 
 from celery import shared_task
@@ -8,8 +9,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from . import services
-from .models import Run
+from .models import Run, ToolServer
 from .services import clients
+from .upstream.database import DatabaseUnreachable
+
+logger = logging.getLogger(__name__)
 
 QUIET_AFTER = timedelta(seconds=30)
 # How long past the longest call a step is given before it counts as left by a Recorder that died.
@@ -51,3 +55,16 @@ def forget_unused_oauth_clients() -> int:
     refresh_life = timedelta(seconds=settings.OAUTH2_PROVIDER["REFRESH_TOKEN_EXPIRE_SECONDS"])
     clients.forget_redeemed_codes(older_than=now - refresh_life)
     return clients.forget_unused_clients(older_than=now - timedelta(days=1))
+
+
+@shared_task(name="journal.prune_captures")
+def prune_captures() -> int:
+    """Forget the database captures' rows no undo needs any more (`services.prune_capture`), server by
+    server; a database that cannot be reached is tried again next time."""
+    forgotten = 0
+    for server in ToolServer.objects.exclude(database=""):
+        try:
+            forgotten += services.prune_capture(server=server)
+        except DatabaseUnreachable as exc:
+            logger.warning("The capture of %s was not pruned: %s", server.name, exc)
+    return forgotten

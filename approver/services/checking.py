@@ -3,7 +3,6 @@ would work now, in rounds (a new round when someone presses "Check again"); resu
 and the plan is ready, with a digest over them, once every item has its answer."""
 
 from datetime import datetime
-from typing import Any
 
 import anyio
 from asgiref.sync import sync_to_async
@@ -15,6 +14,7 @@ from django.utils import timezone
 from journal import services as journal_services
 from journal.record import sql
 from journal.undo import recipe_chains
+from journal.upstream.captured import CallRows
 from journal.upstream.client import Endpoint, Upstreams
 
 from .. import checks, database_checks, planning
@@ -126,19 +126,20 @@ def _as_last_read(earlier: dict, key: str, last: tuple) -> str:
     return recipe_chains.version_of_state(last_earlier.get("left"), earlier)
 
 
-def _chained_rows(plan: Plan) -> dict[int, dict[str, Any]]:
-    """For each database undo of the plan, its rows that undos run before it change first, as they leave
-    them (the row before the plan's later call that changed it): {item id: {row: its state then}}."""
-    chained, left = {}, {}
+def _chained_rows(plan: Plan) -> dict[int, list[CallRows]]:
+    """For each database undo of the plan, the rows of the undos that run before it on the same database,
+    the one run last first: where they changed its rows too, it finds them as they leave them (the row
+    before the plan's later call that changed it): {item id: [their rows]}."""
+    chained, before = {}, {}
     items = plan.items.filter(action=PlanItem.Action.COMPENSATE, dialect=planning.DATABASE).order_by(
         "position").values("id", "step__earlier_state", "step__server_id")
     for item in items:
-        changes, _ = database_checks.changes_of(item["step__earlier_state"])
-        mine = {(item["step__server_id"], c.identity()): c for c in changes or ()}
-        if found := {identity: left[(server, identity)] for (server, identity) in mine
-                     if (server, identity) in left}:
-            chained[item["id"]] = found
-        left.update({where: change.before for where, change in mine.items()})
+        rows, _ = database_checks.rows_of(item["step__earlier_state"])
+        earlier_ones = before.setdefault(item["step__server_id"], [])
+        if earlier_ones:
+            chained[item["id"]] = list(reversed(earlier_ones))
+        if rows is not None:
+            earlier_ones.append(rows)
     return chained
 
 

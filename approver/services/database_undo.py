@@ -13,26 +13,24 @@ from journal import services as journal_services
 from journal.undo.database.judging import RESTORE_TOOL
 from journal.undo.database.reading import plural
 from journal.upstream import database, restore
+from journal.upstream.captured import NotInCapture
 
 from .. import database_checks, execution
 from ..models import Plan, PlanItem
 
 
 def plan_of_rows(item: PlanItem) -> tuple[dict[str, Any], set[str]]:
-    """What the approvers signed for each row: ({row: how it must read for its undo to run}, the rows they
-    chose to leave alone). A row changed since in a field the agent changed is left alone, unless they
-    chose to overwrite: then it runs where it still reads as they saw it."""
-    changes, _ = database_checks.changes_of(item.step.earlier_state)
+    """What the approvers signed for the rows that changed since in a field the agent changed: ({row: how it
+    must read for its undo to run}, the rows they chose to leave alone). Such a row is left alone, unless
+    they chose to overwrite: then it runs where it still reads as they saw it. Every other row runs where it
+    reads as the agent left it."""
     conflicting = {}
     if item.check_status == PlanItem.Check.CONFLICT:
         conflicting = {json.dumps([c["table"], c["key"]], separators=(",", ":"), sort_keys=True):
                        c.get("now") for c in (item.check_detail or {}).get("conflicts") or ()}
-    overwrite = item.conflict_choice == PlanItem.Choice.OVERWRITE
-    expected = {}
-    for change in changes or ():
-        identity = change.identity()
-        expected[identity] = conflicting[identity] if overwrite and identity in conflicting else change.after
-    return expected, set() if overwrite else set(conflicting)
+    if item.conflict_choice == PlanItem.Choice.OVERWRITE:
+        return conflicting, set()
+    return {}, set(conflicting)
 
 
 def words(detail: dict[str, Any]) -> str:
@@ -64,11 +62,11 @@ def undone_words(table: str, by_op: dict[str, int]) -> str:
 
 def attempt(plan: Plan, item: PlanItem, attempt: int, *, run_id: int) -> execution.Verdict:
     """One try at a database undo, journaled as a call of the plan's compensation run."""
-    changes, why = database_checks.changes_of(item.step.earlier_state)
-    if changes is None:
+    rows, why = database_checks.rows_of(item.step.earlier_state)
+    if rows is None:
         return execution.Verdict(execution.COMPENSATION_FAILED,
                                  {"message": f"Its rows cannot be put back: {why}."})
-    expected, leave = plan_of_rows(item)
+    overrides, leave = plan_of_rows(item)
     started = timezone.now()
     opened = journal_services.open_step_in_run(
         run_id=run_id, server=item.step.server, tool=RESTORE_TOOL, arguments=item.arguments or {},
@@ -77,8 +75,14 @@ def attempt(plan: Plan, item: PlanItem, attempt: int, *, run_id: int) -> executi
              "undoes": {"run": str(item.step.run.public_id), "step": item.step.number}})
     PlanItem.objects.filter(pk=item.pk).update(call_step_id=opened.step_id)
     try:
-        detail = restore.put_back(item.step.server.database, changes, marker=item.idempotency_key,
-                                  expected=expected, leave=leave)
+        detail = restore.put_back(item.step.server.database, rows, marker=item.idempotency_key,
+                                  overrides=overrides, leave=leave)
+    except NotInCapture as exc:  # nothing was changed; the rows it needs are gone for good
+        message = f"The rows could not be put back, and none was: {exc}."
+        journal_services.close_step(opened=opened, started=started, finished=timezone.now(),
+                                    outcome=journal_services.Outcome(error_message=message,
+                                                                     failure_class="unknown"))
+        return execution.Verdict(execution.COMPENSATION_FAILED, {"message": message})
     except database.DatabaseUnreachable as exc:  # its transaction never committed: safe to try again
         message = f"The rows could not be put back, and none was: {exc}"
         journal_services.close_step(opened=opened, started=started, finished=timezone.now(),

@@ -35,6 +35,7 @@ from .runs import RunRefused, end_run, halt_run, release_run, runs_matching
 from .servers import (
     RecipesRefused,
     names_too_long,
+    prune_capture,
     recipe_problems,
     recipes_record,
     refresh_catalogue,
@@ -110,6 +111,7 @@ __all__ = [
     "save_tool_server",
     "RecipesRefused",
     "names_too_long",
+    "prune_capture",
     "recipe_problems",
     "recipes_record",
     "set_recipes",

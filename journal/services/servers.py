@@ -14,6 +14,7 @@ from ..models.servers import SEPARATOR
 from ..record import chain
 from ..record.canonical import to_ijson
 from ..undo import declarations, recipes
+from ..upstream import captured
 from ..upstream.client import ToolServerError, Upstreams, endpoint_of
 
 
@@ -184,3 +185,22 @@ def refresh_catalogue(*, server: ToolServer) -> ToolServer:
         return save_catalogue(server=server, tools=None, error=f"Could not read the catalogue: {exc.message}")
     return save_catalogue(server=server, tools=tools)
 
+
+
+def prune_capture(*, server: ToolServer, now: datetime | None = None) -> int:
+    """Forget the rows of `server`'s database capture that no undo needs any more: those the Recorder has read
+    into a step (the record keeps them, or their undo window closed), keeping every call's over the record's
+    bound until its undo window closes. How many rows were forgotten (0 for a server without a database)."""
+    if not server.database:
+        return 0
+    now = now or timezone.now()
+    upto, needed = 0, []
+    steps = server.steps.filter(compensation_arguments__isnull=False).values_list(
+        "compensation_arguments", "undo_by")
+    for arguments, undo_by in steps.iterator():
+        if not isinstance(arguments, dict) or not isinstance(arguments.get("to"), int):
+            continue
+        upto = max(upto, arguments["to"])
+        if arguments.get("inCapture") and (undo_by is None or undo_by > now):
+            needed.append((int(arguments.get("from") or 0), arguments["to"]))
+    return captured.prune(server.database, upto=upto, needed=needed) if upto else 0

@@ -58,7 +58,7 @@ def connect(place: str, *, timeout: float = TIMEOUT_SECONDS) -> Connection:
     try:
         if dialect == POSTGRESQL:
             raw = psycopg.connect(postgresql_url(place), autocommit=True,
-                                  connect_timeout=max(1, int(timeout)),
+                                  connect_timeout=max(1, int(min(timeout, TIMEOUT_SECONDS))),
                                   options=f"-c statement_timeout={int(timeout * 1000)}")
         else:
             raw = sqlite3.connect(f"file:{sqlite_path(place)}?mode=rw", uri=True, timeout=timeout,

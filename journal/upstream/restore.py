@@ -12,6 +12,7 @@ from ..undo.database.places import POSTGRESQL
 from ..undo.database.rows import INSERTED, UPDATED, Change
 from . import database, windows
 from . import restore_batches as batches
+from .captured import CallRows, loads
 
 BATCH = 500
 
@@ -24,7 +25,7 @@ def rows_now(connection: database.Connection, changes: list[Change],
              key_columns: Mapping[str, tuple[str, ...]]) -> dict[str, dict | None]:
     """Each changed row as it reads now ({identity: row, or None where there is no row with its key}),
     written as the capture writes rows, so the two compare as they are."""
-    found: dict[str, dict | None] = {}
+    found: dict[tuple, dict | None] = {}
     by_table: dict[str, list[Change]] = {}
     for change in changes:
         by_table.setdefault(change.table, []).append(change)
@@ -43,11 +44,12 @@ def _now_key(change: Change, key: tuple[str, ...]) -> list:
     return [image.get(k) for k in key]
 
 
-def _identity(table: str, values: list) -> str:
-    return json.dumps([table, values], separators=(",", ":"), sort_keys=True)
+def _identity(table: str, values: list) -> tuple:
+    """Where a row is, to look it up (a key's values as they compare: a BLOB's {"$blob": hex} as its text)."""
+    return (table, *(json.dumps(v, sort_keys=True) if isinstance(v, dict | list) else v for v in values))
 
 
-def _identity_now(change: Change, key: tuple[str, ...]) -> str:
+def _identity_now(change: Change, key: tuple[str, ...]) -> tuple:
     return _identity(change.table, _now_key(change, key))
 
 
@@ -56,16 +58,16 @@ def _read(connection: database.Connection, table: str, key: tuple[str, ...],
     if connection.dialect == POSTGRESQL:
         keyed = json.dumps([dict(zip(key, values, strict=True)) for values in keys])
         using = ", ".join(capture.quoted(k) for k in key)
-        sql = (f"SELECT to_jsonb(t) FROM {capture.qualified(table)} t JOIN "
+        sql = (f"SELECT to_jsonb(t)::text FROM {capture.qualified(table)} t JOIN "
                f"jsonb_populate_recordset(NULL::{capture.qualified(table)}, %s::jsonb) k USING ({using})")
-        return [row for (row,) in connection.rows(sql, (keyed,))]
+        return [loads(row) for (row,) in connection.rows(sql, (keyed,))]
     columns = [row[1] for row in connection.rows(f"PRAGMA table_info({capture.quoted(table)})")]
     marks = ", ".join("(" + ", ".join("?" for _ in key) + ")" for _ in keys)
     where = "(" + ", ".join(capture.quoted(k) for k in key) + ")"
     sql = (f"SELECT {capture.sqlite_image('t', columns)} FROM {capture.quoted(table)} AS t "
            f"WHERE {where} IN (VALUES {marks})")
     params = [_sqlite(v) for values in keys for v in values]
-    return [json.loads(row) for (row,) in connection.rows(sql, params)]
+    return [loads(row) for (row,) in connection.rows(sql, params)]
 
 
 def _sqlite(value: Any) -> Any:
@@ -145,22 +147,24 @@ def applied(connection: database.Connection, marker: str) -> dict | None:
     return detail if isinstance(detail, dict) else json.loads(detail)
 
 
-def put_back(place: str, changes: list[Change], *, marker: str, expected: Mapping[str, dict | None],
+def put_back(place: str, rows: CallRows, *, marker: str, overrides: Mapping[str, dict | None],
              leave: set[str]) -> dict[str, Any]:
-    """Put `changes` back in one transaction, latest change first, each row only where it reads as
-    `expected` ({identity: the row as the agent left it, or as the approvers saw it}); `leave`: rows left
-    alone as signed. The counts, kept under `marker` in the same transaction: a second run finds them and
-    changes nothing (`"again": True`)."""
+    """Put a call's rows (`rows`) back in one transaction, latest change first, a batch at a time, each row
+    only where it reads as the agent left it, or as the approvers saw it (`overrides`: {identity: that row,
+    None for no row}, for rows they chose to overwrite); `leave`: rows left alone as signed. The counts,
+    kept under `marker` in the same transaction: a second run finds them and changes nothing (`"again":
+    True`). Raises NotInCapture, changing nothing, when the capture no longer holds the rows the record
+    signed."""
     window = windows.opened(place)  # no agent's call writes the database while its rows go back
     try:
         with database.connected(place, timeout=3600) as connection:
-            return _transaction(connection, changes, marker=marker, expected=expected, leave=leave)
+            return _transaction(connection, rows, marker=marker, overrides=overrides, leave=leave)
     finally:
         windows.release(window)
 
 
-def _transaction(connection: database.Connection, changes: list[Change], *, marker: str,
-                 expected: Mapping[str, dict | None], leave: set[str]) -> dict[str, Any]:
+def _transaction(connection: database.Connection, rows: CallRows, *, marker: str,
+                 overrides: Mapping[str, dict | None], leave: set[str]) -> dict[str, Any]:
     pg = connection.dialect == POSTGRESQL
     keys = database.keys(connection)
     counts: dict[str, dict[str, int]] = {}
@@ -168,19 +172,21 @@ def _transaction(connection: database.Connection, changes: list[Change], *, mark
     with begin:
         if (done := applied(connection, marker)) is not None:
             return {**done, "again": True}
-        ordered = sorted(changes, key=lambda c: max(c.ids), reverse=True)  # the latest change first
-        for group in _runs(ordered, expected, leave, batched=pg):
-            first = group[0]
-            per = counts.setdefault(first.table, {"restored": 0, "changedSince": 0, "left": 0,
-                                                  "byOp": {"I": 0, "U": 0, "D": 0}})
-            if first.identity() in leave:
-                per["left"] += len(group)
-                continue
-            key = keys.get(first.table) or keys.get(first.table.split(".", 1)[-1]) or ()
-            done_rows = _apply(connection, group, key, expected)
-            per["restored"] += done_rows
-            per["changedSince"] += len(group) - done_rows
-            per["byOp"][first.op] += done_rows
+        rows.verify(connection)
+        for batch in rows.batches(connection):
+            expected = {c.identity(): overrides.get(c.identity(), c.after) for c in batch}
+            for group in _runs(batch, expected, leave, batched=pg):
+                first = group[0]
+                per = counts.setdefault(first.table, {"restored": 0, "changedSince": 0, "left": 0,
+                                                      "byOp": {"I": 0, "U": 0, "D": 0}})
+                if first.identity() in leave:
+                    per["left"] += len(group)
+                    continue
+                key = keys.get(first.table) or keys.get(first.table.split(".", 1)[-1]) or ()
+                done_rows = _apply(connection, group, key, expected)
+                per["restored"] += done_rows
+                per["changedSince"] += len(group) - done_rows
+                per["byOp"][first.op] += done_rows
         detail = {"tables": counts, "restored": sum(c["restored"] for c in counts.values()),
                   "changedSince": sum(c["changedSince"] for c in counts.values()),
                   "left": sum(c["left"] for c in counts.values())}

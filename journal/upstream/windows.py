@@ -7,19 +7,16 @@ batches and hashed as they come, so a statement of any size is read in memory bo
 
 import fcntl
 import hashlib
-import json
 import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..record.canonical import canonical_bytes
 from ..undo.database import capture
 from ..undo.database.places import POSTGRESQL, dialect_of, sqlite_path
-from . import database
+from . import captured, database
 
 ADVISORY_KEY = 4_615_313_070_240_905_539  # the capture's advisory lock (any fixed 64-bit number)
-BATCH = 2000
 _LOCAL: dict[str, Any] = {}
 _LOCAL_GUARD = threading.Lock()
 
@@ -95,18 +92,6 @@ def _release(window: Window) -> None:
             window.on_release()
 
 
-def _row(dialect: str, row: tuple) -> dict[str, Any]:
-    """A captured change as the record keeps it."""
-    if dialect == POSTGRESQL:
-        change_id, table, op, key, before, after, who, txid = row
-        extra = {"who": who, "txid": str(txid)}
-    else:
-        change_id, table, op, key, before, after = row
-        key, before, after = (json.loads(v) if v is not None else None for v in (key, before, after))
-        extra = {}
-    return {"id": change_id, "table": table, "op": op, "key": key, "before": before, "after": after, **extra}
-
-
 def closed(window: Window, *, tables: list[str], keep: int) -> dict[str, Any]:
     """The rows the capture kept since the window opened, then the window released: the call's rows
     (at most `keep` of them kept; all of them counted and hashed), and `problem` when they cannot be told
@@ -122,32 +107,31 @@ def closed(window: Window, *, tables: list[str], keep: int) -> dict[str, Any]:
 
 def _read(window: Window, *, tables: list[str], keep: int) -> dict[str, Any]:
     postgresql = window.dialect == POSTGRESQL
-    columns = "id, tbl, op, pk, before, after" + (", who, txid" if postgresql else "")
-    table = capture.CHANGES if postgresql else capture.SQLITE_CHANGES
     mark = "%s" if postgresql else "?"
     kept, counts, others, writers, last, digest = [], {}, {}, set(), window.head, hashlib.sha256()
-    with database.connected(window.place, timeout=3600) as connection:
-        cursor = connection.raw.execute(f"SELECT {columns} FROM {table} WHERE id > {mark} ORDER BY id",
-                                        (window.head,))
-        while batch := cursor.fetchmany(BATCH):
-            for raw in batch:
-                row = _row(window.dialect, raw)
-                last = row["id"]
-                if not _the_calls(window, row, tables):
-                    other = row.get("who") or row["table"]
-                    others[other] = others.get(other, 0) + 1
-                    continue
-                writers.add(row.get("who"))
-                digest.update(canonical_bytes(row) + b"\n")
-                per = counts.setdefault(row["table"], {"I": 0, "U": 0, "D": 0})
-                per[row["op"]] += 1
-                if len(kept) < keep:
-                    kept.append(row)
+    sql = (f"SELECT {captured.columns(window.dialect)} FROM {captured.changes_table(window.dialect)} "
+           f"WHERE id > {mark} ORDER BY id")
+    with database.connected(window.place, timeout=3600) as connection, captured.snapshot(connection):
+        for raw in captured.streamed(connection, sql, [window.head]):
+            last, table, op = raw[0], raw[1], raw[2]
+            who = raw[6] if postgresql else None
+            if not _the_calls(window, table, who, tables):
+                other = who or table
+                others[other] = others.get(other, 0) + 1
+                continue
+            writers.add(who)
+            digest.update(captured.line_of(raw))
+            per = counts.setdefault(table, {"I": 0, "U": 0, "D": 0})
+            per[op] += 1
+            if len(kept) < keep:
+                kept.append(captured.row_of(window.dialect, raw))
     total = sum(sum(per.values()) for per in counts.values())
     found = {"from": window.head, "to": last, "count": total, "tables": counts, "sha256": digest.hexdigest()}
     found["rows"] = kept if total <= keep else None
     if total > keep:
         found["inCapture"] = True  # over the bound kept in the record: the rows stay in the capture
+        if window.dialect == POSTGRESQL:  # and are read again there by their range and writer
+            found["who"] = sorted(writers)
     problem = _mixed(window, writers, others)
     if problem:
         found["problem"] = problem
@@ -156,10 +140,10 @@ def _read(window: Window, *, tables: list[str], keep: int) -> dict[str, Any]:
     return found
 
 
-def _the_calls(window: Window, row: dict, tables: list[str]) -> bool:
+def _the_calls(window: Window, table: str, who: str | None, tables: list[str]) -> bool:
     if window.dialect == POSTGRESQL:
-        return not window.roles or row["who"] in window.roles
-    return row["table"] in tables or f"main.{row['table']}" in tables
+        return not window.roles or who in window.roles
+    return table in tables or f"main.{table}" in tables
 
 
 def _mixed(window: Window, writers: set, others: dict) -> str:

@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from journal import services as journal_services
 from journal.models import ToolServer
 from journal.upstream import database
 
@@ -15,11 +16,14 @@ class Command(BaseCommand):
         parser.add_argument("--all", action="store_true", help="Capture every table that has a primary key.")
         parser.add_argument("--sql", action="store_true",
                             help="Print the SQL for a DBA to run instead of running it.")
+        parser.add_argument("--prune", action="store_true",
+                            help="Forget the captured rows no undo needs any more (the worker does it "
+                                 "hourly).")
         parser.add_argument("--agent-role", action="append", default=[], dest="agent_roles",
                             help="PostgreSQL: a role the agent's server connects as, kept out of the capture "
                                  "(repeat for several).")
 
-    def handle(self, name, tables, all, sql, agent_roles, **options):
+    def handle(self, name, tables, all, sql, agent_roles, prune=False, **options):
         server = ToolServer.objects.filter(name=name).first()
         if server is None:
             raise CommandError(f"There is no tool server named {name!r}.")
@@ -28,6 +32,11 @@ class Command(BaseCommand):
                                "--database URL first.")
         chosen = None if all else [t.strip() for t in tables.split(",") if t.strip()]
         try:
+            if prune:
+                forgotten = journal_services.prune_capture(server=server)
+                self.stdout.write(f"{server.name}: forgot {forgotten:,} captured row"
+                                  f"{'' if forgotten == 1 else 's'} no undo needs any more.")
+                return
             if not all and not chosen:
                 return self._status(server)
             if sql:

@@ -26,6 +26,7 @@ class Change:
     before: dict[str, Any] | None
     after: dict[str, Any] | None
     ids: list[int] = field(default_factory=list)
+    _identity: str = field(default="", repr=False, compare=False)
 
     @property
     def op(self) -> str:
@@ -41,7 +42,10 @@ class Change:
         return list((self.after or self.before).keys())
 
     def identity(self) -> str:
-        return json.dumps([self.table, self.key], separators=(",", ":"), sort_keys=True)
+        """The row, as plans and checks name it: its table and key, in JSON."""
+        if not self._identity:
+            self._identity = json.dumps([self.table, self.key], separators=(",", ":"), sort_keys=True)
+        return self._identity
 
 
 def net(rows: Iterable[Mapping[str, Any]]) -> list[Change]:
@@ -109,22 +113,35 @@ def judge(change: Change, now: Mapping[str, Any] | None) -> Judged:
 VERBS = {INSERTED: "deletes", UPDATED: "puts back", DELETED: "re-inserts"}
 
 
+class Tally:
+    """What an undo of rows judged a batch at a time would do, counted per table, kind of change and state
+    (`add`), in words (`summary`)."""
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple[str, str], dict[str, int]] = {}
+
+    def add(self, judged: Iterable[Judged]) -> "Tally":
+        for one in judged:
+            counts = self.groups.setdefault((one.change.table, one.change.op),
+                                            {RESTORE: 0, UNDONE: 0, CONFLICT: 0, "kept": 0})
+            counts[one.state] += 1
+            counts["kept"] += 1 if one.kept and one.state == RESTORE else 0
+        return self
+
+    def summary(self) -> dict[str, Any]:
+        tables: dict[str, dict[str, int]] = {}
+        for (table, _), counts in self.groups.items():
+            into = tables.setdefault(table, {RESTORE: 0, UNDONE: 0, CONFLICT: 0, "kept": 0})
+            for state, n in counts.items():
+                into[state] += n
+        words = [_group_words(table, op, counts) for (table, op), counts in self.groups.items()]
+        return {"tables": tables, "words": "; ".join(words)}
+
+
 def summary(judged: list[Judged]) -> dict[str, Any]:
     """What an undo of these rows would do, counted per table, kind of change and state, in words: "put back
     40 rows of contacts: 38 as the agent left them; 2 changed since by someone else, kept as they are"."""
-    groups: dict[tuple[str, str], dict[str, int]] = {}
-    for one in judged:
-        counts = groups.setdefault((one.change.table, one.change.op),
-                                   {RESTORE: 0, UNDONE: 0, CONFLICT: 0, "kept": 0})
-        counts[one.state] += 1
-        counts["kept"] += 1 if one.kept and one.state == RESTORE else 0
-    tables: dict[str, dict[str, int]] = {}
-    for (table, _), counts in groups.items():
-        into = tables.setdefault(table, {RESTORE: 0, UNDONE: 0, CONFLICT: 0, "kept": 0})
-        for state, n in counts.items():
-            into[state] += n
-    words = [_group_words(table, op, counts) for (table, op), counts in groups.items()]
-    return {"tables": tables, "words": "; ".join(words)}
+    return Tally().add(judged).summary()
 
 
 GROUP_WORDS = {UPDATED: "put back {rows} of {table}",
