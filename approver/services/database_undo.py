@@ -4,7 +4,6 @@ it (or, for a row the approvers chose to overwrite, as they saw it); rows change
 changed are left alone as signed. Journaled as a step of the plan's compensation run, like any undo; a
 marker written in the same transaction means a worker killed anywhere never puts a row back twice."""
 
-import json
 from typing import Any
 
 from django.utils import timezone
@@ -12,6 +11,7 @@ from django.utils import timezone
 from journal import services as journal_services
 from journal.undo.database.judging import RESTORE_TOOL
 from journal.undo.database.reading import plural
+from journal.undo.database.rows import identity_of
 from journal.upstream import database, restore
 from journal.upstream.captured import NotInCapture
 
@@ -26,8 +26,8 @@ def plan_of_rows(item: PlanItem) -> tuple[dict[str, Any], set[str]]:
     reads as the agent left it."""
     conflicting = {}
     if item.check_status == PlanItem.Check.CONFLICT:
-        conflicting = {json.dumps([c["table"], c["key"]], separators=(",", ":"), sort_keys=True):
-                       c.get("now") for c in (item.check_detail or {}).get("conflicts") or ()}
+        conflicting = {identity_of(c["table"], c["key"]): c.get("now")
+                       for c in (item.check_detail or {}).get("conflicts") or ()}
     if item.conflict_choice == PlanItem.Choice.OVERWRITE:
         return conflicting, set()
     return {}, set(conflicting)

@@ -39,6 +39,15 @@ def loads(text: str | None) -> Any:
         return json.loads(text)
 
 
+def dumps(value: Any) -> str:
+    """JSON text of row images for the database to read (orjson; the standard library for an integer past
+    64 bits)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
 def row_of(dialect: str, raw: tuple) -> dict[str, Any]:
     """A captured change as the record keeps it, from its columns as text (`columns`)."""
     change_id, table, op, key, before, after, *rest = raw
@@ -50,7 +59,7 @@ def row_of(dialect: str, raw: tuple) -> dict[str, Any]:
 def line_of(raw: tuple) -> bytes:
     """A captured change's line in the digest of a call's rows: its columns as the database stores them (the
     JSON images as their text), one JSON array per row."""
-    return json.dumps(raw, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    return dumps(raw).encode() + b"\n"
 
 
 def columns(dialect: str) -> str:
@@ -142,7 +151,7 @@ class CallRows:
         if not self.in_capture:
             mine = self._changes()
             return {c.identity(): mine[c.identity()].before for c in changes if c.identity() in mine}
-        keyed = json.dumps([[c.table, c.key] for c in changes])
+        keyed = dumps([[c.table, c.key] for c in changes])
         sql, params = self._net_sql(connection.dialect, keyed=keyed)
         found = {}
         for raw in streamed(connection, sql, params):

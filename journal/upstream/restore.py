@@ -3,6 +3,7 @@ read as they are now, and put back in one transaction, each row only where the d
 the agent left it (or as the approvers saw it, for a row they chose to overwrite), with a marker written in
 the same transaction so an undo that ran is never run again, whatever is killed when."""
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -12,7 +13,7 @@ from ..undo.database.places import POSTGRESQL
 from ..undo.database.rows import INSERTED, UPDATED, Change
 from . import database, windows
 from . import restore_batches as batches
-from .captured import CallRows, loads
+from .captured import CallRows, dumps, loads
 
 BATCH = 500
 
@@ -56,7 +57,7 @@ def _identity_now(change: Change, key: tuple[str, ...]) -> tuple:
 def _read(connection: database.Connection, table: str, key: tuple[str, ...],
           keys: list[list]) -> Iterable[dict]:
     if connection.dialect == POSTGRESQL:
-        keyed = json.dumps([dict(zip(key, values, strict=True)) for values in keys])
+        keyed = dumps([dict(zip(key, values, strict=True)) for values in keys])
         using = ", ".join(capture.quoted(k) for k in key)
         sql = (f"SELECT to_jsonb(t)::text FROM {capture.qualified(table)} t JOIN "
                f"jsonb_populate_recordset(NULL::{capture.qualified(table)}, %s::jsonb) k USING ({using})")
@@ -99,12 +100,18 @@ def _insert(connection: database.Connection, change: Change, key: tuple[str, ...
     if connection.dialect == POSTGRESQL:
         where = " AND ".join(f"t.{q(k)} = b.{q(k)}" for k in key)
         return (f"INSERT INTO {table} SELECT b.* FROM {_pg_image(change.table)} b WHERE NOT EXISTS "
-                f"(SELECT 1 FROM {table} t WHERE {where})", [json.dumps(change.before)])
-    columns = list(change.before)
+                f"(SELECT 1 FROM {table} t WHERE {where})", [dumps(change.before)])
+    columns = tuple(change.before)
+    return (_sqlite_insert(change.table, key, columns),
+            [*(_sqlite(change.before[c]) for c in columns), *(_sqlite(change.before[k]) for k in key)])
+
+
+@functools.lru_cache(maxsize=256)
+def _sqlite_insert(table_name: str, key: tuple[str, ...], columns: tuple[str, ...]) -> str:
+    table, q = capture.qualified(table_name), capture.quoted
     return (f"INSERT INTO {table} ({', '.join(q(c) for c in columns)}) "
             f"SELECT {', '.join('?' for _ in columns)} "
-            f"WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE {' AND '.join(f'{q(k)} IS ?' for k in key)})",
-            [*(_sqlite(change.before[c]) for c in columns), *(_sqlite(change.before[k]) for k in key)])
+            f"WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE {' AND '.join(f'{q(k)} IS ?' for k in key)})")
 
 
 def _delete(connection: database.Connection, table_name: str, key: tuple[str, ...], expected: dict
@@ -114,9 +121,14 @@ def _delete(connection: database.Connection, table_name: str, key: tuple[str, ..
         conditions = " AND ".join([*(f"t.{q(k)} = a.{q(k)}" for k in key),
                                    *(f"t.{q(c)} IS NOT DISTINCT FROM a.{q(c)}" for c in expected)])
         sql = f"DELETE FROM {table} t USING {_pg_image(table_name)} a WHERE {conditions}"
-        return sql, [json.dumps(expected)]
-    conditions = " AND ".join(f"{q(c)} IS ?" for c in expected)
-    return f"DELETE FROM {table} WHERE {conditions}", [_sqlite(v) for v in expected.values()]
+        return sql, [dumps(expected)]
+    return _sqlite_delete(table_name, tuple(expected)), [_sqlite(v) for v in expected.values()]
+
+
+@functools.lru_cache(maxsize=256)
+def _sqlite_delete(table_name: str, columns: tuple[str, ...]) -> str:
+    conditions = " AND ".join(f"{capture.quoted(c)} IS ?" for c in columns)
+    return f"DELETE FROM {capture.qualified(table_name)} WHERE {conditions}"
 
 
 def _update(connection: database.Connection, change: Change, key: tuple[str, ...], expected: dict, *,
@@ -128,12 +140,19 @@ def _update(connection: database.Connection, change: Change, key: tuple[str, ...
                                    *(f"t.{q(c)} IS NOT DISTINCT FROM a.{q(c)}" for c in checked)])
         sets = ", ".join(f"{q(c)} = b.{q(c)}" for c in fields)
         return (f"UPDATE {table} t SET {sets} FROM {image} b, {image} a WHERE {conditions}",
-                [json.dumps(change.before), json.dumps(expected)])
-    conditions = " AND ".join([*(f"{q(k)} IS ?" for k in key), *(f"{q(c)} IS ?" for c in checked)])
-    sets = ", ".join(f"{q(c)} = ?" for c in fields)
-    return (f"UPDATE {table} SET {sets} WHERE {conditions}",
+                [dumps(change.before), dumps(expected)])
+    return (_sqlite_update(change.table, key, tuple(fields), tuple(checked)),
             [*(_sqlite(change.before.get(c)) for c in fields), *(_sqlite(expected.get(k)) for k in key),
              *(_sqlite(expected.get(c)) for c in checked)])
+
+
+@functools.lru_cache(maxsize=256)
+def _sqlite_update(table_name: str, key: tuple[str, ...], fields: tuple[str, ...], checked: tuple[str, ...]
+                   ) -> str:
+    q = capture.quoted
+    conditions = " AND ".join([*(f"{q(k)} IS ?" for k in key), *(f"{q(c)} IS ?" for c in checked)])
+    sets = ", ".join(f"{q(c)} = ?" for c in fields)
+    return f"UPDATE {capture.qualified(table_name)} SET {sets} WHERE {conditions}"
 
 
 def applied(connection: database.Connection, marker: str) -> dict | None:
@@ -172,10 +191,12 @@ def _transaction(connection: database.Connection, rows: CallRows, *, marker: str
     with begin:
         if (done := applied(connection, marker)) is not None:
             return {**done, "again": True}
+        if pg:
+            connection.raw.execute(capture.RESTORING)
         rows.verify(connection)
         for batch in rows.batches(connection):
             expected = {c.identity(): overrides.get(c.identity(), c.after) for c in batch}
-            for group in _runs(batch, expected, leave, batched=pg):
+            for group in _runs(batch, expected, leave):
                 first = group[0]
                 per = counts.setdefault(first.table, {"restored": 0, "changedSince": 0, "left": 0,
                                                       "byOp": {"I": 0, "U": 0, "D": 0}})
@@ -200,7 +221,7 @@ def _transaction(connection: database.Connection, rows: CallRows, *, marker: str
 def _kind(change: Change, expected: dict | None) -> tuple:
     """What a row's undo is, for putting like rows back together: where a statement fits many rows."""
     if expected is None:
-        return change.table, "insert", ()
+        return change.table, "insert", tuple(change.before)
     if change.op == INSERTED:
         return change.table, "delete", tuple(expected)
     if change.op == UPDATED:
@@ -208,14 +229,14 @@ def _kind(change: Change, expected: dict | None) -> tuple:
     return change.table, "other", ()
 
 
-def _runs(ordered: list[Change], expected: Mapping[str, dict | None], leave: set[str], *, batched: bool):
-    """Consecutive rows of the same kind, in order, up to BATCH each (one row each when not `batched`, and
-    for a kind no one statement fits); rows left alone as signed come as runs of their own."""
+def _runs(ordered: list[Change], expected: Mapping[str, dict | None], leave: set[str]):
+    """Consecutive rows of the same kind, in order, up to BATCH each (one row each for a kind no one
+    statement fits); rows left alone as signed come as runs of their own."""
     group: list[Change] = []
     last = None
     for change in ordered:
         kind = ("leave",) if change.identity() in leave else _kind(change, expected.get(change.identity()))
-        if group and (not batched or kind != last or kind[1] == "other" or len(group) >= BATCH):
+        if group and (kind != last or kind[1] == "other" or len(group) >= BATCH):
             yield group
             group = []
         group.append(change)
@@ -230,8 +251,12 @@ def _apply(connection: database.Connection, group: list[Change], key: tuple[str,
     if len(group) == 1:
         sql, params = _statement(connection, group[0], key, expected.get(group[0].identity()))
         return connection.raw.execute(sql, params).rowcount
-    sql, params = batches.statement(group, key, [expected.get(c.identity()) for c in group])
-    return connection.raw.execute(sql, params).rowcount
+    if connection.dialect == POSTGRESQL:
+        sql, params = batches.statement(group, key, [expected.get(c.identity()) for c in group])
+        return connection.raw.execute(sql, params).rowcount
+    # SQLite: like rows make the same statement, run for each row's values (rowcount adds them up)
+    statements = [_statement(connection, c, key, expected.get(c.identity())) for c in group]
+    return connection.raw.executemany(statements[0][0], [params for _, params in statements]).rowcount
 
 
 class _sqlite_transaction:

@@ -3,10 +3,9 @@ deleted, or updated in the same fields, each still only where the database finds
 images go in as JSON arrays read back into the table's own types (`jsonb_populate_recordset`), paired by
 their position."""
 
-import json
-
 from ..undo.database import capture
 from ..undo.database.rows import INSERTED, Change
+from .captured import dumps
 
 
 def _set(table: str, alias: str) -> str:
@@ -24,14 +23,14 @@ def statement(group: list[Change], key: tuple[str, ...], expected: list[dict | N
         columns = ", ".join(q(c) for c in first.before)
         return (f"INSERT INTO {table} ({columns}) SELECT {', '.join(f'b.{q(c)}' for c in first.before)} "
                 f"FROM {_set(first.table, 'b')} WHERE NOT EXISTS (SELECT 1 FROM {table} t WHERE {where})",
-                [json.dumps([c.before for c in group])])
+                [dumps([c.before for c in group])])
     if first.op == INSERTED:  # rows the agent inserted, deleted where they read as it left them
         same = " AND ".join(f"t.{q(c)} IS NOT DISTINCT FROM a.{q(c)}" for c in expected[0])
         return (f"DELETE FROM {table} t USING {_set(first.table, 'a')} WHERE {keyed} AND {same}",
-                [json.dumps(expected)])
+                [dumps(expected)])
     fields = first.fields
     same = " AND ".join(f"t.{q(c)} IS NOT DISTINCT FROM a.{q(c)}" for c in fields)
     sets = ", ".join(f"{q(c)} = b.{q(c)}" for c in fields)
     return (f"UPDATE {table} t SET {sets} FROM {_set(first.table, 'b')} JOIN {_set(first.table, 'a')} "
             f"ON a.ordinality = b.ordinality WHERE {keyed} AND {same}",
-            [json.dumps([c.before for c in group]), json.dumps(expected)])
+            [dumps([c.before for c in group]), dumps(expected)])

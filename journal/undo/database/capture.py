@@ -26,6 +26,10 @@ APPLIED = f"{CAPTURE_SCHEMA}.applied"
 GUARD = f"{CAPTURE_TRIGGER}_guard"
 
 
+# Set (SET LOCAL) in the Recorder's own undo transaction: its restored rows are not captured again.
+RESTORING = f"SELECT set_config('{CAPTURE_SCHEMA}.restoring', 'on', true)"
+
+
 def quoted(name: str) -> str:
     """An identifier, quoted for either dialect."""
     return '"' + name.replace('"', '""') + '"'
@@ -71,6 +75,12 @@ DECLARE
     key jsonb := '[]';
     name text;
 BEGIN
+    -- The Recorder's own undo (its login, owning this schema, saying so in its transaction) is journaled as a
+    -- step of its own; every other writer's rows are kept, whatever it sets.
+    IF coalesce(current_setting('{CAPTURE_SCHEMA}.restoring', true), '') = 'on' AND session_user = (
+        SELECT nspowner::regrole::name FROM pg_namespace WHERE nspname = '{CAPTURE_SCHEMA}') THEN
+        RETURN NULL;
+    END IF;
     IF TG_OP <> 'INSERT' THEN old_row := to_jsonb(OLD); END IF;
     IF TG_OP <> 'DELETE' THEN new_row := to_jsonb(NEW); END IF;
     FOREACH name IN ARRAY TG_ARGV LOOP

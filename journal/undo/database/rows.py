@@ -9,6 +9,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from .reading import plural
 
 RESTORE, UNDONE, CONFLICT = "restore", "undone", "conflict"
@@ -27,6 +29,7 @@ class Change:
     after: dict[str, Any] | None
     ids: list[int] = field(default_factory=list)
     _identity: str = field(default="", repr=False, compare=False)
+    _fields: list[str] | None = field(default=None, repr=False, compare=False)
 
     @property
     def op(self) -> str:
@@ -36,16 +39,28 @@ class Change:
 
     @property
     def fields(self) -> list[str]:
-        """The fields the agent changed: every field of a row it inserted or deleted."""
-        if self.op == UPDATED:
-            return [name for name in self.before if self.before.get(name) != self.after.get(name)]
-        return list((self.after or self.before).keys())
+        """The fields the agent changed: every field of a row it inserted or deleted (worked out once the
+        change is whole: `net` has set its last after)."""
+        if self._fields is None:
+            if self.op == UPDATED:
+                self._fields = [name for name in self.before if self.before.get(name) != self.after.get(name)]
+            else:
+                self._fields = list((self.after or self.before).keys())
+        return self._fields
 
     def identity(self) -> str:
-        """The row, as plans and checks name it: its table and key, in JSON."""
+        """The row, as plans and checks name it (`identity_of`)."""
         if not self._identity:
-            self._identity = json.dumps([self.table, self.key], separators=(",", ":"), sort_keys=True)
+            self._identity = identity_of(self.table, self.key)
         return self._identity
+
+
+def identity_of(table: str, key: list) -> str:
+    """A row as plans and checks name it: its table and key, in JSON."""
+    try:
+        return orjson.dumps([table, key], option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:  # an integer past 64 bits
+        return json.dumps([table, key], ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
 def net(rows: Iterable[Mapping[str, Any]]) -> list[Change]:

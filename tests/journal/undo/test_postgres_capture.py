@@ -48,9 +48,13 @@ def test_the_agents_role_cannot_read_change_or_switch_off_the_capture_even_ownin
                           "SET session_replication_role = replica"):
             with pytest.raises(psycopg.Error):
                 connection.execute(statement)
+        # Saying it is the Recorder's undo does not make its writes pass uncaptured: it is not the Recorder.
+        connection.execute("SET undo_capture.restoring = 'on'")
+        connection.execute("UPDATE contacts SET status = 'y' WHERE id = 2")
     kept = pg_rows(recorder, "SELECT tbl, op, pk, before ->> 'status', after ->> 'status', who "
-                             "FROM undo_capture.changes")
-    assert kept == [("public.contacts", "U", [1], "active", "x", AGENT_ROLE)]
+                             "FROM undo_capture.changes ORDER BY id")
+    assert kept == [("public.contacts", "U", [1], "active", "x", AGENT_ROLE),
+                    ("public.contacts", "U", [2], "active", "y", AGENT_ROLE)]
     switched_on = "SELECT count(*) FROM pg_trigger WHERE tgname = 'undo_capture' AND tgenabled = 'O'"
     assert pg_rows(recorder, switched_on) == [(2,)]
 
