@@ -12,16 +12,26 @@ from typing import Any
 from journal.undo.database.rows import CONFLICT, RESTORE, SAMPLE, UNDONE, Tally, judge
 from journal.upstream import database, restore
 from journal.upstream.captured import CallRows, NotInCapture, chained_rows, snapshot
+from journal.upstream.snapshots import KeptRows
 
-from . import answers
+from . import answers, kept_tables
 
 SHOWN_CONFLICTS = 1000  # conflicting rows kept field by field (and whole, for an overwrite) in what is signed
 SHOWN_KEPT = 20
 READ_SECONDS = 600  # a check's reads of a big statement's rows, at most
 
 
-def rows_of(earlier: dict[str, Any] | None) -> tuple[CallRows | None, str]:
-    """The rows a step's record says its call changed, or None and why they cannot be had."""
+def kept_of(earlier: dict[str, Any] | None) -> list[dict] | None:
+    """The tables the Recorder kept before a step's approved destruction (`journal.upstream.snapshots`)."""
+    kept = ((earlier or {}).get("database") or {}).get("kept")
+    return kept if isinstance(kept, list) and kept else None
+
+
+def rows_of(earlier: dict[str, Any] | None) -> tuple[CallRows | KeptRows | None, str]:
+    """The rows a step's record says its call changed (or, for an approved destruction, the tables kept
+    before it), or None and why they cannot be had."""
+    if kept := kept_of(earlier):
+        return KeptRows(kept), ""
     rows = CallRows.of(earlier)
     if rows is None:
         return None, "the record keeps no rows for it"
@@ -46,6 +56,8 @@ def check(*, place: str, earlier: dict[str, Any] | None, chained: list[CallRows]
                          "message": answers.bounded(f"Its rows cannot be checked: {why}.")}
     if not place:
         return "unavailable", {"message": "No database is registered for its server any more."}
+    if isinstance(rows, KeptRows):
+        return kept_tables.check(place, list(rows.snapshots.values()))
     try:
         with database.connected(place, timeout=READ_SECONDS) as connection, snapshot(connection):
             rows.verify(connection)

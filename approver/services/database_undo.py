@@ -12,8 +12,9 @@ from journal import services as journal_services
 from journal.undo.database.judging import RESTORE_TOOL
 from journal.undo.database.reading import plural
 from journal.undo.database.rows import identity_of
-from journal.upstream import database, restore
+from journal.upstream import database, restore, snapshots
 from journal.upstream.captured import NotInCapture
+from journal.upstream.snapshots import KeptRows
 
 from .. import database_checks, execution
 from ..models import Plan, PlanItem
@@ -37,6 +38,9 @@ def words(detail: dict[str, Any]) -> str:
     """"Put back 38 rows of contacts; 2 changed since by someone else were left as they are"."""
     parts = []
     for table, counts in (detail.get("tables") or {}).items():
+        if "recreated" in counts:  # a table kept before an approved destruction
+            parts.append(kept_table_words(table, counts))
+            continue
         said = [undone_words(table, counts.get("byOp") or {"U": counts["restored"]})]
         if counts.get("changedSince"):
             n = counts["changedSince"]
@@ -49,6 +53,16 @@ def words(detail: dict[str, Any]) -> str:
     text = "; ".join(parts) or "put back no rows"
     again = " (it had run already: nothing was done twice)" if detail.get("again") else ""
     return f"{text[0].upper()}{text[1:]}{again}."
+
+
+def kept_table_words(table: str, counts: dict[str, Any]) -> str:
+    """"re-created table contacts and reloaded its 1,196 rows", or why it was left as it is."""
+    if counts.get("left"):
+        now = "gone" if counts["left"] == "gone" else "not empty"
+        return f"left {table} as it is: it was {now}, not as the undo found it when checked"
+    if counts.get("recreated"):
+        return f"re-created table {table} and reloaded its {plural(counts['restored'], 'row')}"
+    return f"reloaded {plural(counts['restored'], 'row')} into {table}"
 
 
 def undone_words(table: str, by_op: dict[str, int]) -> str:
@@ -75,8 +89,12 @@ def attempt(plan: Plan, item: PlanItem, attempt: int, *, run_id: int) -> executi
              "undoes": {"run": str(item.step.run.public_id), "step": item.step.number}})
     PlanItem.objects.filter(pk=item.pk).update(call_step_id=opened.step_id)
     try:
-        detail = restore.put_back(item.step.server.database, rows, marker=item.idempotency_key,
-                                  overrides=overrides, leave=leave)
+        if isinstance(rows, KeptRows):
+            detail = snapshots.put_back(item.step.server.database, list(rows.snapshots.values()),
+                                        marker=item.idempotency_key)
+        else:
+            detail = restore.put_back(item.step.server.database, rows, marker=item.idempotency_key,
+                                      overrides=overrides, leave=leave)
     except NotInCapture as exc:  # nothing was changed; the rows it needs are gone for good
         message = f"The rows could not be put back, and none was: {exc}."
         journal_services.close_step(opened=opened, started=started, finished=timezone.now(),

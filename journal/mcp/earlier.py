@@ -19,7 +19,7 @@ from ..models import ToolServer
 from ..record.canonical import sha256_hex
 from ..undo import recipe_chains, recipes
 from ..undo.bindings import BindingError
-from ..upstream import database, windows
+from ..upstream import database, snapshots, windows
 from ..upstream.client import ToolServerError, Upstreams, endpoint_of
 from ..upstream.recipe_reads import read_state
 from .failing import failed
@@ -190,6 +190,27 @@ async def again(journal, upstreams: Upstreams, opened, arguments: dict[str, Any]
         await journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now(),
                           advice=advice.as_wire())
         return opened, (message, advice)
+    if recipe.sql is not None and (keep := keepable(found)):  # a person approved a destruction: keep it first
+        try:
+            found["kept"] = await asyncio.to_thread(snapshots.take, opened.server.database, keep)
+        except database.DatabaseUnreachable as exc:
+            tables = ", ".join(k["table"] for k in keep)
+            message = (f"Not done: the approval was for a call that destroys {tables}, and the Recorder "
+                       f"keeps such a table before sending it, which failed ({exc}). Nothing was sent; make "
+                       "the call again to ask anew.")
+            advice = failed("policy", opened.traits, held="lapsed")
+            await journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now(),
+                              advice=advice.as_wire())
+            return opened, (message, advice)
     await journal.run(services.read_again, run_id=opened.run_id, step_id=opened.step_id,
                       number=opened.number, earlier=earlier, now=timezone.now())
     return dataclasses.replace(opened, earlier=earlier), None
+
+
+def keepable(found: dict[str, Any]) -> list[dict] | None:
+    """The tables an approved call's statements destroy that a snapshot can keep, or None."""
+    reading = found.get("reading") or {}
+    if reading.get("kind") not in ("destroy", "rows"):
+        return None
+    captured = set((found.get("catalog") or {}).get("captured") or ())
+    return snapshots.keepable(reading.get("statements") or [], captured)

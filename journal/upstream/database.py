@@ -226,7 +226,7 @@ class CannotCapture(Exception):
     """A table the capture cannot keep (it does not exist, or has no primary key): the message says which."""
 
 
-def _canonical(every: dict[str, tuple[str, ...]], name: str, dialect: str) -> str | None:
+def canonical_name(every: dict[str, tuple[str, ...]], name: str, dialect: str) -> str | None:
     """The name the capture keeps a table under: `schema.table` on PostgreSQL, the bare name on SQLite."""
     if name not in every:
         return None
@@ -246,7 +246,7 @@ def _chosen(connection: Connection, tables: Sequence[str] | None) -> dict[str, t
             "." in name if connection.dialect == POSTGRESQL else not name.startswith("main."))}
     chosen, problems = {}, []
     for name in tables:
-        canonical = _canonical(every, name, connection.dialect)
+        canonical = canonical_name(every, name, connection.dialect)
         if canonical is None:
             problems.append(f"there is no table {name}")
         elif not every[canonical]:

@@ -31,12 +31,15 @@ def rows_now(connection: database.Connection, changes: list[Change],
     for change in changes:
         by_table.setdefault(change.table, []).append(change)
     for table, group in by_table.items():
-        key = key_columns[table]
+        key = key_columns.get(table)
+        if key is None:  # the table is gone (dropped since, or by a later call the plan undoes first)
+            continue
         for start in range(0, len(group), BATCH):
             batch = group[start:start + BATCH]
-            for row in _read(connection, table, key, [_now_key(c, key) for c in batch]):
+            for row in read_rows(connection, table, key, [_now_key(c, key) for c in batch]):
                 found[_identity(table, [row.get(k) for k in key])] = row
-    return {c.identity(): found.get(_identity_now(c, key_columns[c.table])) for c in changes}
+    return {c.identity(): found.get(_identity_now(c, key_columns[c.table])) if c.table in key_columns
+            else None for c in changes}
 
 
 def _now_key(change: Change, key: tuple[str, ...]) -> list:
@@ -54,7 +57,7 @@ def _identity_now(change: Change, key: tuple[str, ...]) -> tuple:
     return _identity(change.table, _now_key(change, key))
 
 
-def _read(connection: database.Connection, table: str, key: tuple[str, ...],
+def read_rows(connection: database.Connection, table: str, key: tuple[str, ...],
           keys: list[list]) -> Iterable[dict]:
     if connection.dialect == POSTGRESQL:
         keyed = dumps([dict(zip(key, values, strict=True)) for values in keys])
@@ -187,7 +190,7 @@ def _transaction(connection: database.Connection, rows: CallRows, *, marker: str
     pg = connection.dialect == POSTGRESQL
     keys = database.keys(connection)
     counts: dict[str, dict[str, int]] = {}
-    begin = connection.raw.transaction() if pg else _sqlite_transaction(connection)
+    begin = connection.raw.transaction() if pg else SqliteTransaction(connection)
     with begin:
         if (done := applied(connection, marker)) is not None:
             return {**done, "again": True}
@@ -259,7 +262,7 @@ def _apply(connection: database.Connection, group: list[Change], key: tuple[str,
     return connection.raw.executemany(statements[0][0], [params for _, params in statements]).rowcount
 
 
-class _sqlite_transaction:
+class SqliteTransaction:
     """BEGIN IMMEDIATE … COMMIT on an autocommit sqlite3 connection, rolled back on any error."""
 
     def __init__(self, connection: database.Connection):

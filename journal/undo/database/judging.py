@@ -6,6 +6,7 @@ No ORM and no clock."""
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ...record.canonical import sha256_hex
 from ..declarations import Compensation, UndoDeclaration
 from . import rows
 from .reading import Reading, Statement, named, plural
@@ -112,15 +113,20 @@ def from_state(state: Mapping) -> UndoDeclaration:
     return declaration
 
 
-def after_call(found: Mapping, *, kind: str) -> dict:
+def after_call(found: Mapping, *, kind: str, kept: list[Mapping] | None = None) -> dict:
     """The step's undo once the rows the call changed are known (`found`: what the capture kept of them,
-    `journal.upstream.windows`), as the step's column values over those its declaration gave it (`kind`)."""
+    `journal.upstream.windows`), as the step's column values over those its declaration gave it (`kind`);
+    `kept`: the tables the Recorder kept before an approved destruction (`journal.upstream.snapshots`)."""
     if found.get("problem"):
         return {"reversibility": "unknown", "undo_problems": [found["problem"]],
                 "compensation_arguments": None,
                 "effect_summary": "What it changed in the database is not known exactly."}
+    if kept:
+        return destroyed_but_kept(kept)
     words = rows.changed_words(found.get("tables") or {})
     if not found.get("count"):
+        if kind not in ("compensate", "read_only"):  # a destruction changes no row a trigger sees
+            return {}
         return {"reversibility": "read_only", "undo_problems": [], "compensation_arguments": None,
                 "effect_summary": "It changed no rows.", "effect_version": ""}
     summary = {"effect_summary": f"{words[0].upper()}{words[1:]}.",
@@ -133,6 +139,25 @@ def after_call(found: Mapping, *, kind: str) -> dict:
         arguments["inCapture"] = True
     return {**summary, "reversibility": "compensate", "undo_problems": [], "effect_version": found["sha256"],
             "compensation_arguments": arguments}
+
+
+def kept_words(kept: Mapping) -> str:
+    """"dropped table contacts (1,196 rows)" or "emptied contacts (1,196 rows)"."""
+    verb = "dropped table" if kept["how"] == "drop" else "emptied"
+    return f"{verb} {kept['table']} ({plural(kept['rows'], 'row')})"
+
+
+def destroyed_but_kept(kept: list[Mapping]) -> dict:
+    """A destruction a person approved, whose tables the Recorder kept first: undoable, by re-creating and
+    reloading them."""
+    said = "; ".join(kept_words(k) for k in kept)
+    summary = [{"table": k["table"], "how": k["how"], "rows": k["rows"], "copy": k["copy"]} for k in kept]
+    return {"reversibility": "compensate", "undo_problems": [],
+            "effect_summary": f"{said[:1].upper()}{said[1:]}: kept beforehand, so it can be undone.",
+            "effect_resource": ", ".join(k["table"] for k in kept),
+            "effect_version": sha256_hex(summary), "compensation_arguments": {"kept": summary},
+            "declaration": UndoDeclaration(kind="compensate", source=SOURCE, compensation=Compensation(
+                tool=RESTORE_TOOL, dialect="database", versioned=True)).model_dump(mode="json")}
 
 
 def database_rows(after_state) -> Mapping | None:
