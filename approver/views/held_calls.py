@@ -10,6 +10,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from journal.auth import roles
 from journal.auth.access import READERS, require_role
+from journal.upstream import snapshots
 
 from .. import authority, services, signing
 from ..models import ActionRequest
@@ -37,8 +38,11 @@ def action_detail(request, action_id):
         ActionRequest.objects.select_related("agent__on_behalf_of", "server", "run", "step", "used_step"),
         public_id=action_id,
     )
+    keep = snapshots.keepable_of(((action.step.earlier_state if action.step else None) or {}).get("database")
+                                 or {})
     return render(request, "approver/action_detail.html", {
         "action": action, "now": timezone.now(), "standing": services.standing_words(action),
+        "kept_first": ", ".join(k["table"] for k in keep or ()),
         "approvals": action.approvals.select_related("approver", "passkey").order_by("created_at"),
         **authority.signing_state(request.user, role=action.approver_group,
                                   refusal=lambda: authority.action_refusal(action=action, user=request.user)),

@@ -190,7 +190,8 @@ async def again(journal, upstreams: Upstreams, opened, arguments: dict[str, Any]
         await journal.run(services.refuse_step, opened=opened, message=message, now=timezone.now(),
                           advice=advice.as_wire())
         return opened, (message, advice)
-    if recipe.sql is not None and (keep := keepable(found)):  # a person approved a destruction: keep it first
+    # A person approved a destruction: the tables it destroys are kept first.
+    if recipe.sql is not None and (keep := snapshots.keepable_of(found)):
         try:
             found["kept"] = await asyncio.to_thread(snapshots.take, opened.server.database, keep)
         except database.DatabaseUnreachable as exc:
@@ -206,11 +207,3 @@ async def again(journal, upstreams: Upstreams, opened, arguments: dict[str, Any]
                       number=opened.number, earlier=earlier, now=timezone.now())
     return dataclasses.replace(opened, earlier=earlier), None
 
-
-def keepable(found: dict[str, Any]) -> list[dict] | None:
-    """The tables an approved call's statements destroy that a snapshot can keep, or None."""
-    reading = found.get("reading") or {}
-    if reading.get("kind") not in ("destroy", "rows"):
-        return None
-    captured = set((found.get("catalog") or {}).get("captured") or ())
-    return snapshots.keepable(reading.get("statements") or [], captured)

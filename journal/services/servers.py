@@ -14,7 +14,7 @@ from ..models.servers import SEPARATOR
 from ..record import chain
 from ..record.canonical import to_ijson
 from ..undo import declarations, recipes
-from ..upstream import captured
+from ..upstream import captured, snapshots
 from ..upstream.client import ToolServerError, Upstreams, endpoint_of
 
 
@@ -190,17 +190,23 @@ def refresh_catalogue(*, server: ToolServer) -> ToolServer:
 def prune_capture(*, server: ToolServer, now: datetime | None = None) -> int:
     """Forget the rows of `server`'s database capture that no undo needs any more: those the Recorder has read
     into a step (the record keeps them, or their undo window closed), keeping every call's over the record's
-    bound until its undo window closes. How many rows were forgotten (0 for a server without a database)."""
+    bound until its undo window closes, and the tables kept before an approved destruction until its undo
+    window closes. How many rows were forgotten (0 for a server without a database)."""
     if not server.database:
         return 0
     now = now or timezone.now()
-    upto, needed = 0, []
+    upto, needed, copies = 0, [], []
     steps = server.steps.filter(compensation_arguments__isnull=False).values_list(
         "compensation_arguments", "undo_by")
     for arguments, undo_by in steps.iterator():
+        open_window = undo_by is None or undo_by > now
+        if isinstance(arguments, dict) and not open_window:  # tables kept before a destruction, no longer
+            copies += [k["copy"] for k in arguments.get("kept") or ()
+                       if isinstance(k, dict) and isinstance(k.get("copy"), str)]
         if not isinstance(arguments, dict) or not isinstance(arguments.get("to"), int):
             continue
         upto = max(upto, arguments["to"])
-        if arguments.get("inCapture") and (undo_by is None or undo_by > now):
+        if arguments.get("inCapture") and open_window:
             needed.append((int(arguments.get("from") or 0), arguments["to"]))
-    return captured.prune(server.database, upto=upto, needed=needed) if upto else 0
+    forgotten = snapshots.forget(server.database, copies) if copies else 0
+    return forgotten + (captured.prune(server.database, upto=upto, needed=needed) if upto else 0)

@@ -37,6 +37,13 @@ PG_TRIGGERS = """
 SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal
 AND tgname <> %s
 """
+PG_OWNER = """
+SELECT pg_get_userbyid(c.relowner), (SELECT array_agg(ARRAY[CASE WHEN a.grantee = 0 THEN NULL
+                                                               ELSE pg_get_userbyid(a.grantee) END,
+                                                          a.privilege_type])
+                                     FROM aclexplode(c.relacl) a)
+FROM pg_class c WHERE c.oid = %s::regclass
+"""
 PG_SEQUENCES = """
 SELECT quote_ident(n.nspname) || '.' || quote_ident(s.relname), a.attname, d.deptype
 FROM pg_depend d JOIN pg_class s ON s.oid = d.objid AND s.relkind = 'S'
@@ -72,6 +79,16 @@ def keepable(statements: list[Mapping], captured: set[str]) -> list[dict] | None
         for table in destroys:
             kept.setdefault(table, how)
     return [{"table": table, "how": how} for table, how in kept.items()] or None
+
+
+def keepable_of(found: Mapping) -> list[dict] | None:
+    """The tables a call's statements (as read before it, `earlier_state["database"]`) destroy that a
+    snapshot can keep, or None."""
+    reading = found.get("reading") or {}
+    if reading.get("kind") not in ("destroy", "rows"):
+        return None
+    captured = set((found.get("catalog") or {}).get("captured") or ())
+    return keepable(reading.get("statements") or [], captured)
 
 
 def take(place: str, wanted: list[Mapping]) -> list[dict[str, Any]]:
@@ -133,10 +150,29 @@ def _pg_definition(connection: database.Connection, table: str) -> tuple[list[st
     statements += [sql for (sql,) in connection.rows(PG_INDEXES, (name,))]
     statements += [sql for (sql,) in connection.rows(PG_TRIGGERS, (name, CAPTURE_TRIGGER))]
     statements += [f"ALTER SEQUENCE {seq} OWNED BY {name}.{q(column)}" for seq, column in serial]
+    owner, grants = connection.rows(PG_OWNER, (name,))[0]
+    statements.append(f"ALTER TABLE {name} OWNER TO {q(owner)}")  # its owned sequences go with it
+    statements += [f"GRANT {privilege} ON {name} TO {'PUBLIC' if grantee is None else q(grantee)}"
+                   for grantee, privilege in grants or () if grantee != owner]
     for seq, _column, _kind in sequences:
         last, called = connection.rows(f"SELECT last_value, is_called FROM {seq}")[0]
         statements.append(f"SELECT setval('{seq}', {int(last)}, {'true' if called else 'false'})")
     return statements, columns
+
+
+def forget(place: str, copies: list[str]) -> int:
+    """Drop the kept copies named (their undo window closed): how many rows they held."""
+    held = 0
+    with database.connected(place, timeout=600) as connection:
+        for copy in copies:
+            if not copy.startswith((f"{CAPTURE_SCHEMA}.snap_", f"{SQLITE_PREFIX}_snap_")):
+                continue  # only ever the capture's own copies
+            try:
+                held += connection.rows(f"SELECT count(*) FROM {capture.qualified(copy)}")[0][0]
+            except Exception:  # noqa: BLE001 - already gone
+                continue
+            connection.raw.execute(f"DROP TABLE IF EXISTS {capture.qualified(copy)}")
+    return held
 
 
 # -- the check and the undo ------------------------------------------------------------------------------

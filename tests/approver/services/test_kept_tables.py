@@ -4,14 +4,18 @@ reach it, so the step is undoable: the table re-created and reloaded, under the 
 with the run's earlier row changes to it chained behind."""
 
 import sqlite3
+from datetime import timedelta
+from io import StringIO
 
 import psycopg
 import pytest
 from django.core.management import call_command
+from django.test import Client
+from django.utils import timezone
 
 from approver import services, tasks
 from journal import services as journal_services
-from journal.models import Run
+from journal.models import Run, Step
 from tests.journal.helpers import run_agent
 from tests.journal.undo.databases import AGENT_ROLE, CONTACTS, pg_rows, postgres_crm, rows, server_command
 from tests.services import POSTGRES_URL, needs_node, needs_postgres, needs_sqlite_server
@@ -24,10 +28,16 @@ from .test_held_calls import decide, held, in_background, set_policy
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
-def approved(recorder, token, approver_user, tool: str, arguments: dict):
-    """The agent's call, held for a person, approved, and what the agent got."""
+def approved(recorder, token, approver_user, tool: str, arguments: dict, *, seen: list | None = None):
+    """The agent's call, held for a person, approved, and what the agent got (`seen`: the held call's page,
+    as the approver saw it)."""
     thread, box = in_background(lambda: run_agent(recorder, token, lambda c: c.call_tool(tool, arguments)))
-    decide(held(), approver_user, "approve")
+    action = held()
+    if seen is not None:
+        web = Client()
+        web.force_login(approver_user)
+        seen.append(web.get(f"/actions/{action.public_id}/").content.decode())
+    decide(action, approver_user, "approve")
     thread.join(timeout=60)
     return box["result"]
 
@@ -120,7 +130,10 @@ def test_a_table_filled_again_since_is_a_conflict_its_undo_leaves_alone(
     settings.RECORDER_HOLD_WAIT_SECONDS = 30
     path, token = crm
     set_policy(admin_user)
-    approved(recorder, token, approver_user, "crm__write_query", {"query": "DROP TABLE contacts"})
+    seen = []
+    approved(recorder, token, approver_user, "crm__write_query", {"query": "DROP TABLE contacts"}, seen=seen)
+    assert f"It drops table contacts: {CONTACTS:,} rows." in seen[0]
+    assert "If you approve, the Recorder first keeps contacts (its definition and every row)" in seen[0]
     with sqlite3.connect(path) as someone:
         someone.execute("CREATE TABLE contacts (id INTEGER PRIMARY KEY, name TEXT)")
         someone.execute("INSERT INTO contacts VALUES (1, 'new')")
@@ -131,3 +144,61 @@ def test_a_table_filled_again_since_is_a_conflict_its_undo_leaves_alone(
     assert item.check_status == "conflict"
     assert item.check_detail["message"] == ("Changed since the agent's call: contacts holds 1 row since. Its "
                                             "undo leaves the table as it is.")
+    # Once its undo window closes, the kept copy is forgotten with the capture's other rows no undo needs.
+    copy = item.step.compensation_arguments["kept"][0]["copy"]
+    Step.objects.update(undo_by=timezone.now() - timedelta(minutes=1))
+    out = StringIO()
+    call_command("capture", "crm", prune=True, stdout=out)
+    assert out.getvalue() == f"crm: forgot {CONTACTS:,} captured rows no undo needs any more.\n"
+    assert rows(path, "SELECT count(*) FROM sqlite_master WHERE name = ?", copy) == [(0,)]
+
+
+DEFINITION = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+       (SELECT array_agg(pg_get_constraintdef(c.oid) ORDER BY conname) FROM pg_constraint c
+        WHERE c.conrelid = 'contacts'::regclass)
+FROM pg_attribute a WHERE a.attrelid = 'contacts'::regclass AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum
+"""
+
+
+@needs_node
+@needs_postgres
+def test_on_postgresql_an_approved_drop_is_re_created_as_the_catalogue_described_it(
+        recorder, admin_user, dana, on_call, approver_user, second_approver, settings, monkeypatch):
+    monkeypatch.setattr(tasks.execute_plan, "delay", lambda *args: None)
+    settings.RECORDER_HOLD_WAIT_SECONDS = 30
+    with postgres_crm(POSTGRES_URL) as (recorder_url, agent_url):
+        with psycopg.connect(agent_url, autocommit=True) as agent:  # a serial column, an index, a check
+            agent.execute("ALTER TABLE contacts ADD COLUMN n serial, ADD CONSTRAINT named CHECK (id > 0)")
+            agent.execute("CREATE INDEX contacts_by_email ON contacts (email)")
+        server = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
+            name="crm", command=server_command("dbhub", agent_url), database=recorder_url))
+        services.use_pack(server=server, pack="dbhub", by=admin_user)
+        call_command("capture", "crm", tables="contacts,companies", agent_roles=[AGENT_ROLE])
+        token = journal_services.create_agent(name="cleanup-bot", on_behalf_of=dana)[1]
+        set_policy(admin_user)
+        shape = "SELECT id, name, email, status, company_id, n FROM contacts ORDER BY id"
+        before, definition = pg_rows(recorder_url, shape), pg_rows(recorder_url, DEFINITION)
+        said = approved(recorder, token, approver_user, "crm__execute_sql", {"sql": "DROP TABLE contacts"})
+        assert not said.is_error, said.content[0].text
+        assert pg_rows(recorder_url, "SELECT to_regclass('contacts') IS NULL") == [(True,)]
+        run = Run.objects.get(agent__name="cleanup-bot")
+        plan = services.request_plan(run=run, requested_by=on_call, reason="dropped", from_step=1)
+        plan = services.run_checks(plan=plan, check_round=plan.check_round)
+        for user in (approver_user, second_approver):
+            approve(plan, user, enrolled(user), choices={})
+        plan = run_plan(plan)
+        item = plan.items.get()
+        assert (item.outcome, item.outcome_detail["message"]) == (
+            "compensated", "Re-created table public.contacts and reloaded its 1,196 rows.")
+        assert pg_rows(recorder_url, shape) == before
+        assert pg_rows(recorder_url, DEFINITION) == definition
+        assert pg_rows(recorder_url, "SELECT indexdef LIKE '%%(email)' FROM pg_indexes "
+                                     "WHERE indexname = 'contacts_by_email'") == [(True,)]
+        # its serial goes on where it was, and the capture keeps the table again
+        with psycopg.connect(agent_url, autocommit=True) as agent:
+            agent.execute("INSERT INTO contacts (id, name, email, status) VALUES (5000, 'a', 'b', 'c')")
+        assert pg_rows(recorder_url, "SELECT n FROM contacts WHERE id = 5000") == [(1197,)]
+        captured = "SELECT count(*) FROM undo_capture.changes WHERE pk = '[5000]'"
+        assert pg_rows(recorder_url, captured) == [(1,)]
