@@ -36,7 +36,7 @@ tests/clients/envs/%/.installed: tests/clients/%.txt
 	.servers/$*/bin/python -m pip install --quiet -r $<
 	touch $@
 
-demo: $(STAMP) $(NODE_STAMP) $(SERVER_STAMPS)
+demo: $(STAMP) $(NODE_STAMP) $(SERVER_STAMPS) $(if $(DEMO_CUSTOMERS_DATABASE),$(SUITE_STAMP))
 	$(PY) -m approver.demo
 
 # The third-party MCP servers and clients the conformance tests run, pinned in their lockfile. Without npm

@@ -151,16 +151,16 @@ def ensure_official_servers() -> list[tuple[str, dict]]:
     ]
 
 
-def ensure_agent() -> str:
+def ensure_agent(name: str = "sales-bot", file: str = "demo-agent-token") -> str:
     from django.contrib.auth.models import User
 
     from journal import services
     from journal.models import Agent
 
-    path = VAR / "demo-agent-token"
-    agent = Agent.objects.filter(name="sales-bot").first()
+    path = VAR / file
+    agent = Agent.objects.filter(name=name).first()
     if agent is None:
-        agent, token = services.create_agent(name="sales-bot", on_behalf_of=User.objects.get(username="dana"))
+        agent, token = services.create_agent(name=name, on_behalf_of=User.objects.get(username="dana"))
     elif path.exists() and services.authenticate_agent(path.read_text().strip()) == agent:
         return path.read_text().strip()
     else:
@@ -234,6 +234,40 @@ def replay_globex(token: str, official: list[tuple[str, dict]]) -> None:
             key=f"run:{scripted.RUN_ID}", steps__tool="send_email", steps__status="ok"
         ).exists():
             return  # no policy held it (or an approval from the last start let it through)
+        time.sleep(0.5)
+
+
+def replay_cleanup() -> None:
+    """cleanup-bot "cleans up" the customer database in the background: 1,196 contacts deleted, 4 fake ones
+    inserted (both undoable row by row), then a table dropped, which waits for an approver."""
+    import threading
+
+    import anyio
+
+    from approver import demo_database
+    from approver.models import ActionRequest
+    from journal.models import Run
+    from samples import agent as scripted
+
+    server = demo_database.ensure_customers(VAR, say=say)
+    if server is None:
+        return
+    if Run.objects.filter(key=f"run:{demo_database.RUN_ID}").exists():
+        say("  the customer cleanup run is already recorded (kept from the last start)")
+        return
+    token = ensure_agent("cleanup-bot", "demo-cleanup-token")
+    story = demo_database.story(demo_database.where(VAR)[3])
+    say("  cleanup-bot cleans up the customer database through the Recorder:")
+    threading.Thread(target=lambda: anyio.run(lambda: scripted.replay(
+        f"http://localhost:{WEB_PORT}/mcp/", token, run_id=demo_database.RUN_ID, say=say, patient=True,
+        story=story)), daemon=True).start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        held = ActionRequest.objects.filter(state=ActionRequest.State.PENDING, server=server).first()
+        if held is not None:
+            say(f"  cleanup-bot's DROP TABLE companies waits for an approver: http://localhost:{WEB_PORT}"
+                f"/actions/{held.public_id}/")
+            return
         time.sleep(0.5)
 
 
@@ -321,6 +355,7 @@ def main() -> None:
         ensure_policy()
         token = ensure_agent()
         replay_globex(token, official)
+        replay_cleanup()
         worker = "running" if wait_for_worker() else "NOT answering (see its output above)"
     except BaseException:
         stop()
