@@ -6,11 +6,9 @@ change. The database then holds every row as before the agent but the status the
 report says exactly that."""
 
 import sqlite3
-from io import StringIO
 
 import psycopg
 import pytest
-from django.core.management import call_command
 from django.test import Client
 
 from approver import sentence, services, tasks
@@ -18,12 +16,11 @@ from journal import services as journal_services
 from journal.models import Run
 from tests.journal.helpers import run_agent
 from tests.journal.undo.databases import (
-    AGENT_ROLE,
     CONTACTS,
+    dbhub_crm,
     pg_rows,
     postgres_crm,
     rows,
-    server_command,
     sqlite_crm,
 )
 from tests.services import POSTGRES_URL, needs_node, needs_postgres, needs_sqlite_server
@@ -143,11 +140,7 @@ def test_on_postgresql_through_dbhub_the_same_cleanup_is_undone_and_another_role
     monkeypatch.setattr(tasks.execute_plan, "delay", lambda *args: None)
     settings.RECORDER_HOLD_WAIT_SECONDS = 1
     with postgres_crm(POSTGRES_URL) as (recorder_url, agent_url):
-        server = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
-            name="crm", command=server_command("dbhub", agent_url), database=recorder_url))
-        services.use_pack(server=server, pack="dbhub", by=admin_user)
-        call_command("capture", "crm", tables="contacts,companies", agent_roles=[AGENT_ROLE],
-                     stdout=StringIO())
+        dbhub_crm(recorder_url, agent_url, by=admin_user)
         token = journal_services.create_agent(name="cleanup-bot", on_behalf_of=dana)[1]
         set_policy(admin_user)
         shape = "SELECT id, name, email, status, company_id FROM contacts ORDER BY id"
@@ -210,6 +203,10 @@ def test_an_override_puts_back_the_rows_changed_since_only_where_they_still_read
     for user in (approver_user, second_approver):
         approve(plan, user, enrolled(user), choices={str(item.position): "overwrite"},
                 overrides={str(item.position): why})
+    plan.refresh_from_db()
+    signed = sentence.of_items(list(plan.items.select_related("step").order_by("position"))).text()
+    assert "the 2 rows changed since by someone else, overwritten as the approvers chose" in \
+        signed.split("It will not touch:")[0]
     with sqlite3.connect(path) as person:  # after the signatures: this row no longer reads as they saw it
         person.execute("UPDATE contacts SET status = 'vip' WHERE id = 2")
     plan = run_plan(plan)

@@ -17,7 +17,7 @@ from approver import services, tasks
 from journal import services as journal_services
 from journal.models import Run, Step
 from tests.journal.helpers import run_agent
-from tests.journal.undo.databases import AGENT_ROLE, CONTACTS, pg_rows, postgres_crm, rows, server_command
+from tests.journal.undo.databases import CONTACTS, dbhub_crm, pg_rows, postgres_crm, rows
 from tests.services import POSTGRES_URL, needs_node, needs_postgres, needs_sqlite_server
 
 from .test_approvals import approve, enrolled, relying_party  # noqa: F401 - fixture and helpers
@@ -96,10 +96,7 @@ def test_on_postgresql_an_approved_truncate_is_kept_and_reloaded(
     monkeypatch.setattr(tasks.execute_plan, "delay", lambda *args: None)
     settings.RECORDER_HOLD_WAIT_SECONDS = 30
     with postgres_crm(POSTGRES_URL) as (recorder_url, agent_url):
-        server = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
-            name="crm", command=server_command("dbhub", agent_url), database=recorder_url))
-        services.use_pack(server=server, pack="dbhub", by=admin_user)
-        call_command("capture", "crm", tables="contacts,companies", agent_roles=[AGENT_ROLE])
+        dbhub_crm(recorder_url, agent_url, by=admin_user)
         token = journal_services.create_agent(name="cleanup-bot", on_behalf_of=dana)[1]
         set_policy(admin_user)
         shape = "SELECT id, name, email, status, company_id FROM contacts ORDER BY id"
@@ -172,10 +169,7 @@ def test_on_postgresql_an_approved_drop_is_re_created_as_the_catalogue_described
         with psycopg.connect(agent_url, autocommit=True) as agent:  # a serial column, an index, a check
             agent.execute("ALTER TABLE contacts ADD COLUMN n serial, ADD CONSTRAINT named CHECK (id > 0)")
             agent.execute("CREATE INDEX contacts_by_email ON contacts (email)")
-        server = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
-            name="crm", command=server_command("dbhub", agent_url), database=recorder_url))
-        services.use_pack(server=server, pack="dbhub", by=admin_user)
-        call_command("capture", "crm", tables="contacts,companies", agent_roles=[AGENT_ROLE])
+        dbhub_crm(recorder_url, agent_url, by=admin_user)
         token = journal_services.create_agent(name="cleanup-bot", on_behalf_of=dana)[1]
         set_policy(admin_user)
         shape = "SELECT id, name, email, status, company_id, n FROM contacts ORDER BY id"

@@ -121,3 +121,13 @@ def postgres_crm(base: str, *, contacts: int = CONTACTS):
 def pg_rows(url: str, sql: str, *params) -> list[tuple]:
     with psycopg.connect(url, autocommit=True) as connection:
         return connection.execute(sql, params).fetchall()
+
+
+def dbhub_crm(recorder_url: str, agent_url: str, *, by):
+    """The crm server: the pinned DBHub over the agent's URL, the dbhub pack in force, and the capture on
+    contacts and companies with the agent's role named."""
+    server = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
+        name="crm", command=server_command("dbhub", agent_url), database=recorder_url))
+    services.use_pack(server=server, pack="dbhub", by=by)
+    database.install(recorder_url, ["contacts", "companies"], agent_roles=[AGENT_ROLE])
+    return server
