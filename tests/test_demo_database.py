@@ -4,7 +4,9 @@ inactive contacts, inserts 4 fake ones, and tries to drop the companies table, w
 on-call undoes the rest, two approvers sign, and every contact is back, the fake ones gone."""
 
 import io
+import secrets
 
+import psycopg
 import pytest
 
 from approver import demo_database, services, tasks
@@ -15,12 +17,13 @@ from tests.approver.services.test_approvals import approve, enrolled, relying_pa
 from tests.approver.services.test_executor import run_plan
 from tests.approver.services.test_held_calls import set_policy
 from tests.journal.helpers import run_agent
-from tests.journal.undo.databases import rows
-from tests.services import needs_sqlite_server
+from tests.journal.undo.databases import pg_rows, postgres_url, rows
+from tests.services import POSTGRES_URL, needs_node, needs_postgres, needs_sqlite_server
 
-pytestmark = [pytest.mark.django_db(transaction=True), needs_sqlite_server]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
+@needs_sqlite_server
 def test_the_demo_cleanup_is_undone_but_for_the_drop_which_waits(
         recorder, tmp_path, admin_user, dana, on_call, approver_user, second_approver, settings, monkeypatch):
     monkeypatch.setattr(tasks.execute_plan, "delay", lambda *args: None)
@@ -59,3 +62,33 @@ def test_the_demo_cleanup_is_undone_but_for_the_drop_which_waits(
     assert report == {2: "Re-inserted 1,196 deleted rows of contacts.",
                       3: "Deleted the 4 rows of contacts the agent inserted."}
     assert rows(path, "SELECT * FROM contacts ORDER BY id") == before
+
+
+@needs_node
+@needs_postgres
+def test_on_postgresql_the_demo_database_is_served_by_dbhub_and_its_drop_waits(
+        recorder, tmp_path, admin_user, dana, settings, monkeypatch):
+    settings.RECORDER_HOLD_WAIT_SECONDS = 1
+    name = f"demo_customers_{secrets.token_hex(4)}"
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = postgres_url(POSTGRES_URL, database=name)
+    monkeypatch.setenv("DEMO_CUSTOMERS_DATABASE", url)
+    try:
+        server = demo_database.ensure_customers(tmp_path, by=admin_user, say=lambda text: None)
+        assert server.recipe_pack == "dbhub" and server.database == url
+        set_policy(admin_user)
+        token = journal_services.create_agent(name="cleanup-bot", on_behalf_of=dana)[1]
+
+        async def script(client):
+            tool = demo_database.where(tmp_path)[3]
+            return [await client.call_tool(n, a) for n, a in demo_database.story(tool)]
+
+        answers = run_agent(recorder, token, script)
+        assert [a.is_error for a in answers] == [False, False, False, True]
+        assert pg_rows(url, "SELECT count(*) FROM contacts") == [(2400 - 1196 + 4,)]
+        steps = {s.number: s for s in Run.objects.get(agent__name="cleanup-bot").steps.all()}
+        assert [steps[n].reversibility for n in (2, 3)] == ["compensate", "compensate"]
+    finally:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
