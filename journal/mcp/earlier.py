@@ -152,6 +152,11 @@ async def rows_after(opened_window: windows.Window | None, earlier: dict[str, An
               for t in (*s.get("writes", ()), *s.get("triggers", ()))]
     found = await asyncio.to_thread(windows.closed, opened_window, tables=tables,
                                     keep=settings.RECORDER_DATABASE_ROWS_KEPT)
+    if kept := earlier["database"].get("kept"):  # tables kept before an approved destruction: did it happen?
+        try:
+            found["destroyed"] = await asyncio.to_thread(snapshots.destroyed, opened_window.place, kept)
+        except database.DatabaseUnreachable as exc:
+            found["problem"] = f"whether it destroyed what was kept could not be read after the call: {exc}"
     return {"database": found}
 
 

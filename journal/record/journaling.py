@@ -209,7 +209,8 @@ def closed_fields(*, outcome: Outcome, tool: Tool, arguments: dict[str, Any], st
     if (rows := judging.database_rows(outcome.after_state)) is not None:  # the rows a database's capture kept
         fields["earlier_state"] = {**(tool.earlier or {}), "left": outcome.after_state}
         declared = fields.get("reversibility") or judging.from_state(tool.earlier or {}).kind
-        kept = ((tool.earlier or {}).get("database") or {}).get("kept")
+        kept = [k for k in ((tool.earlier or {}).get("database") or {}).get("kept") or ()
+                if k.get("table") in (rows.get("destroyed") or ())]  # what it did destroy, kept before
         fields.update(judging.after_call(rows, kind=declared, kept=kept))
     return fields, result
 

@@ -175,6 +175,17 @@ def forget(place: str, copies: list[str]) -> int:
     return held
 
 
+def destroyed(place: str, kept: list[Mapping]) -> list[str]:
+    """Of the tables kept before a call, those it did destroy (dropped, or emptied, as it said it would);
+    the copies of the others, which nothing will need, are dropped."""
+    with database.connected(place) as connection:
+        done = [k["table"] for k in kept
+                if state(connection, k)[0] == ("gone" if k["how"] == DROP else "empty")]
+    if spare := [k["copy"] for k in kept if k["table"] not in done]:
+        forget(place, spare)
+    return done
+
+
 # -- the check and the undo ------------------------------------------------------------------------------
 
 

@@ -196,3 +196,22 @@ def test_on_postgresql_an_approved_drop_is_re_created_as_the_catalogue_described
         assert pg_rows(recorder_url, "SELECT n FROM contacts WHERE id = 5000") == [(1197,)]
         captured = "SELECT count(*) FROM undo_capture.changes WHERE pk = '[5000]'"
         assert pg_rows(recorder_url, captured) == [(1,)]
+
+
+@needs_node
+@needs_postgres
+def test_an_approved_drop_the_database_refuses_is_not_said_to_have_happened_and_its_copy_goes(
+        recorder, admin_user, dana, approver_user, settings):
+    settings.RECORDER_HOLD_WAIT_SECONDS = 30
+    with postgres_crm(POSTGRES_URL) as (recorder_url, agent_url):
+        dbhub_crm(recorder_url, agent_url, by=admin_user)
+        token = journal_services.create_agent(name="cleanup-bot", on_behalf_of=dana)[1]
+        set_policy(admin_user)
+        said = approved(recorder, token, approver_user, "crm__execute_sql", {"sql": "DROP TABLE companies"})
+        assert said.is_error  # contacts refer to it: PostgreSQL refuses the drop without CASCADE
+        step = Run.objects.get(agent__name="cleanup-bot").steps.get()
+        assert step.reversibility != "compensate" and "kept beforehand" not in step.effect_summary
+        assert step.earlier_state["left"]["database"]["destroyed"] == []
+        assert pg_rows(recorder_url, "SELECT count(*) FROM companies") == [(10,)]
+        assert pg_rows(recorder_url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'undo_capture' "
+                                     "AND tablename LIKE 'snap_%%'") == [(0,)]  # the copy is gone
