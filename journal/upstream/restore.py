@@ -214,11 +214,17 @@ def _transaction(connection: database.Connection, rows: CallRows, *, marker: str
         detail = {"tables": counts, "restored": sum(c["restored"] for c in counts.values()),
                   "changedSince": sum(c["changedSince"] for c in counts.values()),
                   "left": sum(c["left"] for c in counts.values())}
-        table = capture.APPLIED if pg else capture.SQLITE_APPLIED
-        mark = "%s" if pg else "?"
-        connection.raw.execute(f"INSERT INTO {table} (marker, detail) VALUES ({mark}, {mark})",
-                               (marker, json.dumps(detail)))
+        mark_applied(connection, marker, detail)
     return detail
+
+
+def mark_applied(connection: database.Connection, marker: str, detail: dict) -> None:
+    """The marker of an undo that ran, with what it did, written in the undo's own transaction."""
+    pg = connection.dialect == POSTGRESQL
+    table = capture.APPLIED if pg else capture.SQLITE_APPLIED
+    mark = "%s" if pg else "?"
+    connection.raw.execute(f"INSERT INTO {table} (marker, detail) VALUES ({mark}, {mark})",
+                           (marker, json.dumps(detail)))
 
 
 def _kind(change: Change, expected: dict | None) -> tuple:

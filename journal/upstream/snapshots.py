@@ -15,7 +15,7 @@ from ..undo.database import capture
 from ..undo.database.places import POSTGRESQL
 from ..undo.database.reading import CAPTURE_SCHEMA, CAPTURE_TRIGGER, SQLITE_PREFIX
 from . import database, restore, windows
-from .restore import SqliteTransaction, applied
+from .restore import SqliteTransaction, applied, mark_applied
 
 DROP, EMPTY = "drop", "empty"
 
@@ -222,10 +222,7 @@ def put_back(place: str, snapshots: list[Mapping], *, marker: str) -> dict[str, 
                     detail["tables"][kept["table"]] = one = _put_back_one(connection, kept)
                     detail["restored"] += one["restored"]
                     detail["changedSince"] += one["changedSince"]
-                table = capture.APPLIED if pg else capture.SQLITE_APPLIED
-                mark = "%s" if pg else "?"
-                connection.raw.execute(f"INSERT INTO {table} (marker, detail) VALUES ({mark}, {mark})",
-                                       (marker, json.dumps(detail)))
+                mark_applied(connection, marker, detail)
             return detail
     finally:
         windows.release(window)
