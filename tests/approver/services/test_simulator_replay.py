@@ -18,9 +18,17 @@ from tests.services import needs_node
 from ..test_policy_views import form_data
 from .test_held_calls import set_policy
 from .test_recipe_undo import pinned_server
-from .test_retry_guard import TICKET, call, lost_answer, quick_timeout  # noqa: F401 - fixture
+from .test_retry_guard import TICKET, call, lost_answer
 
-pytestmark = [pytest.mark.django_db(transaction=True), needs_node, pytest.mark.usefixtures("quick_timeout")]
+pytestmark = [pytest.mark.django_db(transaction=True), needs_node, pytest.mark.usefixtures("short_timeout")]
+
+
+@pytest.fixture
+def short_timeout(settings):
+    """Short enough that the lost answer costs seconds, long enough for the filesystem server's first read
+    (node starting on a busy machine): with one second, the recipe's read sometimes timed out, took no
+    version, and the write was held instead of allowed."""
+    settings.TOOL_SERVER_TIMEOUT = 5  # read when the Recorder starts
 
 
 def test_the_unchanged_policies_decide_every_journaled_call_as_the_journal_says(
