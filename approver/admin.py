@@ -28,12 +28,10 @@ class PlanAdmin(ReadOnly):
 
 @admin.register(ApprovalRules)
 class ApprovalRulesAdmin(admin.ModelAdmin):
-    """The one row of approval rules: who may approve, how many must, how long an approval lasts."""
+    """The approval rules: who may approve, how many must, how long an approval lasts; one row for every team
+    without its own (team blank), and one per team that has its own."""
 
-    list_display = ["approver_role", "quorum", "valid_for", "separation_of_duties"]
-
-    def has_add_permission(self, request):
-        return not ApprovalRules.objects.exists()
+    list_display = ["team", "approver_role", "quorum", "valid_for", "separation_of_duties"]
 
     def has_delete_permission(self, request, obj=None):
         return False

@@ -5,12 +5,11 @@ yourself: SHA-256 of the RFC 8785 (JCS) bytes of `content` equals `digest`.
 """
 
 from django.http import JsonResponse
-from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 
 from journal.auth.access import READERS, require_role
 
-from . import planning, sentence
+from . import authority, planning, sentence
 from .models import Plan, RecordLease
 from .services import live_rest, plan_content
 
@@ -18,7 +17,7 @@ from .services import live_rest, plan_content
 @require_GET
 def plan_detail(request, plan_id):
     require_role(request, *READERS)
-    plan = get_object_or_404(Plan.objects.for_page(), public_id=plan_id)
+    plan = authority.visible_plan(request, plan_id, Plan.objects.for_page())
     content = plan_content(plan)
     # While checks run, the content moves with every answer; once the plan is ready, its digest is this one.
     return JsonResponse({

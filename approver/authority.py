@@ -9,10 +9,11 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.db.models import Q
+from django.db.models import Q, QuerySet
+from django.http import Http404
 from django.utils import timezone
 
-from journal.auth import roles
+from journal.auth import roles, teams
 from journal.models import Run
 
 from . import passkeys
@@ -24,6 +25,36 @@ MAY_CANCEL = (roles.ON_CALL, roles.ADMIN)
 MAY_CONTROL = (roles.APPROVER, roles.ADMIN)  # pause, resume, abort, and try an unknown outcome again
 MAY_SETTLE = (roles.ON_CALL, roles.APPROVER, roles.ADMIN)  # look at an unknown outcome, say how it ended
 MAY_PLAN_REST = (roles.ON_CALL, roles.APPROVER)  # ask for a plan of what a finished plan did not undo
+
+
+def visible_plans(user, plans: QuerySet | None = None) -> QuerySet:
+    """`plans` (default: every plan) narrowed to those of the teams `user` may see: a plan is its run's
+    team's (a plan since a moment covers one agent's runs, all in its team)."""
+    plans = Plan.objects.all() if plans is None else plans
+    return plans if teams.sees_every_team(user) else plans.filter(run__team_id__in=teams.team_ids(user))
+
+
+def visible_plan(request, plan_id, plans: QuerySet | None = None) -> Plan:
+    """The plan `plan_id` if the signed-in person's teams reach it; another team's is "no such plan", word for
+    word as one that does not exist."""
+    plan = visible_plans(request.user, plans).filter(public_id=plan_id).first()
+    if plan is None:
+        raise Http404("No such plan among those you may see.")
+    return plan
+
+
+def visible_actions(user, actions: QuerySet | None = None) -> QuerySet:
+    """`actions` (held calls; default: every one) narrowed to the teams `user` may see."""
+    actions = ActionRequest.objects.all() if actions is None else actions
+    return actions if teams.sees_every_team(user) else actions.filter(
+        agent__team_id__in=teams.team_ids(user))
+
+
+def visible_action(request, action_id, actions: QuerySet | None = None) -> ActionRequest:
+    action = visible_actions(request.user, actions).filter(public_id=action_id).first()
+    if action is None:
+        raise Http404("No such held call among those you may see.")
+    return action
 
 
 def plan_buttons(user, plan: Plan) -> dict[str, bool]:
@@ -65,10 +96,14 @@ def signing_state(user, *, role: str, refusal) -> dict[str, Any]:
 
 
 def signing_refusal(*, plan: Plan, user, rules: ApprovalRules | None = None) -> str:
-    """Why `user` may not approve or reject `plan` (separation of duties, role), or "" if they may."""
-    rules = rules or ApprovalRules.current()
+    """Why `user` may not approve or reject `plan` (role, team, separation of duties), or "" if they may. A
+    plan's approvers are its team's: admins who see every team sign only for the teams they are in."""
+    rules = rules or ApprovalRules.of_plan(plan)
     if not user.is_active or not roles.has_role(user, rules.approver_role):
         return f"Only {roles.in_words(rules.approver_role)} may approve or reject plans."
+    if plan.run.team_id not in teams.team_ids(user):
+        return (f"Only {roles.in_words(rules.approver_role)} of the team {plan.run.team} may approve or "
+                "reject this plan, and you are not in it.")
     if rules.separation_of_duties:
         if user.pk == plan.requested_by_id:
             return "You asked for this plan, so someone else must approve it (separation of duties)."
@@ -94,7 +129,7 @@ def _asked_earlier(plan: Plan) -> set[int]:
 def who_may_sign(plan: Plan, rules: ApprovalRules | None = None) -> list:
     """Everyone who may approve or reject `plan` now (in the role, active, not barred by separation of
     duties), whether or not they have an email address."""
-    rules = rules or ApprovalRules.current()
+    rules = rules or ApprovalRules.of_plan(plan)
     users = get_user_model().objects.filter(is_active=True, groups__name=rules.approver_role).distinct()
     return [u for u in users.order_by("username") if not signing_refusal(plan=plan, user=u, rules=rules)]
 
@@ -106,7 +141,7 @@ def counting_approvals(
     who still may approve (active, in the role, not barred by separation of duties) with a passkey that is
     not revoked. Execution asks again before it starts, so lost authority is never counted."""
     now = now or timezone.now()
-    rules = rules or ApprovalRules.current()
+    rules = rules or ApprovalRules.of_plan(plan)
     counted: dict[int, Approval] = {}
     for approval in (
         plan.approvals.filter(
@@ -137,11 +172,11 @@ def waiting_for(user, *, limit: int) -> tuple[list[Plan], bool]:
     whether there may be more): the nav counts them, and an approver lands on them."""
     if not roles.has_role(user, roles.APPROVER):
         return [], False
-    rules = ApprovalRules.current()
-    ready = list(Plan.objects.filter(state=Plan.State.READY).select_related("run__agent", "requested_by")
+    ready = list(Plan.objects.filter(state=Plan.State.READY, run__team_id__in=teams.team_ids(user))
+                 .select_related("run__agent", "run__team", "requested_by")
                  .order_by("-updated_at")[:limit + 1])
-    mine = [plan for plan in ready[:limit] if not signing_refusal(plan=plan, user=user, rules=rules)
-            and signed_already(plan=plan, user=user, rules=rules) is None]
+    mine = [plan for plan in ready[:limit] if not signing_refusal(plan=plan, user=user)
+            and signed_already(plan=plan, user=user) is None]
     return mine, len(ready) > limit
 
 
@@ -206,8 +241,9 @@ def counting_action_approvals(
     *, action: ActionRequest, rules: ApprovalRules | None = None
 ) -> list[ActionApproval]:
     """The approvals of a held call that count now, one per approver: of its exact content, with a passkey
-    that is not revoked, by someone still active, in the deciding group, and not the agent's own person."""
-    rules = rules or ApprovalRules.current()
+    that is not revoked, by someone still active, in the deciding group and the agent's team, and not the
+    agent's own person."""
+    rules = rules or ApprovalRules.current(action.agent.team_id)
     counted: dict[int, ActionApproval] = {}
     for approval in (action.approvals.filter(decision=ActionApproval.Decision.APPROVE, digest=action.digest,
                                              passkey__revoked_at__isnull=True)
@@ -217,6 +253,7 @@ def counting_action_approvals(
             approval.approver_id in counted
             or not approver.is_active
             or not roles.has_role(approver, action.approver_group)
+            or action.agent.team_id not in teams.team_ids(approver)
         ):
             continue
         if rules.separation_of_duties and action.agent.on_behalf_of_id == approver.pk:
@@ -231,7 +268,11 @@ def action_refusal(*, action: ActionRequest, user) -> str:
         return f"This call is {action.get_state_display().lower()}; there is nothing to decide."
     if not roles.has_role(user, action.approver_group):
         return f"Only {roles.in_words(action.approver_group)} decide on held calls."
-    if ApprovalRules.current().separation_of_duties and action.agent.on_behalf_of_id == user.pk:
+    if action.agent.team_id not in teams.team_ids(user):
+        return (f"Only {roles.in_words(action.approver_group)} of the team {action.agent.team} decide on "
+                "its agents' calls, and you are not in it.")
+    if (ApprovalRules.current(action.agent.team_id).separation_of_duties
+            and action.agent.on_behalf_of_id == user.pk):
         return "The agent acts for you, so someone else must decide on its calls."
     if action.approvals.filter(approver=user).exists():
         return "You have already decided on this call."

@@ -2,6 +2,7 @@ from django.utils import timezone
 from django.utils.functional import SimpleLazyObject
 
 from journal.auth import roles as role_names
+from journal.auth.teams import team_ids
 
 from . import authority
 from .models import ActionRequest
@@ -21,15 +22,17 @@ def roles(request):
 
 
 def held_calls(request):
-    """How many calls wait for a decision by someone in this user's groups: the nav shows it, so an approver
-    between meetings sees at a glance that an agent is waiting. Lazy: pages without the nav pay nothing."""
+    """How many calls of this user's teams' agents wait for a decision by someone in this user's groups: the
+    nav shows it, so an approver between meetings sees at a glance that an agent is waiting. Lazy: pages
+    without the nav pay nothing."""
     def count() -> int:
         user = request.user
         if not user.is_authenticated:
             return 0
         groups = [name for name in role_names.ALL if role_names.has_role(user, name)]
-        return ActionRequest.objects.filter(state=ActionRequest.State.PENDING, approver_group__in=groups,
-                                            expires_at__gt=timezone.now()).count() if groups else 0
+        return ActionRequest.objects.filter(
+            state=ActionRequest.State.PENDING, approver_group__in=groups, expires_at__gt=timezone.now(),
+            agent__team_id__in=team_ids(user)).count() if groups else 0
 
     return {"held_waiting": SimpleLazyObject(count)}
 

@@ -82,8 +82,8 @@ class PolicyForm(forms.ModelForm):
 
     class Meta:
         model = AutonomyPolicy
-        fields = ["name", "scope", "agent", "server", "tool", "approver_group", "quorum", "ask_timeout",
-                  "auto_run_plans", "allow_unknown_retries", "on_failure"]
+        fields = ["name", "scope", "team", "agent", "server", "tool", "approver_group", "quorum",
+                  "ask_timeout", "auto_run_plans", "allow_unknown_retries", "on_failure"]
         widgets = {"tool": forms.TextInput(attrs={"placeholder": "e.g. send_email", "autocomplete": "off"})}
 
     def __init__(self, *args, **kwargs):

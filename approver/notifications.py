@@ -128,7 +128,7 @@ def _rest_line(plan: Plan) -> str:
 
 
 def approvers_to_tell(plan: Plan) -> list:
-    rules = ApprovalRules.current()
+    rules = ApprovalRules.of_plan(plan)
     users = (
         get_user_model().objects.filter(is_active=True, groups__name=rules.approver_role).exclude(email="")
     )

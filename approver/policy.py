@@ -12,10 +12,11 @@ what its tool server declares about undoing it, before it is made (the agent's o
 - `none`: the server says it cannot be undone;
 - `unknown`: nothing is declared, or the declaration does not parse.
 
-Reads (`read_only`) change nothing and are always allowed. A policy's scope is everything, one agent, one
-tool server or one tool; the most specific policy that matches wins (tool, then server, then agent, then
-everything). Where no policy matches, the call is allowed (and journaled): policies are the admins' to set,
-and the demo starts with `DEFAULT_DECISIONS` for everything. Nothing here reads the database or the clock.
+Reads (`read_only`) change nothing and are always allowed. A policy's scope is everything, one team's
+agents, one agent, one tool server or one tool; the most specific policy that matches wins (tool, then
+server, then agent, then team, then everything). Where no policy matches, the call is allowed (and
+journaled): policies are the admins' to set, and the demo starts with `DEFAULT_DECISIONS` for everything.
+Nothing here reads the database or the clock.
 """
 
 from collections.abc import Iterable, Mapping
@@ -49,7 +50,7 @@ CLASS_SHORT = {
 }
 READ = "read"
 DECISIONS = ("allow", "ask", "deny")
-SCOPES = ("tool", "server", "agent", "everything")  # most specific first
+SCOPES = ("tool", "server", "agent", "team", "everything")  # most specific first
 # The demo's starting point, and the policy page's suggestion: act freely where the API can take it back.
 DEFAULT_DECISIONS = {"compensate_api": "allow", "compensate_ui": "ask", "compensate_no_version": "ask",
                      "none": "ask", "unknown": "ask"}
@@ -57,7 +58,8 @@ DEFAULT_DECISIONS = {"compensate_api": "allow", "compensate_ui": "ask", "compens
 
 @dataclass(frozen=True)
 class Policy:
-    """A policy as the decision needs it. `server` and `tool` are names (`tool` within `server`)."""
+    """A policy as the decision needs it. `server` and `tool` are names (`tool` within `server`); `team` is
+    the team's id (`team_name` its name, for the words)."""
 
     id: int
     name: str
@@ -69,10 +71,14 @@ class Policy:
     auto_run_plans: bool = False
     allow_unknown_retries: bool = False
     on_failure: str = "nothing"  # nothing | propose | unwind (ChronoMCP's saga mode)
+    team: int = 0
+    team_name: str = ""
 
-    def matches(self, *, agent: str, server: str, tool: str) -> bool:
+    def matches(self, *, agent: str, server: str, tool: str, team: int = 0) -> bool:
         if self.scope == "everything":
             return True
+        if self.scope == "team":
+            return bool(team) and self.team == team
         if self.scope == "agent":
             return self.agent == agent
         if self.scope == "server":
@@ -84,6 +90,7 @@ class Policy:
         return {
             "everything": "every call",
             "agent": f"agent {self.agent}",
+            "team": f"team {self.team_name}'s agents",
             "server": f"tool server {self.server}",
             "tool": f"{self.server}__{self.tool}",
         }.get(self.scope, self.scope)
@@ -119,9 +126,10 @@ def call_class(*, kind: str, via: str | None, dialect: str | None, versioned: bo
     return "unknown"
 
 
-def governing(policies: Iterable[Policy], *, agent: str, server: str, tool: str) -> Policy | None:
-    """The most specific policy that matches the call, or None when none does."""
-    matching = [p for p in policies if p.matches(agent=agent, server=server, tool=tool)]
+def governing(policies: Iterable[Policy], *, agent: str, server: str, tool: str, team: int = 0
+              ) -> Policy | None:
+    """The most specific policy that matches the call (of an agent of team `team`), or None when none does."""
+    matching = [p for p in policies if p.matches(agent=agent, server=server, tool=tool, team=team)]
     matching.sort(key=lambda p: (SCOPES.index(p.scope), p.id))
     return matching[0] if matching else None
 
@@ -140,6 +148,7 @@ def decide(
     source: str = "none",
     retry_of: Mapping[str, object] | None = None,
     versioned: bool = False,
+    team: int = 0,
 ) -> Decision:
     """What the governing policy decides for this call. Without any policy, the defaults apply.
 
@@ -152,7 +161,7 @@ def decide(
     why = {k: v for k, v in (("reason", reason), ("remedy", remedy), ("source", source)) if v}
     if klass == READ:
         return Decision("allow", klass, None, f"{name} only reads: nothing to undo.", why)
-    chosen = governing(policies, agent=agent, server=server, tool=tool)
+    chosen = governing(policies, agent=agent, server=server, tool=tool, team=team)
     decided = _by_class(chosen, klass, name, reason, why)
     if (
         retry_of is None
@@ -212,6 +221,7 @@ def draft_problems(
     name: str,
     scope: str,
     agent_chosen: bool,
+    team_chosen: bool = False,
     server_chosen: bool,
     tool: str,
     server_name: str,
@@ -227,22 +237,34 @@ def draft_problems(
     problems: dict[str, str] = {}
     if not (name or "").strip():
         problems["name"] = "Give the policy a name."
-    if scope not in SCOPES:
-        problems["scope"] = "Choose what the policy covers."
-    if scope == "agent" and not agent_chosen:
-        problems["agent"] = "Choose the agent this policy is for."
-    if scope in ("server", "tool") and not server_chosen:
-        problems["server"] = "Choose the tool server this policy is for."
-    if scope == "tool" and not (tool or "").strip():
-        problems["tool"] = "Name the tool this policy is for."
-    if scope == "tool" and server_tools is not None and tool and tool not in server_tools:
-        problems["tool"] = f"{server_name} offers no tool named {tool!r}."
+    problems.update(_scope_problems(scope=scope, agent_chosen=agent_chosen, team_chosen=team_chosen,
+                                    server_chosen=server_chosen, tool=tool, server_name=server_name,
+                                    server_tools=server_tools))
     if not quorum or quorum < 1:
         problems["quorum"] = "At least one approver must sign a held call."
     if not 1 <= (ask_timeout or 0) <= MAX_HOLD_SECONDS:
         problems["ask_timeout"] = "A held call can wait between 1 second and 1 hour."
     if approver_group not in groups:
         problems["approver_group"] = f"Choose one of the groups: {', '.join(groups)}."
+    return problems
+
+
+def _scope_problems(*, scope: str, agent_chosen: bool, team_chosen: bool, server_chosen: bool, tool: str,
+                    server_name: str, server_tools: set[str] | None) -> dict[str, str]:
+    """What is wrong with what a draft says it covers."""
+    problems: dict[str, str] = {}
+    if scope not in SCOPES:
+        problems["scope"] = "Choose what the policy covers."
+    if scope == "agent" and not agent_chosen:
+        problems["agent"] = "Choose the agent this policy is for."
+    if scope == "team" and not team_chosen:
+        problems["team"] = "Choose the team whose agents this policy is for."
+    if scope in ("server", "tool") and not server_chosen:
+        problems["server"] = "Choose the tool server this policy is for."
+    if scope == "tool" and not (tool or "").strip():
+        problems["tool"] = "Name the tool this policy is for."
+    if scope == "tool" and server_tools is not None and tool and tool not in server_tools:
+        problems["tool"] = f"{server_name} offers no tool named {tool!r}."
     return problems
 
 
@@ -263,7 +285,7 @@ def simulate(policies: Iterable[Policy], calls: Iterable[Mapping[str, object]], 
 
 
 def plan_needs_a_human(
-    policies: Iterable[Policy], *, agent: str, items: Iterable[Mapping[str, object]]
+    policies: Iterable[Policy], *, agent: str, items: Iterable[Mapping[str, object]], team: int = 0
 ) -> str:
     """Why a checked reversal plan still needs a human to sign it, or "" when it may run alone: every item
     either changes nothing or is a compensation through the API (HATP, so versions are checked), whose check
@@ -290,7 +312,8 @@ def plan_needs_a_human(
             return f"{where}'s check did not say the undo would work ({status})."
         if item.get("side_effect") or item.get("cost") or item.get("needs_human"):
             return f"{where}: undoing it has a side effect, a cost, or needs a human's judgement."
-        chosen = governing(policies, agent=agent, server=str(item["server"]), tool=str(item["tool"]))
+        chosen = governing(policies, agent=agent, server=str(item["server"]), tool=str(item["tool"]),
+                           team=team)
         if chosen is None or not chosen.auto_run_plans:
             said = f"policy “{chosen.name}” does not let" if chosen else "no policy lets"
             return f"{where}: {said} plans run without a human."

@@ -23,6 +23,7 @@ def policy_record(policy_row: AutonomyPolicy) -> dict[str, Any]:
         "name": policy_row.name,
         "scope": policy_row.scope,
         "agent": policy_row.agent.name if policy_row.agent_id else None,
+        **({"team": policy_row.team.name} if policy_row.team_id else {}),  # older entries have no team
         "server": policy_row.server.name if policy_row.server_id else None,
         "tool": policy_row.tool or None,
         "decisions": dict(policy_row.decisions),
@@ -47,6 +48,8 @@ def as_policy(policy_row: AutonomyPolicy) -> policy.Policy:
         auto_run_plans=policy_row.auto_run_plans,
         allow_unknown_retries=policy_row.allow_unknown_retries,
         on_failure=policy_row.on_failure,
+        team=policy_row.team_id or 0,
+        team_name=policy_row.team.name if policy_row.team_id else "",
     )
 
 
@@ -71,12 +74,13 @@ def plan_needs_a_human(plan: Plan) -> str:
         )
     ]
     return policy.plan_needs_a_human(
-        [as_policy(row) for row in current_policies()], agent=plan.run.agent.name, items=items
+        [as_policy(row) for row in current_policies()], agent=plan.run.agent.name, items=items,
+        team=plan.run.agent.team_id,
     )
 
 
 def current_policies() -> list[AutonomyPolicy]:
-    return list(AutonomyPolicy.objects.select_related("agent", "server"))
+    return list(AutonomyPolicy.objects.select_related("agent", "server", "team"))
 
 
 
@@ -126,7 +130,7 @@ BOOK = PolicyBook()
 
 
 def decide_call(*, agent_name: str, server_name: str, tool: str, declaration, book: PolicyBook | None = None,
-                retry_of: dict[str, Any] | None = None) -> dict[str, Any]:
+                retry_of: dict[str, Any] | None = None, team: int = 0) -> dict[str, Any]:
     """What the autonomy policies decide for an agent's call, as the run record keeps it. A change to the
     policies applies to the very next call (see `PolicyBook`). `declaration` is the tool's own
     (journal.undo.declarations.UndoDeclaration). An `ask` also carries how the call is held: who approves, how
@@ -138,7 +142,7 @@ def decide_call(*, agent_name: str, server_name: str, tool: str, declaration, bo
         policies, agent=agent_name, server=server_name, tool=tool,
         kind=declaration.kind, via=declaration.via, dialect=compensation.dialect if compensation else None,
         reason=declaration.reason, remedy=declaration.remedy, source=declaration.source, retry_of=retry_of,
-        versioned=bool(compensation and compensation.versioned))
+        versioned=bool(compensation and compensation.versioned), team=team)
     record = decided.as_record()
     if decided.policy is not None and decided.policy.allow_unknown_retries:
         record["allowUnknownRetries"] = True  # the agent's advice after a failure says a repeat goes through
@@ -161,9 +165,9 @@ def recent_calls(last: int) -> list[dict[str, Any]]:
     step kept its earlier state's version), and the earlier attempt a repeat was held for (`retry_of`)."""
     rows = (Step.objects.filter(run__agent__isnull=False).order_by("-id")
             .values_list("run__agent__name", "server_name", "tool", "declaration", "earlier_state",
-                         "policy_decision")[:last])
+                         "policy_decision", "run__agent__team_id")[:last])
     calls = []
-    for agent_name, server_name, tool, declared, earlier, decided in rows:
+    for agent_name, server_name, tool, declared, earlier, decided, team in rows:
         declared = declared if isinstance(declared, dict) else {}
         compensation = declared.get("compensation") if isinstance(declared.get("compensation"), dict) else {}
         decided = decided if isinstance(decided, dict) else {}
@@ -174,7 +178,7 @@ def recent_calls(last: int) -> list[dict[str, Any]]:
                       "remedy": declared.get("remedy"), "source": declared.get("source") or "none",
                       "versioned": compensation.get("dialect") == "recipe"
                       and bool((earlier or {}).get("version")),
-                      "retry_of": retry_of if isinstance(retry_of, dict) else None,
+                      "retry_of": retry_of if isinstance(retry_of, dict) else None, "team": team,
                       "journaled": decided.get("decision") or ""})
     return calls
 

@@ -328,6 +328,9 @@ HELD_CALL_NOTIFY_MINUTES = env_int("HELD_CALL_NOTIFY_MINUTES", 2)
 # A plan's lease on a record lapses this long after it was asked for if the plan is not executing then (one
 # approval of two, an approved plan not started yet, a paused plan); an executing plan keeps its leases.
 RECORD_LEASE_MINUTES = env_int("RECORD_LEASE_MINUTES", 60)
+# The team an agent joins when nobody chose one (made on first use, counting everyone with a role as a
+# member).
+DEFAULT_TEAM = env_str("DEFAULT_TEAM", "everyone")
 # How Recorder processes reach each other (an agent's cancellation heard by one, for a call another makes):
 # Redis pub/sub. Without it, each process hears only itself, which is all a single process needs.
 RECORDER_BUS_URL = env_str("RECORDER_BUS_URL", REDIS_URL)

@@ -4,7 +4,7 @@ from django.contrib import admin, messages
 from django.db import models, transaction
 
 from . import services
-from .models import Agent, ChainEntry, RecorderKey, Run, Step, ToolServer
+from .models import Agent, ChainEntry, RecorderKey, Run, Step, Team, ToolServer
 
 
 class ToolServerForm(forms.ModelForm):
@@ -81,14 +81,34 @@ class AgentAdmin(admin.ModelAdmin):
     and given the advice on a failed call in its content (for frameworks that drop
     `_meta`)."""
 
-    list_display = ["name", "on_behalf_of", "token_prefix", "is_active", "asks_approvers",
+    list_display = ["name", "team", "on_behalf_of", "token_prefix", "is_active", "asks_approvers",
                     "advice_in_content", "created_at"]
-    fields = ["name", "on_behalf_of", "token_prefix", "is_active", "asks_approvers", "runs_by",
+    list_filter = ["team"]
+    fields = ["name", "team", "on_behalf_of", "token_prefix", "is_active", "asks_approvers", "runs_by",
               "advice_in_content", "created_at"]
     readonly_fields = ["name", "on_behalf_of", "token_prefix", "created_at"]
 
     def has_add_permission(self, request):
         return False
+
+    def save_model(self, request, obj, form, change):
+        obj.save()  # the admin's change form is one transaction: the agent and its runs move together
+        if "team" in form.changed_data:
+            moved = services.move_agent(agent=obj, team=obj.team)
+            self.message_user(request, f"{obj.name} and its {moved} run(s) now belong to {obj.team}.")
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    """Teams own agents; their members see, plan and sign for those agents only (admins see every team's).
+    Members listed here are kept in step with the identity provider's groups at each sign-in (OIDC_GROUPS)."""
+
+    list_display = ["name", "title", "everyone", "created_at"]
+    fields = ["name", "title", "everyone", "members"]
+    filter_horizontal = ["members"]
+
+    def has_delete_permission(self, request, obj=None):
+        return obj is None or not (obj.agents.exists() or obj.runs.exists())
 
 
 class RecordAdmin(admin.ModelAdmin):
@@ -108,8 +128,9 @@ class RecordAdmin(admin.ModelAdmin):
 
 @admin.register(Run)
 class RunAdmin(RecordAdmin):
-    list_display = ["public_id", "agent", "state", "started_at", "step_count", "head_seq", "checkpointed_seq"]
-    list_filter = ["state", "agent"]
+    list_display = ["public_id", "agent", "team", "state", "started_at", "step_count", "head_seq",
+                    "checkpointed_seq"]
+    list_filter = ["state", "team", "agent"]
 
 
 @admin.register(Step)

@@ -11,7 +11,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from . import services
-from .auth.access import READERS, require_role
+from .auth import teams
+from .auth.access import READERS, require_role, visible_run
 from .models import Run, Step
 
 PAGE_SIZE = 100
@@ -22,6 +23,7 @@ def run_json(run: Run) -> dict:
         "id": str(run.public_id),
         "agent": run.agent_name,
         "onBehalfOf": run.agent.on_behalf_of.get_username() if run.agent_id else None,
+        "team": run.team.name,  # whose people see it, undo it and approve
         "state": run.state,
         # Where an imported run was recorded (null for this Recorder's own runs and ChronoMCP imports).
         "importedFrom": run.imported_from or None,
@@ -95,19 +97,20 @@ def _page(request, queryset, render, url):
 @require_GET
 def run_list(request):
     require_role(request, *READERS)
-    return JsonResponse(_page(request, Run.objects.for_list(), run_json, reverse("journal:api_run_list")))
+    runs = teams.visible_runs(request.user, Run.objects.for_list())
+    return JsonResponse(_page(request, runs, run_json, reverse("journal:api_run_list")))
 
 
 @require_GET
 def run_detail(request, run_id):
     require_role(request, *READERS)
-    return JsonResponse(run_json(get_object_or_404(Run.objects.for_list(), public_id=run_id)))
+    return JsonResponse(run_json(visible_run(request, run_id, Run.objects.for_list())))
 
 
 @require_GET
 def step_list(request, run_id):
     require_role(request, *READERS)
-    run = get_object_or_404(Run, public_id=run_id)
+    run = visible_run(request, run_id)
     url = reverse("journal:api_step_list", args=[run.public_id])
     return JsonResponse(_page(request, run.steps.select_related("run").order_by("number"), step_json, url))
 
@@ -116,7 +119,7 @@ def step_list(request, run_id):
 def step_result(request, run_id, number):
     """A step's whole result, as the server sent it, from the run's record (where a large one is kept)."""
     require_role(request, *READERS)
-    run = get_object_or_404(Run, public_id=run_id)
+    run = visible_run(request, run_id)
     step = get_object_or_404(Step, run=run, number=number)
     result = services.step_result(step)
     if result is None:
@@ -137,6 +140,7 @@ def _schema() -> dict:
             "id": {"type": "string", "format": "uuid"},
             "agent": string,
             "onBehalfOf": nullable_string,
+            "team": string,
             "state": {"enum": ["active", "failed", "imported"]},
             "importedFrom": nullable_string,
             "startedAt": {"type": "string", "format": "date-time"},

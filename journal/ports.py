@@ -77,9 +77,10 @@ class HeldCallState:
 
 class PolicyGate(Protocol):
     def decide(self, *, agent_name: str, server_name: str, tool: str, declaration: Any,
-               retry_of: dict[str, Any] | None = None) -> dict[str, Any] | None:
+               retry_of: dict[str, Any] | None = None, team: int = 0) -> dict[str, Any] | None:
         """The decision as the run record keeps it (`{"decision": "allow"|"ask"|"deny", ...}`; an `ask`
-        carries `hold`: who approves, how many, `askTimeout`), or None when nothing governs calls.
+        carries `hold`: who approves, how many, `askTimeout`), or None when nothing governs calls. `team` is
+        the agent's team's id (a policy may cover one team's agents).
         `retry_of` is an earlier attempt of the very same call whose outcome is unknown (the retry guard:
         such a repeat is held unless a policy lets it through)."""
 
@@ -128,7 +129,7 @@ class AllowEverything:
     """The gate when no approval side is plugged in: every call is forwarded and nothing is ever held."""
 
     def decide(self, *, agent_name: str, server_name: str, tool: str, declaration: Any,
-               retry_of: dict[str, Any] | None = None) -> None:
+               retry_of: dict[str, Any] | None = None, team: int = 0) -> None:
         return None
 
     def hold(self, **kwargs) -> HeldCall:

@@ -3,14 +3,14 @@ from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import Count, JSONField, OuterRef, Prefetch, Subquery
 from django.db.models.fields.json import KeyTransform
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET, require_POST
 
 from . import ports, services, tally
-from .auth import oauth, roles
-from .auth.access import READERS, LoginRequired, require_role, visible_agent, visible_agents
+from .auth import oauth, roles, teams
+from .auth.access import READERS, LoginRequired, require_role, visible_agent, visible_agents, visible_run
 from .forms import RunFilterForm
 from .models import Run, Step, StepDependency
 from .services.runs import IDLE_KEY
@@ -25,7 +25,8 @@ STEPS_PER_PAGE = 200
 def run_list(request):
     require_role(request, *READERS)
     form = RunFilterForm(request.GET or None)
-    runs = form.filter(Run.objects.for_list()) if form.is_bound else Run.objects.for_list()
+    mine = teams.visible_runs(request.user, Run.objects.for_list())
+    runs = form.filter(mine) if form.is_bound else mine
     page = Paginator(runs.annotate(**_gist()), RUNS_PER_PAGE).get_page(request.GET.get("page"))
     page.object_list = list(page.object_list)
     stories = ports.story().runs(page.object_list)
@@ -54,7 +55,7 @@ def _gist() -> dict:
 @require_GET
 def run_detail(request, run_id):
     require_role(request, *READERS)
-    run = get_object_or_404(Run.objects.for_list(), public_id=run_id)
+    run = visible_run(request, run_id, Run.objects.for_list())
     steps = (
         Step.objects.filter(run=run)
         .order_by("number")
@@ -170,7 +171,7 @@ def _header(run: Run) -> dict:
 def run_verify(request, run_id):
     """Recompute the run's hash chain and check its signed checkpoints, as `manage.py verify_run` does."""
     require_role(request, *READERS)
-    run = get_object_or_404(Run.objects.for_list(), public_id=run_id)
+    run = visible_run(request, run_id, Run.objects.for_list())
     verdict = services.verify_run(run=run)
     if request.htmx:
         return render(request, "journal/run_detail.html#verdict", {"run": run, "verdict": verdict})
@@ -185,7 +186,7 @@ def run_verify(request, run_id):
 def run_end(request, run_id):
     """End a run the idle rule keeps extending: the agent's next call without a runId starts a new run."""
     require_role(request, roles.ON_CALL, roles.ADMIN)
-    run = get_object_or_404(Run, public_id=run_id)
+    run = visible_run(request, run_id)
     try:
         services.end_run(run_id=run.pk, by=request.user.get_username(), now=timezone.now())
     except services.RunRefused as refused:
@@ -199,7 +200,7 @@ def run_end(request, run_id):
 def run_release(request, run_id):
     """Let the agent's calls into a run a failed call halted (a saga policy) again; the plan goes on."""
     require_role(request, roles.ON_CALL, roles.ADMIN)
-    run = get_object_or_404(Run, public_id=run_id)
+    run = visible_run(request, run_id)
     if services.release_run(run_id=run.pk, by=request.user.get_username(), why="released by a person",
                             now=timezone.now()):
         messages.success(

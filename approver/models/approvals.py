@@ -43,8 +43,13 @@ class Passkey(models.Model):
 
 
 class ApprovalRules(models.Model):
-    """Who may approve and how many must: one row, which admins edit. `ApprovalRules.current()` reads it,
-    with these defaults if nobody has saved it yet."""
+    """Who may approve and how many must: a row for every team without its own (`team` blank) and one for
+    each team that has its own, which admins edit. `ApprovalRules.current(team_id)` reads the team's, else
+    the shared row, with these defaults if nobody has saved it yet."""
+
+    team = models.OneToOneField("journal.Team", on_delete=models.CASCADE, null=True, blank=True,
+                                related_name="approval_rules",
+                                help_text="Blank: the rules of every team that has none of its own.")
 
     approver_role = models.CharField(max_length=80, default="approver",
                                      help_text="The group whose members may approve or reject plans.")
@@ -63,11 +68,19 @@ class ApprovalRules(models.Model):
         verbose_name = verbose_name_plural = "approval rules"
 
     def __str__(self):
-        return f"{self.quorum} approver(s) from {self.approver_role}, valid {self.valid_for}"
+        return (f"{self.quorum} approver(s) from {self.approver_role}, valid {self.valid_for}"
+                + (f", for team {self.team}" if self.team_id else ""))
 
     @classmethod
-    def current(cls) -> "ApprovalRules":
-        return cls.objects.filter(pk=1).first() or cls(pk=1)
+    def current(cls, team_id: int | None = None) -> "ApprovalRules":
+        """The rules team `team_id` works by: its own if it has them, else the shared ones."""
+        rows = {rules.team_id: rules for rules in cls.objects.filter(
+            models.Q(team__isnull=True) | models.Q(team_id=team_id)).order_by("-pk")}
+        return rows.get(team_id) or rows.get(None) or cls()
+
+    @classmethod
+    def of_plan(cls, plan) -> "ApprovalRules":
+        return cls.current(plan.run.team_id)
 
 
 class SigningRequest(models.Model):

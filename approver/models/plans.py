@@ -24,7 +24,8 @@ class PlanQuerySet(models.QuerySet):
         return self.filter(state__in=Plan.OPEN_STATES)
 
     def for_page(self):
-        return self.select_related("run__agent__on_behalf_of", "requested_by", "compensation_run", "rest_of")
+        return self.select_related("run__agent__on_behalf_of", "run__team", "requested_by",
+                                   "compensation_run", "rest_of")
 
 
 class Plan(models.Model):

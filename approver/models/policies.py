@@ -17,6 +17,7 @@ class AutonomyPolicy(models.Model):
 
     class Scope(models.TextChoices):
         EVERYTHING = "everything", "Every call"
+        TEAM = "team", "One team's agents"
         AGENT = "agent", "One agent"
         SERVER = "server", "One tool server"
         TOOL = "tool", "One tool"
@@ -25,6 +26,9 @@ class AutonomyPolicy(models.Model):
     scope = models.CharField(max_length=12, choices=Scope.choices)
     agent = models.ForeignKey(
         "journal.Agent", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    team = models.ForeignKey(
+        "journal.Team", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
     server = models.ForeignKey(
         "journal.ToolServer", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
@@ -79,6 +83,12 @@ class AutonomyPolicy(models.Model):
                 fields=["scope"],
                 condition=models.Q(scope="everything"),
                 name="one_policy_for_everything",
+                violation_error_message=ALREADY_COVERED,
+            ),
+            models.UniqueConstraint(
+                fields=["team"],
+                condition=models.Q(scope="team"),
+                name="one_policy_per_team",
                 violation_error_message=ALREADY_COVERED,
             ),
             models.UniqueConstraint(

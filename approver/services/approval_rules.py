@@ -1,6 +1,6 @@
 """The approval rules (who may sign, how many must, for how long, separation of duties): the one writer of
-their row, which records every change in the policies' change log (who, when, before, after), as a
-policy change is."""
+their rows (the shared one, and a team's own), which records every change in the policies' change log (who,
+when, before, after), as a policy change is."""
 
 from datetime import datetime
 from typing import Any
@@ -17,7 +17,7 @@ RULES_CHANGED = "rules_changed"
 def rules_record(rules: ApprovalRules) -> dict[str, Any]:
     """The rules as the change log keeps them."""
     return {
-        "name": "Approval rules",
+        "name": f"Approval rules of team {rules.team.name}" if rules.team_id else "Approval rules",
         "approverRole": rules.approver_role,
         "quorum": rules.quorum,
         "validForSeconds": int(rules.valid_for.total_seconds()),
@@ -26,14 +26,16 @@ def rules_record(rules: ApprovalRules) -> dict[str, Any]:
 
 
 def save_approval_rules(*, rules: ApprovalRules, by, now: datetime | None = None) -> ApprovalRules:
-    """Keep the one row of rules after Django's validation, and log the change; a save that changes nothing
-    logs nothing. Takes effect at once: every sign-off and execution reads the rules again."""
+    """Keep the rules of `rules.team` (blank: the shared ones) after Django's validation, and log the change;
+    a save that changes nothing logs nothing. A team has one row of rules at most, updated in place. Takes
+    effect at once: every sign-off and execution reads the rules again."""
     now = now or timezone.now()
-    rules.pk = 1  # there is only ever one
-    rules.full_clean(validate_unique=False)  # the one row is updated, never a second made
+    rules.full_clean(validate_unique=False)  # the team's row is updated, never a second made
     with transaction.atomic():
-        saved = ApprovalRules.objects.select_for_update().filter(pk=1).first()
-        before = rules_record(saved or ApprovalRules(pk=1))
+        saved = (ApprovalRules.objects.select_for_update().filter(team=rules.team_id).order_by("pk")
+                 .first())
+        rules.pk = saved.pk if saved else None
+        before = rules_record(saved or ApprovalRules(team=rules.team))
         after = rules_record(rules)
         rules.save()
         if saved is None or before != after:

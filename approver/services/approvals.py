@@ -183,7 +183,7 @@ def complete_signing(*, user, nonce: str, credential: Any, plan: Plan | None = N
         now=now,
         subject=plan,
     )
-    rules = ApprovalRules.current()
+    rules = ApprovalRules.of_plan(plan)
     with transaction.atomic():
         locked = Plan.objects.select_for_update().get(pk=plan.pk)
         if locked.state != Plan.State.READY or locked.digest != plan.digest:

@@ -59,7 +59,7 @@ def qualifies(plan: Plan, now: datetime) -> None:
         if refusal:
             raise ExecutionStopped(f"The policies no longer let this plan run without a human: {refusal}")
         return
-    rules = ApprovalRules.current()
+    rules = ApprovalRules.of_plan(plan)
     counted = counting_approvals(plan=plan, now=now, rules=rules)
     if len(counted) < rules.quorum:
         raise ExecutionStopped(f"Only {len(counted)} of the {rules.quorum} approvals needed still hold "
@@ -216,6 +216,7 @@ def _compensation_run(plan: Plan) -> int:
                 key="",
                 now=now,
                 label=f"Undo of {plan.run.agent_name} (plan {str(plan.public_id)[:8]})",
+                team=plan.run.team,
             )
             locked.save(update_fields=["compensation_run"])
     plan.compensation_run_id = locked.compensation_run_id

@@ -76,7 +76,7 @@ def request_for_held_call(*, agent, server, tool: str, arguments: dict[str, Any]
             approver_group=hold.get("approverGroup") or roles.APPROVER,
             quorum=hold.get("quorum") or 1,
             created_at=now,
-            expires_at=now + ApprovalRules.current().valid_for,
+            expires_at=now + ApprovalRules.current(agent.team_id).valid_for,
         )
         journal_services.record_event(run_id=run_id, event="action_requested", now=now, data={
             "action": str(action.public_id), "digest": digest, "tool": tool, "server": server.name,
@@ -183,9 +183,9 @@ class HeldCallGate:
         self.book = PolicyBook()
 
     def decide(self, *, agent_name: str, server_name: str, tool: str, declaration,
-               retry_of: dict[str, Any] | None = None) -> dict[str, Any]:
+               retry_of: dict[str, Any] | None = None, team: int = 0) -> dict[str, Any]:
         return decide_call(agent_name=agent_name, server_name=server_name, tool=tool, declaration=declaration,
-                           book=self.book, retry_of=retry_of)
+                           book=self.book, retry_of=retry_of, team=team)
 
     def hold(self, *, agent, server, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None,
              decision: dict[str, Any], run_id: int, step_id: int, now: datetime) -> ports.HeldCall:

@@ -30,18 +30,22 @@ def clean_policy(row: AutonomyPolicy) -> None:
     problems.update({f"decision_{klass}": text for klass, text in wrong.items()})
     row.decisions = decisions
     problems.update(policy.draft_problems(
-        name=row.name, scope=row.scope, agent_chosen=bool(row.agent_id), server_chosen=bool(row.server_id),
+        name=row.name, scope=row.scope, agent_chosen=bool(row.agent_id), team_chosen=bool(row.team_id),
+        server_chosen=bool(row.server_id),
         tool=row.tool, server_name=row.server.name if row.server_id else "",
         server_tools=row.server.tool_names if row.server_id else None, quorum=row.quorum,
         ask_timeout=row.ask_timeout, approver_group=row.approver_group, groups=roles.ALL))
     if row.scope != AutonomyPolicy.Scope.AGENT:
         row.agent = None
+    if row.scope != AutonomyPolicy.Scope.TEAM:
+        row.team = None
     if row.scope not in (AutonomyPolicy.Scope.SERVER, AutonomyPolicy.Scope.TOOL):
         row.server = None
     if row.scope != AutonomyPolicy.Scope.TOOL:
         row.tool = ""
     clash = AutonomyPolicy.objects.exclude(pk=row.pk).filter(scope=row.scope)
-    clash = {"agent": clash.filter(agent_id=row.agent_id), "server": clash.filter(server_id=row.server_id),
+    clash = {"agent": clash.filter(agent_id=row.agent_id), "team": clash.filter(team_id=row.team_id),
+             "server": clash.filter(server_id=row.server_id),
              "tool": clash.filter(server_id=row.server_id, tool=row.tool)}.get(row.scope, clash).first()
     if clash is not None and not problems:
         problems["scope"] = f"“{clash.name}” already covers {as_policy(clash).where}; edit that one instead."
@@ -59,7 +63,8 @@ def save_policy(*, row: AutonomyPolicy, by, now: datetime | None = None) -> Auto
         if row.pk:
             before = policy_record(
                 # Only the policy row is locked: PostgreSQL cannot lock the nullable side of an outer join.
-                AutonomyPolicy.objects.select_for_update(of=("self",)).select_related("agent", "server")
+                AutonomyPolicy.objects.select_for_update(of=("self",))
+                .select_related("agent", "server", "team")
                 .get(pk=row.pk)
             )
         row.updated_at = now

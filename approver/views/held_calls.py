@@ -3,7 +3,7 @@
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.http import JsonResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
@@ -22,8 +22,8 @@ ACTIONS_PER_PAGE = 25
 @require_GET
 def action_list(request):
     require_role(request, *READERS)
-    actions = ActionRequest.objects.select_related(
-        "agent__on_behalf_of", "server", "step", "used_step").order_by("-created_at", "-id")
+    actions = authority.visible_actions(request.user, ActionRequest.objects.select_related(
+        "agent__on_behalf_of", "server", "step", "used_step")).order_by("-created_at", "-id")
     page = Paginator(actions, ACTIONS_PER_PAGE).get_page(request.GET.get("page"))
     now = timezone.now()
     for action in page:
@@ -34,10 +34,8 @@ def action_list(request):
 @require_GET
 def action_detail(request, action_id):
     require_role(request, *READERS)
-    action = get_object_or_404(
-        ActionRequest.objects.select_related("agent__on_behalf_of", "server", "run", "step", "used_step"),
-        public_id=action_id,
-    )
+    action = authority.visible_action(request, action_id, ActionRequest.objects.select_related(
+        "agent__on_behalf_of", "server", "run", "step", "used_step"))
     keep = snapshots.keepable_of(((action.step.earlier_state if action.step else None) or {}).get("database")
                                  or {})
     return render(request, "approver/action_detail.html", {
@@ -55,7 +53,7 @@ def action_sign_begin(request, action_id):
     it; whether this person may decide is the held call's own rule (its policy's group, separation of
     duties)."""
     require_role(request, *roles.ALL)
-    action = get_object_or_404(ActionRequest.objects.select_related("agent"), public_id=action_id)
+    action = authority.visible_action(request, action_id, ActionRequest.objects.select_related("agent"))
     return signing_step(request, "decision", lambda body: challenge(*services.begin_action_signing(
         action=action, user=request.user, decision=str(body.get("decision", "")),
         reason=str(body.get("reason") or ""))))
@@ -64,7 +62,7 @@ def action_sign_begin(request, action_id):
 @require_POST
 def action_sign_complete(request, action_id):
     require_role(request, *roles.ALL)
-    action = get_object_or_404(ActionRequest, public_id=action_id)
+    action = authority.visible_action(request, action_id)
 
     def complete(body):
         approval = services.complete_action_signing(user=request.user, nonce=str(body.get("nonce", "")),

@@ -1,17 +1,16 @@
 """Outcomes nobody knows: a human looks, then settles them or tries again."""
 
 from django.contrib import messages
-from django.shortcuts import get_object_or_404, redirect
+from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
 from journal.auth.access import require_role
 
 from .. import authority, services
-from ..models import Plan
 
 
 def _settling(request, plan_id, position: int, action, done: str):
-    plan = get_object_or_404(Plan, public_id=plan_id)
+    plan = authority.visible_plan(request, plan_id)
     try:
         answer = action(plan=plan, position=position, by=request.user)
     except services.NotSettled as refused:

@@ -10,8 +10,8 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
 from journal.auth import roles
-from journal.auth.access import READERS, require_role, visible_agent
-from journal.models import Run, ToolServer
+from journal.auth.access import READERS, require_role, visible_agent, visible_run
+from journal.models import ToolServer
 from journal.undo.recipe_text import brief, record_name
 
 from .. import authority, execution, planning, sentence, services, signing
@@ -27,7 +27,7 @@ def request_undo(request, run_id):
     """On-call asks to undo a run from step N, or the steps they ticked: the plan is opened at once, and the
     worker drafts it and checks it while the plan page shows how far it got."""
     require_role(request, roles.ON_CALL)
-    run = get_object_or_404(Run, public_id=run_id)
+    run = visible_run(request, run_id)
     form = UndoRequestForm(request.POST)
     if not form.is_valid():
         for errors in form.errors.values():
@@ -80,7 +80,7 @@ def plan_rest(request, plan_id):
     """Plan the rest of a plan that stopped short: a new plan for what it did not undo, linked both ways,
     drafted and checked by the worker, its approvers told when it is ready."""
     require_role(request, *authority.MAY_PLAN_REST)
-    plan = get_object_or_404(Plan, public_id=plan_id)
+    plan = authority.visible_plan(request, plan_id)
     try:
         rest = services.plan_the_rest(plan=plan, requested_by=request.user)
     except services.PlanRefused as refused:
@@ -95,7 +95,7 @@ def plan_rest(request, plan_id):
 def break_lease(request, plan_id, lease_id):
     """An admin breaks a plan's lease on a record, saying why: the next plan in line gets the record."""
     require_role(request, roles.ADMIN)
-    plan = get_object_or_404(Plan, public_id=plan_id)
+    plan = authority.visible_plan(request, plan_id)
     lease = get_object_or_404(RecordLease, pk=lease_id)
     try:
         services.break_lease(lease=lease, by=request.user, reason=request.POST.get("reason", ""))
@@ -113,9 +113,10 @@ def plan_list(request):
     if request.GET.get("waiting") == "me":  # what waits for this approver's signature, all on one page
         mine, _ = authority.waiting_for(request.user, limit=PLANS_PER_PAGE * 4)
         ids = [plan.pk for plan in mine]
-        plans = Plan.objects.for_page().filter(pk__in=ids).order_by("-created_at", "-id")
+        plans = authority.visible_plans(request.user, Plan.objects.for_page()).filter(pk__in=ids).order_by(
+            "-created_at", "-id")
         return render(request, "approver/plan_list.html", {"page": list(plans), "waiting": True})
-    plans = Plan.objects.for_page().order_by("-created_at", "-id")
+    plans = authority.visible_plans(request.user, Plan.objects.for_page()).order_by("-created_at", "-id")
     page = Paginator(plans, PLANS_PER_PAGE).get_page(request.GET.get("page"))
     return render(request, "approver/plan_list.html", {"page": page})
 
@@ -123,7 +124,7 @@ def plan_list(request):
 @require_GET
 def plan_detail(request, plan_id):
     require_role(request, *READERS)
-    plan = get_object_or_404(Plan.objects.for_page(), public_id=plan_id)
+    plan = authority.visible_plan(request, plan_id, Plan.objects.for_page())
     was = request.GET.get("was")
     if request.htmx and was and was != plan.state:
         # Drafted, checked, started or finished: the whole page changes (its heading, its controls at the
@@ -236,7 +237,7 @@ def _report_lists(plan: Plan, items: list) -> dict:
 def _sign_off_context(request, plan: Plan, items: list) -> dict:
     """Who signed what, what counts, whether the approvers signed different choices (then the plan cannot
     run as it stands), and whether this user may sign now (and if not, why)."""
-    rules = ApprovalRules.current()
+    rules = ApprovalRules.of_plan(plan)
     approvals = list(plan.approvals.select_related("approver", "passkey").order_by("created_at"))
     counting = {a.pk for a in authority.counting_approvals(plan=plan, rules=rules)}
     current = services.plan_content(plan) if any(a.digest != plan.digest for a in approvals) else None
@@ -293,7 +294,7 @@ def _choices_differ(plan: Plan, items: list, approvals: list[Approval]) -> bool:
 @require_POST
 def check_again(request, plan_id):
     require_role(request, *authority.MAY_CHECK)
-    plan = get_object_or_404(Plan, public_id=plan_id)
+    plan = authority.visible_plan(request, plan_id)
     done = checking.check_again(plan=plan, by=request.user)
     if done == "redrafted":
         messages.success(request, "A call this plan was drafted on while it was held for approval has moved "
@@ -307,7 +308,7 @@ def check_again(request, plan_id):
 
 def _plan_action(request, plan_id, action, done: str, refused: str):
     """A state change on one plan by the signed-in user; the service says whether the plan allowed it."""
-    plan = get_object_or_404(Plan, public_id=plan_id)
+    plan = authority.visible_plan(request, plan_id)
     if action(plan=plan, by=request.user):
         messages.success(request, done)
     else:

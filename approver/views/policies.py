@@ -40,7 +40,7 @@ def policy_edit(request, policy_id=None):
     """Create or change a policy. "Simulate" (htmx, or a plain POST without JavaScript) shows what the draft
     would have decided for recent calls; "Save" records the change and it applies to the next call."""
     require_role(request, roles.ADMIN)
-    row = get_object_or_404(AutonomyPolicy.objects.select_related("agent", "server"), pk=policy_id) \
+    row = get_object_or_404(AutonomyPolicy.objects.select_related("agent", "server", "team"), pk=policy_id) \
         if policy_id else AutonomyPolicy(decisions=dict(policy.DEFAULT_DECISIONS))
     form = PolicyForm(request.POST or None, instance=row)
     simulation = None
@@ -63,7 +63,7 @@ def policy_edit(request, policy_id=None):
 @require_POST
 def policy_delete(request, policy_id):
     require_role(request, roles.ADMIN)
-    row = get_object_or_404(AutonomyPolicy.objects.select_related("agent", "server"), pk=policy_id)
+    row = get_object_or_404(AutonomyPolicy.objects.select_related("agent", "server", "team"), pk=policy_id)
     services.delete_policy(row=row, by=request.user)
     messages.success(request, f"Policy “{row.name}” deleted. The next call is decided without it.")
     return redirect("approver:policy_list")

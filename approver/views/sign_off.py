@@ -5,13 +5,12 @@ import json
 
 from django.contrib import messages
 from django.http import JsonResponse
-from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_POST
 
 from journal.auth import roles
 from journal.auth.access import require_role
 
-from .. import services, signing
+from .. import authority, services, signing
 from ..models import Plan
 
 
@@ -43,7 +42,7 @@ def challenge(signing_request, options: str) -> JsonResponse:
 def sign_begin(request, plan_id):
     """A one-time challenge for approving or rejecting the plan as it is now, with the signer's choices."""
     require_role(request, roles.APPROVER)
-    plan = get_object_or_404(Plan, public_id=plan_id)
+    plan = authority.visible_plan(request, plan_id)
     return signing_step(request, "decision", lambda body: challenge(*services.begin_signing(
         plan=plan, user=request.user, decision=str(body.get("decision", "")), choices=body.get("choices"),
         overrides=body.get("overrides"), reason=str(body.get("reason") or ""))))
@@ -52,7 +51,7 @@ def sign_begin(request, plan_id):
 @require_POST
 def sign_complete(request, plan_id):
     require_role(request, roles.APPROVER)
-    plan = get_object_or_404(Plan, public_id=plan_id)
+    plan = authority.visible_plan(request, plan_id)
 
     def complete(body):
         approval = services.complete_signing(user=request.user, nonce=str(body.get("nonce", "")),

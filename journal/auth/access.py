@@ -5,15 +5,17 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404
 
 from ..models import Agent
-from . import roles
+from . import roles, teams
 
 READERS = (roles.ON_CALL, roles.APPROVER, roles.ADMIN)
 
 
 def visible_agents(user):
-    """Readers (on-call, approvers, admins) see every agent; anyone else the agents acting for them."""
-    agents = Agent.objects.select_related("on_behalf_of").order_by("name")
-    return agents if roles.has_any_role(user, *READERS) else agents.filter(on_behalf_of=user)
+    """Readers (on-call, approvers) see their teams' agents, admins every agent; anyone else the agents
+    acting for them."""
+    agents = Agent.objects.select_related("on_behalf_of", "team").order_by("name")
+    return teams.team_agents(user, agents) if roles.has_any_role(user, *READERS) else agents.filter(
+        on_behalf_of=user)
 
 
 def visible_agent(request, name: str) -> Agent:
@@ -35,6 +37,15 @@ def require_role(request, *allowed: str) -> None:
         raise PermissionDenied(
             "Your account has none of the roles this page needs: " + ", ".join(allowed) + "."
         )
+
+
+def visible_run(request, public_id, runs=None):
+    """The run `public_id`, if the signed-in person's teams reach it: another team's run is "no such run",
+    as one that does not exist (which runs exist elsewhere is not theirs to learn)."""
+    run = teams.visible_runs(request.user, runs).filter(public_id=public_id).first()
+    if run is None:
+        raise Http404("No such run among those you may see.")
+    return run
 
 
 class LoginRequired(Exception):

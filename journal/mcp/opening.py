@@ -39,7 +39,8 @@ def gated_step(*, servers: ServerDirectory, agent: Agent, server_name: str, tool
 
     def decide(declaration, retry_of=None):
         decision = not_held(gate.decide(agent_name=agent.name, server_name=server_name, tool=tool,
-                                        declaration=declaration, retry_of=retry_of), agent, server, tool)
+                                        declaration=declaration, retry_of=retry_of, team=agent.team_id),
+                            agent, server, tool)
         if (why := reads.refused(earlier)) is not None:  # whatever the policies say
             return {**{k: v for k, v in (decision or {}).items() if k != "hold"}, "decision": "deny",
                     "reason": why, "capture": True}

@@ -16,6 +16,7 @@ from .clients import ClientAuthorization as ClientAuthorization  # re-exported: 
 from .clients import RedeemedCode as RedeemedCode
 from .record_json import RecordJSONField as RecordJSONField  # re-exported: migrations name it here
 from .servers import ToolServer as ToolServer
+from .teams import Team as Team
 
 
 class Agent(models.Model):
@@ -23,6 +24,10 @@ class Agent(models.Model):
     on_behalf_of = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="agents"
     )
+    # Whose agent it is: its team's people see its runs, plan their undo and sign (`journal.auth.teams`).
+    # Moved only through `services.move_agent`, which moves its runs with it.
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="agents",
+                             help_text="Its team's people see its runs, undo them and approve.")
     # SHA-256 of the bearer token; the token itself is shown once and never stored.
     token_hash = models.CharField(max_length=64, unique=True)
     token_prefix = models.CharField(max_length=12, help_text="The first characters, to tell tokens apart.")
@@ -78,7 +83,7 @@ class AgentSession(models.Model):
 
 class RunQuerySet(models.QuerySet):
     def for_list(self):
-        return self.select_related("agent", "agent__on_behalf_of")
+        return self.select_related("agent", "agent__on_behalf_of", "team")
 
 
 class Run(models.Model):
@@ -89,6 +94,9 @@ class Run(models.Model):
 
     public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="runs", null=True, blank=True)
+    # Its agent's team (an imported run's is the importer's choice): who may see and undo it. Kept here, not
+    # read through the agent, so imported runs have one too and every list filters on one column.
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="runs")
     # How the Recorder found this run again: the agent's runId, its MCP session id, or nothing (idle rule).
     key = models.CharField(max_length=200, blank=True)
     state = models.CharField(max_length=20, choices=State.choices, default=State.ACTIVE)

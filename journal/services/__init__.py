@@ -17,7 +17,15 @@ from .agent_sessions import (
     save_agent_session,
     touch_agent_session,
 )
-from .agents import TOKEN_PREFIX, authenticate_agent, create_agent, hash_token, reset_agent_token
+from .agents import (
+    TOKEN_PREFIX,
+    authenticate_agent,
+    create_agent,
+    hash_token,
+    move_agent,
+    reset_agent_token,
+    team_for,
+)
 from .bundles import export_bundle, import_chronomcp_log, verify_run, write_bundle
 from .earlier_states import read_again
 from .imports import import_bundle
@@ -69,6 +77,8 @@ __all__ = [
     "touch_agent_session",
     "READ",
     "TOKEN_PREFIX",
+    "move_agent",
+    "team_for",
     "OpenedStep",
     "Outcome",
     "RunRefused",

@@ -3,7 +3,9 @@
 import hashlib
 import secrets
 
-from ..models import Agent
+from django.db import transaction
+
+from ..models import Agent, Run, Team
 
 TOKEN_PREFIX = "agt_"
 
@@ -13,13 +15,29 @@ def hash_token(token: str) -> str:
 
 
 def create_agent(*, name: str, on_behalf_of, advice_in_content: bool = False,
-                 runs_by: str = Agent.RunsBy.SESSION) -> tuple[Agent, str]:
-    """Create an agent and return it with its bearer token, which is shown once and never stored."""
+                 runs_by: str = Agent.RunsBy.SESSION, team: Team | None = None) -> tuple[Agent, str]:
+    """Create an agent and return it with its bearer token, which is shown once and never stored. It joins
+    `team`, else its person's one team if they are listed in exactly one, else the default team."""
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     agent = Agent.objects.create(
         name=name, on_behalf_of=on_behalf_of, token_hash=hash_token(token), token_prefix=token[:10],
-        advice_in_content=advice_in_content, runs_by=runs_by)
+        advice_in_content=advice_in_content, runs_by=runs_by, team=team or team_for(on_behalf_of))
     return agent, token
+
+
+def team_for(person) -> Team:
+    """The team a new agent acting for `person` joins when nobody chose one."""
+    listed = list(Team.objects.filter(members=person)[:2]) if person is not None else []
+    return listed[0] if len(listed) == 1 else Team.objects.default()
+
+
+def move_agent(*, agent: Agent, team: Team) -> int:
+    """Give `agent` to `team`, with every run it made (who may see and undo them goes with the agent); returns
+    how many runs moved."""
+    with transaction.atomic():
+        Agent.objects.filter(pk=agent.pk).update(team=team)
+        agent.team = team
+        return Run.objects.filter(agent=agent).update(team=team)
 
 
 def authenticate_agent(token: str) -> Agent | None:

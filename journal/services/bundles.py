@@ -10,7 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from .. import ports
-from ..models import RecorderKey, Run, Step
+from ..models import RecorderKey, Run, Step, Team
 from ..record import chain, keys
 from ..record.bundle import ImportRefused, parse_chronomcp_log, parse_ts
 from ..record.canonical import to_ijson
@@ -93,7 +93,7 @@ def _recount(run: Run, steps: list) -> None:
     run.state = Run.State.IMPORTED
 
 
-def import_chronomcp_log(*, text: str, source: str) -> Run:
+def import_chronomcp_log(*, text: str, source: str, team: Team | None = None) -> Run:
     """Import a ChronoMCP audit log after verifying its own chain. Its entries are kept verbatim inside a
     new chain of ours (their hashes use JSON.stringify, ours JCS), which this Recorder then signs."""
     if len(text) > settings.RECORDER_IMPORT_MAX_BYTES:
@@ -107,7 +107,7 @@ def import_chronomcp_log(*, text: str, source: str) -> Run:
     first_ts = parse_ts(parsed[0][1].ts, now)
     with transaction.atomic():
         # A chain of ours (this Recorder signs it) around theirs: open until the last entry is in.
-        run = open_run(agent=None, key=key, now=now, started_at=first_ts, label="chronomcp")
+        run = open_run(agent=None, key=key, now=now, started_at=first_ts, label="chronomcp", team=team)
         append_entry(
             run=run,
             event="imported",

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from ..models import ChainEntry, Checkpoint, RecorderKey, Run, Step
+from ..models import ChainEntry, Checkpoint, RecorderKey, Run, Step, Team
 from ..record import chain, sql, strict_json
 from ..record.bundle import BUNDLE_MAX_DEPTH, ImportRefused, StepBuilder, aware_moment, read_entry, read_head
 from ..record.json_stream import ObjectStream
@@ -34,8 +34,9 @@ _HEAD = ("format", "run", "checkpoints", "publicKeys")
 _BATCH = 1000
 
 
-def import_bundle(*, text: str | None = None, path: Path | None = None) -> Run:
-    """Import a bundle, given as `text` or a file's `path`, after verifying it; all or nothing.
+def import_bundle(*, text: str | None = None, path: Path | None = None, team: Team | None = None) -> Run:
+    """Import a bundle, given as `text` or a file's `path`, after verifying it; all or nothing. The run
+    belongs to `team` (default: the default team).
 
     One pass when its entries come after the members that vouch for them (as `export_run` writes it), two
     when they come first: the first reads the other members, the second the entries."""
@@ -53,18 +54,18 @@ def import_bundle(*, text: str | None = None, path: Path | None = None) -> Run:
     if size > limit:
         raise ImportRefused(f"the bundle is {size} bytes; the limit is {limit}")
     with transaction.atomic():
-        members, stored = _read(opened, head=None)
+        members, stored = _read(opened, head=None, team=team)
         if stored is None:
             if "entries" not in members:
                 raise ImportRefused("entries: Field required")
-            _, stored = _read(opened, head=_without_entries(members))
+            _, stored = _read(opened, head=_without_entries(members), team=team)
         read_head(_without_entries(members))  # the members after the entries too
 
         return stored.finish()
 
 
 def _read(
-    opened: Callable[[], IO], *, head: dict[str, Any] | None
+    opened: Callable[[], IO], *, head: dict[str, Any] | None, team: Team | None
 ) -> tuple[dict[str, Any], "_Import | None"]:
     """One pass: the members but the entries (as read in this pass), and the import when the entries could
     be stored in it (they came after `_HEAD`, or `head` was read in a first pass). An `entries` member
@@ -86,7 +87,8 @@ def _read(
                     for _ in stream.items():  # read in the second pass, once the rest is known
                         pass
                     continue
-                stored = _Import(read_head(head if head is not None else _without_entries(members)))
+                stored = _Import(read_head(head if head is not None else _without_entries(members)),
+                                 team=team)
                 stored.add(stream.items())
     except strict_json.JsonRefused as exc:
         raise ImportRefused(str(exc)) from None
@@ -101,7 +103,7 @@ class _Import:
     """One bundle's run being stored: the checks on its head made when it is created, each entry checked and
     kept as it comes (`add`), the checks on the whole record at the end (`finish`)."""
 
-    def __init__(self, head) -> None:
+    def __init__(self, head, *, team: Team | None) -> None:
         self.head, self.now = head, timezone.now()
         public_id = _check_origin(head)
         _check_keys(head, now=self.now)
@@ -119,7 +121,7 @@ class _Import:
         self.run = Run.objects.create(
             public_id=public_id, state=Run.State.IMPORTED, imported_from=head.run.recorder,
             agent_label=head.run.agent, started_at=aware_moment(head.run.startedAt),
-            checkpointed_seq=head.checkpoints[-1].seq,
+            checkpointed_seq=head.checkpoints[-1].seq, team=team or Team.objects.default(),
         )
         self.steps = StepBuilder(started_at=self.run.started_at)
         self.rows: list[dict[str, Any]] = []

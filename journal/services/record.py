@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from ..errors import Refused
-from ..models import Agent, ChainEntry, Checkpoint, Run, Step
+from ..models import Agent, ChainEntry, Checkpoint, Run, Step, Team
 from ..record import chain, keys, sql
 
 
@@ -52,14 +52,17 @@ def save_moving(run: Run, *, now: datetime | None) -> None:
 
 
 def open_run(
-    *, agent: Agent | None, key: str, now: datetime, label: str = "", started_at: datetime | None = None
+    *, agent: Agent | None, key: str, now: datetime, label: str = "", started_at: datetime | None = None,
+    team: Team | None = None,
 ) -> Run:
     """Create a run with its header as its first entry (inside the caller's transaction, so a run never
     exists without it): the agent (or `label` for a run that is not an agent's), its person, the start and
-    this Recorder, all covered by the chain's signatures."""
+    this Recorder, all covered by the chain's signatures. It belongs to its agent's team, else to `team`,
+    else to the default team."""
     started_at = started_at or now
+    team_id = agent.team_id if agent else (team or Team.objects.default()).pk
     run = Run.objects.create(
-        agent=agent, key=key, started_at=started_at, last_activity_at=now, agent_label=label
+        agent=agent, key=key, started_at=started_at, last_activity_at=now, agent_label=label, team_id=team_id
     )
     append_entry(
         run=run,

@@ -5,6 +5,7 @@ page can be added without deciding who may use it.
 """
 
 import pytest
+from django.contrib.auth.models import Group, User
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from oauth2_provider.models import Application
 
@@ -12,7 +13,7 @@ from approver import policy, services
 from approver.models import AutonomyPolicy
 from journal import services as journal_services
 from journal.auth import roles
-from journal.models import ClientAuthorization
+from journal.models import ClientAuthorization, Team
 from tests.journal.factories import crm_server, make_run
 
 from .softkey import SoftKey
@@ -156,3 +157,40 @@ def test_every_url_refuses_whoever_its_rule_does_not_allow(persona, objects, req
             assert response.status_code == 404, (name, persona, response.status_code)
         else:
             assert response.status_code == 403, (name, persona, response.status_code)
+
+
+# The keys that name one run, plan, held call or agent: their pages belong to the agent's team.
+TEAM_OBJECTS = {"run_id", "plan_id", "action_id", "name"}
+
+
+def test_another_teams_people_find_no_such_run_plan_held_call_or_agent(objects, admin_user, client, settings):
+    """Every page of one run, plan, held call or agent answers 404 to someone of another team whose role
+    would otherwise let them in, word for word as for a name that does not exist; the lists show nothing of
+    it. Admins see every team's."""
+    settings.WEBAUTHN_RP_ID, settings.WEBAUTHN_ORIGINS = "localhost", ["http://localhost:8000"]
+    Team.objects.filter(name=settings.DEFAULT_TEAM).update(everyone=False)  # the objects' team: nobody else
+    search = Team.objects.create(name="search")
+    for role in (roles.ON_CALL, roles.APPROVER):
+        person = User.objects.create_user(username=f"{role}-of-search")
+        person.groups.add(Group.objects.get_or_create(name=role)[0])
+        search.members.add(person)
+        client.force_login(person)
+        checked = 0
+        for name, (method, allowed) in ACCESS.items():
+            pattern = next(p for p in named_url_patterns() if p[0] == name)[1]
+            if role not in allowed or not TEAM_OBJECTS & set(pattern.pattern.converters):
+                continue
+            url = url_for(name, objects)
+            response = getattr(client, method)(url, content_type="application/json") if method == "post" \
+                else client.get(url)
+            assert response.status_code == 404, (name, role, response.status_code)
+            checked += 1
+        assert checked >= 10, checked
+        assert str(objects["run_id"]) not in client.get(reverse("journal:run_list")).content.decode()
+        assert client.get(reverse("journal:api_run_list")).json()["items"] == []
+        assert str(objects["plan_id"]) not in client.get(reverse("approver:plan_list")).content.decode()
+        assert str(objects["action_id"]) not in client.get(reverse("approver:action_list")).content.decode()
+        assert objects["name"] not in client.get(reverse("journal:agent_list")).content.decode()
+    client.force_login(admin_user)  # an admin, in no team: sees every team's
+    assert client.get(url_for("approver:plan_detail", objects)).status_code == 200
+    assert str(objects["run_id"]) in client.get(reverse("journal:run_list")).content.decode()

@@ -1,6 +1,7 @@
 """verify_run, export_run, import_run and rotate_recorder_key against the database."""
 
 import importlib.util
+import io
 import json
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from journal import services
-from journal.models import ChainEntry, Checkpoint, RecorderKey, Run, Step
+from journal.models import ChainEntry, Checkpoint, RecorderKey, Run, Step, Team
 from journal.record import keys
 
 from .bundles import OTHER, foreign_bundle, new_key, resign
@@ -192,6 +193,15 @@ def write(tmp_path, bundle, name="bundle.json") -> Path:
     path = tmp_path / name
     path.write_text(json.dumps(bundle))
     return path
+
+
+def test_an_imported_run_belongs_to_the_team_named_and_an_unknown_team_imports_nothing(foreign, tmp_path):
+    with pytest.raises(CommandError, match="No team is named 'nobody'. Nothing was imported."):
+        call_command("import_run", str(write(tmp_path, foreign)), "--team", "nobody")
+    assert not Run.objects.exists()
+    Team.objects.create(name="payments")
+    call_command("import_run", str(write(tmp_path, foreign)), "--team", "payments", stdout=io.StringIO())
+    assert Run.objects.get().team.name == "payments"
 
 
 def test_a_bundle_from_another_recorder_imports_and_verifies(foreign, tmp_path):

@@ -6,7 +6,7 @@ from django.utils.dateparse import parse_datetime
 from approver import services
 from approver.content import site_url
 from journal import zones
-from journal.auth import roles
+from journal.auth import roles, teams
 from journal.management.commands._runs import find_run
 from journal.models import Agent
 
@@ -38,14 +38,17 @@ class Command(BaseCommand):
             )
         if (run is None) == (agent is None) or (run and from_step is None) or (agent and not since):
             raise CommandError("Say a run and --from-step N, or --agent NAME and --since MOMENT.")
+        chosen = _agent(agent) if agent else find_run(run)
+        if not teams.in_team(user, chosen.team_id):
+            raise CommandError(f"{username!r} is not in the team {chosen.team}, whose "
+                               f"{'agent' if agent else 'run'} this is: only its team asks to undo it.")
         try:
             if agent:
-                plan = services.request_plan_since(agent=_agent(agent), since=_moment(since),
+                plan = services.request_plan_since(agent=chosen, since=_moment(since),
                                                    requested_by=user, reason=reason)
             else:
-                plan = services.request_plan(
-                    run=find_run(run), requested_by=user, reason=reason, from_step=from_step
-                )
+                plan = services.request_plan(run=chosen, requested_by=user, reason=reason,
+                                             from_step=from_step)
         except services.PlanRefused as refused:
             where = (
                 f" Open plan: {site_url()}{services.plan_url(refused.open_plan)}"

@@ -3,6 +3,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from journal import services
+from journal.models import Team
 from journal.record import strict_json
 from journal.record.bundle import ImportRefused
 
@@ -13,15 +14,22 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("file", type=Path)
         parser.add_argument("--format", choices=["auto", "bundle", "chronomcp"], default="auto")
+        parser.add_argument("--team", default="", help="The team the run belongs to (default: DEFAULT_TEAM).")
 
-    def handle(self, file, format, **options):
+    def handle(self, file, format, team, **options):
+        chosen = None
+        if team:
+            chosen = Team.objects.filter(name=team).first()
+            if chosen is None:
+                raise CommandError(f"No team is named {team!r}. Nothing was imported.")
         try:
             if format == "auto":
                 format = "bundle" if _looks_like_bundle(file) else "chronomcp"
             if format == "bundle":
-                run = services.import_bundle(path=file)
+                run = services.import_bundle(path=file, team=chosen)
             else:
-                run = services.import_chronomcp_log(text=file.read_text(encoding="utf-8"), source=file.name)
+                run = services.import_chronomcp_log(text=file.read_text(encoding="utf-8"), source=file.name,
+                                                       team=chosen)
         except (OSError, UnicodeDecodeError) as exc:
             raise CommandError(f"Cannot read {file}: {exc}") from None
         except ImportRefused as exc:
