@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed
 NODE_STAMP := tests/conformance/node_modules/.installed
 # The MCP conformance suite and the Node 22 it runs on (an npm package: Debian's Node stays as it is).
 SUITE_STAMP := tests/conformance-suite/node_modules/.installed
+# The OpenID Connect provider the company sign-in tests run (panva's oidc-provider, pinned in its lockfile).
+OIDC_STAMP := tests/oidc/node_modules/.installed
 # The Python MCP clients (and the task server) the conformance tests run, each in an environment of its own
 # (their pins differ from ours: LangChain's adapters are on the mcp SDK 1.x), pinned in tests/clients/*.txt.
 CLIENTS := fastmcp langchain pydantic-ai openai-agents llamaindex autogen
@@ -46,6 +48,11 @@ $(NODE_STAMP): tests/conformance/package-lock.json
 		npm ci --prefix tests/conformance --no-audit --no-fund --loglevel=error && touch $(NODE_STAMP); \
 	else echo "npm not found: the tests that need Node's MCP servers will skip"; fi
 
+$(OIDC_STAMP): tests/oidc/package-lock.json
+	@if command -v npm >/dev/null; then \
+		npm ci --prefix tests/oidc --no-audit --no-fund --loglevel=error && touch $(OIDC_STAMP); \
+	else echo "npm not found: the company sign-in tests will skip"; fi
+
 $(SUITE_STAMP): tests/conformance-suite/package-lock.json
 	@if command -v npm >/dev/null; then \
 		npm ci --prefix tests/conformance-suite --no-audit --no-fund --loglevel=error && touch $(SUITE_STAMP); \
@@ -68,7 +75,7 @@ docs: $(STAMP)
 	@mkdir -p var; NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict > var/docs.log 2>&1 \
 		|| { cat var/docs.log; exit 1; }; echo "docs: built (mkdocs build --strict)"
 
-test: $(STAMP) $(NODE_STAMP) $(SUITE_STAMP) $(CLIENT_STAMPS) $(SERVER_STAMPS) lint docs
+test: $(STAMP) $(NODE_STAMP) $(SUITE_STAMP) $(OIDC_STAMP) $(CLIENT_STAMPS) $(SERVER_STAMPS) lint docs
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@mkdir -p var; status=0; rm -f var/test-second-half.status; \
 	{ VAR_DIR=$(CURDIR)/var/test-2 $(PY) -m pytest $(SECOND_HALF) 2>&1; echo $$? > var/test-second-half.status; } \

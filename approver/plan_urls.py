@@ -1,7 +1,6 @@
 from django.urls import path
 
-from . import api
-from .views import held_calls, outcomes, passkeys, plans, policies, servers, sign_off
+from .views import held_calls, outcomes, passkeys, plans, policies, servers, sign_off, tokens
 
 app_name = "approver"
 
@@ -22,7 +21,6 @@ urlpatterns = [
     path("plans/<uuid:plan_id>/items/<int:position>/retry/", outcomes.retry_outcome, name="retry_outcome"),
     path("plans/<uuid:plan_id>/sign/", sign_off.sign_begin, name="sign_begin"),
     path("plans/<uuid:plan_id>/sign/complete/", sign_off.sign_complete, name="sign_complete"),
-    path("api/plans/<uuid:plan_id>/", api.plan_detail, name="api_plan_detail"),
     path("policies/", policies.policy_list, name="policy_list"),
     path("policies/new/", policies.policy_edit, name="policy_new"),
     path("policies/<int:policy_id>/", policies.policy_edit, name="policy_edit"),
@@ -44,4 +42,6 @@ urlpatterns = [
     path("passkeys/options/", passkeys.passkey_options, name="passkey_options"),
     path("passkeys/enroll/", passkeys.passkey_enroll, name="passkey_enroll"),
     path("passkeys/<int:passkey_id>/revoke/", passkeys.passkey_revoke, name="passkey_revoke"),
+    path("tokens/", tokens.token_list, name="token_list"),
+    path("tokens/<int:token_id>/revoke/", tokens.token_revoke, name="token_revoke"),
 ]

@@ -1,9 +1,9 @@
 """One env-driven settings module.
 
 Every setting that differs between the demo, the tests and production comes from the environment through
-the small helpers below, which fail loudly on a value they cannot read. Production is `DJANGO_ENV=production`:
-it refuses to start without `SECRET_KEY` and `ALLOWED_HOSTS`, and turns on every secure-cookie and HSTS
-setting that `manage.py check --deploy` asks for.
+the helpers of `approver.env`, which fail loudly on a value they cannot read. Production is
+`DJANGO_ENV=production`: it refuses to start without `SECRET_KEY` and `ALLOWED_HOSTS`, and turns on every
+secure-cookie and HSTS setting that `manage.py check --deploy` asks for.
 """
 
 import os
@@ -15,42 +15,9 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from .env import env_bool, env_int, env_json, env_list, env_str
+
 BASE_DIR = Path(__file__).resolve().parent.parent
-
-
-def env_str(name: str, default: str | None = None) -> str:
-    value = os.environ.get(name, default)
-    if value is None:
-        raise ImproperlyConfigured(f"Set the environment variable {name}.")
-    return value
-
-
-def env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    if raw.lower() in {"1", "true", "yes", "on"}:
-        return True
-    if raw.lower() in {"0", "false", "no", "off"}:
-        return False
-    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use 1/0, true/false, yes/no, on/off).")
-
-
-def env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={raw!r} is not an integer.") from None
-
-
-def env_list(name: str, default: list[str]) -> list[str]:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    return [part.strip() for part in raw.split(",") if part.strip()]
 
 
 PRODUCTION = env_str("DJANGO_ENV", "development") == "production"
@@ -90,6 +57,7 @@ INSTALLED_APPS = [
     "template_partials",
     "oauth2_provider",
     "axes",
+    "mozilla_django_oidc",
     "journal",
     "approver",
 ]
@@ -103,6 +71,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "journal.zones.viewer_zone",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "journal.auth.oidc.ProviderGroups",  # the provider's word on roles and teams, again while people work
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -191,9 +160,34 @@ LOGOUT_REDIRECT_URL = "login"
 # Django admin, and clear one there or with `manage.py axes_reset_username NAME`. A successful login clears
 # the account's failures. Behind a proxy, run uvicorn with --forwarded-allow-ips naming exactly the proxy, so
 # the address is the client's (docs/production.md).
+# Sign-in through the company's identity provider (OpenID Connect, `journal.auth.oidc`), on when OIDC_ISSUER
+# is set: the provider's endpoints come from its discovery document; OIDC_GROUPS maps its groups to roles and
+# teams ({"okta-group": ["approver", "team:payments"]}); PASSWORD_LOGIN=off leaves only the provider's
+# sign-in.
+OIDC_ISSUER = env_str("OIDC_ISSUER", "").rstrip("/")
+OIDC_PROVIDER_NAME = env_str("OIDC_PROVIDER_NAME", "your company's sign-in")
+OIDC_RP_CLIENT_ID = env_str("OIDC_CLIENT_ID", "")
+OIDC_RP_CLIENT_SECRET = env_str("OIDC_CLIENT_SECRET", "")
+OIDC_RP_SCOPES = env_str("OIDC_SCOPES", "openid email profile groups offline_access")
+OIDC_RP_SIGN_ALGO = env_str("OIDC_SIGN_ALGO", "RS256")
+OIDC_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
+OIDC_GROUPS = env_json("OIDC_GROUPS", {})
+if not isinstance(OIDC_GROUPS, dict) or not all(
+        isinstance(v, list) and all(isinstance(i, str) for i in v) for v in OIDC_GROUPS.values()):
+    raise ImproperlyConfigured('OIDC_GROUPS maps a group to a list of roles and teams: {"g": ["approver", '
+                               '"team:payments"]}.')
+OIDC_RECHECK_SECONDS = env_int("OIDC_RECHECK_SECONDS", 60)  # reads; every write asks the provider first
+OIDC_TIMEOUT = env_int("OIDC_TIMEOUT", 10)
+OIDC_USE_PKCE = OIDC_USE_NONCE = OIDC_STORE_ACCESS_TOKEN = OIDC_STORE_ID_TOKEN = True
+OIDC_AUTHENTICATE_CLASS = "journal.auth.oidc.SignInStart"
+OIDC_CALLBACK_CLASS = "journal.auth.oidc.SignInReturn"
+PASSWORD_LOGIN = env_bool("PASSWORD_LOGIN", True)
+if not PASSWORD_LOGIN and not OIDC_ISSUER:
+    raise ImproperlyConfigured("PASSWORD_LOGIN=off needs OIDC_ISSUER: nobody could sign in.")
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    *(["django.contrib.auth.backends.ModelBackend"] if PASSWORD_LOGIN else []),
+    *(["journal.auth.oidc.CompanySignIn"] if OIDC_ISSUER else []),
 ]
 AXES_HANDLER = "approver.lockouts.PerAccountAndAddress"
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
@@ -331,6 +325,8 @@ RECORD_LEASE_MINUTES = env_int("RECORD_LEASE_MINUTES", 60)
 # The team an agent joins when nobody chose one (made on first use, counting everyone with a role as a
 # member).
 DEFAULT_TEAM = env_str("DEFAULT_TEAM", "everyone")
+# The longest a person's API token may last (they choose, from 1 day up to this).
+API_TOKEN_MAX_DAYS = env_int("API_TOKEN_MAX_DAYS", 90)
 # How Recorder processes reach each other (an agent's cancellation heard by one, for a call another makes):
 # Redis pub/sub. Without it, each process hears only itself, which is all a single process needs.
 RECORDER_BUS_URL = env_str("RECORDER_BUS_URL", REDIS_URL)

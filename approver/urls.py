@@ -3,15 +3,18 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from .views import site
+from .web_api import api
 
 handler404 = site.not_found
 
 urlpatterns = [
     path("", site.home, name="home"),
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("login/", site.SignIn.as_view(), name="login"),
+    path("oidc/", include("mozilla_django_oidc.urls")),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("health/", site.health, name="health"),
     path("admin/", admin.site.urls),
+    path("api/", api.urls),
     path("", include("journal.auth.oauth_urls")),
     path("", include("journal.urls")),
     path("", include("approver.plan_urls")),

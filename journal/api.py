@@ -1,14 +1,17 @@
-"""A read-only JSON API for runs and steps, described by an OpenAPI document at /api/openapi.json.
+"""The API's runs and steps (read-only): a router of the one API (`approver.web_api`), whose OpenAPI document
+at /api/openapi.json is generated from these functions and schemas.
 
-Same access rule as the pages (any of the three roles, signed in with a session); agents' bearer tokens
-do not open it: an agent never reads other runs.
+Same access rule as the pages (any of the three roles, within their teams), signed in with a session or a
+personal API token; agents' bearer tokens do not open it: an agent never reads other runs.
 """
+
+from typing import Annotated, Any, Literal
 
 from django.core.paginator import Paginator
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
-from django.views.decorators.http import require_GET
+from ninja import Field, Router, Schema
 
 from . import services
 from .auth import teams
@@ -16,6 +19,11 @@ from .auth.access import READERS, require_role, visible_run
 from .models import Run, Step
 
 PAGE_SIZE = 100
+# Moments as the record writes them (ISO 8601, to the microsecond), not re-encoded on the way out.
+Moment = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+PublicId = Annotated[str, Field(json_schema_extra={"format": "uuid"})]
+
+router = Router(tags=["Runs and steps"])
 
 
 def run_json(run: Run) -> dict:
@@ -54,7 +62,7 @@ def step_json(step: Step) -> dict:
         "resultStorage": step.result_storage or None,
         "resultSize": step.result_size,
         "resultSha256": step.result_sha256 or None,
-        "resultUrl": reverse("journal:api_step_result", args=[step.run.public_id, step.number])
+        "resultUrl": reverse("api:step_result", args=[step.run.public_id, step.number])
         if step.result_storage in (Step.ResultStorage.INLINE, Step.ResultStorage.JOURNAL)
         else None,
         "error": step.error_message or None,
@@ -83,40 +91,125 @@ def step_json(step: Step) -> dict:
     }
 
 
-def _page(request, queryset, render, url):
-    page = Paginator(queryset, PAGE_SIZE).get_page(request.GET.get("page"))
+class Chain(Schema):
+    headSeq: int
+    headHash: str
+    checkpointedSeq: int
+
+
+class RunOut(Schema):
+    id: PublicId
+    agent: str
+    onBehalfOf: str | None
+    team: str = Field(description="Whose people see the run, undo it and approve.")
+    state: Literal["active", "failed", "imported"]
+    importedFrom: str | None = Field(description="Where an imported run was recorded.")
+    startedAt: Moment
+    lastActivityAt: Moment
+    steps: int
+    reversible: int
+    irreversible: int
+    unknown: int
+    failed: int
+    chain: Chain
+
+
+class StepUndo(Schema):
+    kind: Literal["compensate", "none", "unknown", "read_only"]
+    source: str
+    declaration: Any
+    compensationArguments: Any = Field(description="The arguments of its undo call, when it has one.")
+    problems: list[str]
+    undoBy: Moment | None
+
+
+class StepEffect(Schema):
+    summary: str
+    resource: str
+    version: str
+    fields: Any = Field(None, description="Field by field, before and after, where its server said.")
+
+
+class StepOut(Schema):
+    number: int
+    server: str
+    tool: str
+    arguments: Any
+    status: Literal["pending", "held", "ok", "error", "undelivered", "cancelled"]
+    isError: bool
+    result: Any = Field(description="null when kept in the run's record only: read it at resultUrl")
+    resultStorage: Literal["inline", "journal", "dropped"] | None
+    resultSize: int | None
+    resultSha256: str | None
+    resultUrl: str | None
+    error: str | None
+    failureClass: str | None
+    startedAt: Moment
+    finishedAt: Moment | None
+    durationMs: float | None
+    undo: StepUndo
+    effect: StepEffect
+    compensationToken: str | None
+    earlierState: Any = Field(description=(
+        "What an admin's undo recipe read of the record just before the call (tool, arguments, version, "
+        "structured) and just after it (left), or why it could not (error, problem)."))
+    receipt: Any
+    receiptVerified: bool | None
+
+
+class RunPage(Schema):
+    items: list[RunOut]
+    page: int
+    pages: int
+    count: int
+    next: str | None
+
+
+class StepPage(Schema):
+    items: list[StepOut]
+    page: int
+    pages: int
+    count: int
+    next: str | None
+
+
+def page_of(queryset, render, url: str, page: int) -> dict[str, Any]:
+    """One page of `queryset` (PAGE_SIZE a page), each item as `render` makes it, and where the next is."""
+    shown = Paginator(queryset, PAGE_SIZE).get_page(page)
     return {
-        "items": [render(item) for item in page.object_list],
-        "page": page.number,
-        "pages": page.paginator.num_pages,
-        "count": page.paginator.count,
-        "next": f"{url}?page={page.next_page_number()}" if page.has_next() else None,
+        "items": [render(item) for item in shown.object_list],
+        "page": shown.number,
+        "pages": shown.paginator.num_pages,
+        "count": shown.paginator.count,
+        "next": f"{url}?page={shown.next_page_number()}" if shown.has_next() else None,
     }
 
 
-@require_GET
-def run_list(request):
+@router.get("/runs/", response=RunPage, url_name="run_list", summary="Runs, newest first")
+def run_list(request, page: int = 1):
     require_role(request, *READERS)
     runs = teams.visible_runs(request.user, Run.objects.for_list())
-    return JsonResponse(_page(request, runs, run_json, reverse("journal:api_run_list")))
+    return page_of(runs, run_json, reverse("api:run_list"), page)
 
 
-@require_GET
+@router.get("/runs/{uuid:run_id}/", response=RunOut, url_name="run_detail", summary="One run")
 def run_detail(request, run_id):
     require_role(request, *READERS)
-    return JsonResponse(run_json(visible_run(request, run_id, Run.objects.for_list())))
+    return run_json(visible_run(request, run_id, Run.objects.for_list()))
 
 
-@require_GET
-def step_list(request, run_id):
+@router.get("/runs/{uuid:run_id}/steps/", response=StepPage, url_name="step_list",
+            summary="A run's steps in order")
+def step_list(request, run_id, page: int = 1):
     require_role(request, *READERS)
     run = visible_run(request, run_id)
-    url = reverse("journal:api_step_list", args=[run.public_id])
-    return JsonResponse(_page(request, run.steps.select_related("run").order_by("number"), step_json, url))
+    url = reverse("api:step_list", args=[run.public_id])
+    return page_of(run.steps.select_related("run").order_by("number"), step_json, url, page)
 
 
-@require_GET
-def step_result(request, run_id, number):
+@router.get("/runs/{uuid:run_id}/steps/{int:number}/result", response=dict[str, Any], url_name="step_result",
+            summary="A step's whole result, from the run's record")
+def step_result(request, run_id, number: int):
     """A step's whole result, as the server sent it, from the run's record (where a large one is kept)."""
     require_role(request, *READERS)
     run = visible_run(request, run_id)
@@ -129,145 +222,3 @@ def step_result(request, run_id, number):
         f'attachment; filename="run-{run.public_id}-step-{step.number}-result.json"'
     )
     return response
-
-
-def _schema() -> dict:
-    string, integer, nullable_string = {"type": "string"}, {"type": "integer"}, {"type": ["string", "null"]}
-    run = {
-        "type": "object",
-        "required": ["id", "agent", "state", "startedAt", "steps", "chain"],
-        "properties": {
-            "id": {"type": "string", "format": "uuid"},
-            "agent": string,
-            "onBehalfOf": nullable_string,
-            "team": string,
-            "state": {"enum": ["active", "failed", "imported"]},
-            "importedFrom": nullable_string,
-            "startedAt": {"type": "string", "format": "date-time"},
-            "lastActivityAt": {"type": "string", "format": "date-time"},
-            "steps": integer,
-            "reversible": integer,
-            "irreversible": integer,
-            "unknown": integer,
-            "failed": integer,
-            "chain": {
-                "type": "object",
-                "properties": {"headSeq": integer, "headHash": string, "checkpointedSeq": integer},
-            },
-        },
-    }
-    step = {
-        "type": "object",
-        "required": ["number", "server", "tool", "status", "undo"],
-        "properties": {
-            "number": integer,
-            "server": string,
-            "tool": string,
-            "arguments": {"type": "object"},
-            "status": {"enum": ["pending", "held", "ok", "error", "undelivered", "cancelled"]},
-            "isError": {"type": "boolean"},
-            "result": {"type": ["object", "null"], "description": "null when kept in the run's record only"},
-            "resultStorage": {"enum": ["inline", "journal", "dropped", None]},
-            "resultSize": {"type": ["integer", "null"]},
-            "resultSha256": nullable_string,
-            "resultUrl": nullable_string,
-            "error": nullable_string,
-            "failureClass": nullable_string,
-            "startedAt": {"type": "string", "format": "date-time"},
-            "finishedAt": nullable_string,
-            "durationMs": {"type": ["number", "null"]},
-            "undo": {
-                "type": "object",
-                "properties": {
-                    "kind": {"enum": ["compensate", "none", "unknown", "read_only"]},
-                    "source": string,
-                    "declaration": {"type": "object"},
-                    "compensationArguments": {"type": ["object", "null"]},
-                    "problems": {"type": "array", "items": string},
-                    "undoBy": nullable_string,
-                },
-            },
-            "effect": {
-                "type": "object",
-                "properties": {"summary": string, "resource": string, "version": string},
-            },
-            "compensationToken": nullable_string,
-            "earlierState": {"type": ["object", "null"], "description": (
-                "What an admin's undo recipe read of the record just before the call (tool, arguments, "
-                "version, structured) and just after it (left), or why it could not (error, problem).")},
-            "receipt": {"type": ["object", "null"]},
-            "receiptVerified": {"type": ["boolean", "null"]},
-        },
-    }
-
-    def paged(item_ref):
-        return {"type": "object", "properties": {
-            "items": {"type": "array", "items": {"$ref": item_ref}}, "page": integer, "pages": integer,
-            "count": integer, "next": nullable_string}}
-
-    run_id = {
-        "name": "run_id",
-        "in": "path",
-        "required": True,
-        "schema": {"type": "string", "format": "uuid"},
-    }
-    page = {"name": "page", "in": "query", "required": False, "schema": integer}
-
-    def ok(ref):
-        return {"200": {"description": "OK", "content": {"application/json": {"schema": ref}}},
-                "403": {"description": "Signed in without a role that may read runs"},
-                "404": {"description": "No such run"}}
-
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": "Agent undo: runs and steps", "version": "1"},
-        "components": {
-            "schemas": {
-                "Run": run,
-                "Step": step,
-                "RunPage": paged("#/components/schemas/Run"),
-                "StepPage": paged("#/components/schemas/Step"),
-            },
-            "securitySchemes": {"session": {"type": "apiKey", "in": "cookie", "name": "sessionid"}},
-        },
-        "security": [{"session": []}],
-        "paths": {
-            "/api/runs/": {
-                "get": {
-                    "summary": "Runs, newest first",
-                    "parameters": [page],
-                    "responses": ok({"$ref": "#/components/schemas/RunPage"}),
-                }
-            },
-            "/api/runs/{run_id}/": {
-                "get": {
-                    "summary": "One run",
-                    "parameters": [run_id],
-                    "responses": ok({"$ref": "#/components/schemas/Run"}),
-                }
-            },
-            "/api/runs/{run_id}/steps/": {
-                "get": {
-                    "summary": "A run's steps in order",
-                    "parameters": [run_id, page],
-                    "responses": ok({"$ref": "#/components/schemas/StepPage"}),
-                }
-            },
-            "/api/runs/{run_id}/steps/{number}/result": {
-                "get": {
-                    "summary": "A step's whole result, from the run's record",
-                    "parameters": [
-                        run_id,
-                        {"name": "number", "in": "path", "required": True, "schema": integer},
-                    ],
-                    "responses": ok({"type": "object"}),
-                }
-            },
-        },
-    }
-
-
-@require_GET
-def openapi(request):
-    require_role(request, *READERS)
-    return JsonResponse(_schema())

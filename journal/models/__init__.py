@@ -14,6 +14,7 @@ from ..ports import HeldEnd
 from ..undo import recovery
 from .clients import ClientAuthorization as ClientAuthorization  # re-exported: one place to import from
 from .clients import RedeemedCode as RedeemedCode
+from .identities import ProviderIdentity as ProviderIdentity
 from .record_json import RecordJSONField as RecordJSONField  # re-exported: migrations name it here
 from .servers import ToolServer as ToolServer
 from .teams import Team as Team

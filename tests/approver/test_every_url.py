@@ -36,11 +36,6 @@ ACCESS = {
     "journal:agent_list": ("get", READERS | {SIGNED_IN}),
     "journal:agent_detail": ("get", READERS | {OWNER}),
     "journal:agent_client_revoke": ("post", {roles.ADMIN, OWNER}),
-    "journal:api_run_list": ("get", READERS),
-    "journal:api_run_detail": ("get", READERS),
-    "journal:api_step_list": ("get", READERS),
-    "journal:api_step_result": ("get", READERS),
-    "journal:api_openapi": ("get", READERS),
     "approver:request_undo": ("post", {roles.ON_CALL}),
     "approver:undo_since": ("post", {roles.ON_CALL}),
     "approver:plan_list": ("get", READERS),
@@ -55,11 +50,12 @@ ACCESS = {
     "approver:check_outcome": ("post", READERS),
     "approver:settle_outcome": ("post", READERS),
     "approver:retry_outcome": ("post", {roles.APPROVER, roles.ADMIN}),
-    "approver:api_plan_detail": ("get", READERS),
     "approver:passkey_list": ("get", {roles.APPROVER}),
     "approver:passkey_options": ("post", {roles.APPROVER}),
     "approver:passkey_enroll": ("post", {roles.APPROVER}),
     "approver:passkey_revoke": ("post", {roles.APPROVER}),
+    "approver:token_list": ("get", READERS),
+    "approver:token_revoke": ("post", READERS),
     "approver:sign_begin": ("post", {roles.APPROVER}),
     "approver:sign_complete": ("post", {roles.APPROVER}),
     "approver:policy_list": ("get", {roles.ADMIN}),
@@ -75,13 +71,37 @@ ACCESS = {
     "approver:action_detail": ("get", READERS),
     "approver:action_sign_begin": ("post", READERS),  # the held call's policy names the group that decides
     "approver:action_sign_complete": ("post", READERS),
+    # The API (`approver.web_api`): a session or a personal token; anonymous callers get a 401, not a login
+    # page.
+    "api:run_list": ("get", READERS),
+    "api:run_detail": ("get", READERS),
+    "api:step_list": ("get", READERS),
+    "api:step_result": ("get", READERS),
+    "api:openapi-json": ("get", READERS),
+    "api:plan_list": ("get", READERS),
+    "api:plan_detail": ("get", READERS),
+    "api:ask_from_run": ("post", {roles.ON_CALL}),
+    "api:ask_since": ("post", {roles.ON_CALL}),
+    "api:pause": ("post", {roles.APPROVER, roles.ADMIN}),
+    "api:resume": ("post", {roles.APPROVER, roles.ADMIN}),
+    "api:abort": ("post", {roles.APPROVER, roles.ADMIN}),
+    "api:cancel": ("post", {roles.ON_CALL, roles.ADMIN}),
 }
 PERSONAS = {"on_call": roles.ON_CALL, "approver_user": roles.APPROVER, "admin_user": roles.ADMIN,
             "outsider": None, "dana": None}
 
 
-def test_every_url_has_an_access_rule():
-    assert {name for name, _ in named_url_patterns()} == set(ACCESS)
+# What the API's calls that take a body are sent (well formed: whether the persona may is the question).
+BODIES = {"api:ask_from_run": {"fromStep": 1, "reason": "r"},
+          "api:ask_since": {"since": "2026-01-01T00:00:00Z", "reason": "r"}}
+# django-ninja's root of the API, which only names where it is: no such page, for anyone.
+NO_PAGE = {"api:api-root"}
+
+
+def test_every_url_has_an_access_rule(client, admin_user):
+    assert {name for name, _ in named_url_patterns()} == set(ACCESS) | NO_PAGE
+    client.force_login(admin_user)
+    assert client.get(reverse("api:api-root")).status_code == 404
 
 
 @pytest.fixture
@@ -111,6 +131,7 @@ def objects(dana, on_call, approver_user):
         "run_id": run.public_id,
         "plan_id": plan.public_id,
         "passkey_id": passkey.pk,
+        "token_id": services.make_token(user=approver_user, name="script", days=7)[0].pk,
         "position": 1,
         "lease_id": 1,  # none: an admin is told there is no such lease, everyone else is refused first
         "number": 1,
@@ -129,7 +150,7 @@ def url_for(name, objects):
 def named_url_patterns(resolver=None, namespace=""):
     for entry in (resolver or get_resolver()).url_patterns:
         if isinstance(entry, URLResolver):
-            if entry.namespace in ("journal", "approver"):
+            if entry.namespace in ("journal", "approver", "api"):
                 yield from named_url_patterns(entry, entry.namespace)
         elif isinstance(entry, URLPattern) and entry.name and namespace:
             yield f"{namespace}:{entry.name}", entry
@@ -144,9 +165,11 @@ def test_every_url_refuses_whoever_its_rule_does_not_allow(persona, objects, req
         role = PERSONAS[persona]
     for name, (method, allowed) in ACCESS.items():
         url = url_for(name, objects)
-        response = getattr(client, method)(url, content_type="application/json") if method == "post" \
-            else client.get(url)
-        if persona == "anonymous":
+        response = getattr(client, method)(url, BODIES.get(name), content_type="application/json") \
+            if method == "post" else client.get(url)
+        if persona == "anonymous" and name.startswith("api:"):
+            assert response.status_code == 401 and response.json()["error"], (name, response.status_code)
+        elif persona == "anonymous":
             assert response.status_code == 302 and response.url.startswith(reverse("login")), (
                 name,
                 response.status_code,
@@ -181,13 +204,13 @@ def test_another_teams_people_find_no_such_run_plan_held_call_or_agent(objects, 
             if role not in allowed or not TEAM_OBJECTS & set(pattern.pattern.converters):
                 continue
             url = url_for(name, objects)
-            response = getattr(client, method)(url, content_type="application/json") if method == "post" \
-                else client.get(url)
+            response = getattr(client, method)(url, BODIES.get(name), content_type="application/json") \
+                if method == "post" else client.get(url)
             assert response.status_code == 404, (name, role, response.status_code)
             checked += 1
         assert checked >= 10, checked
         assert str(objects["run_id"]) not in client.get(reverse("journal:run_list")).content.decode()
-        assert client.get(reverse("journal:api_run_list")).json()["items"] == []
+        assert client.get(reverse("api:run_list")).json()["items"] == []
         assert str(objects["plan_id"]) not in client.get(reverse("approver:plan_list")).content.decode()
         assert str(objects["action_id"]) not in client.get(reverse("approver:action_list")).content.decode()
         assert objects["name"] not in client.get(reverse("journal:agent_list")).content.decode()

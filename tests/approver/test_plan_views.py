@@ -99,7 +99,7 @@ def test_asking_without_the_csrf_token_is_refused(globex, on_call):
 def test_outsiders_cannot_read_plans_or_their_json(globex, on_call, outsider, client):
     plan = services.request_plan(run=globex, requested_by=on_call, reason="r", from_step=1)
     client.force_login(outsider)
-    for name in ("approver:plan_detail", "approver:api_plan_detail"):
+    for name in ("approver:plan_detail", "api:plan_detail"):
         assert client.get(reverse(name, args=[plan.public_id])).status_code == 403
     assert client.get(reverse("approver:plan_list")).status_code == 403
 

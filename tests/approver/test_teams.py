@@ -73,7 +73,7 @@ def test_each_team_sees_plans_and_signs_only_its_own_agents(ready_plan, two_team
         assert browser.get(plan_url).status_code == 404 and browser.get(run_url).status_code == 404
         assert "No such plan" in browser.get(plan_url).content.decode()
         assert str(ready_plan.public_id) not in browser.get(reverse("approver:plan_list")).content.decode()
-        api = reverse("approver:api_plan_detail", args=[ready_plan.public_id])
+        api = reverse("api:plan_detail", args=[ready_plan.public_id])
         assert browser.get(api).status_code == 404
     refused = Client()
     refused.force_login(sam)

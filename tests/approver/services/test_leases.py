@@ -91,7 +91,7 @@ def test_the_second_plan_waits_for_the_first_and_checks_the_record_again(
     assert 'class="break-lease"' not in html  # only an admin may break a lease
     api = Client()
     api.force_login(on_call)
-    [line] = [lease for lease in api.get(reverse("approver:api_plan_detail", args=[waiter.public_id])).json()[
+    [line] = [lease for lease in api.get(reverse("api:plan_detail", args=[waiter.public_id])).json()[
         "leases"] if lease["resource"] == DEAL]
     assert (line["held"], line["heldBy"], line["since"]) == (False, str(holder.public_id), None)
     mail.outbox.clear()

@@ -80,7 +80,7 @@ def test_an_override_is_signed_journaled_and_shown_to_the_next_approver(
     assert conflicted_plan.run.entries.filter(event="override").count() == 1  # Bo asked for nothing new
     api = Client()
     api.force_login(second_approver)
-    body = api.get(reverse("approver:api_plan_detail", args=[conflicted_plan.public_id])).json()
+    body = api.get(reverse("api:plan_detail", args=[conflicted_plan.public_id])).json()
     assert body["overrides"] == [{"item": 3, "by": "ana", "at": deal.override_at.isoformat(), "reason": WHY}]
 
 
@@ -127,7 +127,7 @@ def test_a_conflicted_undo_reads_as_the_change_it_makes(
     assert "Undo: Deal D-881" not in html
     api = Client()
     api.force_login(approver_user)
-    body = api.get(reverse("approver:api_plan_detail", args=[conflicted_plan.public_id])).json()
+    body = api.get(reverse("api:plan_detail", args=[conflicted_plan.public_id])).json()
     assert body["undo"][-1]["does"].startswith("Put back stage: Won → Proposal")
 
 

@@ -196,7 +196,7 @@ def test_a_request_for_a_step_the_run_does_not_have_is_refused(globex, on_call):
 def test_the_api_returns_the_content_exactly_as_digested(globex, on_call, client):
     plan = checked(services.request_plan(run=globex, requested_by=on_call, reason="r", from_step=1))
     client.force_login(on_call)
-    body = client.get(reverse("approver:api_plan_detail", args=[plan.public_id])).json()
+    body = client.get(reverse("api:plan_detail", args=[plan.public_id])).json()
     assert body["digest"] == plan.digest == sha256_hex(body["content"]) == planning.digest(body["content"])
     assert [i["step"] for i in body["content"]["items"]] == [4, 3, 2, 1]
     deal = body["content"]["items"][2]

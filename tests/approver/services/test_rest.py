@@ -75,7 +75,7 @@ def test_the_rest_of_a_failed_plan_is_what_it_did_not_undo_and_runs_once(
     assert mail.outbox and told in mail.outbox[0].body
     api = Client()
     api.force_login(approver_user)
-    assert api.get(reverse("approver:api_plan_detail", args=[first.public_id])).json()["rest"] == \
+    assert api.get(reverse("api:plan_detail", args=[first.public_id])).json()["rest"] == \
         str(rest.public_id)
 
     for user in (approver_user, second_approver):
