@@ -262,6 +262,7 @@ CELERY_BEAT_SCHEDULE = {
     "forget-idle-sessions": {"task": "journal.forget_idle_sessions", "schedule": 300.0},
     "forget-unused-oauth-clients": {"task": "journal.forget_unused_oauth_clients", "schedule": 3600.0},
     "prune-captures": {"task": "journal.prune_captures", "schedule": 3600.0},
+    "sweep-webhooks": {"task": "approver.sweep_webhooks", "schedule": 60.0},
 }
 
 # The Recorder's Ed25519 signing keys live outside the repository. Public keys are also kept in the
@@ -327,6 +328,9 @@ RECORD_LEASE_MINUTES = env_int("RECORD_LEASE_MINUTES", 60)
 DEFAULT_TEAM = env_str("DEFAULT_TEAM", "everyone")
 # The longest a person's API token may last (they choose, from 1 day up to this).
 API_TOKEN_MAX_DAYS = env_int("API_TOKEN_MAX_DAYS", 90)
+# A webhook delivery is sent this many times at most (10 s, 30 s, 90 s, … apart, up to an hour) before it
+# is given up.
+WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 8)
 # How Recorder processes reach each other (an agent's cancellation heard by one, for a call another makes):
 # Redis pub/sub. Without it, each process hears only itself, which is all a single process needs.
 RECORDER_BUS_URL = env_str("RECORDER_BUS_URL", REDIS_URL)

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from . import notifications, services
 from .models import ActionRequest, Plan
+from .services import webhooks
 
 # How long past its expected end a job is given before the periodic tasks treat it as left by a dead worker
 # (or, for a held call, a lost bell).
@@ -130,6 +131,18 @@ def notify_plan_executed(plan_id: int) -> int:
             execution_notified=True):
         return 0
     return notifications.plan_executed(Plan.objects.for_page().get(pk=plan_id))
+
+
+@shared_task(name="approver.deliver_webhook")
+def deliver_webhook(delivery_id: int) -> str:
+    """Send one webhook delivery if it is due (`services.webhooks.deliver`); safe to run twice."""
+    return webhooks.deliver(delivery_id)
+
+
+@shared_task(name="approver.sweep_webhooks")
+def sweep_webhooks() -> int:
+    """Ring again for webhook deliveries that are due and nobody is sending."""
+    return webhooks.sweep()
 
 
 @shared_task(name="approver.notify_action_requested")

@@ -9,6 +9,8 @@ from .leases import RecordLease
 from .plans import Plan, PlanItem, PlanQuerySet
 from .policies import ALREADY_COVERED, AutonomyPolicy, PolicyChange
 from .tokens import PersonalToken
+from .webhooks import EVENTS as WEBHOOK_EVENTS
+from .webhooks import WebhookDelivery, WebhookEndpoint
 
 __all__ = [
     "ALREADY_COVERED",
@@ -26,4 +28,7 @@ __all__ = [
     "PolicyChange",
     "RecordLease",
     "SigningRequest",
+    "WEBHOOK_EVENTS",
+    "WebhookDelivery",
+    "WebhookEndpoint",
 ]

@@ -32,7 +32,7 @@ from ..models import (
     PlanItem,
     SigningRequest,
 )
-from . import bell, following, leases
+from . import bell, following, leases, webhooks
 
 SIGNING_SECONDS = passkeys.CHALLENGE_SECONDS  # how long a challenge waits for the signer's passkey
 
@@ -254,6 +254,11 @@ def _journal_override(plan: Plan, item: PlanItem, *, by, digest: str, now: datet
         "agentLeft": item.if_version or None, "overwrites": current.get("version") or None,
         "changedBy": current.get("changedBy") or None, "digest": digest,
     })
+    webhooks.emit("plan.override", {
+        "plan": str(plan.public_id), "team": plan.run.team.name, "item": item.position,
+        "step": item.step.number, "by": by.get_username(), "reason": item.override_reason,
+        "overwrites": current.get("version") or None, "changedBy": current.get("changedBy") or None},
+        team_id=plan.run.team_id, now=now)
 
 
 def _deadlines(plan: Plan) -> list[datetime]:

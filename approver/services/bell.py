@@ -26,6 +26,7 @@ NOTIFY_PLAN_DECIDED = "approver.notify_plan_decided"
 NOTIFY_PLAN_EXECUTED = "approver.notify_plan_executed"
 NOTIFY_ACTION_REQUESTED = "approver.notify_action_requested"
 RETRY_NOTICE = "approver.retry_notice"
+DELIVER_WEBHOOK = "approver.deliver_webhook"
 
 
 def ring(task: str, *args, countdown: float | None = None) -> None:

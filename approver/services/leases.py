@@ -23,7 +23,7 @@ from journal.upstream.client import Upstreams, endpoint_of
 
 from .. import answers, checks, execution
 from ..models import Plan, PlanItem, RecordLease
-from . import bell
+from . import bell, webhooks
 
 
 class LeaseRefused(ValueError):
@@ -206,6 +206,10 @@ def break_lease(*, lease: RecordLease, by, reason: str, now: datetime | None = N
         if not lease.is_held:
             raise LeaseRefused("This lease is not held any more: nothing was broken.")
         _release(lease, now=now, why=f"broken by {by.get_username()}", broken_by=by, break_reason=reason)
+        webhooks.emit("lease.broken", {
+            "plan": str(lease.plan.public_id), "team": lease.plan.run.team.name, "server": lease.server,
+            "resource": lease.resource, "by": by.get_username(), "reason": reason},
+            team_id=lease.plan.run.team_id, now=now)
 
 
 def expire(*, now: datetime | None = None) -> int:

@@ -195,3 +195,18 @@ def test_a_new_agent_joins_the_team_named_else_its_persons_one_team_else_the_def
     assert journal_services.create_agent(name="b-bot", on_behalf_of=dana)[0].team == payments
     search.members.add(dana)  # in two: nobody can tell which, so the default
     assert journal_services.create_agent(name="c-bot", on_behalf_of=dana)[0].team.name == "everyone"
+
+
+def test_an_admin_moves_an_agent_to_another_team_in_the_admin_and_its_runs_go_with_it(two_teams, globex):
+    payments, search, _, _ = two_teams
+    root = User.objects.create_superuser("root", password="root-password-1")
+    admin_site = Client()
+    admin_site.force_login(root)
+    agent = Agent.objects.get(name="sales-bot")
+    page = admin_site.get(f"/admin/journal/agent/{agent.pk}/change/")
+    assert page.status_code == 200
+    moved = admin_site.post(f"/admin/journal/agent/{agent.pk}/change/", {
+        "team": search.pk, "is_active": "on", "asks_approvers": "on", "runs_by": agent.runs_by}, follow=True)
+    assert "now belong to search" in moved.content.decode()
+    assert Agent.objects.get(pk=agent.pk).team == search
+    assert set(Run.objects.filter(agent=agent).values_list("team__name", flat=True)) == {"search"}
