@@ -161,16 +161,24 @@ def changed_since(plan: Plan) -> list[str]:
 
 def plan_event(event: str, plan: Plan, **more) -> int:
     """Tell the webhooks a plan's `event` (`services.webhooks`): what it is, its team, its summary as the
-    emails have it, and its page."""
+    emails have it, and its page. The tasks call it in the transaction that claims the telling, so the claim
+    and the delivery are kept together or not at all."""
     return webhooks.emit(event, {
         "plan": str(plan.public_id), "state": plan.state, "team": plan.run.team.name,
         "agent": plan.run.agent_name, "summary": summary(plan), "digest": plan.digest or None,
         "url": _link(plan), **more}, team_id=plan.run.team_id)
 
 
+def held_call_event(action: ActionRequest) -> int:
+    """Tell the webhooks a held call waits for a human."""
+    return webhooks.emit("held_call.waiting", {
+        "action": str(action.public_id), "agent": action.agent.name, "team": action.agent.team.name,
+        "call": f"{action.server.name}__{action.tool}", "reason": action.reason, "digest": action.digest,
+        "expiresAt": action.expires_at.isoformat(), "url": action_url(action)}, team_id=action.agent.team_id)
+
+
 def plan_ready(plan: Plan) -> int:
     """Email every approver who may sign it, and post to the webhook; returns how many were emailed."""
-    plan_event("plan.ready", plan)
     changed = changed_since(plan)
     changes = "Changed since the agent acted:\n" + "\n".join(changed) + "\n" if changed else ""
     text = (f"{signing_will(plan)}\n\n{summary(plan)}\n" + _rest_line(plan) + _undo_lines(plan) + changes
@@ -185,7 +193,6 @@ def saga_plans_ready(plans: list[Plan]) -> int:
     listing the plans they may sign; the webhook once, listing them all. Returns how many were emailed."""
     for plan in plans:
         _keep_what_was_sent(plan)
-        plan_event("plan.ready", plan)
     return _digests(plans, approvers_to_tell, _saga_digest, what="saga plans")
 
 
@@ -224,12 +231,6 @@ def held_calls_requested(actions: list[ActionRequest]) -> int:
     """One message for the held calls nobody was told of yet: each approver is emailed once, listing the
     calls they may decide; the webhook once, listing them all. Returns how many were emailed."""
     users = get_user_model().objects.filter(is_active=True).exclude(email="")
-    for action in actions:
-        webhooks.emit("held_call.waiting", {
-            "action": str(action.public_id), "agent": action.agent.name, "team": action.agent.team.name,
-            "call": f"{action.server.name}__{action.tool}", "reason": action.reason, "digest": action.digest,
-            "expiresAt": action.expires_at.isoformat(), "url": action_url(action)},
-            team_id=action.agent.team_id)
 
     def readers(action: ActionRequest):
         return [user for user in users.filter(groups__name=action.approver_group).distinct()
@@ -305,7 +306,6 @@ def retry(channel: str, message: dict, about: str, attempt: int) -> bool:
 
 def plan_decided(plan: Plan) -> int:
     """Tell the requester the plan was approved or rejected (with the reason)."""
-    plan_event("plan.rejected" if plan.state == Plan.State.REJECTED else "plan.approved", plan)
     if not plan.requested_by.email:
         return 0
     if plan.state == Plan.State.REJECTED:
@@ -327,7 +327,6 @@ def plan_decided(plan: Plan) -> int:
 
 def plan_executed(plan: Plan) -> int:
     """Tell the requester and everyone who approved what was reversed, and what is left for a human."""
-    plan_event("plan.finished", plan, result=plan.execution_summary, stopped=plan.stop_reason or None)
     to_do = list(
         plan.items.filter(outcome__in=execution.NEEDS_A_HUMAN).select_related("step").order_by("position")
     )

@@ -4,6 +4,7 @@ from datetime import timedelta
 
 from celery import shared_task
 from django.conf import settings
+from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
@@ -65,11 +66,14 @@ def notify_plan_ready(plan_id: int, check_round: int) -> int:
     A saga's plan is told in a batch (`notify_saga_plans`)."""
     if Plan.objects.filter(pk=plan_id, saga=True).exists():
         return notify_saga_plans()
-    if not Plan.objects.filter(pk=plan_id, state=Plan.State.READY, check_round=check_round,
-                               ready_notified_round__lt=check_round).update(ready_notified_round=check_round,
-                                                                             ready_notified_at=timezone.now()):
-        return 0
-    return notifications.plan_ready(Plan.objects.for_page().get(pk=plan_id))
+    with transaction.atomic():  # the claim and the webhooks' delivery are kept together, or neither is
+        if not Plan.objects.filter(pk=plan_id, state=Plan.State.READY, check_round=check_round,
+                                   ready_notified_round__lt=check_round).update(
+                ready_notified_round=check_round, ready_notified_at=timezone.now()):
+            return 0
+        plan = Plan.objects.for_page().get(pk=plan_id)
+        notifications.plan_event("plan.ready", plan)
+    return notifications.plan_ready(plan)
 
 
 @shared_task(name="approver.notify_saga_plans")
@@ -81,26 +85,31 @@ def notify_saga_plans() -> int:
     last = Plan.objects.filter(saga=True).aggregate(last=Max("ready_notified_at"))["last"]
     if last is not None and now - last < timedelta(minutes=settings.SAGA_NOTIFY_MINUTES):
         return 0
-    claimed = [pk for pk, check_round in Plan.objects.filter(
-        saga=True, state=Plan.State.READY, ready_notified_round__lt=F("check_round")).order_by("created_at")
-        .values_list("pk", "check_round")
-        if Plan.objects.filter(pk=pk, check_round=check_round, ready_notified_round__lt=check_round).update(
-            ready_notified_round=check_round, ready_notified_at=now)]
-    if not claimed:
-        return 0
-    return notifications.saga_plans_ready(list(Plan.objects.for_page().filter(pk__in=claimed)
-                                               .order_by("created_at")))
+    with transaction.atomic():
+        ready = Plan.objects.filter(saga=True, state=Plan.State.READY,
+                                    ready_notified_round__lt=F("check_round")).order_by("created_at")
+        claimed = [pk for pk, check_round in ready.values_list("pk", "check_round")
+                   if Plan.objects.filter(pk=pk, check_round=check_round,
+                                          ready_notified_round__lt=check_round)
+                   .update(ready_notified_round=check_round, ready_notified_at=now)]
+        plans = list(Plan.objects.for_page().filter(pk__in=claimed).order_by("created_at"))
+        for plan in plans:
+            notifications.plan_event("plan.ready", plan)
+    return notifications.saga_plans_ready(plans) if plans else 0
 
 
 @shared_task(name="approver.notify_plan_decided")
 def notify_plan_decided(plan_id: int) -> int:
     """Tell the requester how the plan was decided. Safe to run twice."""
     # Execution may have started (or finished) before this task runs: any state after the decision counts.
-    if not Plan.objects.filter(pk=plan_id, state__in=Plan.DECIDED_STATES, outcome_notified=False).update(
-        outcome_notified=True
-    ):
-        return 0
-    return notifications.plan_decided(Plan.objects.for_page().get(pk=plan_id))
+    with transaction.atomic():
+        if not Plan.objects.filter(pk=plan_id, state__in=Plan.DECIDED_STATES, outcome_notified=False).update(
+                outcome_notified=True):
+            return 0
+        plan = Plan.objects.for_page().get(pk=plan_id)
+        notifications.plan_event("plan.rejected" if plan.state == Plan.State.REJECTED else "plan.approved",
+                                 plan)
+    return notifications.plan_decided(plan)
 
 
 @shared_task(name="approver.execute_plan")
@@ -127,10 +136,14 @@ def reconcile_execution() -> int:
 @shared_task(name="approver.notify_plan_executed")
 def notify_plan_executed(plan_id: int) -> int:
     """Tell the requester and the approvers how the plan ran. Safe to run twice."""
-    if not Plan.objects.filter(pk=plan_id, execution_notified=False).exclude(execution_summary="").update(
-            execution_notified=True):
-        return 0
-    return notifications.plan_executed(Plan.objects.for_page().get(pk=plan_id))
+    with transaction.atomic():
+        if not Plan.objects.filter(pk=plan_id, execution_notified=False).exclude(execution_summary="").update(
+                execution_notified=True):
+            return 0
+        plan = Plan.objects.for_page().get(pk=plan_id)
+        notifications.plan_event("plan.finished", plan, result=plan.execution_summary,
+                                 stopped=plan.stop_reason or None)
+    return notifications.plan_executed(plan)
 
 
 @shared_task(name="approver.deliver_webhook")
@@ -156,13 +169,14 @@ def notify_action_requested(action_id: int) -> int:
     if last is not None and now - last < timedelta(minutes=settings.HELD_CALL_NOTIFY_MINUTES):
         return 0
     untold = ActionRequest.objects.filter(state=ActionRequest.State.PENDING, notified=False)
-    claimed = [pk for pk in untold.order_by("created_at").values_list("pk", flat=True)
-               if untold.filter(pk=pk).update(notified=True, notified_at=now)]
-    if not claimed:
-        return 0
-    return notifications.held_calls_requested(list(
-        ActionRequest.objects.select_related("agent__on_behalf_of", "server").filter(pk__in=claimed)
-        .order_by("created_at")))
+    with transaction.atomic():
+        claimed = [pk for pk in untold.order_by("created_at").values_list("pk", flat=True)
+                   if untold.filter(pk=pk).update(notified=True, notified_at=now)]
+        actions = list(ActionRequest.objects.select_related("agent__on_behalf_of", "agent__team", "server")
+                       .filter(pk__in=claimed).order_by("created_at"))
+        for action in actions:
+            notifications.held_call_event(action)
+    return notifications.held_calls_requested(actions) if actions else 0
 
 
 @shared_task(name="approver.expire_held_calls")

@@ -215,3 +215,30 @@ def test_in_production_an_endpoint_must_be_https_and_its_secret_can_be_made_anew
                 {"action": "new_secret", "_selected_action": [endpoint.pk]})
     endpoint.refresh_from_db()
     assert endpoint.secret.startswith("whsec_") and endpoint.secret != "whsec_old"
+
+
+def test_a_worker_that_dies_between_the_claim_and_the_delivery_loses_neither(
+        conflicted_plan, approver_user, second_approver, receiver, monkeypatch, mailoutbox):  # noqa: F811
+    """The telling of a ready plan is claimed and its delivery kept in one transaction: a worker that dies
+    in between leaves both undone, and the next run (beat rings again) tells the approvers and the webhook."""
+    monkeypatch.setattr(webhooks.bell, "ring", lambda *args, **kwargs: None)
+    WebhookEndpoint.objects.create(url=receiver.url, secret=receiver.secret)
+    for approver in (approver_user, second_approver):
+        approver.email = f"{approver.username}@acme.example"
+        approver.save()
+    plan = conflicted_plan
+
+    def killed(*args, **kwargs):
+        raise SystemExit("the worker was killed here")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(webhooks, "emit", killed)
+        with pytest.raises(SystemExit):
+            tasks.notify_plan_ready(plan.pk, plan.check_round)
+    assert Plan.objects.get(pk=plan.pk).ready_notified_round < plan.check_round  # the claim went with it
+    assert not WebhookDelivery.objects.exists() and mailoutbox == []
+    assert tasks.notify_plan_ready(plan.pk, plan.check_round) == 1  # the next run: one email, to both
+    assert sorted(mailoutbox[0].to) == ["ana@acme.example", "bo@acme.example"]
+    assert [d.event for d in WebhookDelivery.objects.all()] == ["plan.ready"]
+    assert tasks.notify_plan_ready(plan.pk, plan.check_round) == 0  # and only once
+    assert WebhookDelivery.objects.count() == 1
