@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
 def make_run(user) -> Run:
     agent, _ = services.create_agent(name="sql-bot", on_behalf_of=user)
-    return Run.objects.create(agent=agent, key="run:sql")
+    return Run.objects.create(agent=agent, key="run:sql", team=agent.team)
 
 
 def test_an_inserted_row_reads_back_through_the_orm_with_model_defaults(dana):

@@ -71,7 +71,7 @@ def test_a_stateless_agents_calls_are_grouped_by_its_run_id_else_by_time(
 
 def test_only_on_call_and_admins_end_runs_and_only_by_post(dana, on_call, approver_user):
     agent, _ = services.create_agent(name="clock", on_behalf_of=dana)
-    run = Run.objects.create(agent=agent, key="")
+    run = Run.objects.create(agent=agent, key="", team=agent.team)
     web = WebClient()
     assert web.post(f"/runs/{run.public_id}/end/").status_code in (302, 403)  # not signed in
     web.force_login(approver_user)
@@ -85,10 +85,12 @@ def runs_at(dana):
     ada, _ = services.create_agent(name="ada-bot", on_behalf_of=dana)
     bob, _ = services.create_agent(name="bob-bot", on_behalf_of=dana)
     base = timezone.now().replace(microsecond=0) - timedelta(days=1)
-    night = Run.objects.create(agent=ada, started_at=base, last_activity_at=base + timedelta(minutes=40))
-    morning = Run.objects.create(agent=ada, started_at=base + timedelta(hours=6),
+    night = Run.objects.create(agent=ada, team=ada.team, started_at=base,
+                               last_activity_at=base + timedelta(minutes=40))
+    morning = Run.objects.create(agent=ada, team=ada.team, started_at=base + timedelta(hours=6),
                                  last_activity_at=base + timedelta(hours=7))
-    other = Run.objects.create(agent=bob, started_at=base, last_activity_at=base + timedelta(hours=8))
+    other = Run.objects.create(agent=bob, team=bob.team, started_at=base,
+                               last_activity_at=base + timedelta(hours=8))
     return base, night, morning, other
 
 
