@@ -1,7 +1,6 @@
 """People's API tokens: made (shown once, only a hash kept), revoked, and read back from a request's
 `Authorization: Bearer` header."""
 
-import hashlib
 import secrets
 from datetime import datetime, timedelta
 
@@ -9,6 +8,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from journal.auth import roles
+from journal.services import hash_token  # the agents' tokens are kept the same way
 
 from ..models import PersonalToken
 
@@ -24,10 +24,6 @@ class TokenRefused(Exception):
 
 def api_token_max_days() -> int:
     return settings.API_TOKEN_MAX_DAYS
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def make_token(*, user, name: str, days: int, scope: str = PersonalToken.Scope.READ,

@@ -36,3 +36,15 @@ def sign_in(page, username: str) -> None:
     page.fill("input[name=username]", username)
     page.fill("input[name=password]", f"{username}-password-1")
     page.click("button[type=submit]")
+
+
+def with_passkey_device(browser):
+    """A fresh browser context with its own passkey device (a DevTools virtual authenticator): its page."""
+    context = browser.new_context()
+    page = context.new_page()
+    devtools = context.new_cdp_session(page)
+    devtools.send("WebAuthn.enable")
+    devtools.send("WebAuthn.addVirtualAuthenticator", {"options": {
+        "protocol": "ctap2", "transport": "internal", "hasResidentKey": True,
+        "hasUserVerification": True, "isUserVerified": True}})
+    return page

@@ -12,6 +12,7 @@ from approver import services
 from approver.models import ApprovalRules, Plan
 from journal import services as journal_services
 from journal.models import Agent, Team
+from tests.browser.conftest import with_passkey_device
 from tests.conftest import free_port
 from tests.identity import identity_provider
 from tests.services import needs_chromium, needs_oidc_provider
@@ -25,13 +26,7 @@ SAM = {"email": "sam@acme.example", "groups": ["undo-search-approvers"]}
 
 def through_the_provider(browser, site: str, login: str):
     """A fresh browser context with its own passkey device, signed in through the provider's pages."""
-    context = browser.new_context()
-    page = context.new_page()
-    devtools = context.new_cdp_session(page)
-    devtools.send("WebAuthn.enable")
-    devtools.send("WebAuthn.addVirtualAuthenticator", {"options": {
-        "protocol": "ctap2", "transport": "internal", "hasResidentKey": True,
-        "hasUserVerification": True, "isUserVerified": True}})
+    page = with_passkey_device(browser)
     page.goto(f"{site}/login/")
     page.click("#sign-in-provider")
     page.fill("input[name=login]", login)  # the provider's own sign-in page

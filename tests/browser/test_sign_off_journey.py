@@ -16,7 +16,7 @@ from journal.auth import roles
 from journal.models import Run
 from samples import agent as scripted
 from tests.approver.services.test_approvals import WHY, enrolled
-from tests.browser.conftest import sign_in
+from tests.browser.conftest import sign_in, with_passkey_device
 from tests.journal.helpers import register_samples, settle
 from tests.services import needs_chromium, running_worker, worker_env_for_test_database
 
@@ -25,13 +25,7 @@ pytestmark = [pytest.mark.browser, needs_chromium, pytest.mark.django_db(transac
 
 def authenticated_page(browser, base, username):
     """A fresh browser context with its own passkey device, logged in as `username`."""
-    context = browser.new_context()
-    page = context.new_page()
-    devtools = context.new_cdp_session(page)
-    devtools.send("WebAuthn.enable")
-    devtools.send("WebAuthn.addVirtualAuthenticator", {"options": {
-        "protocol": "ctap2", "transport": "internal", "hasResidentKey": True,
-        "hasUserVerification": True, "isUserVerified": True}})
+    page = with_passkey_device(browser)
     page.goto(f"{base}/login/")
     page.fill("input[name=username]", username)
     page.fill("input[name=password]", f"{username}-password-1")
