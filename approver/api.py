@@ -151,37 +151,39 @@ def plan_detail(request, plan_id):
     return plan_json(authority.visible_plan(request, plan_id, Plan.objects.for_page()))
 
 
-def _control(request, plan_id, allowed, action, refused: str):
+def _control(request, plan_id, name: str, action):
+    """The page's button `name` (`authority.CONTROLS`: who may, and the words of a refusal), as JSON."""
+    control = authority.CONTROLS[name]
     _writes(request)
-    require_role(request, *allowed)
+    require_role(request, *control.allowed)
     plan = authority.visible_plan(request, plan_id)
     if not action(plan=plan, by=request.user):
-        return Status(409, {"error": f"This plan is {plan.get_state_display().lower()}; {refused}"})
+        return Status(409, {"error": control.refusal(plan)})
     return Status(200, plan_json(_fresh(plan)))
 
 
 @router.post("/plans/{uuid:plan_id}/pause/", response={200: PlanOut, 409: Refusal}, url_name="pause",
              summary="Pause an executing plan after the item in flight")
 def pause(request, plan_id):
-    return _control(request, plan_id, authority.MAY_CONTROL, pause_plan, "it cannot be paused.")
+    return _control(request, plan_id, "pause", pause_plan)
 
 
 @router.post("/plans/{uuid:plan_id}/resume/", response={200: PlanOut, 409: Refusal}, url_name="resume",
              summary="Resume a paused plan (its approvals are checked again before each item)")
 def resume(request, plan_id):
-    return _control(request, plan_id, authority.MAY_CONTROL, resume_plan, "there is nothing to resume.")
+    return _control(request, plan_id, "resume", resume_plan)
 
 
 @router.post("/plans/{uuid:plan_id}/abort/", response={200: PlanOut, 409: Refusal}, url_name="abort",
              summary="Abort a plan: the item in flight finishes, nothing after it starts")
 def abort(request, plan_id):
-    return _control(request, plan_id, authority.MAY_CONTROL, abort_plan, "there is nothing to abort.")
+    return _control(request, plan_id, "abort", abort_plan)
 
 
 @router.post("/plans/{uuid:plan_id}/cancel/", response={200: PlanOut, 409: Refusal}, url_name="cancel",
              summary="Cancel a plan nobody approved yet, freeing its steps")
 def cancel(request, plan_id):
-    return _control(request, plan_id, authority.MAY_CANCEL, cancel_plan, "it can no longer be cancelled.")
+    return _control(request, plan_id, "cancel", cancel_plan)
 
 
 def _writes(request: HttpRequest) -> None:
@@ -262,11 +264,11 @@ def _approvals_json(plan: Plan) -> dict[str, Any]:
                "reason": a.reason or None}
               for a in plan.approvals.select_related("approver").order_by("created_at", "pk")]
     still = max(rules.quorum - len(counting), 0) if plan.state == Plan.State.READY else 0
+    approved = set(plan.approvals.filter(digest=plan.digest, decision=Approval.Decision.APPROVE)
+                   .values_list("approver_id", flat=True)) if still else set()
     return {"quorum": rules.quorum, "counted": len(counting), "stillNeeded": still,
             "mayStillSign": [u.get_username() for u in authority.who_may_sign(plan, rules)
-                             if not plan.approvals.filter(approver=u, digest=plan.digest,
-                                                          decision=Approval.Decision.APPROVE).exists()]
-            if still else [],
+                             if u.pk not in approved] if still else [],
             "signed": signed}
 
 

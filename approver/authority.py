@@ -5,6 +5,7 @@ A button's rule is stated once here (the roles and the states it needs); the vie
 that shows the button and the service that does the work all read it.
 """
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +26,32 @@ MAY_CANCEL = (roles.ON_CALL, roles.ADMIN)
 MAY_CONTROL = (roles.APPROVER, roles.ADMIN)  # pause, resume, abort, and try an unknown outcome again
 MAY_SETTLE = (roles.ON_CALL, roles.APPROVER, roles.ADMIN)  # look at an unknown outcome, say how it ended
 MAY_PLAN_REST = (roles.ON_CALL, roles.APPROVER)  # ask for a plan of what a finished plan did not undo
+
+
+@dataclass(frozen=True)
+class Control:
+    """A button that changes a plan's state: who may press it, and what the page and the API say when it
+    did, and when the plan's state did not allow it."""
+
+    allowed: tuple[str, ...]
+    done: str
+    refused: str
+
+    def refusal(self, plan: Plan) -> str:
+        return f"This plan is {plan.get_state_display().lower()}; {self.refused}"
+
+
+CONTROLS = {
+    "cancel": Control(MAY_CANCEL, "Plan cancelled. Its steps can go into a new plan.",
+                      "it can no longer be cancelled."),
+    "abort": Control(MAY_CONTROL, "Aborted: nothing that has not started will run.",
+                     "there is nothing to abort."),
+    "pause": Control(MAY_CONTROL,
+                     "Paused: the item in flight finishes, nothing else starts until you resume.",
+                     "it cannot be paused."),
+    "resume": Control(MAY_CONTROL, "Resumed: the approvals are checked again before each item.",
+                      "there is nothing to resume."),
+}
 
 
 def visible_plans(user, plans: QuerySet | None = None) -> QuerySet:

@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 import jsonschema
 
+from journal.telemetry import tracing
 from journal.undo import recipes
 from journal.undo.outcomes import classify_tool_error
 from journal.undo.recipe_text import brief, field_changes, three_way
@@ -177,16 +178,20 @@ async def check_all(targets: list[CheckTarget], *, upstreams: Upstreams, now: da
         return entry["value"]
 
     async def check(target: CheckTarget) -> None:
-        if target.undo_by is not None and target.undo_by <= now:
-            result = CheckResult(
-                "expired", {"message": f"The undo window closed at {target.undo_by.isoformat()}."}
-            )
-        else:
-            limit = limits.setdefault(target.endpoint.name, anyio.Semaphore(per_server))
-            async with limit:
-                result = await check_one(
-                    target, upstreams=upstreams, timeout=timeout, catalogue_of=catalogue_of
+        with tracing.child_span(f"check {target.tool}", {"undo.server": target.endpoint.name,
+                                                         "gen_ai.tool.name": target.tool}) as span:
+            if target.undo_by is not None and target.undo_by <= now:
+                result = CheckResult(
+                    "expired", {"message": f"The undo window closed at {target.undo_by.isoformat()}."}
                 )
+            else:
+                limit = limits.setdefault(target.endpoint.name, anyio.Semaphore(per_server))
+                async with limit:
+                    result = await check_one(
+                        target, upstreams=upstreams, timeout=timeout, catalogue_of=catalogue_of
+                    )
+            if span is not None:
+                span.set_attribute("undo.check.result", result.status)
         await on_result(target.item_id, result)
 
     async with anyio.create_task_group() as group:

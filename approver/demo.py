@@ -283,6 +283,10 @@ def wait_for_worker(seconds: float = 60) -> bool:
 
 def main() -> None:
     VAR.mkdir(parents=True, exist_ok=True)
+    # The whole service starts again: every process's metrics start from nothing (docs/production.md).
+    metrics = Path(os.environ.get("METRICS_DIR") or VAR / "metrics")
+    for counted in metrics.glob("*.db"):
+        counted.unlink()
     site = public_url()  # before Django reads its settings, and inherited by every process started here
     (VAR / "public-url").write_text(site)  # for commands run in another terminal (`content.site_url`)
     setup_django()

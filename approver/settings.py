@@ -6,6 +6,7 @@ the helpers of `approver.env`, which fail loudly on a value they cannot read. Pr
 secure-cookie and HSTS setting that `manage.py check --deploy` asks for.
 """
 
+import ipaddress
 import os
 import secrets
 from datetime import timedelta
@@ -16,6 +17,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from .env import env_bool, env_int, env_json, env_list, env_str
+from .logging_config import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -408,16 +410,24 @@ if PRODUCTION:
 SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {
-        "httpx": {"level": "WARNING"},
-        "httpx2": {"level": "WARNING"},
-        "mcp": {"level": "WARNING"},
-        # The filesystem broker has no host; kombu warns about it on every connection.
-        "kombu.connection": {"level": "ERROR"},
-    },
-}
+# Log lines: text (the default) or JSON with the trace and span ids, agent, run, step and plan
+# (LOG_FORMAT=json); secrets are struck out of every line in both (journal.telemetry.logs).
+LOG_FORMAT = env_str("LOG_FORMAT", "text")
+if LOG_FORMAT not in ("text", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT}: it is text or json.")
+LOGGING = logging_config(level=env_str("LOG_LEVEL", "INFO"), form=LOG_FORMAT)
+# Prometheus metrics at /metrics (journal.telemetry.metrics, approver.observed): counted by every process
+# into METRICS_DIR (one directory per host), read by a scraper that sends METRICS_TOKEN as a bearer token or
+# comes from an address in METRICS_ALLOW (loopback by default). METRICS=off counts nothing.
+METRICS = env_bool("METRICS", True)
+METRICS_DIR = Path(env_str("METRICS_DIR", str(VAR_DIR / "metrics")))
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+METRICS_ALLOW = env_list("METRICS_ALLOW", ["127.0.0.1/32", "::1/128"])
+# Every journal entry (approvals included), as it is committed, to each sink here: syslog+tcp://,
+# syslog+tls://, syslog+udp://, https:// (signed with AUDIT_WEBHOOK_SECRET) or otlp (journal.audit).
+AUDIT_STREAM = env_list("AUDIT_STREAM", [])
+AUDIT_WEBHOOK_SECRET = env_str("AUDIT_WEBHOOK_SECRET", "")
+try:
+    [ipaddress.ip_network(entry, strict=False) for entry in METRICS_ALLOW]
+except ValueError as exc:
+    raise ImproperlyConfigured(f"METRICS_ALLOW: {exc}") from None

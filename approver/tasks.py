@@ -3,12 +3,15 @@
 from datetime import timedelta
 
 from celery import shared_task
+from celery.signals import worker_process_shutdown, worker_shutdown
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from . import notifications, services
+from journal.telemetry import metrics, tracing
+
+from . import notifications, services, traced
 from .models import ActionRequest, Plan
 from .services import webhooks
 
@@ -26,10 +29,11 @@ def stalled_before():
 def draft_plan(plan_id: int) -> str:
     """Draft a requested plan: read the run, write the items, queue the checks. Safe to run twice: one worker
     drafts a plan at a time, and a draft a dead worker left is started again."""
-    plan = Plan.objects.filter(pk=plan_id).first()
+    plan = Plan.objects.filter(pk=plan_id).select_related("run").first()
     if plan is None:
         return "no such plan"
-    return services.draft_plan(plan=plan).state
+    with traced.plan_span(plan, "plan draft"):
+        return services.draft_plan(plan=plan).state
 
 
 @shared_task(name="approver.check_plan")
@@ -39,7 +43,8 @@ def check_plan(plan_id: int, check_round: int) -> str:
     plan = Plan.objects.filter(pk=plan_id).select_related("run", "requested_by").first()
     if plan is None:
         return "no such plan"
-    checked = services.run_checks(plan=plan, check_round=check_round)
+    with traced.plan_span(plan, "plan checks", **{"undo.plan.check_round": check_round}):
+        checked = services.run_checks(plan=plan, check_round=check_round)
     return checked.state if checked is not None else "moved on"
 
 
@@ -116,10 +121,11 @@ def notify_plan_decided(plan_id: int) -> int:
 def execute_plan(plan_id: int) -> str:
     """Run an approved plan. Safe to run twice: every item is claimed with a conditional update. After a
     failure that is safe to repeat it asks to be rung again when the backoff is over."""
-    plan = Plan.objects.filter(pk=plan_id).first()
+    plan = Plan.objects.filter(pk=plan_id).select_related("run").first()
     if plan is None:
         return "no such plan"
-    return services.execute_plan(plan=plan).state
+    with traced.plan_span(plan, "plan execution"):
+        return services.execute_plan(plan=plan).state
 
 
 @shared_task(name="approver.reconcile_execution")
@@ -194,3 +200,11 @@ def expire_held_calls() -> int:
 def retry_notice(channel: str, message: dict, about: str, attempt: int) -> bool:
     """Try once more a notification whose channel failed (`notifications.email`, `notifications.webhook`)."""
     return notifications.retry(channel, message, about, attempt)
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect
+def _stopping(**kwargs) -> None:
+    """A worker (or one of its children) stops: its live gauges go, and its last spans are sent."""
+    metrics.process_ended()
+    tracing.flush()

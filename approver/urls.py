@@ -13,6 +13,7 @@ urlpatterns = [
     path("oidc/", include("mozilla_django_oidc.urls")),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("health/", site.health, name="health"),
+    path("metrics", site.metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/", api.urls),
     path("", include("journal.auth.oauth_urls")),

@@ -10,7 +10,10 @@ latency of each and their ratio; the target is a median
 ratio of at most 2.0 (one extra hop is the floor). With --pass-through, a third kind of call, interleaved
 with the other two: an MCP SDK server that relays to the same tool with the SDK's client and journals nothing
 (bench/relay_floors.py's), and the Recorder's median as a multiple of its median (target: at most 1.1),
-with the milliseconds each adds over direct.
+with the milliseconds each adds over direct. With --observability too, two more Recorder processes on the
+same database, interleaved with the others: one counting metrics (`METRICS=on`; the first Recorder has
+them off) and one also tracing every call to an OTLP receiver at a 100 % sample; the figure each adds
+(targets: at most 5 % with metrics, 15 % with tracing).
 """
 
 import argparse
@@ -20,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -87,15 +91,20 @@ def measure_pair(direct_url: str, recorder_url: str, token: str, calls: int, war
     return anyio.run(main)
 
 
-def measure_three(direct_url: str, pass_url: str, recorder_url: str, token: str, calls: int, warmup: int):
-    """Direct, SDK pass-through and Recorder calls interleaved one by one (see `measure_pair`)."""
+def measure_three(direct_url: str, pass_url: str, recorder_url: str, token: str, calls: int, warmup: int,
+                  more: tuple[str, ...] = ()):
+    """Direct, SDK pass-through and Recorder calls (and calls to the Recorders at `more`) interleaved one by
+    one (see `measure_pair`): a list of timings per kind, in that order."""
     import anyio
 
     async def main():
-        async with client_for(direct_url, None) as direct, client_for(pass_url, "agt_floor") as passing, \
-                client_for(recorder_url, token) as through:
-            rows = [(await timed_call(direct, "echo", i), await timed_call(passing, "legacy__echo", i),
-                     await timed_call(through, "legacy__echo", i)) for i in range(warmup + calls)]
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [(await stack.enter_async_context(client_for(direct_url, None)), "echo"),
+                       (await stack.enter_async_context(client_for(pass_url, "agt_floor")), "legacy__echo"),
+                       *[(await stack.enter_async_context(client_for(url, token)), "legacy__echo")
+                         for url in (recorder_url, *more)]]
+            rows = [[await timed_call(client, tool, i) for client, tool in clients]
+                    for i in range(warmup + calls)]
         return [list(column) for column in zip(*rows[warmup:], strict=True)]
 
     return anyio.run(main)
@@ -103,12 +112,14 @@ def measure_three(direct_url: str, pass_url: str, recorder_url: str, token: str,
 
 @contextlib.contextmanager
 def sample_stack(prefix: str, *, samples_port: int, web_port: int, database_url: str | None = None,
-                 workers: int = 1, bus_url: str = ""):
+                 workers: int = 1, bus_url: str = "", web_env: dict | None = None,
+                 more_webs: tuple[tuple[int, dict], ...] = ()):
     """The sample tool servers and the web app (Recorder included) as separate uvicorn processes on a
     scratch database (SQLite, or the empty database `database_url`), with the sample `legacy` server
     registered and an agent for a user `bench`: yields (the web app's process, the user, the agent's
     token), and stops both processes after. With `workers` > 1, the web app is that many processes on the
-    Redis bus `bus_url`."""
+    Redis bus `bus_url`. `web_env` is added to the web app's environment; `more_webs` are (port, environment
+    added) of further web app processes on the same database."""
     scratch = Path(tempfile.mkdtemp(prefix=prefix))
     # DEBUG off, as in production: with it on, Django also records every SQL statement it runs.
     env = {**os.environ, "VAR_DIR": str(scratch), "RECORDER_KEY_DIR": str(scratch / "keys"),
@@ -131,33 +142,75 @@ def sample_stack(prefix: str, *, samples_port: int, web_port: int, database_url:
     samples = subprocess.Popen(
         [sys.executable, "-m", "samples", "--port", str(samples_port)], cwd=ROOT, env=env
     )
-    web = subprocess.Popen(
+    webs = [subprocess.Popen(
         [
             sys.executable,
             "-m",
             "uvicorn",
             "approver.asgi:application",
             "--port",
-            str(web_port),
+            str(port),
             "--log-level",
             "warning",
             *(("--workers", str(workers)) if workers > 1 else ()),
         ],
         cwd=ROOT,
-        env=env,
-    )
+        env={**env, **added},
+    ) for port, added in ((web_port, web_env or {}), *more_webs)]
+    web = webs[0]
     try:
         wait(f"http://127.0.0.1:{samples_port}/legacy/ledger")
-        wait(f"http://127.0.0.1:{web_port}/login/")
+        for port, _ in ((web_port, {}), *more_webs):
+            wait(f"http://127.0.0.1:{port}/login/")
         services.refresh_catalogue(server=services.register_tool_server(
             name="legacy", url=f"http://127.0.0.1:{samples_port}/legacy/mcp"))
         user = User.objects.create_user("bench")
         _, token = services.create_agent(name="bench-bot", on_behalf_of=user)
         yield web, user, token
     finally:
-        for process in (samples, web):
+        for process in (samples, *webs):
             process.terminate()
             process.wait(timeout=20)
+
+
+class OtlpSink:
+    """An OTLP/HTTP endpoint that takes every export and keeps only its size, as a collector on another
+    host would cost the Recorder nothing but the sending."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        sink = self
+        self.exports, self.bytes = 0, 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                sink.bytes += len(self.rfile.read(int(self.headers["Content-Length"])))
+                sink.exports += 1
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def env(self) -> dict:
+        return {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{self.server.server_port}",
+                "OTEL_TRACES_SAMPLER": "always_on", "OTEL_SERVICE_NAME": "recorder-bench"}
+
+
+def report_observability(d_median: float, plain: float, more: list[list[float]], collector: OtlpSink) -> None:
+    """What metrics, then metrics and tracing, add to the Recorder's median (interleaved in the same run)."""
+    (m_median, _), (t_median, _) = summary(more[0]), summary(more[1])
+    added = [100 * (m_median / plain - 1), 100 * (t_median / plain - 1)]
+    print(f"  Recorder, metrics off, no tracing: median {plain:7.2f} ms "
+          f"({plain - d_median:.2f} ms over direct)")
+    print(f"  Recorder with metrics:             median {m_median:7.2f} ms, {added[0]:+5.1f} % "
+          "(target: <= 5 %)")
+    print(f"  Recorder with metrics and tracing: median {t_median:7.2f} ms, {added[1]:+5.1f} % "
+          f"(target: <= 15 %); {collector.exports} exports, {collector.bytes / 1e6:.1f} MB of spans received")
 
 
 def summary(timings: list[float]) -> tuple[float, float]:
@@ -184,9 +237,20 @@ def main() -> None:
         help="Also (interleaved) an MCP SDK server relaying to the tool with the SDK's client, no "
         "journal (bench/relay_floors.py's): the Recorder's target is at most 1.1x its median.",
     )
+    parser.add_argument(
+        "--observability",
+        action="store_true",
+        help="With --pass-through: the first Recorder with metrics off, and two more, one counting metrics "
+        "and one also tracing every call (targets: at most 5 %% and 15 %% added).",
+    )
     args = parser.parse_args()
+    observed = args.observability and args.pass_through
+    collector = OtlpSink() if observed else None
+    web_env = {"METRICS": "off"} if observed else None
+    more_webs = ((8197, {"METRICS": "on"}), (8198, {"METRICS": "on", **collector.env()})) if observed else ()
 
-    with sample_stack("recorder-bench-", samples_port=8190, web_port=8191) as (_, user, token):
+    with sample_stack("recorder-bench-", samples_port=8190, web_port=8191, web_env=web_env,
+                      more_webs=more_webs) as (_, user, token):
         if args.with_policy:
             from approver import policy
             from approver import services as approver_services
@@ -212,13 +276,14 @@ def main() -> None:
             )
             try:
                 wait("http://127.0.0.1:8192/")
-                direct, passing, through = measure_three(
+                direct, passing, through, *more = measure_three(
                     "http://127.0.0.1:8190/legacy/mcp",
                     "http://127.0.0.1:8192/mcp/",
                     "http://127.0.0.1:8191/mcp/",
                     token,
                     args.calls,
                     args.warmup,
+                    more=tuple(f"http://127.0.0.1:{port}/mcp/" for port, _ in more_webs),
                 )
             finally:
                 relay.terminate()
@@ -256,6 +321,8 @@ def main() -> None:
             f"is {r_median / p_median:4.2f}x its median (target: <= 1.1x), adding {r_median - d_median:.2f} "
             f"ms over direct where the pass-through adds {p_median - d_median:.2f} ms"
         )
+    if observed:
+        report_observability(d_median, r_median, more, collector)
 
 
 if __name__ == "__main__":

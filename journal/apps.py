@@ -7,3 +7,8 @@ class JournalConfig(AppConfig):
 
     def ready(self):
         from .auth import receivers  # noqa: F401 - connects them; models are ready only now
+        from .telemetry import tracing
+
+        # Traces, when the OTEL_* variables ask for them: before Django loads its middleware, which the
+        # Django instrumentation adds to.
+        tracing.configure()

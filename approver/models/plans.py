@@ -114,6 +114,9 @@ class Plan(models.Model):
     stop_reason = models.TextField(blank=True)
     # Set (to the digest it covered) when no human had to sign: the autonomy policies let it run alone.
     approved_by_policy = models.CharField(max_length=64, blank=True)
+    # The W3C traceparent of the span that asked for the plan: its later parts (draft, checks, signatures,
+    # compensations) join that trace (`approver.traced`). Empty while tracing is off.
+    trace_context = models.CharField(max_length=200, blank=True)
     paused_by = models.CharField(max_length=150, blank=True)
     paused_at = models.DateTimeField(null=True, blank=True)
     # The executor's compensation calls, journaled like any agent's calls in a run of their own.

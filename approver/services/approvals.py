@@ -19,7 +19,7 @@ from webauthn.helpers import base64url_to_bytes, bytes_to_base64url
 
 from journal import services as journal_services
 
-from .. import passkeys, planning, signing
+from .. import passkeys, planning, signing, traced
 from ..authority import action_refusal, counting_approvals, signed_already, signing_refusal
 from ..content import conflict_positions, plan_content
 from ..models import (
@@ -204,6 +204,7 @@ def complete_signing(*, user, nonce: str, credential: Any, plan: Plan | None = N
             nonce=request.nonce, challenge=request.challenge, assertion=credential, created_at=now,
             expires_at=signing.expiry(now=now, valid_for=rules.valid_for, deadlines=_deadlines(plan)),
         )
+        traced.signed(plan, approval)
         journal_services.record_event(run_id=plan.run_id, event="approval", now=now, data={
             "plan": str(plan.public_id), "decision": approval.decision, "by": user.get_username(),
             "passkey": passkey.credential_id, "digest": approval.digest, "choices": approval.choices,

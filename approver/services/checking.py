@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from journal import services as journal_services
 from journal.record import sql
+from journal.telemetry import metrics
 from journal.undo import recipe_chains
 from journal.upstream.captured import CallRows
 from journal.upstream.client import Endpoint, Upstreams
@@ -263,6 +264,8 @@ def finish_checks(*, plan: Plan, check_round: int, now: datetime | None = None) 
         journal_services.record_event(run_id=plan.run_id, event="check", now=now, data={
             "plan": str(plan.public_id), "results": counts, "digest": plan.digest,
         })
+        for result, count in counts.items():
+            metrics.counted(metrics.CHECKS, result, count)
         if not plan_needs_a_human(plan):
             # Everything in it can be taken back through the API, unchanged since, at no cost, and the
             # policies say such plans need no human: it runs at once, and says so in the record.

@@ -18,10 +18,11 @@ from django.utils import timezone
 from journal import services as journal_services
 from journal.errors import Refused
 from journal.models import Step
+from journal.telemetry import metrics, tracing
 from journal.undo import declarations
 from journal.upstream.client import ToolServerError, Upstreams, endpoint_of
 
-from .. import answers, checks, execution, passkeys, planning, signing
+from .. import answers, checks, execution, passkeys, planning, signing, traced
 from ..authority import counting_approvals
 from ..models import ApprovalRules, Plan, PlanItem
 from ..policy_book import plan_needs_a_human
@@ -287,7 +288,10 @@ def _call(plan: Plan, item: PlanItem, run_id: int, tool: str, arguments: dict[st
     )
     if first:
         PlanItem.objects.filter(pk=item.pk).update(call_step_id=opened.step_id)
-    verdict, outcome = anyio.run(_compensate, item, tool, arguments, meta, attempt)
+    with traced.item_span(f"compensate {tool}", item, **{"undo.attempt": attempt}) as span:
+        verdict, outcome = anyio.run(_compensate, item, tool, arguments, meta, attempt)
+        if span is not None:
+            span.set_attribute("undo.outcome", verdict.outcome)
     journal_services.close_step(opened=opened, outcome=outcome, started=started, finished=timezone.now())
     return verdict
 
@@ -298,7 +302,7 @@ async def _compensate(item: PlanItem, tool: str, arguments: dict[str, Any], meta
     async with Upstreams(timeout=settings.TOOL_SERVER_TIMEOUT) as upstreams:
         endpoint = endpoint_of(item.step.server)
         try:
-            result = await upstreams.call_tool(endpoint, tool, arguments, meta=meta)
+            result = await upstreams.call_tool(endpoint, tool, arguments, meta=tracing.with_trace(meta))
         except ToolServerError as exc:
             verdict = execution.read_failure(
                 failure_class=exc.failure_class, message=exc.message, transient=exc.transient,
@@ -338,9 +342,10 @@ async def _postcondition(upstreams: Upstreams, endpoint, item: PlanItem, verdict
 
 def _keep_outcome(plan: Plan, item: PlanItem, verdict: execution.Verdict, now: datetime) -> None:
     with transaction.atomic():
-        PlanItem.objects.filter(pk=item.pk, exec_state=RUNNING).update(
+        kept = PlanItem.objects.filter(pk=item.pk, exec_state=RUNNING).update(
             exec_state=DONE, outcome=verdict.outcome, outcome_detail=verdict.detail, exec_finished_at=now,
             retry_at=None)
+        metrics.counted(metrics.COMPENSATIONS, verdict.outcome, kept)
         journal_services.record_event(
             run_id=item.step.run_id,  # the record of the run whose step it undoes
             event="compensation",
@@ -374,13 +379,15 @@ def stop_what_is_left(plan: Plan, reason: str, now: datetime) -> None:
             outcome = (
                 execution.OUTCOME_UNKNOWN if tried.get("mayHaveActed") else execution.COMPENSATION_FAILED
             )
-            PlanItem.objects.filter(pk=item.pk, exec_state=NOT_STARTED).update(
+            stopped = PlanItem.objects.filter(pk=item.pk, exec_state=NOT_STARTED).update(
                 exec_state=DONE, outcome=outcome, exec_finished_at=now, retry_at=None,
                 outcome_detail={**tried, "message": answers.bounded(
                     f"{tried.get('message') or 'It failed'}; stopped before trying again: {reason}")})
-        PlanItem.objects.filter(plan=plan, exec_state=NOT_STARTED).update(
+            metrics.counted(metrics.COMPENSATIONS, outcome, stopped)
+        skipped = PlanItem.objects.filter(plan=plan, exec_state=NOT_STARTED).update(
             exec_state=DONE, outcome=execution.SKIPPED, outcome_detail={"message": f"Not started: {reason}"},
             exec_finished_at=now)
+        metrics.counted(metrics.COMPENSATIONS, execution.SKIPPED, skipped)
         Plan.objects.filter(pk=plan.pk).update(stop_reason=reason)
 
 

@@ -7,6 +7,7 @@ from datetime import datetime
 from django.utils import timezone
 
 from journal import services as journal_services
+from journal.telemetry import metrics
 
 from .. import execution
 from ..models import Plan, PlanItem
@@ -56,9 +57,10 @@ def end_at_once(plan: Plan, *, now: datetime | None = None) -> None:
     now = now or timezone.now()
     for action, outcome in _OUTCOMES.items():
         for item in plan.items.filter(action=action):
-            PlanItem.objects.filter(pk=item.pk).update(
+            ended = PlanItem.objects.filter(pk=item.pk).exclude(exec_state=PlanItem.Exec.DONE).update(
                 exec_state=PlanItem.Exec.DONE, outcome=outcome, outcome_detail={"message": item.reason},
                 exec_finished_at=now, holds_step=False)
+            metrics.counted(metrics.COMPENSATIONS, outcome, ended)
     outcomes = list(plan.items.values_list("outcome", flat=True))
     plan.state = execution.finished_state(outcomes, stopped=False)
     plan.execution_summary = why_nothing_is_left(plan)

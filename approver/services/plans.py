@@ -16,7 +16,7 @@ from journal.errors import Refused
 from journal.models import Agent, Run, Step, StepDependency, ToolServer
 from journal.record import idempotency, journaling
 
-from .. import execution, planning
+from .. import execution, planning, traced
 from ..content import plan_content
 from ..models import ActionRequest, Plan, PlanItem
 from ..models.plans import since_words
@@ -175,7 +175,7 @@ def _open_since(*, agent: Agent, since: datetime, requested_by, reason: str, now
     if first is None:
         raise PlanRefused(f"{agent.name} made no calls since {since_words(since)}: there is nothing to undo.")
     refuse_if_held_steps(_agent_steps(agent, since).values_list("id", flat=True))
-    plan = Plan.objects.create(
+    plan = traced.new_plan(
         run=first.run, since=since, requested_by=requested_by, reason=reason.strip(), created_at=now,
         updated_at=now, state=Plan.State.DRAFTING)
     plan.runs.add(first.run)
@@ -202,7 +202,7 @@ def _open(*, run: Run, requested_by, reason: str, from_step: int | None, steps: 
     if steps and (missing := sorted(set(steps) - known)):
         raise PlanRefused(f"The run has no step {', '.join(map(str, missing))}.")
     refuse_if_held_steps(asked.values_list("id", flat=True))
-    plan = Plan.objects.create(
+    plan = traced.new_plan(
         run=run, requested_by=requested_by, reason=reason.strip(), from_step=from_step,
         chosen_steps=sorted(set(steps)) if from_step is None else [], created_at=now, updated_at=now,
         state=Plan.State.DRAFTING, saga=saga)

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from journal import services as journal_services
 
-from .. import execution
+from .. import execution, traced
 from ..models import Plan
 from . import bell
 from .plans import PlanRefused, refuse_if_held_steps
@@ -56,7 +56,7 @@ def plan_the_rest(*, plan: Plan, requested_by, now: datetime | None = None) -> P
             raise PlanRefused(refusal, open_plan=live_rest(first))
         left = list(first.not_yet_undone().select_related("step").order_by("step__run_id", "step__number"))
         refuse_if_held_steps([item.step_id for item in left])
-        rest = Plan.objects.create(
+        rest = traced.new_plan(
             run=first.run, since=first.since, rest_of=first, requested_by=requested_by, reason=first.reason,
             chosen_steps=[] if first.since else [item.step.number for item in left], created_at=now,
             updated_at=now, state=Plan.State.DRAFTING)

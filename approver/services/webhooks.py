@@ -10,8 +10,6 @@ What a delivery carries:
   receiver recomputes it, refuses a `t` more than five minutes old, and drops an id it has seen.
 """
 
-import hashlib
-import hmac
 import json
 import secrets
 import time
@@ -24,6 +22,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from journal.audit.sinks import signature  # the one HMAC both signed streams use
+
 from ..models import WebhookDelivery, WebhookEndpoint
 from . import bell
 
@@ -35,12 +35,6 @@ TIMEOUT_SECONDS = 10
 
 def new_secret() -> str:
     return "whsec_" + secrets.token_urlsafe(32)
-
-
-def signature(secret: str, timestamp: int, body: bytes) -> str:
-    """`t=…,v1=…`: the HMAC-SHA256 of `timestamp.body`, keyed with the endpoint's secret."""
-    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={timestamp},v1={mac}"
 
 
 def emit(event: str, data: dict[str, Any], *, team_id: int | None, now: datetime | None = None) -> int:

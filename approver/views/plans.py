@@ -306,57 +306,36 @@ def check_again(request, plan_id):
     return redirect(services.plan_url(plan))
 
 
-def _plan_action(request, plan_id, action, done: str, refused: str):
-    """A state change on one plan by the signed-in user; the service says whether the plan allowed it."""
+def _plan_action(request, plan_id, name: str, action):
+    """A state change on one plan by the signed-in user (`authority.CONTROLS[name]`: who may, and what is
+    said); the service says whether the plan allowed it."""
+    control = authority.CONTROLS[name]
+    require_role(request, *control.allowed)
     plan = authority.visible_plan(request, plan_id)
     if action(plan=plan, by=request.user):
-        messages.success(request, done)
+        messages.success(request, control.done)
     else:
-        messages.error(request, f"This plan is {plan.get_state_display().lower()}; {refused}")
+        messages.error(request, control.refusal(plan))
     return redirect(services.plan_url(plan))
 
 
 @require_POST
 def cancel(request, plan_id):
-    require_role(request, *authority.MAY_CANCEL)
-    return _plan_action(
-        request,
-        plan_id,
-        services.cancel_plan,
-        "Plan cancelled. Its steps can go into a new plan.",
-        "it can no longer be cancelled.",
-    )
+    return _plan_action(request, plan_id, "cancel", services.cancel_plan)
 
 
 @require_POST
 def abort(request, plan_id):
     """Stop an approved, executing or paused plan: the item in flight finishes, nothing after it starts."""
-    require_role(request, *authority.MAY_CONTROL)
-    return _plan_action(
-        request,
-        plan_id,
-        services.abort_plan,
-        "Aborted: nothing that has not started will run.",
-        "there is nothing to abort.",
-    )
+    return _plan_action(request, plan_id, "abort", services.abort_plan)
 
 
 @require_POST
 def pause(request, plan_id):
     """Hold an executing plan after the item in flight; it goes on only when someone resumes it."""
-    require_role(request, *authority.MAY_CONTROL)
-    return _plan_action(request, plan_id, services.pause_plan,
-                        "Paused: the item in flight finishes, nothing else starts until you resume.",
-                        "it cannot be paused.")
+    return _plan_action(request, plan_id, "pause", services.pause_plan)
 
 
 @require_POST
 def resume(request, plan_id):
-    require_role(request, *authority.MAY_CONTROL)
-    return _plan_action(
-        request,
-        plan_id,
-        services.resume_plan,
-        "Resumed: the approvals are checked again before each item.",
-        "there is nothing to resume.",
-    )
+    return _plan_action(request, plan_id, "resume", services.resume_plan)

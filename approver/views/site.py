@@ -1,18 +1,24 @@
 """What is not a section of its own: the sign-in page, the landing page, the health check, the not-found page
 and django-axes' lock-out page."""
 
+import functools
+import hmac
+import ipaddress
+
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import LoginView
-from django.http import JsonResponse
+from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from journal.auth import roles
+from journal.telemetry import metrics as telemetry_metrics
 
-from .. import authority
+from .. import authority, observed
 from .. import health as health_report
 
 
@@ -69,3 +75,40 @@ def health(request):
     """Public, for load balancers and monitors; it names states, never hosts, versions or errors."""
     body = health_report.report()
     return JsonResponse(body, status=200 if body["status"] == "ok" else 503)
+
+
+@require_GET
+@never_cache
+def metrics(request):
+    """Prometheus's scrape: every process's counts and the database's states (`approver.observed`). Open to
+    a scraper from an address in METRICS_ALLOW, or one that sends METRICS_TOKEN as a bearer token; 404 with
+    METRICS=off."""
+    if not settings.METRICS:
+        raise Http404("Metrics are off here (METRICS=off).")
+    if not scraper_allowed(request):
+        response = HttpResponse("Metrics are open to the addresses in METRICS_ALLOW, or to a scraper that "
+                                "sends METRICS_TOKEN as a bearer token.\n", status=401,
+                                content_type="text/plain; charset=utf-8")
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    registry = telemetry_metrics.registry_now()
+    registry.register(observed.States())
+    return HttpResponse(telemetry_metrics.exposition(registry), content_type=CONTENT_TYPE_LATEST)
+
+
+def scraper_allowed(request) -> bool:
+    """A bearer METRICS_TOKEN, or an address in METRICS_ALLOW (the address uvicorn gives Django)."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if settings.METRICS_TOKEN and scheme.lower() == "bearer" and hmac.compare_digest(
+            token.strip().encode(), settings.METRICS_TOKEN.encode()):
+        return True
+    try:
+        address = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
+    except ValueError:
+        return False
+    return any(address in network for network in _allowed_networks())
+
+
+@functools.cache
+def _allowed_networks() -> tuple:
+    return tuple(ipaddress.ip_network(entry, strict=False) for entry in settings.METRICS_ALLOW)

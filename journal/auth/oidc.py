@@ -107,6 +107,11 @@ def apply_groups(user, claims: dict[str, Any]) -> None:
     if not settings.OIDC_GROUPS:
         return
     wanted_roles, wanted_teams = granted(claims)
+    managed = sorted(managed_teams())
+    has_roles = set(user.groups.filter(name__in=roles.ALL).values_list("name", flat=True))
+    in_teams = set(Team.objects.filter(name__in=managed, members=user).values_list("name", flat=True))
+    if has_roles == set(wanted_roles) & set(roles.ALL) and in_teams == set(wanted_teams) & set(managed):
+        return  # asked again while they work, and nothing changed: nothing is written
     with transaction.atomic():
         for role in roles.ALL:
             group = Group.objects.get_or_create(name=role)[0]
@@ -114,7 +119,7 @@ def apply_groups(user, claims: dict[str, Any]) -> None:
                 user.groups.add(group)
             else:
                 user.groups.remove(group)
-        for name in sorted(managed_teams()):
+        for name in managed:
             team = Team.objects.get_or_create(name=name, defaults={"title": name})[0]
             if name in wanted_teams:
                 team.members.add(user)

@@ -162,6 +162,7 @@ class FastCalls:
                         version=version,
                         progress=stream.keep_alive if stream else None,
                         run_header=run_header,
+                        request_id=request["id"],
                     )
                 finally:
                     watching.stop()  # answered (or failed)

@@ -30,8 +30,10 @@ from mcp_types import methods as _methods
 from pydantic import ValidationError
 
 from .. import services
+from ..audit import stream as audit_stream
 from ..models import Agent, ToolServer
 from ..record import idempotency, keys
+from ..telemetry import calls, metrics, tracing
 from ..undo import declarations, outcomes
 from ..upstream import windows
 from ..upstream.client import DEFAULT_MAX_ANSWER_BYTES, ToolServerError, Upstreams, endpoint_of
@@ -67,7 +69,6 @@ from .sessions import SessionStore, streamable_app
 from .task_calls import TaskCalls, declares_tasks, with_tasks
 
 logger = logging.getLogger(__name__)
-
 
 
 def agent_tools(servers: list[ToolServer]) -> list[types.Tool]:
@@ -160,6 +161,7 @@ class Recorder:
     async def lifespan(self):
         # The signing key is created on the Recorder's first start, not at its first checkpoint.
         await self.journal.run(keys.signing_key)
+        streamer = audit_stream.started()  # the audit stream, when AUDIT_STREAM names sinks
         try:
             async with self.upstreams, self.listening, self.bus:
                 await self.tasks.resume(self._complete)  # tasks in flight before this start are followed too
@@ -169,6 +171,10 @@ class Recorder:
                     await self.tasks.close()
         finally:
             self.journal.close()  # runs every queued journal write first
+            if streamer is not None:
+                streamer.stop()
+            metrics.process_ended()
+            tracing.flush()
 
     async def _tools_changed(self, owner, server_name: str) -> None:
         """A server said its tools changed: its catalogue is read again (on the session that said so)."""
@@ -206,7 +212,8 @@ class Recorder:
                                                    version=ctx.session.protocol_version,
                                                    progress=ctx.session.report_progress, session=ctx.session,
                                                    retry=retry or None, logged=in_call_logs(ctx),
-                                                   run_header=run_header_of(ctx))
+                                                   run_header=run_header_of(ctx), request_id=ctx.request_id,
+                                                   sdk=True)
         if watched.cancelled_caught:
             raise recorder_error(-32800, "The agent cancelled the call.", reason="cancelled",
                                  advice=failed("unknown", may_have_acted=True))
@@ -216,11 +223,23 @@ class Recorder:
                 await self.deliveries.answered(session_id, ctx.request_id, journaled)
         return result
 
-    async def forward(self, *, agent: Agent, **call):
+    async def forward(self, *, agent: Agent, request_id=None, sdk: bool = False, **call):
         """One tools/call (`_forward`). An agent whose framework drops `_meta` (LangChain's ToolMessage,
         pydantic-ai's tool return) may be given the advice on a failed call as a text block too, if an
-        admin said so for it (`Agent.advice_in_content`; off by default: faithful means nothing added)."""
-        result, journaled = await self._forward(agent=agent, **call)
+        admin said so for it (`Agent.advice_in_content`; off by default: faithful means nothing added).
+        The call is observed (`telemetry.calls`): its span, and its count once its answer is journaled."""
+        observed = calls.ObservedCall(call["name"], agent=agent.name, session_id=call.get("session_id"),
+                                      request_id=request_id, version=call["version"], meta=call.get("meta"),
+                                      adopt=sdk)
+        try:
+            with observed:
+                result, journaled = await self._forward(agent=agent, **call)
+        except BaseException as exc:
+            observed.failed_with(exc)
+            observed.end()
+            raise
+        observed.answered(result, own_error=isinstance(result, types.CallToolResult))
+        observed.end_after(journaled.future if journaled is not None else None)
         return (with_advice_text(result) if agent.advice_in_content else result), journaled
 
     async def _forward(self, *, agent: Agent, name: str, arguments: Any, meta: Any, session_id: str | None,
@@ -266,6 +285,8 @@ class Recorder:
             never_sent=lambda opened: self.outcomes.cancelled(opened, started, sent=False))
         if opened is None:
             return tool_error(f"Unknown tool server {server_name!r}.", failed("not_found")), None
+        observed = calls.current()
+        observed.opened(opened)
         decision = (opened.policy or {}).get("decision", "allow")
         if decision == "deny":
             message = f"Not done: {opened.policy.get('reason')} Nothing was sent to {opened.server.name}."
@@ -275,6 +296,7 @@ class Recorder:
             return tool_error(message, advice), None
         tasks = version in versions.MODERN and declares_tasks(meta)  # the tasks extension, for this call
         if decision == "ask" and tasks:  # the wait for approvers, as a task
+            observed.mark("held")
             return await held_as_task(self.journal, self.upstreams, self.tasks.held, self._complete,
                                       agent=agent, opened=opened, started=started, owner=owner,
                                       arguments=arguments, version=version), None
@@ -283,6 +305,7 @@ class Recorder:
                 self.journal, self.upstreams, agent, opened, arguments, owner, progress,
                 never_sent=lambda opened: self.outcomes.cancelled(opened, started, sent=False))
             if refusal is not None:
+                observed.after_hold(refusal)  # held when told to come back once approved, else refused
                 return tool_error(*refusal), None
         work = self._complete(opened, started, owner=owner, session=session, tool=tool, arguments=arguments,
                               meta=kept_meta, version=version, retry=retry, logged=logged,
@@ -322,19 +345,12 @@ class Recorder:
                 # A server may wait on the agent (a person answering an elicitation): that time is not its
                 # own.
                 waits = self.upstreams.timeout + bridge.ANSWER_SECONDS if self.relay.can_ask(owner) else None
-                result = await self.upstreams.call_tool(
-                    endpoint_of(opened.server),
-                    tool,
-                    arguments,
-                    meta=meta,
-                    owner=owner,
-                    timeout=waits,
-                    progress=_relayed(progress) if progress is not None else None,
-                    sending=lambda: sent.append(True),
-                    retry=retry,
-                    capabilities=with_tasks(self.relay.capabilities_of(owner), tasks),
-                    logged=logged,
-                )
+                with calls.upstream_span(server_name, tool):
+                    result = await self.upstreams.call_tool(
+                        endpoint_of(opened.server), tool, arguments, meta=tracing.with_trace(meta),
+                        owner=owner, timeout=waits, sending=lambda: sent.append(True), retry=retry,
+                        progress=_relayed(progress) if progress is not None else None, logged=logged,
+                        capabilities=with_tasks(self.relay.capabilities_of(owner), tasks))
                 if result.get("resultType") == versions.INPUT_REQUIRED and version not in versions.MODERN:
                     result = await bridge.answered(self.relay, self.upstreams, result, owner, opened, tool,
                                                    arguments, meta)
@@ -348,9 +364,11 @@ class Recorder:
             raise
         except ToolServerError as exc:
             rows = await earlier_reads.rows_after(window, opened.earlier)
+            calls.current().upstream_failed(exc)
             if (
                 exc.oversized is not None
             ):  # the server answered: it acted, but nothing of its answer is relayed
+                calls.current().mark("not_relayed", "oversized")
                 message = f"{exc.message}. The server may have acted; do not repeat the call blindly."
                 advice = failed("unknown", opened.traits, may_have_acted=True, answered=True)
                 return tool_error(message, advice), self.outcomes.write(opened, started, services.Outcome(
@@ -375,6 +393,7 @@ class Recorder:
             raise
         rows = await earlier_reads.rows_after(window, opened.earlier)  # the rows it changed, for a database
         if result.get("resultType") == TASK_RESULT:  # the tasks extension: the call goes on as a task
+            calls.current().mark("task")
             return await self.tasks.started(opened, started, result, declared=tasks, owner=owner), None
         relayed = versions.from_server(result)
         self.features.remember(owner, server_name, relayed)
@@ -389,6 +408,7 @@ class Recorder:
                 "acted; do not repeat the call blindly."
             )
             advice = failed("unknown", opened.traits, may_have_acted=True, answered=True)
+            calls.current().mark("not_relayed", "untranslatable")
             await self.outcomes.write(opened, started, services.Outcome(result=relayed, undelivered=message,
                                                                          recovery=advice.as_wire()))
             raise recorder_error(-32603, message, reason="undelivered", advice=advice) from None

@@ -4,9 +4,11 @@ directory of enabled tool servers it reads them from, and the writes of calls' o
 import asyncio
 import atexit
 import contextlib
+import contextvars
 import logging
 import queue
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -16,6 +18,7 @@ from django.utils import timezone
 from .. import services
 from ..models import ToolServer
 from ..record import sql
+from ..telemetry import metrics, tracing
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +40,10 @@ class JournalThread:
     order, as it always ran: in its own transaction, where a failing job undoes only its own writes and
     gets its own error. A group of one is the job alone. When the commit itself fails, every job of the
     group fails with it, as a job whose own commit failed always did.
+
+    Each job runs in a copy of the context it was handed in from, so its spans are children of the call
+    that queued it and its log lines name that call's run and step; each group's time to commit is
+    measured (`undo_journal_commit_seconds`, and a `journal commit` span in every traced job's trace).
     """
 
     MAX_BATCH = 64
@@ -61,7 +68,7 @@ class JournalThread:
             with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits for it any more
                 loop.call_soon_threadsafe(_settle_future, future, result, error)
 
-        self._jobs.put((fn, kwargs, done))
+        self._jobs.put((fn, kwargs, done, contextvars.copy_context()))
         return future
 
     async def run(self, fn, /, **kwargs):
@@ -70,7 +77,7 @@ class JournalThread:
     def settle(self) -> None:
         """Wait (from any thread) until everything queued so far has run and committed."""
         ran = threading.Event()
-        self._jobs.put((lambda: None, {}, lambda result, error: ran.set()))
+        self._jobs.put((lambda: None, {}, lambda result, error: ran.set(), contextvars.copy_context()))
         ran.wait()
 
     def close(self) -> None:
@@ -93,7 +100,10 @@ class JournalThread:
                 stopping = True
                 batch = [job for job in batch if job is not _STOP]
             if batch:
+                metrics.JOURNAL_QUEUE.set(self._jobs.qsize())
+                began = time.perf_counter()
                 self._group(batch)
+                _measured(batch, began, time.perf_counter())
         connection.close()
 
     def _group(self, batch: list) -> None:
@@ -110,10 +120,10 @@ class JournalThread:
             return
         except Exception as error:  # the commit failed: nothing of the group is written
             connection.close()
-            for _, _, done in batch:
+            for _, _, done, _ in batch:
                 done(None, error)
             return
-        for (_, _, done), result in zip(batch, results, strict=True):
+        for (_, _, done, _), result in zip(batch, results, strict=True):
             done(result, None)
 
     @staticmethod
@@ -130,8 +140,8 @@ class JournalThread:
         with transaction.atomic():
             try:
                 with sql.pipelined(), sql.one_moment(), _without_savepoints():
-                    for fn, kwargs, _ in batch:
-                        results.append(fn(**kwargs))
+                    for fn, kwargs, _, context in batch:
+                        results.append(context.run(fn, **kwargs))
             except Exception as error:  # from a job, or from a statement a job sent (`sql.pipelined`)
                 raise _Alone from error
         return results
@@ -141,15 +151,26 @@ class JournalThread:
         its own), its own commits, its own savepoints, so a job that fails undoes only its own writes and
         gets its own error, and a failure a job handles itself (another process created the run a moment
         ago) is undone to its savepoint as the job expects."""
-        fn, kwargs, done = job
+        fn, kwargs, done, context = job
         try:
-            result = fn(**kwargs)
+            result = context.run(fn, **kwargs)
         except Exception as error:
             # A broken connection must not poison every later job; Django reconnects on next use.
             connection.close()
             done(None, error)
         else:
             done(result, None)
+
+
+def _measured(batch: list, began: float, ended: float) -> None:
+    """The group's time from its first statement to its commit, counted, and shown in each traced job's
+    trace as its `journal commit` span."""
+    metrics.JOURNAL_COMMIT_SECONDS.observe(ended - began)
+    metrics.JOURNAL_GROUP_SIZE.observe(len(batch))
+    if tracing.on():
+        for _, _, _, context in batch:
+            context.run(tracing.span_between, "journal commit", began, ended,
+                        {"undo.journal.group": len(batch)})
 
 
 class _Alone(Exception):
@@ -223,8 +244,9 @@ class Journaled:
     """The journal write of a call's outcome, already queued: await it (again, once it is done).
     `opened` is the step it closes."""
 
-    def __init__(self, written, opened: services.OpenedStep):
+    def __init__(self, written, opened: services.OpenedStep, future: asyncio.Future | None = None):
         self.written, self.opened, self.done = written, opened, False
+        self.future = future  # the journal thread's job itself, done once the write has committed (or failed)
 
     def __await__(self):
         if not self.done:
@@ -242,7 +264,8 @@ class Outcomes:
 
     def write(self, opened: services.OpenedStep, started, outcome: services.Outcome) -> Journaled:
         """Queue the outcome's journal write now and return an awaitable for it."""
-        return Journaled(self._written(self._queue(opened, started, outcome), opened), opened)
+        queued = self._queue(opened, started, outcome)
+        return Journaled(self._written(queued, opened), opened, queued)
 
     def write_unawaited(self, opened: services.OpenedStep, started, outcome: services.Outcome) -> None:
         """Queue the outcome's journal write from a call that is being cancelled, so cannot wait for it; a
@@ -270,6 +293,7 @@ class Outcomes:
         try:
             await self.journal.run(services.mark_undelivered, opened=journaled.opened, message=why,
                                    now=timezone.now())
+            metrics.ANSWERS_LOST.labels(journaled.opened.server.name).inc()
         except Exception:
             logger.exception("could not journal that step %s of run %s was not delivered",
                              journaled.opened.number, journaled.opened.run_id)

@@ -12,7 +12,9 @@ from django.utils import timezone
 
 from ..ports import HeldEnd
 from ..undo import recovery
-from .clients import ClientAuthorization as ClientAuthorization  # re-exported: one place to import from
+from .audit import AuditPosition as AuditPosition  # re-exported: one place to import from
+from .audit import AuditSink as AuditSink
+from .clients import ClientAuthorization as ClientAuthorization
 from .clients import RedeemedCode as RedeemedCode
 from .identities import ProviderIdentity as ProviderIdentity
 from .record_json import RecordJSONField as RecordJSONField  # re-exported: migrations name it here

@@ -1,6 +1,8 @@
 """Tool servers: where each is reached, what it lists, the recipes admins gave its tools, and the prefix its
 tools' names carry for agents."""
 
+from functools import cached_property
+
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
@@ -99,6 +101,12 @@ class ToolServer(models.Model):
             if isinstance(tool, dict) and tool.get("name") == name:
                 return tool
         return None
+
+    @cached_property
+    def listed_tool_names(self) -> frozenset[str]:
+        """`tool_names`, read once for this row as loaded (the Recorder loads a server again when it
+        changes)."""
+        return frozenset(self.tool_names)
 
     @property
     def tool_names(self) -> set[str]:

@@ -27,6 +27,21 @@ RUN_MOVING_FIELDS = (
 _RUN_LOCKED_FIELDS = ("id", *RUN_MOVING_FIELDS, "halted_by_plan")
 
 
+_PUBLIC_IDS: dict[int, str] = {}
+
+
+def public_id_of(run_id: int) -> str:
+    """The public id of run `run_id` (read once per run and process: it never changes)."""
+    found = _PUBLIC_IDS.get(run_id)
+    if found is None:
+        value = Run.objects.filter(pk=run_id).values_list("public_id", flat=True).first()
+        found = str(value) if value is not None else ""
+        if len(_PUBLIC_IDS) >= 100_000:
+            _PUBLIC_IDS.clear()
+        _PUBLIC_IDS[run_id] = found
+    return found
+
+
 def locked_run_by_id(run_id: int) -> Run | None:
     """The run `run_id`, row-locked. Inside a journal group (`sql.one_moment`) a run the group has locked
     already is the same object, as its last job left it: the lock holds until the group commits, so nothing

@@ -20,9 +20,10 @@ from ..models import Agent, Run, Step, ToolServer
 from ..record import canonical, journaling, sql
 from ..record.canonical import to_ijson
 from ..record.journaling import Outcome
+from ..telemetry import tracing
 from ..undo import dependencies, recovery
 from .links import link
-from .record import append_entry, locked_run, locked_run_by_id, open_run, save_moving
+from .record import append_entry, locked_run, locked_run_by_id, open_run, public_id_of, save_moving
 from .runs import IDLE_KEY, release, release_agent
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class OpenedStep:
     declared: dict[str, Any] | None = None  # the definition the call was read by, when not a tool's (a read)
     traits: recovery.Tool = recovery.Tool()  # what the advice after a failure needs to know of the tool
     earlier: dict[str, Any] | None = None  # what an admin's recipe read just before the call
+    run_public: str = ""  # the run's public id, as people know it (pages, logs, traces)
 
 
 def _find_run(*, agent: Agent, key: str, now: datetime) -> Run:
@@ -145,9 +147,12 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
     )
     traits, decision = call.traits, None
     if decide is not None:
-        decision = to_ijson(
-            decide(call.declaration, retry_of=unknown_attempt(call.digest) if call.guarded else None)
-        )
+        with tracing.TRACER.start_as_current_span("policy decision") as span:
+            decision = to_ijson(
+                decide(call.declaration, retry_of=unknown_attempt(call.digest) if call.guarded else None)
+            )
+            if span.is_recording():
+                span.set_attributes(_decision_attributes(decision))
         if decision and decision.get("allowUnknownRetries"):
             traits = dataclasses.replace(traits, retries_allowed=True)
     status = journaling.opening_status(decision)
@@ -179,7 +184,16 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
     return OpenedStep(step_id=step_id, run_id=run.pk, number=number, server=server, tool=tool,
                       arguments=call.arguments, request_meta=call.request_meta, kind=declaration.kind,
                       source=declaration.source, policy=decision, declared=declared, traits=traits,
-                      earlier=earlier)
+                      earlier=earlier, run_public=public_id_of(run.pk))
+
+
+def _decision_attributes(decision: dict[str, Any] | None) -> dict[str, str]:
+    """A policy decision as span attributes: what it decided, by which policy, for which class of call."""
+    decision = decision or {}
+    policy = decision.get("policy") if isinstance(decision.get("policy"), dict) else {}
+    return {"undo.policy.decision": str(decision.get("decision", "allow")),
+            "undo.policy.name": str(policy.get("name", "")),
+            "undo.policy.class": str(decision.get("class", ""))}
 
 
 def _halt(run: Run, agent: Agent | None, *, now: datetime) -> tuple[str, str] | None:

@@ -20,6 +20,7 @@ import httpx2 as httpx
 from mcp import MCPError
 
 from ..record import strict_json
+from ..telemetry import tracing
 
 CHUNK = 1 << 16
 TOKEN_KEY = "oversizedAnswer"
@@ -121,6 +122,21 @@ def _request_id(request: httpx.Request) -> Any:
     return message.get("id") if isinstance(message, dict) else None
 
 
+def _trace_header(request: httpx.Request) -> None:
+    """The request's trace context (in its `_meta`, where the SDK's client puts it: the MCP conventions'
+    place) as a `traceparent` header too, for proxies and servers that read only headers."""
+    try:
+        message = json.loads(request.content)
+    except (httpx.RequestNotRead, ValueError, TypeError):
+        return
+    params = message.get("params") if isinstance(message, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if isinstance(meta, dict) and isinstance(meta.get("traceparent"), str):
+        request.headers["traceparent"] = meta["traceparent"]
+        if isinstance(meta.get("tracestate"), str):
+            request.headers["tracestate"] = meta["tracestate"]
+
+
 def next_boundary(buffer: bytes | bytearray) -> int:
     """Where the first complete event in `buffer` ends (after its blank line), or -1."""
     ends = [found + len(mark) for mark in _BOUNDARIES if (found := buffer.find(mark)) >= 0]
@@ -186,6 +202,8 @@ class BoundedTransport(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if tracing.on() and request.method == "POST":
+            _trace_header(request)
         response = await self.inner.handle_async_request(request)
         if 300 <= response.status_code < 400:  # never followed, whatever the SDK above would do with it
             await response.aclose()

@@ -186,6 +186,7 @@ class Upstreams:
                 f"{endpoint.name} did not accept a connection in time",
                 failure_class="transient",
                 transient=True,
+                timed_out=True,
             ) from None
         except ToolServerError:
             raise

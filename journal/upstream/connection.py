@@ -31,6 +31,7 @@ from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from ..telemetry import tracing
 from .bounded import CHUNK, BoundedTransport, Oversized, Redirected, Tokens, events_bounded, read_bounded
 from .declaring import DeclaringClient
 from .failures import ToolServerError, http_status_class, too_large, translate
@@ -259,6 +260,7 @@ class Connection:
             "mcp-method": body["method"],
             "mcp-name": encode_header_value(name),
         }
+        tracing.headers_with_trace(headers)  # the server's spans are children of the Recorder's call
         server = self.endpoint.name
         try:
             with anyio.fail_after(timeout):
@@ -290,6 +292,7 @@ class Connection:
                 failure_class="transient",
                 transient=True,
                 may_have_acted=True,
+                timed_out=True,
             ) from None
         except (aiohttp.ClientError, OSError) as exc:
             raise ToolServerError(

@@ -34,6 +34,7 @@ class ToolServerError(Exception):
         rpc: dict[str, Any] | None = None,
         oversized: Any = None,
         retry_after: float | None = None,
+        timed_out: bool = False,
     ):
         super().__init__(message)
         self.message = message
@@ -44,6 +45,7 @@ class ToolServerError(Exception):
         self.rpc = rpc
         self.oversized = oversized  # a `bounded.Oversized`: the server answered, over the Recorder's limit
         self.retry_after = retry_after  # seconds, when the server said when to come back (HTTP Retry-After)
+        self.timed_out = timed_out  # no answer within the Recorder's timeout
 
 
 def too_large(server: str, oversized) -> ToolServerError:
@@ -158,6 +160,7 @@ def translate(exc: BaseException, *, server: str, sent: bool) -> ToolServerError
                     failure_class="transient",
                     transient=True,
                     may_have_acted=sent,
+                    timed_out=True,
                 )
             if isinstance(cause, MCPError):
                 code = cause.error.code
@@ -172,7 +175,7 @@ def translate(exc: BaseException, *, server: str, sent: bool) -> ToolServerError
                 if code == -32001:
                     return ToolServerError(
                         f"{server} did not answer in time", failure_class="transient", transient=True,
-                        may_have_acted=sent, code=code,
+                        may_have_acted=sent, code=code, timed_out=True,
                     )
                 return ToolServerError(
                     f"{server} answered with JSON-RPC error {code}: {cause.error.message}",

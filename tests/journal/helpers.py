@@ -1,6 +1,8 @@
 """A real MCP client talking to the Recorder, as an agent would."""
 
 import contextlib
+import json
+import socket
 from typing import Any
 
 import anyio
@@ -78,3 +80,19 @@ def without_advice(value: Any) -> Any:
         meta["hatp/journal"] = journal
     stripped = {key: item for key, item in value.items() if key != "_meta"}
     return {**stripped, "_meta": meta} if meta else stripped
+
+
+def hang_up_after_sending(port: int, token: str, tool: str, arguments: dict) -> None:
+    """A 2026 agent posts its `tools/call` to the Recorder on `port` and closes the connection at once."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": tool, "arguments": arguments, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": {}}}}).encode()
+    head = (
+        f"POST /mcp/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
+        "Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n"
+        f"Mcp-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: {tool}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", port)) as raw:
+        raw.sendall(head + body)

@@ -24,7 +24,7 @@ from journal.mcp import versions
 from journal.models import Step
 from tests.services import NODE_MODULES, needs_node
 
-from .helpers import register_samples, run_agent, settle, without_advice
+from .helpers import hang_up_after_sending, register_samples, run_agent, settle, without_advice
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -363,19 +363,7 @@ def test_an_answer_the_agent_left_before_getting_is_journaled_as_undelivered(rec
     sample_servers.set_mode(
         "legacy", "normal", delay_ms=20
     )  # answered before the Recorder watches for a hang-up
-    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": "legacy__create_ticket", "arguments": {"title": "left"}, "_meta": {
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
-            "io.modelcontextprotocol/clientCapabilities": {}}}}).encode()
-    head = (
-        f"POST /mcp/ HTTP/1.1\r\nHost: 127.0.0.1:{recorder.port}\r\nAuthorization: Bearer {token}\r\n"
-        "Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n"
-        "Mcp-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: legacy__create_ticket\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode()
-    with socket.create_connection(("127.0.0.1", recorder.port)) as raw:
-        raw.sendall(head + body)
+    hang_up_after_sending(recorder.port, token, "legacy__create_ticket", {"title": "left"})
     for _ in range(100):
         step = Step.objects.filter(tool="create_ticket").exclude(status="pending").first()
         if step is not None and step.status != "ok":

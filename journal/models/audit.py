@@ -1,0 +1,34 @@
+"""The audit stream's own state: each sink (a SIEM's syslog, a signed webhook, OTLP logs), which process
+streams to it now (a lease), and how far each run's record has been delivered to it."""
+
+from django.db import models
+
+
+class AuditSink(models.Model):
+    """A destination of the audit stream, by its address without credentials (`AUDIT_STREAM`). One process
+    at a time streams to it: the holder of its lease, renewed as it goes."""
+
+    name = models.CharField(max_length=300, unique=True)
+    holder = models.CharField(max_length=200, blank=True)
+    held_until = models.DateTimeField(null=True, blank=True)
+    delivered = models.PositiveBigIntegerField(default=0)  # events delivered, every run together
+    last_delivered_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    last_error_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"audit sink {self.name}"
+
+
+class AuditPosition(models.Model):
+    """How far run `run`'s record has been delivered to `sink`: every entry up to `seq`, in order."""
+
+    sink = models.ForeignKey(AuditSink, on_delete=models.CASCADE, related_name="positions")
+    run = models.ForeignKey("journal.Run", on_delete=models.CASCADE, related_name="+")
+    seq = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["sink", "run"], name="one_position_per_sink_run")]
+
+    def __str__(self):
+        return f"{self.sink.name}: run {self.run_id} up to {self.seq}"
