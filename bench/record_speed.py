@@ -1,8 +1,9 @@
 """How fast a long run's record is verified, exported and imported, and in how much memory.
 
-    .venv/bin/python bench/record_speed.py [--entries 3000 30000]
+    .venv/bin/python bench/record_speed.py [--entries 3000 30000] [--postgres URL]
 
-For each size, builds one run of N chain entries on a scratch SQLite database (calls and results as the
+For each size, builds one run of N chain entries on a scratch SQLite database (or, with --postgres, a scratch
+database on that server, created and dropped after) (calls and results as the
 Recorder writes them, a signed checkpoint every RECORDER_CHECKPOINT_EVERY entries), then, each in a process
 of its own so that its peak memory is its own, times `verify_run`, the export to a file (`write_bundle`, as
 `manage.py export_run -o` writes it) and the import of that file as another Recorder's (`import_bundle`:
@@ -21,6 +22,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import psycopg  # noqa: E402
+from sessions import scratch_postgres  # noqa: E402
+
 PHASES = ("verify", "export", "import")
 
 
@@ -29,6 +35,8 @@ def peak_mb() -> float:
 
 
 def setup(scratch: Path) -> None:
+    if (scratch / "database_url").exists():
+        os.environ["DATABASE_URL"] = (scratch / "database_url").read_text()
     os.environ.update({"VAR_DIR": str(scratch), "RECORDER_KEY_DIR": str(scratch / "keys"),
                        "DJANGO_SETTINGS_MODULE": "approver.settings", "PUBLIC_URL": "http://here.example"})
     import django
@@ -36,9 +44,11 @@ def setup(scratch: Path) -> None:
     django.setup()
 
 
-def build(entries: int) -> Path:
-    """A scratch database holding one run of `entries` entries."""
+def build(entries: int, database_url: str = "") -> Path:
+    """A scratch database holding one run of `entries` entries (on PostgreSQL at `database_url`, if given)."""
     scratch = Path(tempfile.mkdtemp(prefix="record-speed-"))
+    if database_url:
+        (scratch / "database_url").write_text(database_url)
     setup(scratch)
     from django.core.management import call_command
     from django.db import transaction
@@ -120,28 +130,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, nargs="+", default=[3_000, 30_000])
     parser.add_argument("--profile", choices=PHASES, help="profile one of them")
+    parser.add_argument("--postgres", metavar="URL", help="a PostgreSQL server to run on instead of SQLite")
     parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase:
         phase(args.phase, args.scratch, args.profile == args.phase)
         return
-    for entries in args.entries:
-        scratch = _built(entries)
-        size = f"one run of {entries:,} entries"
-        print(size, flush=True)
-        for name in PHASES:
-            command = [sys.executable, __file__, "--phase", name, "--scratch", str(scratch)]
-            if args.profile:
-                command += ["--profile", args.profile]
-            subprocess.run(command, check=True)
-        print(f"  bundle file {(scratch / 'run.json').stat().st_size / 2**20:.1f} MiB", flush=True)
+    with scratch_postgres(args.postgres) as database_url:
+        for entries in args.entries:
+            scratch = _built(entries, database_url or "")
+            size = f"one run of {entries:,} entries on {'PostgreSQL' if database_url else 'SQLite'}"
+            print(size, flush=True)
+            for name in PHASES:
+                command = [sys.executable, __file__, "--phase", name, "--scratch", str(scratch)]
+                if args.profile:
+                    command += ["--profile", args.profile]
+                subprocess.run(command, check=True)
+            print(f"  bundle file {(scratch / 'run.json').stat().st_size / 2**20:.1f} MiB", flush=True)
+            if database_url:  # the next size starts on an empty database
+                with psycopg.connect(database_url, autocommit=True) as connection:
+                    connection.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
 
 
-def _built(entries: int) -> Path:
+def _built(entries: int, database_url: str) -> Path:
     """Build the run in a child process too, so the parent stays small and each size starts clean."""
-    output = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
-                             f"from bench.record_speed import build; print(build({entries}))"],
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+            f"from bench.record_speed import build; print(build({entries}, {database_url!r}))")
+    output = subprocess.run([sys.executable, "-c", code],
                             check=True, capture_output=True, text=True, cwd=ROOT).stdout
     return Path(output.strip().splitlines()[-1])
 

@@ -45,12 +45,15 @@ def wait(url: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def client_for(url: str, token: str | None):
+async def client_for(url: str, token: str | None, run_id: str | None = None):
+    """An MCP client of `url` with the agent's token, its calls a run of their own when `run_id` is given."""
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if run_id:
+        headers["Hatp-Run-Id"] = run_id
     async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
         async with Client(streamable_http_client(url, http_client=http), cache=None) as client:
             yield client

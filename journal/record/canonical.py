@@ -1,7 +1,7 @@
 """Canonical JSON (RFC 8785, JCS) and hashing, through the `rfc8785` library, with a fast path.
 
-The fast path is the standard library's C encoder (keys sorted, no whitespace, UTF-8 as it is), which writes
-exactly JCS's bytes for the values it takes: no float but those Python and ECMAScript both write in plain
+The fast path is orjson's compiled encoder (keys sorted, no whitespace, UTF-8 as it is), which writes exactly
+JCS's bytes for the values it takes: no float but those Python and ECMAScript both write in plain
 digits ("9.123", not "1e-07", "1.0" or "-0.0"), and no key with a character beyond the Basic Multilingual
 Plane (where sorting by code point and by UTF-16 code unit could differ). Anything else goes to the library.
 `tests/journal/record/test_canonical.py` proves the two byte-equal on every I-JSON value Hypothesis finds.
@@ -12,13 +12,13 @@ surrogate, which JCS cannot encode. `to_ijson` rewrites such values before anyth
 was hashed and a later verification recomputes the same bytes.
 """
 
-import contextlib
 import hashlib
 import json
 import math
 import re
 from typing import Any
 
+import orjson
 import rfc8785
 
 _MAX_SAFE_INT = 2**53 - 1
@@ -26,6 +26,12 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def to_ijson(value: Any) -> Any:
+    """`value` as the record keeps it: I-JSON, its texts storable (see the module). A value that is so
+    already (most are) is given back as it is, not copied."""
+    return value if _already_ijson(value) else _rewritten(value)
+
+
+def _rewritten(value: Any) -> Any:
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int):
@@ -35,10 +41,44 @@ def to_ijson(value: Any) -> Any:
     if isinstance(value, str):
         return _storable(value)
     if isinstance(value, dict):
-        return {to_ijson(str(k)): to_ijson(v) for k, v in value.items()}
+        return {_rewritten(str(k)): _rewritten(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [to_ijson(v) for v in value]
+        return [_rewritten(v) for v in value]
     return str(value)
+
+
+def _already_ijson(value: Any) -> bool:
+    """Whether `_rewritten` would give back an equal value of the same types: JSON's own types exactly (not a
+    subclass or a tuple), safe integers, finite floats, texts without U+0000 or a lone surrogate. Walks with
+    its own stack, so any depth is safe."""
+    stack = [value]
+    pop, push, extend = stack.pop, stack.append, stack.extend
+    while stack:
+        item = pop()
+        kind = type(item)
+        if kind is str:
+            if not _storable_as_is(item):
+                return False
+        elif kind is dict:
+            for key, child in item.items():
+                if type(key) is not str or not _storable_as_is(key):
+                    return False
+                push(child)
+        elif kind is list:
+            extend(item)
+        elif kind is int:
+            if not -_MAX_SAFE_INT <= item <= _MAX_SAFE_INT:
+                return False
+        elif kind is float:
+            if not math.isfinite(item):
+                return False
+        elif kind is not bool and item is not None:
+            return False
+    return True
+
+
+def _storable_as_is(text: str) -> bool:
+    return "\x00" not in text and (text.isascii() or not _has_surrogate(text))
 
 
 def _storable(text: str) -> str:
@@ -46,6 +86,8 @@ def _storable(text: str) -> str:
     neither in text nor in jsonb) become U+FFFD, the same on every database, in what is stored and hashed."""
     if "\x00" in text:
         text = text.replace("\x00", "\ufffd")
+    elif text.isascii():  # the usual text, found at once: no surrogate can be in it
+        return text
     return _SURROGATE.sub("\ufffd", text) if _has_surrogate(text) else text
 
 
@@ -63,15 +105,18 @@ def _has_surrogate(text: str) -> bool:
     return False
 
 
-_ENCODE = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")).encode
+_ENCODE = orjson.dumps
+_SORTED = orjson.OPT_SORT_KEYS
 _BEYOND_BMP = "\U00010000"
 
 
 def canonical_bytes(value: Any) -> bytes:
     """The RFC 8785 bytes of `value`, which must already be I-JSON (see `to_ijson`)."""
     if _plain(value):
-        with contextlib.suppress(UnicodeEncodeError):  # a lone surrogate: the library says what is wrong
-            return _ENCODE(value).encode()
+        try:
+            return _ENCODE(value, option=_SORTED)
+        except orjson.JSONEncodeError:  # a lone surrogate, or nested past orjson's 255: the library's say
+            pass
     return rfc8785.dumps(value)
 
 

@@ -168,6 +168,9 @@ class _InsertPlan:
     def __init__(self, model: type[Model], database) -> None:
         fields, self.sql = _insert_sql(model, database.vendor)
         self.plain_sql = self.sql[:self.sql.rindex(" RETURNING ")]
+        quote = connection.ops.quote_name
+        self.copy_sql = (f"COPY {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
+                         "FROM STDIN")
         kinds = _kinds(model)
         self.model, self.template, self.each_time, self.columns = model, [], [], {}
         for index, field in enumerate(fields):
@@ -186,7 +189,11 @@ class _InsertPlan:
         try:
             for name, value in values.items():
                 index, field, kind = columns[name]
-                params[index] = _prepared(value, field, kind, database)
+                vtype = type(value)
+                if vtype is kind and (vtype is not str or value.isascii() and "\x00" not in value):
+                    params[index] = value  # `_prepared`'s commonest case, without a call a value
+                else:
+                    params[index] = _prepared(value, field, kind, database)
         except KeyError:
             unknown = sorted(values.keys() - columns.keys())
             raise TypeError(f"{self.model.__name__} has no field(s) {unknown}") from None
@@ -198,13 +205,20 @@ def _insert_plan(model: type[Model], vendor: str) -> _InsertPlan:
     return _InsertPlan(model, connections[connection.alias])
 
 
-def insert_many(model: type[Model], rows: list[dict[str, Any]], *, chunk: int = 500) -> None:
-    """Insert many rows with one prepared statement (no model instance per row, no query compiled per
-    batch). Fields a row does not give take their model default. Returns nothing: for records that are
-    read back by their own keys (an imported run's entries and steps)."""
+def insert_many(model: type[Model], rows: list[dict[str, Any]], *, chunk: int = 5000) -> None:
+    """Insert many rows at compiled speed: on PostgreSQL with `COPY … FROM STDIN` (psycopg's copy, which
+    streams the rows in the protocol's own format), on SQLite with one prepared statement run over `chunk`
+    rows at a time; no model instance per row, no query compiled per batch. Fields a row does not give take
+    their model default. Returns nothing: for records that are read back by their own keys (an imported
+    run's entries and steps)."""
     database = connections[connection.alias]
     plan = _insert_plan(model, database.vendor)
     with _cursor(database) as cursor:
+        if database.vendor == "postgresql":
+            with database.wrap_database_errors, cursor.cursor.copy(plan.copy_sql) as copy:
+                for row in rows:
+                    copy.write_row(plan.row(row, database))
+            return
         for start in range(0, len(rows), chunk):
             cursor.executemany(plan.plain_sql, [plan.row(row, database) for row in rows[start:start + chunk]])
 

@@ -1,5 +1,7 @@
 """The sample servers keep the undo contract of docs/design.md, over real MCP: the later issues rely on it."""
 
+from types import SimpleNamespace
+
 import anyio
 import pytest
 
@@ -169,3 +171,47 @@ def test_an_answer_held_after_the_call_acted_keeps_the_change(sample_servers):
     assert [e["op"] for e in sample_servers.ledger("inventory")] == ["reserve"]
     stock = call(sample_servers, "inventory", "check_stock", {"sku": "SKU-GLOBEX-KIT"})["structuredContent"]
     assert stock["free"] == 35
+
+
+def test_several_sample_processes_check_a_token_signed_by_one_with_the_delay_they_were_started_with(tmp_path):
+    """`python -m samples --workers N --delay-ms D` (the checks benchmark's tool server on cores of its own):
+    every process reads the state and the keys one process wrote, and waits D before each call."""
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from tests.conftest import free_port
+
+    def started(*extra):
+        port = free_port()
+        process = subprocess.Popen([sys.executable, "-m", "samples", "--port", str(port), "--state",
+                                    str(tmp_path), *extra])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/crm/ledger", timeout=1)
+                return process, SimpleNamespace(url=lambda name: f"http://127.0.0.1:{port}/{name}/mcp")
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        process.kill()
+        raise AssertionError("the sample servers did not start")
+
+    one, samples = started()
+    try:
+        token = journal(call(samples, "crm", "update_deal", {"deal_id": "D-881", "stage": "Won"}))[
+            "compensationToken"]
+    finally:
+        one.terminate()
+        one.wait(timeout=20)
+    several, samples = started("--workers", "2", "--delay-ms", "150")
+    try:
+        for _ in range(4):  # whichever process answers
+            began = time.monotonic()
+            check = call(samples, "crm", "hatp_check", {"compensationToken": token, "ifVersion": "v13"})
+            assert check["structuredContent"]["ok"] is True, check
+            assert time.monotonic() - began >= 0.15
+    finally:
+        several.terminate()
+        several.wait(timeout=20)

@@ -7,7 +7,7 @@ import rfc8785
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from journal.record.canonical import _plain, canonical_bytes, from_jsonb, loads_record, to_ijson
+from journal.record.canonical import _plain, _rewritten, canonical_bytes, from_jsonb, loads_record, to_ijson
 
 
 def test_rfc8785_section_3_2_2_example_is_reproduced():
@@ -110,6 +110,38 @@ def test_a_journal_entrys_usual_values_take_the_fast_path(value):
 ])
 def test_what_the_fast_path_might_write_differently_goes_to_the_library(value):
     assert not _plain(value)
+
+
+# Anything a server or an agent may send once parsed, and what a caller may hand over: lone surrogates and
+# U+0000 in texts and keys, integers of any size, NaN and infinities, tuples.
+ANY_TEXT = st.text(st.characters(blacklist_categories=()), max_size=12)
+ANYTHING = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | ANY_TEXT,
+    lambda children: st.lists(children, max_size=5) | st.tuples(children)
+    | st.dictionaries(ANY_TEXT, children, max_size=5),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ANYTHING)
+def test_a_value_the_record_keeps_as_it_is_is_given_back_and_anything_else_rewritten(value):
+    kept, rewritten = to_ijson(value), _rewritten(value)
+    assert repr(kept) == repr(rewritten)  # the same values, of the same types
+    assert canonical_bytes(kept) == rfc8785.dumps(kept)
+
+
+def test_a_lone_surrogate_is_refused_as_the_library_refuses_it():
+    for value in ("a\ud800", {"k": ["\udfff"]}):
+        with pytest.raises(rfc8785.CanonicalizationError):
+            canonical_bytes(value)
+
+
+def test_a_value_nested_deeper_than_the_compiled_encoder_goes_is_written_by_the_library():
+    value = [1.5]
+    for _ in range(300):
+        value = [{"a": value}]
+    assert canonical_bytes(value) == rfc8785.dumps(value)
 
 
 def test_a_float_jsonb_gave_back_as_an_integer_is_a_float_again():

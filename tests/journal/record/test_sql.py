@@ -118,3 +118,26 @@ def test_json_already_written_is_stored_as_it_is_and_reads_back_as_the_same_valu
     pk = sql.insert(ChainEntry, {"run_id": run.pk, "seq": 1, "ts": "t", "event": "call",
                                  "data": sql.JsonText(text), "prev_hash": "GENESIS", "hash": "h"})
     assert ChainEntry.objects.get(pk=pk).data == json.loads(text)
+
+
+def test_many_rows_inserted_at_once_read_back_as_each_inserted_alone(dana):
+    """`insert_many` (COPY on PostgreSQL, one statement over many rows on SQLite) stores what `insert`
+    stores: JSON, JSON already written, NULLs, defaults, datetimes, and texts as the record keeps them."""
+    run = make_run(dana)
+    now = timezone.now()
+    rows = [{"run_id": run.pk, "number": n, "server_name": "crm", "tool": "update\x00deal\u00e9",
+             "arguments": {"deal": f"D-{n}", "tab\t": ["\u2028", None, 1.5, 2**53 - 1]},
+             "started_at": now + timedelta(seconds=n), "result": None if n % 2 else {"ok": True},
+             "is_error": bool(n % 3), "error_message": "line\nbreak \\ back"} for n in range(1, 7)]
+    alone = [sql.insert(Step, {**row, "number": 100 + row["number"]}) for row in rows]
+    sql.insert_many(Step, rows, chunk=4)
+    fields = [f.attname for f in Step._meta.concrete_fields if f.attname not in ("id", "number")]
+    for pk, row in zip(alone, rows, strict=True):
+        one = Step.objects.values(*fields).get(pk=pk)
+        many = Step.objects.values(*fields).get(run=run, number=row["number"])
+        assert many == one
+    assert one["tool"] == "update\ufffddeal\u00e9"  # U+0000 as the record keeps it, on every database
+    sql.insert_many(ChainEntry, [{"run_id": run.pk, "seq": seq, "ts": "t", "event": "call",
+                                  "data": sql.JsonText('{"c":1e+21,"s":"\u00e9"}'), "prev_hash": "p",
+                                  "hash": "h"} for seq in (1, 2)])
+    assert [e.data for e in ChainEntry.objects.filter(run=run)] == [{"c": 1e21, "s": "\u00e9"}] * 2
