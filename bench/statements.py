@@ -6,7 +6,7 @@ On a scratch SQLite database (or, with --postgres, a scratch database on that se
 statements every journaled call makes on a run: the run's row read and locked, the step inserted, the chain
 entry inserted, the run's moving columns written back; each made by `journal.record.sql` and by the ORM
 (`select_for_update().only()`, `objects.create`, `filter().update()`), in one transaction per round as the
-journal does, interleaved. On PostgreSQL, a third way: the ORM with the backend's `server_side_binding` on
+journal does, then the commit. On PostgreSQL, a third way: the ORM with the backend's `server_side_binding` on
 (psycopg binds the parameters on the server and prepares a statement once it has run five times), so the
 figure says whether the hand-built statements still pay for themselves. Prints microseconds a statement,
 the median of the rounds.
@@ -52,9 +52,9 @@ def main() -> None:
         figures = measure(args.repeat)
     print(f"µs a statement, median of {args.repeat} rounds, on {'PostgreSQL' if database_url else 'SQLite'}:")
     ways = list(next(iter(figures.values())))
-    print(f"  {'statement':<28}" + "".join(f"{way:>22}" for way in ways))
+    print(f"  {'statement':<28}" + "".join(f"{way:>26}" for way in ways))
     for statement, by_way in figures.items():
-        print(f"  {statement:<28}" + "".join(f"{by_way[way]:>22.0f}" for way in ways))
+        print(f"  {statement:<28}" + "".join(f"{by_way[way]:>26.0f}" for way in ways))
 
 
 def measure(repeat: int) -> dict[str, dict[str, float]]:
@@ -98,19 +98,23 @@ def measure(repeat: int) -> dict[str, dict[str, float]]:
     ways = {"hand-built (sql.py)": hand, "ORM": orm}
     if connection.vendor == "postgresql":
         ways["ORM, server-side binding"] = orm
-    timings = {way: {name: [] for name in hand} for way in ways}
-    for _ in range(repeat):
-        for way, statements in ways.items():
-            server_side = way.endswith("server-side binding")
-            if server_side != connection.settings_dict["OPTIONS"].get("server_side_binding", False):
-                connection.close()
-                connection.settings_dict["OPTIONS"]["server_side_binding"] = server_side
+    timings = {way: {name: [] for name in (*hand, "commit")} for way in ways}
+    for way, statements in ways.items():  # each way on a connection of its own settings, warmed first
+        connection.close()
+        if connection.vendor == "postgresql":
+            connection.settings_dict["OPTIONS"]["server_side_binding"] = way.endswith("server-side binding")
+        for round_ in range(repeat + 50):
             with transaction.atomic():
                 for name, statement in statements.items():
                     started = time.perf_counter()
                     statement()
-                    timings[way][name].append((time.perf_counter() - started) * 1e6)
-    return {name: {way: statistics.median(timings[way][name]) for way in ways} for name in hand}
+                    if round_ >= 50:
+                        timings[way][name].append((time.perf_counter() - started) * 1e6)
+                started = time.perf_counter()
+            if round_ >= 50:
+                timings[way]["commit"].append((time.perf_counter() - started) * 1e6)
+    connection.close()
+    return {name: {way: statistics.median(timings[way][name]) for way in ways} for name in (*hand, "commit")}
 
 
 if __name__ == "__main__":
