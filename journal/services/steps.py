@@ -5,7 +5,6 @@ intent before it is forwarded and the outcome after it returns; the tool server 
 no transaction open. Each transaction holds the run's row lock while it appends to the chain.
 """
 
-import copy
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -325,7 +324,7 @@ class Closing:
     links are looked up by and its result is indexed under. Pure, so the Recorder works it out on its event
     loop while the journal thread writes other calls (`prepare_close`)."""
 
-    step: Step  # the closed step as far as its fields say, not saved (close_step changes a copy)
+    step: Step  # the closed step as far as its fields say, not saved (close_step sets its result_seq)
     fields: dict[str, Any]
     has_result: bool
     acted: bool
@@ -381,7 +380,9 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
     Only a `pending` step is closed (a conditional update): if the reconciler already closed it as
     unrecorded, a late answer changes nothing and None is returned."""
     closing = closing or prepare_close(opened=opened, outcome=outcome, started=started, finished=finished)
-    step, fields = copy.copy(closing.step), dict(closing.fields)  # `closing` stays as it was, for a replay
+    # `closing` is used again if its group is rolled back and the job replayed: its fields are copied, and the
+    # one attribute of its step set here (`result_seq`) is set again on a replay, before anything reads it.
+    step, fields = closing.step, dict(closing.fields)
     with transaction.atomic():
         run = locked_run_by_id(opened.run_id)
         if closing.has_result:
