@@ -281,6 +281,8 @@ RECORDER_KEY_DIR = Path(
 )
 # A checkpoint is signed every N chain entries and whenever a run goes quiet.
 RECORDER_CHECKPOINT_EVERY = env_int("RECORDER_CHECKPOINT_EVERY", 20)
+# On PostgreSQL, a call's intent and its outcome are each journaled as one statement (one round trip).
+RECORDER_ONE_STATEMENT = env_bool("RECORDER_ONE_STATEMENT", True)
 # Every call to a tool server has a timeout (seconds); a slow server is a failed call, never a hung agent.
 TOOL_SERVER_TIMEOUT = float(env_str("TOOL_SERVER_TIMEOUT", "30"))
 # A plan's checks run concurrently, at most this many at a time on any one tool server.

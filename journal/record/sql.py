@@ -16,6 +16,7 @@ from datetime import datetime
 from functools import cache, lru_cache
 from typing import Any
 
+import orjson
 import psycopg
 from django.db import connection, connections
 from django.db.models import Field, Model
@@ -365,3 +366,30 @@ def upsert(
         cursor.execute(
             _upsert_sql(model, database.vendor, names, unique, replace, increment, len(rows)), params
         )
+
+
+def one_row(statement: str, params: list[Any]) -> tuple | None:
+    """The first row of `statement`, a statement of its own (one of `journal.services.one_statement`'s)."""
+    database = connections[connection.alias]
+    with _cursor(database) as cursor:
+        cursor.execute(statement, params)
+        return cursor.fetchone()
+
+
+def json_row(model: type[Model], values: dict[str, Any]) -> str:
+    """A new row of `values` (those not given, their model default) as one JSON object of its columns, for
+    `jsonb_populate_record` on PostgreSQL: texts as the record keeps them, datetimes in RFC 3339."""
+    row = {}
+    for field in model._meta.concrete_fields:
+        if field.primary_key:
+            continue
+        value = values[field.attname] if field.attname in values else field.get_default()
+        row[field.column] = storable_text(value) if type(value) is str else value
+    return orjson.dumps(row).decode()
+
+
+def prepared_values(model: type[Model], values: dict[str, Any]) -> list[Any]:
+    """The parameters of `values`, in their order, prepared as `update` prepares them."""
+    database = connections[connection.alias]
+    kinds = _kinds(model)
+    return [_prepared(value, *kinds[name], database) for name, value in values.items()]

@@ -35,10 +35,16 @@ def public_id_of(run_id: int) -> str:
     found = _PUBLIC_IDS.get(run_id)
     if found is None:
         value = Run.objects.filter(pk=run_id).values_list("public_id", flat=True).first()
-        found = str(value) if value is not None else ""
-        if len(_PUBLIC_IDS) >= 100_000:
-            _PUBLIC_IDS.clear()
-        _PUBLIC_IDS[run_id] = found
+        found = remember_public_id(run_id, value) if value is not None else ""
+    return found
+
+
+def remember_public_id(run_id: int, public_id: Any) -> str:
+    """Keep a run's public id, read with something else, for `public_id_of`; the id as text."""
+    found = str(public_id)
+    if len(_PUBLIC_IDS) >= 100_000:
+        _PUBLIC_IDS.clear()
+    _PUBLIC_IDS[run_id] = found
     return found
 
 

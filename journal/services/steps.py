@@ -21,8 +21,10 @@ from ..record.canonical import to_ijson
 from ..record.journaling import Outcome
 from ..telemetry import tracing
 from ..undo import dependencies, recovery
+from . import one_statement
 from .links import link
 from .record import append_entry, locked_run, locked_run_by_id, open_run, public_id_of, save_moving
+from .retry_guard import unknown_attempt
 from .runs import IDLE_KEY, release, release_agent
 
 logger = logging.getLogger(__name__)
@@ -103,11 +105,16 @@ def open_step(
     tool's (a resource read: `READ`). `earlier` is what an admin's recipe read of the record just before
     the call (`recipes.earlier_state`): kept with the step, and on the chain right after the call. `client`
     is the client program the call came from, as it names itself (the `call` entry's `client`)."""
-    return _open(lambda: _find_run(agent=agent, key=run_key, now=now), server=server, server_name=server_name,
-                 tool=tool, arguments=arguments, request_meta=request_meta, now=now,
-                 who={"agent": agent.name, "onBehalfOf": agent.on_behalf_of.get_username(),
-                      **({"client": client} if client else {})}, decide=decide,
-                 declared=declared, agent=agent, earlier=earlier)
+    call = dict(server=server, server_name=server_name, tool=tool, arguments=arguments,
+                request_meta=request_meta, now=now, decide=decide, declared=declared, agent=agent,
+                earlier=earlier, who={"agent": agent.name, "onBehalfOf": agent.on_behalf_of.get_username(),
+                                      **({"client": client} if client else {})})
+    if earlier is None and server is not None and one_statement.available():
+        # One statement, unless a check of the usual way applies.
+        opened = _open(None, **call, at_once=run_key)
+        if opened is not None:
+            return opened
+    return _open(lambda: _find_run(agent=agent, key=run_key, now=now), **call)
 
 
 def open_step_in_run(
@@ -129,9 +136,11 @@ def open_step_in_run(
 def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, arguments: dict[str, Any],
           request_meta: dict[str, Any] | None, now: datetime, who: dict[str, Any], decide=None,
           declared: dict[str, Any] | None = None, agent: Agent | None = None,
-          earlier: dict[str, Any] | None = None) -> OpenedStep:
+          earlier: dict[str, Any] | None = None, at_once: str | None = None) -> OpenedStep | None:
     """Journal the intent (see `open_step`): the policy decides first, outside the transaction; then, with
-    the run's row locked, the step row and the chain's `call` entry."""
+    the run's row locked, the step row and the chain's `call` entry. With `at_once` (the agent's run key),
+    as one statement (`one_statement`), the policy asked as if no earlier attempt's outcome were unknown;
+    None when a check of the usual way applies (nothing was written)."""
     call = journaling.prepared(
         arguments=arguments,
         request_meta=request_meta,
@@ -147,9 +156,10 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
     traits, decision = call.traits, None
     if decide is not None:
         with tracing.TRACER.start_as_current_span("policy decision") as span:
-            decision = to_ijson(
-                decide(call.declaration, retry_of=unknown_attempt(call.digest) if call.guarded else None)
-            )
+            # At once, the statement holds only if no earlier attempt's outcome is unknown.
+            guarded = call.guarded and at_once is None
+            decision = to_ijson(decide(call.declaration,
+                                       retry_of=unknown_attempt(call.digest) if guarded else None))
             if span.is_recording():
                 span.set_attributes(_decision_attributes(decision))
         if decision and decision.get("allowUnknownRetries"):
@@ -158,6 +168,14 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
     # The `call` entry's payload written before the lock, but for what the lock decides.
     entry = canonical.members(to_ijson(journaling.call_entry_asked(
         server_name=server_name, tool=tool, call=call, who=who)))
+    if at_once is not None:
+        done = one_statement.open_agent_call(agent=agent, run_key=at_once, server=server, tool=tool,
+                                             call=call, decision=decision, entry=entry, now=now)
+        return None if done is None else OpenedStep(
+            step_id=done[0], run_id=done[1], number=done[2], server=server, tool=tool,
+            arguments=call.arguments, request_meta=call.request_meta, kind=call.declaration.kind,
+            source=call.declaration.source, policy=decision, declared=declared, traits=traits,
+            run_public=done[3])
     declaration = call.declaration
     declared_fields = dict(declaration=declaration.model_dump(mode="json"),
                            declaration_source=declaration.source, reversibility=declaration.kind)
@@ -217,39 +235,6 @@ def _halt(run: Run, agent: Agent | None, *, now: datetime) -> tuple[str, str] | 
     else:
         release_agent(agent_id=agent.pk, plan=plan)
     return None
-
-
-# What became of an earlier attempt, in the words of a held repeat's reason.
-_UNKNOWN_WORDS = {
-    Step.Status.ERROR: "no answer came back",
-    Step.Status.CANCELLED: "cancelled while the server had it",
-    Step.Status.UNDELIVERED: "the server answered, but the agent never got the answer",
-}
-
-
-def unknown_attempt(digest: str) -> dict[str, Any] | None:
-    """The latest earlier attempt of the same call (agent, server, tool, arguments) that reached the server,
-    if its outcome is unknown to the agent: what the retry guard holds a repeat for. An attempt that never
-    went out (stopped by a policy, or cancelled before it was sent) does not count, so a denied or expired
-    repeat does not hide the attempt that may have acted. One indexed read."""
-    row = sql.first_row(
-        Step, ("number", "run_id", "status", "may_have_acted"),
-        "call_digest = %s AND status IN (%s, %s, %s, %s) AND failure_class <> %s "
-        "AND NOT (status = %s AND may_have_acted = %s) ORDER BY id DESC LIMIT 1",
-        [digest, Step.Status.OK, Step.Status.ERROR, Step.Status.UNDELIVERED, Step.Status.CANCELLED,
-         Step.FailureClass.POLICY, Step.Status.CANCELLED, sql.prep(Step, "may_have_acted", False)])
-    if row is None:
-        return None
-    number, run_id, status, may_have_acted = row
-    if not may_have_acted:
-        return None
-    public_id = Run.objects.filter(pk=run_id).values_list("public_id", flat=True).first()
-    return {
-        "step": number,
-        "run": str(public_id),
-        "status": status,
-        "what": _UNKNOWN_WORDS.get(status, status),
-    }
 
 
 def release_held_step(*, opened: OpenedStep, approval: dict[str, Any], now: datetime) -> bool:
@@ -380,6 +365,10 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
     Only a `pending` step is closed (a conditional update): if the reconciler already closed it as
     unrecorded, a late answer changes nothing and None is returned."""
     closing = closing or prepare_close(opened=opened, outcome=outcome, started=started, finished=finished)
+    if one_statement.available():  # as one statement, unless a check of the usual way applies
+        closed = one_statement.close_call(run_id=opened.run_id, closing=closing, finished=finished)
+        if closed is not False:
+            return closed if closed is not None else _closed_already(opened)
     # `closing` is used again if its group is rolled back and the job replayed: its fields are copied, and the
     # one attribute of its step set here (`result_seq`) is set again on a replay, before anything reads it.
     step, fields = closing.step, dict(closing.fields)
@@ -388,15 +377,18 @@ def close_step(*, opened: OpenedStep, outcome: Outcome, started: datetime, finis
         if closing.has_result:
             fields["result_seq"] = step.result_seq = run.head_seq + 1  # the `result` entry below is the next
         if not sql.update(Step, step.pk, fields, only_if={"status": Step.Status.PENDING}):
-            logger.warning("step %s of run %s was already closed; this late outcome is not recorded",
-                           opened.number, opened.run_id)
-            return None
+            return _closed_already(opened)
         count(run, step, acted=closing.acted)
         links = link(run, step, wanted=closing.wanted, indexed=closing.indexed)
         written = canonical.joined({**closing.entry, "dependsOn": canonical.canonical_bytes(to_ijson(links))})
         append_entry(run=run, event="result", now=finished, written=written)
         save_moving(run, now=finished)
     return step
+
+
+def _closed_already(opened: OpenedStep) -> None:
+    logger.warning("step %s of run %s was already closed; this late outcome is not recorded", opened.number,
+                   opened.run_id)
 
 
 def mark_undelivered(*, opened: OpenedStep, message: str, now: datetime) -> bool:
