@@ -1,7 +1,7 @@
 """Calls per second with many agents at once: directly, through an SDK pass-through, through one Recorder.
 
     .venv/bin/python bench/sessions.py [--sessions 20] [--seconds 10] [--rounds 3] [--postgres URL]
-        [--workers 1,2,3 [--redis-url redis://localhost:6379/13]] [--shared-run]
+        [--workers 1,2,3 [--redis-url redis://localhost:6379/13]] [--shared-run] [--also NAME=VALUE]
 
 Starts the sample tool servers, the web app (one uvicorn process, Recorder included) and the SDK
 pass-through gateway of bench/relay_floors.py (the `mcp` lowlevel server in front of a `ClientSession`,
@@ -14,7 +14,9 @@ default; with --postgres, on a scratch database of that server (created, and dro
 printed too; with a list (`--workers 1,2,3`), the whole stack is started once for each count, and the
 Recorder's calls per second for each are printed against N times the one process's figure (linear). Each
 session is its own run, as each agent's task is (it sends its own `Hatp-Run-Id`); `--shared-run` makes all
-of them one run, which queues every call on that run's row lock.
+of them one run, which queues every call on that run's row lock. `--also NAME=VALUE` starts a second Recorder
+process on the same database with that setting changed, and measures it in each round too, so a change is
+compared with what it changes on the same moments of the machine (`--also RECORDER_ONE_STATEMENT=off`).
 """
 
 import argparse
@@ -102,6 +104,8 @@ def main() -> None:
                         help="Recorder processes (uvicorn --workers), or a list of counts to compare: 1,2,3")
     parser.add_argument("--redis-url", default="redis://localhost:6379/13", help="their bus, with --workers")
     parser.add_argument("--shared-run", action="store_true", help="every session's calls in one run")
+    parser.add_argument("--also", metavar="NAME=VALUE",
+                        help="a second Recorder with this setting, measured in each round too")
     args = parser.parse_args()
     counts = [int(count) for count in args.workers.split(",")]
     if len(counts) == 1:
@@ -120,9 +124,11 @@ def one_stack(args, workers: int, *, pass_through: bool) -> float:
     """Start the stack with `workers` Recorder processes, measure, print; the Recorder's calls per second
     (the median of the rounds)."""
     keyed = not args.shared_run
+    also = dict([args.also.split("=", 1)]) if args.also and pass_through else {}
     with scratch_postgres(args.postgres) as database_url, sample_stack(
             "sessions-bench-", samples_port=8190, web_port=8191, database_url=database_url,
-            workers=workers, bus_url=args.redis_url) as (_, _, token):
+            workers=workers, bus_url=args.redis_url,
+            more_webs=((8194, also),) if also else ()) as (_, _, token):
         relay = subprocess.Popen(
             [sys.executable, str(ROOT / "bench" / "relay_floors.py"), "--serve", "sdk", "--port", "8192"],
             cwd=ROOT, env=dict(os.environ)) if pass_through else None
@@ -133,6 +139,8 @@ def one_stack(args, workers: int, *, pass_through: bool) -> float:
                 targets = {"direct": ("http://127.0.0.1:8190/legacy/mcp", None, "echo"),
                            "SDK pass-through": ("http://127.0.0.1:8192/mcp/", "agt_floor", "legacy__echo"),
                            **targets}
+            if also:
+                targets[f"Recorder, {args.also}"] = ("http://127.0.0.1:8194/mcp/", token, "legacy__echo")
             figures: dict[str, list[float]] = {name: [] for name in targets}
             for _ in range(args.rounds):
                 for name, (url, bearer, tool) in targets.items():
@@ -148,12 +156,14 @@ def one_stack(args, workers: int, *, pass_through: bool) -> float:
     print(f"{args.sessions} sessions ({runs}) calling legacy echo back to back, {args.rounds} rounds of "
           f"{args.seconds:g} s each, {processes} on {database}")
     medians = {name: statistics.median(values) for name, values in figures.items()}
+    width = max(len(name) for name in figures)
     for name, values in figures.items():
         rounds = ", ".join(f"{value:.0f}" for value in values)
-        print(f"  {name:<17} {medians[name]:7.1f} calls/s   (rounds: {rounds})")
+        print(f"  {name:<{width}} {medians[name]:7.1f} calls/s   (rounds: {rounds})")
     if pass_through:
-        ratio = medians["Recorder"] / medians["SDK pass-through"]
-        print(f"  the Recorder: {ratio:.2f}x the pass-through's calls per second (target: at least 0.85x)")
+        for name in (name for name in medians if name.startswith("Recorder")):
+            ratio = medians[name] / medians["SDK pass-through"]
+            print(f"  {name}: {ratio:.2f}x the pass-through's calls per second (target: at least 0.85x)")
     if workers > 1:
         print(f"  per Recorder process: {medians['Recorder'] / workers:.1f} calls/s")
     return medians["Recorder"]
