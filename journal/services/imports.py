@@ -162,7 +162,7 @@ class _Import:
         sql.insert_many(ChainEntry, self.rows)
         self.rows = []
         steps = self.steps.take() + (steps or [])
-        sql.insert_many(Step, [{"run_id": self.run.pk, **fields} for fields in steps])
+        sql.insert_many(Step, [{"run_id": self.run.pk, **fields} for fields in steps], parsed=True)
         for fields in steps:
             step = SimpleNamespace(status=fields.get("status", Step.Status.PENDING),
                                    reversibility=fields.get("reversibility", Step.Reversibility.UNKNOWN))

@@ -82,6 +82,11 @@ def _plain_values(kind):
         return st.floats(allow_nan=False)
     if kind is int:
         return st.integers(min_value=-(2**62), max_value=2**62)
+    if kind == "JSONField":
+        scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
+        return st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
+                            | st.dictionaries(st.text(), inner, max_size=3), max_leaves=8).filter(
+                                lambda value: isinstance(value, dict | list))
     zones = st.sampled_from([UTC, timezone_offset(timedelta(hours=5, minutes=30)),
                              timezone_offset(timedelta(hours=-8))])
     return st.datetimes(min_value=datetime(1970, 1, 2), timezones=zones)
@@ -94,14 +99,14 @@ _COLUMNS = [(model, field, kind) for model in (Step, Run, ChainEntry)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_a_plain_value_skips_the_orms_layers_to_the_same_parameter(data):
-    """`sql._prepared`'s shortcut for values the driver takes as they are (and aware datetimes) gives what
+    """`sql._prepared`'s shortcut for values the driver takes as they are (aware datetimes, JSON) gives what
     the ORM's `get_db_prep_save` gives, for every such column of the hot path's models (a text as the record
     keeps it: `canonical.storable_text`)."""
     model, field, kind = data.draw(st.sampled_from(_COLUMNS))
     value = data.draw(_plain_values(kind))
     kept = storable_text(value) if kind is str else value  # a text as the record keeps it (U+0000 as U+FFFD)
-    assert sql._prepared(value, field, kind, connection) == field.get_db_prep_save(kept, connection), (
-        model.__name__, field.name)
+    ours, orms = sql._prepared(value, field, kind, connection), field.get_db_prep_save(kept, connection)
+    assert getattr(ours, "obj", ours) == getattr(orms, "obj", orms), (model.__name__, field.name)  # Jsonb's
 
 
 def test_none_is_null_for_every_column_the_hand_built_statements_may_write():
@@ -120,17 +125,20 @@ def test_json_already_written_is_stored_as_it_is_and_reads_back_as_the_same_valu
     assert ChainEntry.objects.get(pk=pk).data == json.loads(text)
 
 
-def test_many_rows_inserted_at_once_read_back_as_each_inserted_alone(dana):
+@pytest.mark.parametrize("parsed", [False, True])
+def test_many_rows_inserted_at_once_read_back_as_each_inserted_alone(dana, parsed):
     """`insert_many` (COPY on PostgreSQL, one statement over many rows on SQLite) stores what `insert`
-    stores: JSON, JSON already written, NULLs, defaults, datetimes, and texts as the record keeps them."""
+    stores: JSON, JSON already written, NULLs, defaults, datetimes, and texts as the record keeps them; and
+    so it does with JSON written by orjson (`parsed`), an integer beyond 64 bits written the ORM's way."""
     run = make_run(dana)
     now = timezone.now()
     rows = [{"run_id": run.pk, "number": n, "server_name": "crm", "tool": "update\x00deal\u00e9",
-             "arguments": {"deal": f"D-{n}", "tab\t": ["\u2028", None, 1.5, 2**53 - 1]},
+             "arguments": {"deal": f"D-{n}", "tab\t": ["\u2028", None, 1.5, 2**53 - 1, 1e21, -0.0],
+                           "big": 2**70 if n == 3 else 1},
              "started_at": now + timedelta(seconds=n), "result": None if n % 2 else {"ok": True},
              "is_error": bool(n % 3), "error_message": "line\nbreak \\ back"} for n in range(1, 7)]
     alone = [sql.insert(Step, {**row, "number": 100 + row["number"]}) for row in rows]
-    sql.insert_many(Step, rows, chunk=4)
+    sql.insert_many(Step, rows, chunk=4, parsed=parsed)
     fields = [f.attname for f in Step._meta.concrete_fields if f.attname not in ("id", "number")]
     for pk, row in zip(alone, rows, strict=True):
         one = Step.objects.values(*fields).get(pk=pk)
