@@ -122,6 +122,15 @@ DATABASES = {
         conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0),
     )
 }
+# psycopg's pool (for the web processes): DATABASE_POOL connections for requests, on top of the one each
+# long-lived thread keeps for the process's life (the journal's, the Recorder's sessions', each audit
+# sink's), which a pool of the bare figure would leave the requests waiting behind.
+if DATABASE_POOL := env_int("DATABASE_POOL", 0):
+    if "postgresql" not in DATABASES["default"]["ENGINE"] or DATABASES["default"]["CONN_MAX_AGE"]:
+        raise ImproperlyConfigured("DATABASE_POOL is for PostgreSQL, with DATABASE_CONN_MAX_AGE left at 0")
+    kept = 2 + len(env_list("AUDIT_STREAM", []))
+    DATABASES["default"]["OPTIONS"] = {**DATABASES["default"].get("OPTIONS", {}),
+                                       "pool": {"min_size": kept, "max_size": kept + DATABASE_POOL}}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Tests use a file too: the Recorder under test and the worker process share it with the test itself.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}

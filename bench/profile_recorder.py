@@ -1,6 +1,7 @@
 """Where a Recorder process spends its time on the hot path: a flame summary from py-spy.
 
     .venv/bin/python bench/profile_recorder.py [--calls 3000] [--sessions 1] [--postgres URL] [--top 30]
+                                               [--cpu-only]
 
 Starts the stack of bench/recorder_latency.py (the sample tool servers and one Recorder process, on a
 scratch SQLite database, or with --postgres a scratch database on that server), then makes N calls to the
@@ -9,7 +10,9 @@ process at 500 samples a second, keeping those of the thread holding the GIL (th
 waiting on a socket, a lock or the database's own work in C without the GIL is left out). Prints the share
 of the samples in each function, inclusive (the function and what it called) and its own, the hottest
 first, and the share of each part of the path (the ASGI request, the policy and the journal's own Python,
-the statements, the upstream call), so two versions of the code can be compared in one line each.
+the statements, the upstream call), so two versions of the code can be compared in one line each. First,
+the CPU time the Recorder's process used a call (every thread's, from /proc; with --cpu-only, without
+py-spy's pauses and nothing else): what a change of the hot path's Python is measured by.
 """
 
 import argparse
@@ -76,25 +79,33 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=1)
     parser.add_argument("--postgres", metavar="URL")
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--cpu-only", action="store_true",
+                        help="no py-spy: only the Recorder process's CPU time a call (all its threads)")
     args = parser.parse_args()
     raw = Path(tempfile.mkdtemp(prefix="profile-recorder-")) / "samples.txt"
     with scratch_postgres(args.postgres) as database_url, sample_stack(
             "profile-recorder-", samples_port=8190, web_port=8191,
             database_url=database_url) as (web, _, token):
         calling(token, sessions=args.sessions, calls=20)  # warm
-        spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(web.pid),
-                                "--format", "raw", "--rate", "500", "--gil", "--output", str(raw)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(1.0)  # py-spy attached
-        started = time.perf_counter()
+        if not args.cpu_only:
+            spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid",
+                                    str(web.pid), "--format", "raw", "--rate", "500", "--gil", "--output",
+                                    str(raw)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)  # py-spy attached
+        cpu, started = cpu_seconds(web.pid), time.perf_counter()
         calling(token, sessions=args.sessions, calls=args.calls)
-        seconds = time.perf_counter() - started
-        spy.send_signal(2)  # SIGINT: py-spy writes what it has and stops
-        spy.wait(timeout=60)
-    inclusive, own, parts, total = parse_raw(raw)
+        seconds, cpu = time.perf_counter() - started, cpu_seconds(web.pid) - cpu
+        if not args.cpu_only:
+            spy.send_signal(2)  # SIGINT: py-spy writes what it has and stops
+            spy.wait(timeout=60)
+    where = "PostgreSQL" if database_url else "SQLite"
     print(f"{args.calls} calls from {args.sessions} session(s) in {seconds:.1f} s "
-          f"({args.calls / seconds:.0f} calls/s) on {'PostgreSQL' if database_url else 'SQLite'}; "
-          f"{total} samples of Python work, {total / 500 / args.calls * 1000:.2f} ms a call")
+          f"({args.calls / seconds:.0f} calls/s) on {where}; the Recorder process used "
+          f"{cpu / args.calls * 1000:.2f} ms of CPU a call{' (under py-spy)' if not args.cpu_only else ''}")
+    if args.cpu_only:
+        return
+    inclusive, own, parts, total = parse_raw(raw)
+    print(f"{total} samples of Python work, {total / 500 / args.calls * 1000:.2f} ms a call")
     print(f"(py-spy's samples: {raw})")
     print("By part of the path (the innermost frame's):")
     for name, samples in parts.most_common():
@@ -105,6 +116,12 @@ def main() -> None:
     print(f"Own (top {args.top}):")
     for frame, samples in own.most_common(args.top):
         print(f"  {100 * samples / total:5.1f} %  {frame[:150]}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user and system, every thread) process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def calling(token: str, *, sessions: int, calls: int) -> None:
