@@ -86,7 +86,8 @@ def entry_digest(entry: Mapping[str, Any]) -> tuple[str, bytes | None]:
 
 
 def _whole(data: bytes, *, event: str, prev_hash: str, seq: int, ts: str) -> bytes:
-    """An entry's JCS bytes (without `hash`) from its data's, its members joined in JCS's order."""
+    """An entry's JCS bytes (without `hash`) from its data's, its members joined in JCS's order.
+    `journal.services.one_statement._hash_of` writes the same bytes in SQL: a change here is one there."""
     return b"".join((b'{"data":', data, b',"event":', _scalar(event), b',"prevHash":', _scalar(prev_hash),
                      b',"seq":', _scalar(seq), b',"ts":', _scalar(ts), b"}"))
 

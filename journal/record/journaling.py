@@ -134,6 +134,18 @@ def opening_status(decision: dict[str, Any] | None) -> str:
     return HELD if decision and decision.get("decision") == "ask" else PENDING
 
 
+def step_columns(call: Prepared, *, server, server_name: str, tool: str, now: datetime,
+                 status: str, decision: dict[str, Any] | None) -> dict[str, Any]:
+    """A new step's columns as the call's intent sets them (but its run and number), the same whichever way
+    it is journaled (`steps._open`, `one_statement.open_agent_call`)."""
+    declaration = call.declaration
+    return {"server_id": server.pk if server else None, "server_name": server_name, "tool": tool,
+            "arguments": call.arguments, "request_meta": call.request_meta, "started_at": now,
+            "status": status, "policy_decision": decision, "call_digest": call.digest,
+            "declaration": declaration.model_dump(mode="json"), "declaration_source": declaration.source,
+            "reversibility": declaration.kind}
+
+
 def halted_decision(decision: dict[str, Any] | None, *, why: str, plan: Any) -> dict[str, Any]:
     """An agent's call into a run a failure stopped: denied, naming the plan that stopped the run."""
     return {

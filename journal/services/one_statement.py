@@ -51,16 +51,12 @@ def open_agent_call(*, agent: Agent, run_key: str, server: ToolServer, tool: str
     `entry` is the `call` entry's members but those the lock decides (`journaling.call_entry_decided`),
     `decision` what the policy decided without an earlier attempt: the statement holds only if there is
     none whose outcome is unknown."""
-    declaration = call.declaration
     written = {**entry, **canonical.members(to_ijson(journaling.call_entry_decided(number=0,
                                                                                     decision=decision))),
                "step": _NUMBER}
     before, _, after = canonical.joined(written).partition(_NUMBER)
-    step = {"server_id": server.pk, "server_name": server.name, "tool": tool, "arguments": call.arguments,
-            "request_meta": call.request_meta, "started_at": now,
-            "status": journaling.opening_status(decision), "policy_decision": decision,
-            "call_digest": call.digest, "declaration": declaration.model_dump(mode="json"),
-            "declaration_source": declaration.source, "reversibility": declaration.kind}
+    step = journaling.step_columns(call, server=server, server_name=server.name, tool=tool, now=now,
+                                   status=journaling.opening_status(decision), decision=decision)
     where, where_params = _run_where(agent, run_key, now)
     params = [*where_params, agent.pk, call.guarded, call.digest, sql.json_row(Step, step), before.decode(),
               after.decode(), chain.format_ts(now), now]

@@ -18,7 +18,8 @@ def unknown_attempt(digest: str) -> dict[str, Any] | None:
     """The latest earlier attempt of the same call (agent, server, tool, arguments) that reached the server,
     if its outcome is unknown to the agent: what the retry guard holds a repeat for. An attempt that never
     went out (stopped by a policy, or cancelled before it was sent) does not count, so a denied or expired
-    repeat does not hide the attempt that may have acted. One indexed read."""
+    repeat does not hide the attempt that may have acted. One indexed read. `one_statement._open_sql` asks
+    the same in SQL (`_ATTEMPTED`): a change here is a change there."""
     row = sql.first_row(
         Step, ("number", "run_id", "status", "may_have_acted"),
         "call_digest = %s AND status IN (%s, %s, %s, %s) AND failure_class <> %s "

@@ -176,21 +176,17 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
             arguments=call.arguments, request_meta=call.request_meta, kind=call.declaration.kind,
             source=call.declaration.source, policy=decision, declared=declared, traits=traits,
             run_public=done[3])
-    declaration = call.declaration
-    declared_fields = dict(declaration=declaration.model_dump(mode="json"),
-                           declaration_source=declaration.source, reversibility=declaration.kind)
     with transaction.atomic():
         run = find_run()
         if decide is not None and (halt := _halt(run, agent, now=now)) is not None:
             decision = journaling.halted_decision(decision, why=halt[1], plan=halt[0])
             status = Step.Status.PENDING
         number = run.step_count + 1
-        step_id = sql.insert(Step, dict(
-            run_id=run.pk, number=number, server_id=server.pk if server else None, server_name=server_name,
-            tool=tool, arguments=call.arguments, request_meta=call.request_meta, started_at=now,
-            status=status, policy_decision=decision, call_digest=call.digest,
-            earlier_state=to_ijson(earlier) if earlier is not None else None, **declared_fields,
-        ))
+        step_id = sql.insert(Step, {
+            "run_id": run.pk, "number": number,
+            "earlier_state": to_ijson(earlier) if earlier is not None else None,
+            **journaling.step_columns(call, server=server, server_name=server_name, tool=tool, now=now,
+                                      status=status, decision=decision)})
         run.step_count = number
         entry |= canonical.members(to_ijson(journaling.call_entry_decided(number=number, decision=decision)))
         append_entry(run=run, event="call", now=now, written=canonical.joined(entry))
@@ -199,8 +195,8 @@ def _open(find_run, *, server: ToolServer | None, server_name: str, tool: str, a
             append_entry(run=run, event="earlier_state", now=now, data={"step": number, **to_ijson(earlier)})
         save_moving(run, now=now)
     return OpenedStep(step_id=step_id, run_id=run.pk, number=number, server=server, tool=tool,
-                      arguments=call.arguments, request_meta=call.request_meta, kind=declaration.kind,
-                      source=declaration.source, policy=decision, declared=declared, traits=traits,
+                      arguments=call.arguments, request_meta=call.request_meta, kind=call.declaration.kind,
+                      source=call.declaration.source, policy=decision, declared=declared, traits=traits,
                       earlier=earlier, run_public=public_id_of(run.pk))
 
 
@@ -217,7 +213,8 @@ def _halt(run: Run, agent: Agent | None, *, now: datetime) -> tuple[str, str] | 
     """(plan, why) when an agent's call must be refused because a failure stopped this run, or stopped the
     agent in another run (a saga policy), and the plan undoing it is still open; a halt whose plan has ended
     is released here, on the record. The caller holds the run's row lock. The agent's halt is read here, by
-    its key (the agent the request carries may be seconds old)."""
+    its key (the agent the request carries may be seconds old). `one_statement._open_sql` reads the same two
+    halts in SQL and, finding either, leaves the call to this function."""
     halted = sql.first_row(Agent, ("halted_by_plan", "halted_reason"), "id = %s", [agent.pk]) \
         if agent is not None else None
     agent_plan, agent_reason = halted or ("", "")
