@@ -148,6 +148,7 @@ def test_the_recorders_own_errors_carry_advice(recorder, bot, sample_servers, ad
 # -- the retry guard ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.postgres  # on PostgreSQL through the one statement, which leaves a repeat to the guard
 def test_a_repeat_after_an_unknown_outcome_is_held_and_runs_once_approved(
     recorder, bot, sample_servers, admin_user, approver_user
 ):
@@ -192,6 +193,7 @@ def test_an_argument_the_tool_does_not_declare_does_not_make_a_repeat_new(record
     assert len(tickets(sample_servers)) == 1 and ActionRequest.objects.count() == 1
 
 
+@pytest.mark.postgres  # on PostgreSQL through the one statement, which leaves a repeat to the guard
 def test_a_repeat_that_was_refused_does_not_hide_the_attempt_that_may_have_acted(
     recorder, bot, sample_servers, admin_user, approver_user
 ):
@@ -225,6 +227,7 @@ def test_other_arguments_reads_and_idempotent_tools_are_not_held(recorder, bot, 
     assert not ActionRequest.objects.exists()
 
 
+@pytest.mark.postgres  # on PostgreSQL through the one statement, which leaves a repeat to the guard
 def test_a_policy_may_let_repeats_of_a_tool_through(recorder, bot, sample_servers, admin_user):
     _, token = bot
     row = set_policy(admin_user, ask_timeout=1, unknown="allow")
@@ -238,6 +241,7 @@ def test_a_policy_may_let_repeats_of_a_tool_through(recorder, bot, sample_server
     )
 
 
+@pytest.mark.postgres  # on PostgreSQL through the one statement, which leaves a repeat to the guard
 def test_without_any_policy_the_guard_still_holds_a_repeat(recorder, bot, sample_servers, settings):
     _, token = bot
     lost_answer(recorder, token, sample_servers, "legacy", "legacy__create_ticket", TICKET)
