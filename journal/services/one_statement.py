@@ -13,11 +13,13 @@ Every check that could change the outcome is a condition of the statement, so wh
 statement writes nothing and the caller takes the usual way, which decides it as it always did: a run that
 does not exist yet (it is created with its header), a run or an agent a failure halted, an earlier attempt of
 the same call whose outcome is unknown (the retry guard asks the policy again, with it), an imported run; for
-an outcome, an earlier result whose values the arguments carry (the links are chosen in Python) or links the
-agent declared. A checkpoint that falls due is signed after the statement, in the same transaction (the
-signature needs the Recorder's key). The durability rules are the usual ones: the statement runs in the
-journal group's transaction, and its results are handed back once that commits. SQLite, where a statement
-costs no round trip, takes the usual way.
+an outcome, links the agent declared. The links inferred from an earlier result whose values the arguments
+carry are chosen in the statement by `dependencies.choose_links`'s rule (a change there is a change here),
+and written into the entry as JCS writes them (PostgreSQL's `to_json` of a text is its JCS string). A
+checkpoint that falls due is signed after the statement, in the same transaction (the signature needs the
+Recorder's key). The durability rules are the usual ones: the statement runs in the journal group's
+transaction, and its results are handed back once that commits. SQLite, where a statement costs no round
+trip, takes the usual way.
 """
 
 from datetime import datetime, timedelta
@@ -27,15 +29,18 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
-from ..models import Agent, ChainEntry, Run, RunValue, Step, ToolServer
+from ..models import Agent, ChainEntry, Run, RunValue, Step, StepDependency, ToolServer
 from ..record import canonical, chain, journaling, sql
 from ..record.canonical import to_ijson
 from ..record.journaling import Prepared
+from ..undo import dependencies
 from . import record
 from .runs import IDLE_KEY
 
-# Where the number goes in a `call` entry's JCS bytes, written before the run's lock decides it.
+# Where the number goes in a `call` entry's JCS bytes, and the links in a `result` entry's, written before the
+# run's lock decides them.
 _NUMBER = b"\x00number\x00"
+_LINKS = b"\x00links\x00"
 
 
 def available() -> bool:
@@ -80,12 +85,12 @@ def close_call(*, run_id: int, closing, finished: datetime) -> Step | None | boo
     failed, counter = journaling.counters(status=step.status, reversibility=step.reversibility,
                                           acted=closing.acted)
     statement = _close_sql(tuple(closing.fields), closing.has_result, failed, counter or "")
-    written = canonical.joined({**closing.entry, "dependsOn": b"[]"}).decode()
+    before, _, after = canonical.joined({**closing.entry, "dependsOn": _LINKS}).partition(_LINKS)
     indexed = sorted(closing.indexed.items())
-    params = [run_id, step.pk, sorted({digest for digest, _ in closing.wanted}),
-              *sql.prepared_values(Step, closing.fields), step.pk,
+    params = [run_id, *sql.prepared_values(Step, closing.fields), step.pk,
+              [digest for digest, _ in closing.wanted], [pointer for _, pointer in closing.wanted], step.pk,
               [digest for digest, _ in indexed], [pointer for _, pointer in indexed],
-              chain.format_ts(finished), written, finished]
+              chain.format_ts(finished), before.decode(), after.decode(), finished]
     with transaction.atomic():
         row = sql.one_row(statement, params)
         if row is None or not row[0]:
@@ -194,7 +199,8 @@ def _close_sql(names: tuple[str, ...], has_result: bool, failed: bool, counter: 
     """The outcome's statement, for a step whose closed fields are `names`, moving the run's counters as
     `steps.count` does (`failed`, and the counter it adds one to, if any)."""
     q = connection.ops.quote_name
-    run_t, step_t, entry_t, value_t = (q(m._meta.db_table) for m in (Run, Step, ChainEntry, RunValue))
+    run_t, step_t, entry_t, value_t, link_t = (q(m._meta.db_table)
+                                               for m in (Run, Step, ChainEntry, RunValue, StepDependency))
     sets = [f"{_column(name)} = %s" for name in names]
     if has_result:
         sets.append(f"{_column('result_seq')} = go.head_seq + 1")
@@ -207,13 +213,27 @@ def _close_sql(names: tuple[str, ...], has_result: bool, failed: bool, counter: 
 WITH run AS (
     SELECT r.* FROM {run_t} r WHERE r.id = %s FOR UPDATE
 ), go AS (
-    SELECT run.* FROM run
-    WHERE run.state <> '{Run.State.IMPORTED}'
-      AND NOT EXISTS (SELECT 1 FROM {value_t} v
-                      WHERE v.run_id = run.id AND v.step_id <> %s AND v.digest = ANY(%s::varchar[]))
+    SELECT run.* FROM run WHERE run.state <> '{Run.State.IMPORTED}'
 ), step AS (
     UPDATE {step_t} SET {", ".join(sets)} FROM go
     WHERE {step_t}.id = %s AND {step_t}.status = '{Step.Status.PENDING}' RETURNING {step_t}.id
+), hit AS (
+    SELECT v.step_id, v.pointer AS source, w.pointer AS target, w.n
+    FROM go, unnest(%s::varchar[], %s::varchar[]) WITH ORDINALITY AS w(digest, pointer, n)
+    JOIN {value_t} v ON v.digest = w.digest
+    WHERE v.run_id = go.id AND v.step_id <> %s AND v.seen <= {dependencies.COMMON_AFTER}
+), found AS (
+    SELECT hit.step_id, earlier.number,
+           jsonb_agg(jsonb_build_object('from', hit.source, 'to', hit.target) ORDER BY hit.n) AS pointers,
+           string_agg('{{"from":' || to_json(hit.source)::text || ',"to":' || to_json(hit.target)::text
+                      || '}}', ',' ORDER BY hit.n) AS written
+    FROM hit JOIN {step_t} earlier ON earlier.id = hit.step_id
+    WHERE hit.step_id IN (SELECT DISTINCT step_id FROM hit ORDER BY step_id DESC
+                          LIMIT {dependencies.MAX_LINKS})
+    GROUP BY hit.step_id, earlier.number
+), linked AS (
+    INSERT INTO {link_t} (step_id, depends_on_id, rule, pointers)
+    SELECT step.id, found.step_id, '{StepDependency.Rule.INFERRED}', found.pointers FROM step, found
 ), indexed AS (
     INSERT INTO {value_t} (run_id, digest, step_id, pointer, seen)
     SELECT go.id, v.digest, step.id, v.pointer, 1
@@ -221,7 +241,11 @@ WITH run AS (
     ON CONFLICT (run_id, digest) DO UPDATE
         SET step_id = excluded.step_id, pointer = excluded.pointer, seen = {value_t}.seen + 1
 ), written AS (
-    SELECT %s::text AS ts, %s::text AS data
+    SELECT %s::text AS ts,
+           %s::text || '[' || COALESCE((SELECT string_agg('{{"pointers":[' || found.written
+                                                         || '],"rule":"inferred","step":' || found.number
+                                                         || '}}', ',' ORDER BY found.step_id)
+                                        FROM found), '') || ']' || %s::text AS data
 ), entry AS (
     INSERT INTO {entry_t} (run_id, seq, ts, event, data, prev_hash, hash)
     SELECT go.id, go.head_seq + 1, written.ts, 'result', written.data::jsonb, go.head_hash,

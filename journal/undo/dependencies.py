@@ -77,7 +77,8 @@ def choose_links(
     """The inferred links of a call whose arguments have the values `wanted` ((digest, pointer) pairs), given
     what the run's earlier results had: `known` maps a digest to (the most recent step that had it, where in
     its result, in how many results it was). Returns {step: [{"from": result pointer, "to": argument
-    pointer}]}, at most MAX_LINKS steps, the most recent ones (steps are numbered in the order they ran)."""
+    pointer}]}, at most MAX_LINKS steps, the most recent ones (steps are numbered in the order they ran).
+    `journal.services.one_statement._close_sql` chooses the same in SQL: a change here is one there."""
     found: dict[int, list[dict]] = {}
     for value_digest, to in wanted:
         hit = known.get(value_digest)

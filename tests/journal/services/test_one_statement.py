@@ -17,6 +17,7 @@ from journal import services
 from journal.models import ChainEntry, Checkpoint, Run, RunValue, Step, StepDependency
 from journal.record import sql
 from journal.services.record import ForeignRun
+from journal.undo import dependencies
 
 from ..factories import crm_server
 
@@ -137,9 +138,9 @@ def test_a_call_is_one_statement_each_way_on_postgresql(agent):
     at = AT + timedelta(seconds=2)
     with CaptureQueriesContext(connection) as intent:
         opened = services.open_step(agent=agent, run_key="run:task", server=server, server_name="crm",
-                                    tool="update_deal", arguments={"deal_id": "D-2"}, request_meta=None,
-                                    now=at, decide=remembered_decisions)
-    with CaptureQueriesContext(connection) as outcome:
+                                    tool="update_deal", arguments={"deal_id": "DEAL-8f3a2c91"},
+                                    request_meta=None, now=at, decide=remembered_decisions)
+    with CaptureQueriesContext(connection) as outcome:  # linked to step 1's result, inside the statement
         closed = services.close_step(opened=opened, outcome=services.Outcome(result=WON), started=at,
                                      finished=at)
     # The test's own transaction makes each `atomic` a savepoint; the journal's groups make none.
@@ -152,6 +153,45 @@ def test_a_call_is_one_statement_each_way_on_postgresql(agent):
         assert len(statements[0]) >= 4 and len(statements[1]) >= 4
     assert closed.status == "ok" and closed.result_seq == 5
     assert services.verify_run(run=Run.objects.get(pk=opened.run_id)).ok
+    link = StepDependency.objects.get(step_id=closed.pk)
+    assert (link.depends_on.number, link.rule) == (1, "inferred")
+    assert link.pointers == [{"from": "/structuredContent/deal/id", "to": "/deal_id"}]
+
+
+# Keys JCS and PostgreSQL's `to_json` must write alike: quotes, backslashes, control characters, U+2028,
+# non-ASCII, a character beyond the Basic Multilingual Plane.
+ODD_KEYS = ['say "hi"', "back\\slash", "tab\there\n", "\x01\x1f\x7f", "line\u2028sep", "caf\u00e9",
+            "\U0001f600/~"]
+
+
+def linked_journey(agent, server):
+    """Calls whose arguments carry earlier results' values under odd keys: links by many pointers, to
+    several steps, past the most a call may have (MAX_LINKS), and a value too common to link by."""
+    for n, key in enumerate(ODD_KEYS, start=1):
+        result = {"content": [], "structuredContent": {key: {"id": f"ID-{n}-7f3a9c", "k": "common-91ab3f"}}}
+        call(agent, server, n, arguments={"n": n}, outcome=services.Outcome(result=result))
+    carried = {key: f"ID-{n}-7f3a9c" for n, key in enumerate(ODD_KEYS, start=1)}
+    call(agent, server, 20, arguments={**carried, "again": "ID-1-7f3a9c", "c": "common-91ab3f"})
+    for n in range(21, 21 + dependencies.MAX_LINKS + 2):  # more steps with a value than a call may link
+        result = {"content": [], "structuredContent": {"v": f"MANY-{n}-c0ffee", "w": "W-5d1e7a"}}
+        call(agent, server, n, arguments={"n": n}, outcome=services.Outcome(result=result))
+    many = [f"MANY-{n}-c0ffee" for n in range(21, 21 + dependencies.MAX_LINKS + 2)]
+    call(agent, server, 60, arguments={"all": many, "w": "W-5d1e7a"})  # W-…: in every one, too common
+
+
+def test_links_chosen_in_the_statement_are_the_links_python_chooses(agent, settings):
+    server = crm_server()
+    linked_journey(agent, server)
+    at_once = record()
+    Run.objects.all().delete()
+    settings.RECORDER_ONE_STATEMENT = False
+    linked_journey(agent, server)
+    usual = record()
+    assert usual == at_once
+    links = at_once["run:task"]["links"]
+    assert sum(1 for link in links if link[0] == len(ODD_KEYS) + 1) == len(ODD_KEYS)  # one a step it carries
+    assert sum(1 for link in links if link[0] == len(ODD_KEYS) + 2 + dependencies.MAX_LINKS + 2) \
+        == dependencies.MAX_LINKS  # the most recent ones only
 
 
 def test_an_imported_runs_record_is_never_added_to(agent):
