@@ -112,15 +112,20 @@ def record():
     return runs
 
 
-def test_each_call_writes_the_record_the_usual_way_writes(agent, settings):
-    settings.RECORDER_CHECKPOINT_EVERY = 5
+def both_ways(settings, calls, agent) -> tuple[dict, dict]:
+    """The record `calls(agent, server)` writes with the one statement, then the usual way."""
     server = crm_server()
-    journey(agent, server)
+    calls(agent, server)
     at_once = record()
     Run.objects.all().delete()
     settings.RECORDER_ONE_STATEMENT = False
-    journey(agent, server)
-    usual = record()
+    calls(agent, server)
+    return at_once, record()
+
+
+def test_each_call_writes_the_record_the_usual_way_writes(agent, settings):
+    settings.RECORDER_CHECKPOINT_EVERY = 5
+    at_once, usual = both_ways(settings, journey, agent)
     for key, found in at_once.items():
         for part, value in found.items():
             assert usual[key][part] == value, (key, part)
@@ -180,13 +185,7 @@ def linked_journey(agent, server):
 
 
 def test_links_chosen_in_the_statement_are_the_links_python_chooses(agent, settings):
-    server = crm_server()
-    linked_journey(agent, server)
-    at_once = record()
-    Run.objects.all().delete()
-    settings.RECORDER_ONE_STATEMENT = False
-    linked_journey(agent, server)
-    usual = record()
+    at_once, usual = both_ways(settings, linked_journey, agent)
     assert usual == at_once
     links = at_once["run:task"]["links"]
     assert sum(1 for link in links if link[0] == len(ODD_KEYS) + 1) == len(ODD_KEYS)  # one a step it carries
