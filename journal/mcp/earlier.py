@@ -8,6 +8,7 @@ statements would do, and where the capture stands."""
 
 import asyncio
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,12 +18,16 @@ from django.utils import timezone
 from .. import services
 from ..models import ToolServer
 from ..record.canonical import sha256_hex
+from ..telemetry import metrics
 from ..undo import recipe_chains, recipes
 from ..undo.bindings import BindingError
+from ..undo.database import rows
 from ..upstream import database, snapshots, windows
 from ..upstream.client import ToolServerError, Upstreams, endpoint_of
 from ..upstream.recipe_reads import read_state
 from .failing import failed
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -92,37 +97,53 @@ async def statements_before(server: ToolServer, recipe: recipes.Recipe, argument
                               "could not be read against one (manage.py add_tool_server NAME --update "
                               "--database …)"}}
     else:
-        state = await asyncio.to_thread(database.before_call, server.database, text)
+        state = await asyncio.to_thread(database.before_call, server.database, text, split=recipe.split,
+                                        keeps_connection=recipe.keeps_connection)
     return {"tool": recipe.tool, "statements": statements_digest(recipe, arguments), **state}
 
 
 def refused(earlier: dict[str, Any] | None) -> str | None:
-    """Why a call's statements are never sent (they touch the capture), or None."""
+    """Why a call's statements are never sent (they touch the capture, the server would run other statements
+    than were read, or they leave a transaction to a later call), or None."""
     found = (earlier or {}).get("database")
     reading = found.get("reading") if isinstance(found, dict) else None
     if not isinstance(reading, dict) or reading.get("kind") != "refused":
         return None
     worst = next((s for s in reading.get("statements", ()) if s.get("kind") == "refused"), {})
-    return (f"Refused: {worst.get('reason', 'it touches the capture')}. Statements that touch the undo "
-            "capture are never sent, whatever the policies say.")
+    if worst.get("verb") == "touches the capture":
+        return (f"Refused: {worst.get('reason', 'it touches the capture')}. Statements that touch the undo "
+                "capture are never sent, whatever the policies say.")
+    why = worst.get("reason", "it cannot be run as it was read")
+    return f"Refused: {why}. This is never sent, whatever the policies say."
 
 
-def writes(earlier: dict[str, Any] | None) -> bool:
-    """Whether a call's statements may change rows (anything but reads; refused calls are never sent)."""
+def touches_capture(earlier: dict[str, Any] | None) -> bool:
     reading = ((earlier or {}).get("database") or {}).get("reading") or {}
-    return reading.get("kind") in ("rows", "destroy", "unknown")
+    return any(s.get("verb") == "touches the capture" for s in reading.get("statements", ()))
 
 
-# One writing call at a time per database in this process, waited for on the event loop (so calls queued
-# for a busy database hold no thread); `windows` adds the lock across processes.
+def in_window(earlier: dict[str, Any] | None) -> bool:
+    """Whether a call is a database server's SQL, to be sent inside its database's window: every such call,
+    reads included (what the database did is what the capture kept, whatever the statements read as), but
+    those refused, which are never sent."""
+    found = (earlier or {}).get("database")
+    return isinstance(found, dict) and (found.get("reading") or {}).get("kind") != "refused"
+
+
+def _read_kind(earlier: dict[str, Any]) -> str:
+    return ((earlier.get("database") or {}).get("reading") or {}).get("kind") or "unknown"
+
+
+# One SQL call at a time per database in this process, waited for on the event loop (so calls queued for a
+# busy database hold no thread); `windows` adds the lock across processes.
 _WINDOW_LOCKS: dict[str, asyncio.Lock] = {}
 
 
 async def window(server: ToolServer, earlier: dict[str, Any] | None) -> windows.Window | None:
-    """The database's write window for a call whose statements may change rows, opened just before it is
-    sent (it waits for any other such call to the same database); None for any other call. An agent that
-    hangs up while it waits leaves nothing held: the window, once opened, is let go at once."""
-    if not server.database or not writes(earlier):
+    """The database's window for an SQL call (`in_window`), opened just before it is sent (it waits for any
+    other such call to the same database); None for any other call. An agent that hangs up while it waits
+    leaves nothing held: the window, once opened, is let go at once."""
+    if not server.database or not in_window(earlier):
         return None
     lock = _WINDOW_LOCKS.setdefault(server.database, asyncio.Lock())
     await lock.acquire()
@@ -142,16 +163,30 @@ async def window(server: ToolServer, earlier: dict[str, Any] | None) -> windows.
     return opened
 
 
-async def rows_after(opened_window: windows.Window | None, earlier: dict[str, Any] | None) -> dict | None:
+def misread(found: dict[str, Any]) -> str:
+    """What a call read as a read did, in words: "read as a read, but the database changed 5 rows of
+    contacts"."""
+    return f"read as a read, but the database says it {rows.changed_words(found.get('tables') or {})}"
+
+
+async def rows_after(opened_window: windows.Window | None, earlier: dict[str, Any] | None,
+                     server_name: str = "") -> dict | None:
     """The rows the call changed, read from the capture right after it, the window closed: what the record
     keeps as the call's (`{"database": …}`), or None for a call that opened no window."""
     if opened_window is None:
         return {"database": {"problem": "its database could not be reached to read the rows it changed"}} \
-            if writes(earlier) else None
+            if in_window(earlier) else None
+    kind = _read_kind(earlier)
+    # A row change's rows are those of the tables it names (on SQLite, others are another writer's); any
+    # other call's are all its own: the reading did not foresee them.
     tables = [t for s in earlier["database"]["reading"].get("statements", ())
-              for t in (*s.get("writes", ()), *s.get("triggers", ()))]
+              for t in (*s.get("writes", ()), *s.get("triggers", ()))] if kind == "rows" else None
     found = await asyncio.to_thread(windows.closed, opened_window, tables=tables,
                                     keep=settings.RECORDER_DATABASE_ROWS_KEPT)
+    if kind == "read" and found.get("count"):
+        found["misread"] = misread(found)
+        metrics.ROWS_MISREAD.labels(server=server_name).inc(found["count"])
+        logger.warning("%s: a call read as a read changed rows: %s", server_name, found["misread"])
     if kept := earlier["database"].get("kept"):  # tables kept before an approved destruction: did it happen?
         try:
             found["destroyed"] = await asyncio.to_thread(snapshots.destroyed, opened_window.place, kept)

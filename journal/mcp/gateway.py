@@ -363,7 +363,7 @@ class Recorder:
             self.outcomes.cancelled(opened, started, sent=bool(sent))
             raise
         except ToolServerError as exc:
-            rows = await earlier_reads.rows_after(window, opened.earlier)
+            rows = await earlier_reads.rows_after(window, opened.earlier, server_name)
             calls.current().upstream_failed(exc)
             if (
                 exc.oversized is not None
@@ -391,7 +391,8 @@ class Recorder:
         except Exception:
             windows.release(window)  # nothing a failure here leaves may keep the database's window
             raise
-        rows = await earlier_reads.rows_after(window, opened.earlier)  # the rows it changed, for a database
+        # The rows it changed, for a database's SQL.
+        rows = await earlier_reads.rows_after(window, opened.earlier, server_name)
         if result.get("resultType") == TASK_RESULT:  # the tasks extension: the call goes on as a task
             calls.current().mark("task")
             return await self.tasks.started(opened, started, result, declared=tasks, owner=owner), None

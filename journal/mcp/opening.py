@@ -43,7 +43,8 @@ def gated_step(*, servers: ServerDirectory, agent: Agent, server_name: str, tool
                             agent, server, tool)
         if (why := reads.refused(earlier)) is not None:  # whatever the policies say
             return {**{k: v for k, v in (decision or {}).items() if k != "hold"}, "decision": "deny",
-                    "reason": why, "capture": True}
+                    "reason": why, "capture": reads.touches_capture(earlier),
+                    "statements": True}
         return decision
 
     return services.open_step(agent=agent, run_key=key, server=server, server_name=server_name, tool=tool,

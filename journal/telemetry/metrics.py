@@ -61,6 +61,9 @@ JOURNAL_GROUP_SIZE = Histogram(
 JOURNAL_QUEUE = Gauge(
     "undo_journal_queue_depth", "Journal writes waiting for the journal thread, summed over the Recorder "
     "processes.", multiprocess_mode="livesum")
+ROWS_MISREAD = Counter(
+    "undo_database_rows_misread", "Rows a database's capture kept for SQL calls whose statements read as "
+    "reads (the record says what the rows say, and flags the call), by server.", ["server"])
 CHECKS = Counter("undo_checks", "Checks of plan items against their tool servers, by result (ok, "
                  "conflict, expired, unavailable, error).", ["result"])
 COMPENSATIONS = Counter(

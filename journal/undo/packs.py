@@ -164,7 +164,10 @@ PACKS: dict[str, list[dict[str, Any]]] = {
                    "one back; the database is not touched.",
          "remedy": "The memo goes when the server restarts."},
     ],
-    "dbhub": [{"tool": "execute_sql", "schemaDigest": _DBHUB_EXECUTE_SQL, "kind": "sql", "sql": "sql"}],
+    # DBHub cuts a text with a scanner of its own and sends each piece; it keeps its SQLite connection and
+    # hands back pooled PostgreSQL clients, so a transaction one call leaves open holds the next.
+    "dbhub": [{"tool": "execute_sql", "schemaDigest": _DBHUB_EXECUTE_SQL, "kind": "sql", "sql": "sql",
+               "split": "dbhub", "keepsConnection": True}],
     "postgres": [{"tool": "query", "schemaDigest": _POSTGRES_QUERY, "kind": "sql", "sql": "sql"}],
     "git": [
         # The branch is read from git_status's text before the checkout; a detached HEAD has none, so such a

@@ -91,6 +91,11 @@ class Recipe(_Strict):
     # `sql`: a database's SQL tool, each call decided by its statements (journal.undo.database)
     kind: Literal["compensate", "none", "read_only", "sql"]
     sql: str | None = Field(None, max_length=200)  # the argument that holds the statements
+    # How the server cuts a text into the statements it sends (journal.undo.database.splitting), and whether
+    # it keeps its connection (or hands back a pooled one) between calls, so a transaction one call leaves
+    # open holds the next call's statements.
+    split: Literal["database", "dbhub"] = "database"
+    keeps_connection: bool = Field(False, alias="keepsConnection")
     does: str = Field("", max_length=200)  # the undo, in words
     window: Window = None
     side_effect: str | None = Field(None, alias="sideEffect", max_length=_TEXT)
@@ -121,6 +126,8 @@ class Recipe(_Strict):
         if (self.kind == "sql") != (self.sql is not None) or self.kind == "sql" and self.read is not None:
             raise ValueError("a recipe of kind 'sql' names the argument that holds the statements (sql), and "
                              "no other recipe does")
+        if self.kind != "sql" and (self.split != "database" or self.keeps_connection):
+            raise ValueError("only a recipe of kind 'sql' says how its server cuts and runs statements")
         uses_before = "$before.body" in str([call.arguments for call in self.calls])
         needs_read = (uses_before or self.version or self.version_pattern or self.when_read_fails
                       or self.refuse_if_before)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import psycopg
 
-from ..undo.database import capture, judging, postgres, sqlite
+from ..undo.database import capture, judging, postgres, splitting, sqlite
+from ..undo.database import reading as readings
 from ..undo.database.judging import Catalog
 from ..undo.database.places import (
     POSTGRESQL,
@@ -173,8 +174,16 @@ def non_volatile(connection: Connection, functions: Sequence[str]) -> set[str]:
     return {name for (name,) in rows}
 
 
-def read_statements(connection: Connection, text: str) -> Reading:
-    """`text` read by its database's grammar, with what the database's catalogue knows."""
+def read_statements(connection: Connection, text: str, *, split: str = splitting.DATABASE,
+                    keeps_connection: bool = False) -> Reading:
+    """`text` read by its database's grammar, with what the database's catalogue knows, as its server will
+    run it (`readings.as_run`): cut as the server cuts it (`split`), and on a server that keeps its connection
+    between calls (`keeps_connection`)."""
+    problem = splitting.disagreement(text, split=split, dialect=connection.dialect)
+    return readings.as_run(_read(connection, text), keeps_connection=keeps_connection, split_problem=problem)
+
+
+def _read(connection: Connection, text: str) -> Reading:
     if connection.dialect == POSTGRESQL:
         reading = postgres.read(text)
         unknown = [f for s in reading.statements for f in s.functions]
@@ -197,14 +206,15 @@ def read_statements(connection: Connection, text: str) -> Reading:
         return sqlite.read(text, copy=cached[1])
 
 
-def before_call(place: str, text: str) -> dict:
+def before_call(place: str, text: str, *, split: str = splitting.DATABASE,
+                keeps_connection: bool = False) -> dict:
     """What the step keeps of the database just before an agent's SQL is sent (`earlier_state`): the
     statements in words, what the database said of their tables, the undo that follows, and where the
     capture stands; `problem` instead when the database could not be read (then the call's undo is
     unknown, and the policies hold it)."""
     try:
         with connected(place) as connection:
-            reading = read_statements(connection, text)
+            reading = read_statements(connection, text, split=split, keeps_connection=keeps_connection)
             catalog = Catalog(keys=keys(connection), captured=captured(connection))
             catalog = Catalog(keys=catalog.keys, captured=catalog.captured,
                               counts=counts(connection, judging.to_count(reading)))

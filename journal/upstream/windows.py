@@ -92,10 +92,11 @@ def _release(window: Window) -> None:
             window.on_release()
 
 
-def closed(window: Window, *, tables: list[str], keep: int) -> dict[str, Any]:
+def closed(window: Window, *, tables: list[str] | None, keep: int) -> dict[str, Any]:
     """The rows the capture kept since the window opened, then the window released: the call's rows
     (at most `keep` of them kept; all of them counted and hashed), and `problem` when they cannot be told
-    apart from another writer's."""
+    apart from another writer's. `tables`: those the call may write (on SQLite, rows of any other are
+    another writer's), or None when every row in the window is the call's."""
     try:
         return _read(window, tables=tables, keep=keep)
     except database.DatabaseUnreachable as exc:
@@ -105,7 +106,7 @@ def closed(window: Window, *, tables: list[str], keep: int) -> dict[str, Any]:
         _release(window)
 
 
-def _read(window: Window, *, tables: list[str], keep: int) -> dict[str, Any]:
+def _read(window: Window, *, tables: list[str] | None, keep: int) -> dict[str, Any]:
     postgresql = window.dialect == POSTGRESQL
     mark = "%s" if postgresql else "?"
     kept, counts, others, writers, last, digest = [], {}, {}, set(), window.head, hashlib.sha256()
@@ -140,10 +141,10 @@ def _read(window: Window, *, tables: list[str], keep: int) -> dict[str, Any]:
     return found
 
 
-def _the_calls(window: Window, table: str, who: str | None, tables: list[str]) -> bool:
+def _the_calls(window: Window, table: str, who: str | None, tables: list[str] | None) -> bool:
     if window.dialect == POSTGRESQL:
         return not window.roles or who in window.roles
-    return table in tables or f"main.{table}" in tables
+    return tables is None or table in tables or f"main.{table}" in tables
 
 
 def _mixed(window: Window, writers: set, others: dict) -> str:

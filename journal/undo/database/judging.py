@@ -124,6 +124,9 @@ def after_call(found: Mapping, *, kind: str, kept: list[Mapping] | None = None) 
     if kept:
         return destroyed_but_kept(kept)
     words = rows.changed_words(found.get("tables") or {})
+    if found.get("misread"):  # the statements read as a read, and the capture kept rows: the rows decide
+        kind = "compensate"
+        words = f"{words}, though its statements read as a read"
     if not found.get("count"):
         if kind not in ("compensate", "read_only"):  # a destruction changes no row a trigger sees
             return {}
@@ -137,8 +140,17 @@ def after_call(found: Mapping, *, kind: str, kept: list[Mapping] | None = None) 
                  "from": found["from"], "to": found["to"]}
     if found.get("inCapture"):  # over the bound the record keeps: the undo reads them from the capture
         arguments["inCapture"] = True
-    return {**summary, "reversibility": "compensate", "undo_problems": [], "effect_version": found["sha256"],
+    undo = {**summary, "reversibility": "compensate", "undo_problems": [], "effect_version": found["sha256"],
             "compensation_arguments": arguments}
+    if found.get("misread"):  # its declaration was a read's, made before the call: the rows say otherwise
+        undo["declaration"] = restoring()
+    return undo
+
+
+def restoring() -> dict:
+    """The declaration of a call whose rows the Recorder puts back itself, as the step keeps it."""
+    return UndoDeclaration(kind="compensate", source=SOURCE, compensation=Compensation(
+        tool=RESTORE_TOOL, dialect="database", versioned=True)).model_dump(mode="json")
 
 
 def kept_words(kept: Mapping) -> str:
@@ -156,8 +168,7 @@ def destroyed_but_kept(kept: list[Mapping]) -> dict:
             "effect_summary": f"{said[:1].upper()}{said[1:]}: kept beforehand, so it can be undone.",
             "effect_resource": ", ".join(k["table"] for k in kept),
             "effect_version": sha256_hex(summary), "compensation_arguments": {"kept": summary},
-            "declaration": UndoDeclaration(kind="compensate", source=SOURCE, compensation=Compensation(
-                tool=RESTORE_TOOL, dialect="database", versioned=True)).model_dump(mode="json")}
+            "declaration": restoring()}
 
 
 def database_rows(after_state) -> Mapping | None:

@@ -104,9 +104,15 @@ def named(tables: tuple[str, ...] | list[str]) -> str:
 
 def transaction_control_among_others(statements: list[Statement]) -> list[Statement]:
     """Transaction control alone changes nothing; among other statements it is the worst kind: it ends the
-    transaction a server wraps around the text (its read-only one, say) and begins what follows outside it."""
+    transaction a server wraps around the text (its read-only one, say) and begins what follows outside it.
+    A text that is one whole transaction (BEGIN first, COMMIT or ROLLBACK last, no other control) runs its
+    statements inside whatever the server wrapped around it, and is read as those statements."""
     if len(statements) < 2:
         return statements
+    control = [i for i, s in enumerate(statements) if s.verb in TRANSACTION_VERBS]
+    if control == [0, len(statements) - 1] and statements[0].verb == "begins a transaction" and \
+            statements[-1].verb in ("commits the transaction", "rolls the transaction back"):
+        return statements  # the whole text as one transaction: inside any the server wraps, ending with it
     return [Statement("destroy", s.verb, s.text, reason=(
         f"it {s.verb} among other statements: whatever transaction the server wrapped around the text (a "
         "read-only one, say) no longer holds for what follows"))
@@ -116,3 +122,50 @@ def transaction_control_among_others(statements: list[Statement]) -> list[Statem
 TRANSACTION_VERBS = ("begins a transaction", "commits the transaction", "rolls the transaction back",
                      "sets a savepoint", "releases a savepoint", "rolls back to a savepoint",
                      "prepares the transaction for two-phase commit", "sets the transaction's mode")
+
+
+def left_open(statements: tuple[Statement, ...], dialect: str) -> bool:
+    """Whether the text ends inside a transaction it began: its rows would be committed by a later call, or
+    never, outside every call's window. SQLite begins a transaction at a savepoint set outside one, and ends
+    it when that savepoint is released; a prepared transaction (two-phase commit) stays open after the
+    text."""
+    open_, by_savepoint = False, 0
+    for statement in statements:
+        verb = statement.verb
+        if verb == "begins a transaction":
+            open_ = True
+        elif verb in ("commits the transaction", "rolls the transaction back"):
+            open_, by_savepoint = False, 0
+        elif verb == "prepares the transaction for two-phase commit":
+            return True
+        elif verb == "sets a savepoint" and dialect == "sqlite" and (by_savepoint or not open_):
+            open_, by_savepoint = True, by_savepoint + 1
+        elif verb == "releases a savepoint" and by_savepoint:
+            by_savepoint -= 1
+            open_ = by_savepoint > 0
+    return open_
+
+
+def as_run(reading: Reading, *, keeps_connection: bool, split_problem: str | None = None) -> Reading:
+    """The reading of a text as its server will run it: refused when the server cuts it otherwise than the
+    database reads it (`split_problem`), when it leaves a transaction open, or when it is nothing but
+    transaction control sent to a server that keeps its connection between calls (its effect would reach
+    the next call's statements, outside this call's window)."""
+    if split_problem:  # whether or not the grammar could read the text: what runs would be something else
+        return Reading(reading.dialect, (Statement("refused", "is cut otherwise by its server",
+                                                   reason=split_problem),), notes=reading.notes)
+    if reading.problem or not reading.statements:
+        return reading
+    if left_open(reading.statements, reading.dialect):
+        return Reading(reading.dialect, (Statement(
+            "refused", "leaves a transaction open", reason=(
+                "it leaves a transaction open, so its rows would be committed by a later call, outside the "
+                "window that keeps this call's rows; send the whole transaction, from its BEGIN to its "
+                "COMMIT, in one call")),), notes=reading.notes)
+    if keeps_connection and all(s.verb in TRANSACTION_VERBS for s in reading.statements):
+        return Reading(reading.dialect, (Statement(
+            "refused", "controls a transaction on its own", reason=(
+                "it is transaction control on its own, and this server keeps its connection between calls, "
+                "so it would reach the statements of other calls; send the whole transaction, from its BEGIN "
+                "to its COMMIT, in one call")),), notes=reading.notes)
+    return reading

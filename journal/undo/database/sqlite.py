@@ -4,6 +4,7 @@ database's schema with an authorizer that hears every action it would take, its 
 (`reading`). The agent's text is only ever compiled (`EXPLAIN`); the copy takes the text's own schema
 changes (a table it creates, then fills) so that what follows compiles as it would on the database."""
 
+import secrets
 import sqlite3
 from collections.abc import Sequence
 
@@ -38,6 +39,7 @@ page_size journal_mode foreign_keys recursive_triggers busy_timeout cache_size s
 # Pragmas that, set, reach the capture: a schema anyone may edit by hand, triggers that stop firing.
 CAPTURE_PRAGMAS = frozenset({"writable_schema", "trusted_schema"})
 SIDE_EFFECT_FUNCTIONS = frozenset({"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer"})
+PROBE = "_undo_probe_"  # the copy's delete triggers that hear a row replaced on a conflict (`Copy._probe`)
 WORDS_AFTER = {"VACUUM": "vacuums the database (VACUUM INTO writes a copy to a file)",
                "REINDEX": "reindexes", "ANALYZE": "analyzes"}
 
@@ -52,6 +54,10 @@ def statements(text: str) -> list[str]:
     if text[start:].strip():
         pieces.append(text[start:])
     return [p for p in pieces if not _blank(p)]
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _blank(piece: str) -> bool:
@@ -96,9 +102,36 @@ class Copy:
                 self.connection.execute(statement)
             except sqlite3.Error:
                 continue  # an object of a kind the copy cannot hold (a virtual table's module, say)
+        self.probes = self._probe()
         self.actions: list[tuple] = []
         self.applying = False
         self.connection.set_authorizer(self._heard)
+
+    def _probe(self) -> dict[str, str]:
+        """A delete trigger on each table of the copy, and recursive triggers on: SQLite then compiles the
+        delete triggers of every row a statement may replace on a conflict (its own OR REPLACE in any
+        spelling, or a table's declared ON CONFLICT REPLACE), so the authorizer hears a probe's body where
+        the database would delete rows without telling its triggers. {probe's name: its table}."""
+        probes, prefix = {}, f"{PROBE}{secrets.token_hex(6)}_"  # no name an agent's schema could hold
+        tables = [name for (name,) in self.connection.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'")]
+        for number, table in enumerate(tables):
+            name = f"{prefix}{number}"
+            try:
+                self.connection.execute(f"CREATE TRIGGER {name} AFTER DELETE ON {_quoted(table)} "
+                                        "BEGIN SELECT 1; END")
+            except sqlite3.Error:
+                continue  # a virtual table, say: it has no rows to replace
+            probes[name] = table
+        self.connection.execute("PRAGMA recursive_triggers = ON")
+        return probes
+
+    def replaced(self, actions: list[tuple]) -> tuple[str, ...]:
+        """The tables whose rows the last statement compiled may replace on a conflict: a probe heard without
+        a delete of its table."""
+        deleted = {first for action, first, *_ in actions if action == A.SQLITE_DELETE}
+        return tuple(dict.fromkeys(self.probes[t] for *_, t in actions
+                                   if t in self.probes and self.probes[t] not in deleted))
 
     def _heard(self, action, first, second, database, trigger):
         if self.applying:  # the copy takes schema changes, and never a file: no ATTACH, no VACUUM INTO
@@ -187,17 +220,20 @@ def _written(actions: list[tuple]) -> tuple[list[tuple], tuple[str, ...], tuple[
     return writes, own, tuple(dict.fromkeys(f for a, f, t in writes if t and f not in own))
 
 
-def _rows(piece: str, actions: list[tuple], word: str) -> Statement | None:
-    """A change of rows: by the statement itself, or by the triggers it fires."""
+def _rows(piece: str, actions: list[tuple], word: str, replaced: tuple[str, ...] = ()) -> Statement | None:
+    """A change of rows: by the statement itself, or by the triggers it fires. `replaced`: the tables whose
+    rows it may replace on a conflict, as SQLite compiled it (`Copy.replaced`)."""
     writes, own, by_triggers = _written(actions)
     if not own and not by_triggers:
         return None
     verbs = "; ".join(dict.fromkeys(f"{ROW_ACTIONS[a]} {f}" for a, f, t in writes if not t))
+    if replaced:
+        return Statement("destroy", f"{verbs or 'changes rows through triggers'}, replacing rows of "
+                         f"{named(replaced)} on a conflict", piece, writes=own, replaces=True, reason=(
+                             f"it may replace rows of {named(replaced)} on a conflict (OR REPLACE, or the "
+                             "table's own ON CONFLICT REPLACE): SQLite deletes them without telling the "
+                             "triggers, so no capture sees them go"))
     flat = f" {' '.join(piece.upper().split())} "
-    if word == "REPLACE" or " OR REPLACE " in flat:
-        return Statement("destroy", f"{verbs}, replacing rows on a conflict", piece, writes=own,
-                         replaces=True, reason="it replaces rows on a conflict (OR REPLACE): SQLite deletes "
-                         "them without telling the triggers, so no capture sees them go")
     whole = word in ("DELETE", "WITH") and " WHERE " not in flat and bool(own)
     if whole and word == "DELETE" and len(own) == 1:
         verbs = f"deletes every row of {own[0]}"
@@ -220,7 +256,7 @@ def _other(piece: str, actions: list[tuple], word: str) -> Statement:
                      reason="SQLite does not say what it does, so it is taken as the worst")
 
 
-def _classify(piece: str, actions: list[tuple], explained: bool) -> Statement:
+def _classify(piece: str, actions: list[tuple], explained: bool, replaced: tuple[str, ...] = ()) -> Statement:
     if explained:
         return Statement("read", "explains a query", piece)
     if touched := _capture(actions):
@@ -241,7 +277,7 @@ def _classify(piece: str, actions: list[tuple], explained: bool) -> Statement:
                                                 if a in ROW_ACTIONS and f):
         return Statement("destroy", "writes the schema table", piece,
                          reason="it writes SQLite's own schema table")
-    return _rows(piece, actions, word) or _other(piece, actions, word)
+    return _rows(piece, actions, word, replaced) or _other(piece, actions, word)
 
 
 def read(text: str, *, schema: Sequence[str] = (), copy: Copy | None = None) -> Reading:
@@ -260,7 +296,7 @@ def read(text: str, *, schema: Sequence[str] = (), copy: Copy | None = None) -> 
                 actions = copy.compile(piece, explained)
             except sqlite3.Error as exc:
                 return Reading("sqlite", problem=f"SQLite cannot compile {piece.strip()[:80]!r}: {exc}")
-            statement = _classify(piece.strip(), actions, explained)
+            statement = _classify(piece.strip(), actions, explained, copy.replaced(actions))
             read_.append(statement)
             if statement.kind == "destroy" and any(a in SCHEMA_ACTIONS for a, *_ in actions):
                 copy.apply(piece)

@@ -1,0 +1,193 @@
+"""What a database did, from the database (issue 58): every SQL call runs in its database's window, reads
+included, and what the capture kept there is the step's truth; texts the server would run otherwise than
+they read, transactions left to a later call, and rows SQLite replaces unseen are refused or held before
+anything is sent. Against the pinned DBHub (PostgreSQL and SQLite) and mcp-server-sqlite, each outcome
+checked in the database's own rows."""
+
+import sqlite3
+
+import psycopg
+import pytest
+
+from approver import services
+from approver.models import ActionRequest
+from journal import services as journal_services
+from journal.models import Step
+from journal.telemetry import metrics
+from journal.upstream import database
+from tests.approver.services.test_held_calls import call, set_policy
+from tests.services import POSTGRES_URL, needs_node, needs_postgres, needs_sqlite_server
+
+from .databases import CONTACTS, dbhub_crm, make_crm, pg_rows, postgres_crm, rows, server_command
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+# PostgreSQL reads `a$q$` as a name and what follows `--` as a comment: one SELECT. DBHub's scanner opens a
+# dollar quote at `$q$`, closes it inside the comment, and cuts the text at the semicolon after it.
+SPLIT_DELETE = "SELECT 1 AS a$q$ -- $q$; DELETE FROM contacts"
+SPLIT_DROP = "SELECT 1 AS a$q$ -- $q$; DROP TABLE notes"
+
+
+@pytest.fixture
+def on_postgres():
+    with postgres_crm(POSTGRES_URL) as urls:
+        yield urls
+
+
+@pytest.fixture
+def dbhub_postgres(on_postgres, admin_user, dana):
+    recorder_url, agent_url = on_postgres
+    dbhub_crm(recorder_url, agent_url, by=admin_user)
+    return recorder_url, agent_url, journal_services.create_agent(name="hostile-bot", on_behalf_of=dana)[1]
+
+
+@pytest.fixture
+def dbhub_sqlite(tmp_path, admin_user, dana):
+    path = make_crm(tmp_path / "crm.db")
+    database.install(str(path), ["contacts", "companies"])
+    server = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
+        name="crm", command=server_command("dbhub", str(path)), database=str(path)))
+    services.use_pack(server=server, pack="dbhub", by=admin_user)
+    return path, journal_services.create_agent(name="hostile-bot", on_behalf_of=dana)[1]
+
+
+def refused_words(result) -> str:
+    assert result.is_error, result.content[0].text
+    return result.content[0].text
+
+
+def step_of(sql: str) -> Step:
+    return Step.objects.get(arguments__sql=sql)
+
+
+@needs_postgres
+@needs_node
+def test_a_text_dbhub_cuts_otherwise_than_postgresql_reads_it_is_refused_and_never_sent(
+        dbhub_postgres, recorder, admin_user):
+    recorder_url, _, token = dbhub_postgres
+    set_policy(admin_user, none="allow", unknown="allow")  # whatever the policies say
+    for sql in (SPLIT_DELETE, SPLIT_DROP):
+        words = refused_words(call(recorder, token, "crm__execute_sql", {"sql": sql}))
+        assert "Refused: the server cuts this text into 2 statements where PostgreSQL reads 1 statement" in \
+            words and "Nothing was sent to crm" in words
+        step = step_of(sql)
+        assert (step.policy_decision["decision"], step.policy_decision["capture"]) == ("deny", False)
+        assert step.earlier_state["database"]["reading"]["kind"] == "refused"
+    assert pg_rows(recorder_url, "SELECT count(*) FROM contacts") == [(CONTACTS,)]
+    assert pg_rows(recorder_url, "SELECT to_regclass('notes') IS NOT NULL") == [(True,)]
+    assert pg_rows(recorder_url, "SELECT count(*) FROM undo_capture.changes") == [(0,)]
+    # The same statements, cut where both read them alike, go through as what they are.
+    fine = call(recorder, token, "crm__execute_sql", {"sql": 'SELECT 1 AS "a$q$"; SELECT 2'})
+    assert not fine.is_error, fine.content[0].text
+
+
+@needs_postgres
+@needs_node
+def test_a_transaction_across_calls_is_refused_on_dbhubs_kept_postgresql_clients(
+        dbhub_postgres, recorder, admin_user):
+    recorder_url, _, token = dbhub_postgres
+    set_policy(admin_user, none="allow", unknown="allow")
+    for sql in ("BEGIN", "START TRANSACTION", "COMMIT", "SAVEPOINT s", "PREPARE TRANSACTION 'x'",
+                "BEGIN; DELETE FROM contacts WHERE id <= 5"):
+        words = refused_words(call(recorder, token, "crm__execute_sql", {"sql": sql}))
+        assert "send the whole transaction, from its BEGIN to its COMMIT, in one call" in words, sql
+    assert pg_rows(recorder_url, "SELECT count(*) FROM contacts") == [(CONTACTS,)]
+    # Sent whole, the transaction's rows are the call's.
+    whole = "BEGIN; DELETE FROM contacts WHERE id <= 5; COMMIT"
+    assert not call(recorder, token, "crm__execute_sql", {"sql": whole}).is_error
+    step = step_of(whole)
+    assert step.reversibility == "compensate"
+    assert step.earlier_state["left"]["database"]["tables"] == {"public.contacts": {"I": 0, "U": 0, "D": 5}}
+    assert pg_rows(recorder_url, "SELECT count(*) FROM contacts") == [(CONTACTS - 5,)]
+
+
+@needs_node
+def test_a_transaction_across_calls_is_refused_on_dbhubs_kept_sqlite_connection(
+        dbhub_sqlite, recorder, admin_user):
+    path, token = dbhub_sqlite
+    set_policy(admin_user, none="allow", unknown="allow")
+    for sql in ("BEGIN", "BEGIN IMMEDIATE", "SAVEPOINT s", "COMMIT",
+                "BEGIN; DELETE FROM contacts WHERE id <= 5",
+                "SAVEPOINT a; DELETE FROM contacts WHERE id <= 5"):
+        words = refused_words(call(recorder, token, "crm__execute_sql", {"sql": sql}))
+        assert "send the whole transaction" in words, sql
+    assert rows(path, "SELECT count(*) FROM contacts") == [(CONTACTS,)]
+    # A write sent after the refused BEGIN is committed by itself, in its own window.
+    write = "DELETE FROM contacts WHERE id <= 7"
+    assert not call(recorder, token, "crm__execute_sql", {"sql": write}).is_error
+    left = step_of(write).earlier_state["left"]["database"]
+    assert left["tables"] == {"contacts": {"I": 0, "U": 0, "D": 7}}
+    assert rows(path, "SELECT count(*) FROM contacts") == [(CONTACTS - 7,)]
+    kept = rows(path, "SELECT count(*) FROM _undo_capture_changes")
+    assert kept == [(7,)]
+
+
+@needs_node
+def test_sqlite_replace_in_any_spelling_through_dbhub_is_held_as_destruction(
+        dbhub_sqlite, recorder, admin_user, settings):
+    settings.RECORDER_HOLD_WAIT_SECONDS = 1
+    path, token = dbhub_sqlite
+    set_policy(admin_user)
+    sql = "INSERT /* no */ OR /* really */ REPLACE INTO contacts (id, name, email, status) " \
+          "VALUES (1, 'Fake', 'fake@x.test', 'lead')"
+    result = call(recorder, token, "crm__execute_sql", {"sql": sql})
+    assert result.is_error and "approval" in result.content[0].text.lower()
+    action = ActionRequest.objects.get()
+    assert "may replace rows of contacts on a conflict" in action.why["reason"]
+    assert rows(path, "SELECT name FROM contacts WHERE id = 1") == [("Contact 1",)]
+
+
+@needs_sqlite_server
+def test_a_table_that_declares_on_conflict_replace_holds_a_plain_insert(tmp_path, recorder, admin_user, dana,
+                                                                       settings):
+    settings.RECORDER_HOLD_WAIT_SECONDS = 1
+    path = tmp_path / "crm.db"
+    make_crm(path)
+    with sqlite3.connect(path) as connection:
+        connection.executescript("CREATE TABLE tags (id INTEGER PRIMARY KEY ON CONFLICT REPLACE, label TEXT);"
+                                 "INSERT INTO tags VALUES (1, 'vip');")
+    server_path = path
+    database.install(str(server_path), ["contacts", "tags"])
+    server = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
+        name="crm", command=server_command("sqlite", str(server_path)), database=str(server_path)))
+    services.use_pack(server=server, pack="sqlite", by=admin_user)
+    token = journal_services.create_agent(name="hostile-bot", on_behalf_of=dana)[1]
+    set_policy(admin_user)
+    for sql in ("INSERT INTO tags VALUES (1, 'churned')", "UPDATE tags SET id = 1 WHERE id = 2",
+                "INSERT --\nOR REPLACE INTO contacts (id, name, email, status) VALUES (2, 'x', 'x@x', 'x')"):
+        result = call(recorder, token, "crm__write_query", {"query": sql})
+        assert result.is_error and "approval" in result.content[0].text.lower(), sql
+    reasons = [a.why["reason"] for a in ActionRequest.objects.order_by("pk")]
+    assert all("on a conflict" in reason for reason in reasons) and len(reasons) == 3
+    assert rows(server_path, "SELECT label FROM tags") == [("vip",)]
+    assert rows(server_path, "SELECT name FROM contacts WHERE id = 2") == [("Contact 2",)]
+
+
+@needs_postgres
+@needs_node
+def test_a_call_read_as_a_read_that_changed_rows_is_recorded_as_the_rows_say_and_flagged(
+        dbhub_postgres, recorder, admin_user):
+    """A STABLE function PostgreSQL trusts, calling a volatile one that deletes: the statements read as a
+    read; the capture kept the rows; the step is what the rows say, undoable, and says it was misread."""
+    recorder_url, agent_url, token = dbhub_postgres
+    with psycopg.connect(agent_url, autocommit=True) as connection:
+        connection.execute("CREATE FUNCTION purge() RETURNS int LANGUAGE sql VOLATILE AS "
+                           "$$ DELETE FROM contacts WHERE id <= 5 RETURNING 1 $$")
+        connection.execute("CREATE FUNCTION tidy() RETURNS int LANGUAGE plpgsql STABLE AS "
+                           "$$ BEGIN RETURN (SELECT purge()); END $$")
+    set_policy(admin_user, none="allow", unknown="allow")
+    before = metrics.ROWS_MISREAD.labels(server="crm")._value.get()
+    sql = "SELECT tidy()"
+    assert not call(recorder, token, "crm__execute_sql", {"sql": sql}).is_error
+    step = step_of(sql)
+    assert pg_rows(recorder_url, "SELECT count(*) FROM contacts") == [(CONTACTS - 5,)]
+    left = step.earlier_state["left"]["database"]
+    assert left["tables"] == {"public.contacts": {"I": 0, "U": 0, "D": 5}}
+    assert left["misread"] == "read as a read, but the database says it deleted 5 rows of public.contacts"
+    assert (step.reversibility, step.declaration["compensation"]["dialect"]) == ("compensate", "database")
+    assert step.effect_summary == ("Deleted 5 rows of public.contacts, though its statements read as a "
+                                   "read.")
+    assert metrics.ROWS_MISREAD.labels(server="crm")._value.get() == before + 5
+    entry = next(e for e in step.run.entries.order_by("seq") if e.event == "result")
+    assert entry.data["readAfter"]["database"]["misread"] == left["misread"]
+    assert journal_services.verify_run(run=step.run).ok
