@@ -98,7 +98,8 @@ async def statements_before(server: ToolServer, recipe: recipes.Recipe, argument
                               "--database …)"}}
     else:
         state = await asyncio.to_thread(database.before_call, server.database, text, split=recipe.split,
-                                        keeps_connection=recipe.keeps_connection)
+                                        keeps_connection=recipe.keeps_connection,
+                                        listed_safe=recipe.safe_functions)
     return {"tool": recipe.tool, "statements": statements_digest(recipe, arguments), **state}
 
 

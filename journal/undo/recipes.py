@@ -96,6 +96,9 @@ class Recipe(_Strict):
     # open holds the next call's statements.
     split: Literal["database", "dbhub"] = "database"
     keeps_connection: bool = Field(False, alias="keepsConnection")
+    # PostgreSQL functions outside pg_catalog that an admin vouches change nothing (`tidy`, `public.tidy`):
+    # any other such function is taken to change data, whatever volatility it declares.
+    safe_functions: list[str] = Field(default_factory=list, alias="safeFunctions", max_length=200)
     does: str = Field("", max_length=200)  # the undo, in words
     window: Window = None
     side_effect: str | None = Field(None, alias="sideEffect", max_length=_TEXT)
@@ -126,7 +129,7 @@ class Recipe(_Strict):
         if (self.kind == "sql") != (self.sql is not None) or self.kind == "sql" and self.read is not None:
             raise ValueError("a recipe of kind 'sql' names the argument that holds the statements (sql), and "
                              "no other recipe does")
-        if self.kind != "sql" and (self.split != "database" or self.keeps_connection):
+        if self.kind != "sql" and (self.split != "database" or self.keeps_connection or self.safe_functions):
             raise ValueError("only a recipe of kind 'sql' says how its server cuts and runs statements")
         uses_before = "$before.body" in str([call.arguments for call in self.calls])
         needs_read = (uses_before or self.version or self.version_pattern or self.when_read_fails

@@ -163,31 +163,129 @@ def head(connection: Connection) -> int:
         return 0
 
 
-def non_volatile(connection: Connection, functions: Sequence[str]) -> set[str]:
-    """Of `functions`, those PostgreSQL's catalogue says change nothing (immutable or stable)."""
+PG_FUNCTIONS = """
+SELECT f,
+       EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+               WHERE p.proname = lower(split_part(f, '.', -1))
+                 AND (strpos(f, '.') = 0 OR n.nspname = lower(split_part(f, '.', 1)))) AS known,
+       EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+               WHERE p.proname = lower(split_part(f, '.', -1))
+                 AND (strpos(f, '.') = 0 OR n.nspname = lower(split_part(f, '.', 1)))
+                 AND n.nspname <> 'pg_catalog'
+                 AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass
+                                 AND d.objid = p.oid AND d.deptype = 'e')) AS users,
+       EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+               WHERE p.proname = lower(split_part(f, '.', -1))
+                 AND (strpos(f, '.') = 0 OR n.nspname = lower(split_part(f, '.', 1)))
+                 AND p.provolatile = 'v') AS volatile
+FROM unnest(%s::text[]) f
+"""
+PG_VIEWS = """
+SELECT f, pg_get_viewdef(to_regclass(f)) FROM unnest(%s::text[]) f
+WHERE (SELECT relkind FROM pg_class WHERE oid = to_regclass(f)) = 'v'
+"""
+VIEWS_FOLLOWED = 100  # views read through views, at most, before the rest are taken to change data
+
+
+def safe_functions(connection: Connection, functions: Sequence[str], listed: Sequence[str] = (),
+                   select: str | None = None) -> set[str]:
+    """Of `functions` (as called: `lower`, `public.tidy`), those that change nothing, by every function of
+    that name in the catalogue, whatever its argument types: none may be a user's (outside pg_catalog and
+    not an extension's) unless an admin listed the name as safe (`listed`: `tidy` or `public.tidy`), and
+    each built-in must be immutable or stable, or one of the harmless volatile ones known by name
+    (`postgres.SAFE_FUNCTIONS`). A user's function is never trusted for its volatility: a STABLE function may
+    call a volatile one. Where a user's function shares a built-in's name, the call is resolved with its
+    arguments' types by PostgreSQL itself when the text is one SELECT (`select`: pglast's printing of it);
+    otherwise it is taken to be the user's."""
     if connection.dialect != POSTGRESQL or not functions:
         return set()
-    rows = connection.rows("SELECT f FROM unnest(%s::text[]) f WHERE NOT EXISTS (SELECT 1 FROM pg_proc p "
-                           "WHERE p.proname = lower(split_part(f, '.', -1)) AND p.provolatile = 'v') AND "
-                           "EXISTS (SELECT 1 FROM pg_proc p WHERE p.proname = lower(split_part(f, '.', -1)))",
-                           (list(functions),))
-    return {name for (name,) in rows}
+    allowed = {name.lower() for name in listed}
+    safe, overloaded = set(), {}
+    for name, known, users, volatile in connection.rows(PG_FUNCTIONS, (list(functions),)):
+        bare = name.lower().split(".")[-1]
+        builtin = known and (not volatile or bare in postgres.SAFE_FUNCTIONS)
+        if name.lower() in allowed or bare in allowed or builtin and not users:
+            safe.add(name)
+        elif builtin:  # a user's function shares the name: the call may resolve to either
+            overloaded[name] = bare
+    if overloaded and select is not None and (used := users_functions_used(connection, select)) is not None:
+        safe.update(name for name, bare in overloaded.items() if bare not in used)
+    return safe
+
+
+PG_USED = """
+SELECT DISTINCT p.proname FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid
+JOIN pg_proc p ON p.oid = d.refobjid
+WHERE d.classid = 'pg_rewrite'::regclass AND d.refclassid = 'pg_proc'::regclass
+  AND r.ev_class = 'pg_temp.undo_capture_resolve'::regclass
+"""
+
+
+def users_functions_used(connection: Connection, select: str) -> set[str] | None:
+    """The names of the functions outside the built-ins that one SELECT calls, as PostgreSQL resolves each
+    call with its arguments' types: read from the dependencies of a temporary view made of it, in a
+    transaction rolled back (a view is made, never run; `select` is pglast's own printing of one parsed
+    SELECT, so nothing else can ride along). None when PostgreSQL will not make the view."""
+    try:
+        with connection.raw.transaction(force_rollback=True):
+            connection.raw.execute(f"CREATE TEMPORARY VIEW undo_capture_resolve AS {select}")
+            return {name for (name,) in connection.rows(PG_USED)}
+    except psycopg.Error:
+        return None
+
+
+def unsafe_views(connection: Connection, relations: Sequence[str],
+                 listed: Sequence[str] = ()) -> dict[str, str]:
+    """The views among `relations`, and the views they read in turn, whose definitions call a function that
+    may change data (`safe_functions`), with which in words ("calls purge()")."""
+    definitions: dict[str, tuple[list[str], list[str]]] = {}
+    pending = list(dict.fromkeys(relations))
+    while pending and len(definitions) < VIEWS_FOLLOWED:
+        found = connection.rows(PG_VIEWS, (pending,))
+        pending = []
+        for name, definition in found:
+            called, named_ = postgres.names_in(definition or "")
+            definitions[name] = (called, named_)
+            pending += [r for r in named_ if r not in definitions]
+    if not definitions:
+        return {}
+    called = {f for calls, _ in definitions.values() for f in calls}
+    safe = safe_functions(connection, sorted(called), listed)
+    unsafe: dict[str, str] = {}
+    for name, (calls, _) in definitions.items():
+        if bad := [f for f in calls if f not in safe]:
+            unsafe[name] = "calls " + readings.named([f + "()" for f in bad])
+    changed = True
+    while changed:  # a view that reads an unsafe view is unsafe too
+        changed = False
+        for name, (_, reads) in definitions.items():
+            through = next((r for r in reads if r in unsafe and r != name), None)
+            if name not in unsafe and through is not None:
+                unsafe[name], changed = f"reads view {through}, whose definition {unsafe[through]}", True
+    if pending:  # more views than are followed: the rest are not cleared
+        for name in definitions:
+            unsafe.setdefault(name, "reads more views than the Recorder follows")
+    return unsafe
 
 
 def read_statements(connection: Connection, text: str, *, split: str = splitting.DATABASE,
-                    keeps_connection: bool = False) -> Reading:
+                    keeps_connection: bool = False, listed_safe: Sequence[str] = ()) -> Reading:
     """`text` read by its database's grammar, with what the database's catalogue knows, as its server will
     run it (`readings.as_run`): cut as the server cuts it (`split`), and on a server that keeps its connection
-    between calls (`keeps_connection`)."""
+    between calls (`keeps_connection`); `listed_safe`: the functions an admin listed as changing nothing."""
     problem = splitting.disagreement(text, split=split, dialect=connection.dialect)
-    return readings.as_run(_read(connection, text), keeps_connection=keeps_connection, split_problem=problem)
+    return readings.as_run(_read(connection, text, listed_safe), keeps_connection=keeps_connection,
+                           split_problem=problem)
 
 
-def _read(connection: Connection, text: str) -> Reading:
+def _read(connection: Connection, text: str, safe_listed: Sequence[str] = ()) -> Reading:
     if connection.dialect == POSTGRESQL:
-        reading = postgres.read(text)
-        unknown = [f for s in reading.statements for f in s.functions]
-        return postgres.read(text, safe=non_volatile(connection, unknown)) if unknown else reading
+        functions, relations = postgres.names_in(text)
+        if not functions and not relations:
+            return postgres.read(text, safe=())
+        return postgres.read(text, safe=safe_functions(connection, functions, safe_listed,
+                                                       postgres.one_select(text)),
+                             views=unsafe_views(connection, relations, safe_listed))
     place = connection.place
     try:  # a file put in another's place is another database, whatever its schema version says
         version = (os.stat(sqlite_path(place)).st_ino, connection.rows("PRAGMA schema_version")[0][0])
@@ -206,15 +304,16 @@ def _read(connection: Connection, text: str) -> Reading:
         return sqlite.read(text, copy=cached[1])
 
 
-def before_call(place: str, text: str, *, split: str = splitting.DATABASE,
-                keeps_connection: bool = False) -> dict:
+def before_call(place: str, text: str, *, split: str = splitting.DATABASE, keeps_connection: bool = False,
+                listed_safe: Sequence[str] = ()) -> dict:
     """What the step keeps of the database just before an agent's SQL is sent (`earlier_state`): the
     statements in words, what the database said of their tables, the undo that follows, and where the
     capture stands; `problem` instead when the database could not be read (then the call's undo is
     unknown, and the policies hold it)."""
     try:
         with connected(place) as connection:
-            reading = read_statements(connection, text, split=split, keeps_connection=keeps_connection)
+            reading = read_statements(connection, text, split=split, keeps_connection=keeps_connection,
+                                      listed_safe=listed_safe)
             catalog = Catalog(keys=keys(connection), captured=captured(connection))
             catalog = Catalog(keys=catalog.keys, captured=catalog.captured,
                               counts=counts(connection, judging.to_count(reading)))

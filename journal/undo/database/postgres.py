@@ -2,10 +2,11 @@
 verb and the tables it acts on (`reading`). No ORM and no clock: what the catalogue knows (which functions
 are free of side effects) comes in as `safe`."""
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from pglast import ast, enums, parse_sql
 from pglast.parser import ParseError
+from pglast.stream import RawStream
 from pglast.visitors import Visitor
 
 from .reading import (
@@ -111,10 +112,12 @@ class _Facts(Visitor):
         self.functions: list[str] = []
         self.capture: list[str] = []
         self.verbs: list[str] = []
+        self.relations: list[str] = []
 
     def visit_RangeVar(self, ancestors, node):
         if node.schemaname == CAPTURE_SCHEMA:
             self.capture.append(table_name(node))
+        self.relations.append(table_name(node))
 
     def visit_FuncCall(self, ancestors, node):
         name = dotted(node.funcname)
@@ -140,10 +143,44 @@ def _facts(node) -> _Facts:
     return facts
 
 
-def _unsafe(functions: list[str], safe: Collection[str]) -> tuple[str, ...]:
-    known = SAFE_FUNCTIONS | set(safe)
-    return tuple(dict.fromkeys(f for f in functions if f.lower().removeprefix("pg_catalog.") not in known
-                               and f.lower() not in known))
+def _unsafe(functions: list[str], safe: Collection[str] | None) -> tuple[str, ...]:
+    """The functions that may change data: of those the catalogue cleared (`safe`, by the name as called),
+    or without a catalogue, of the harmless built-ins known by name."""
+    known = SAFE_FUNCTIONS if safe is None else {name.lower() for name in safe}
+    return tuple(dict.fromkeys(f for f in functions if f.lower() not in known and (
+        safe is not None or f.lower().removeprefix("pg_catalog.") not in known)))
+
+
+def one_select(text: str) -> str | None:
+    """`text` printed again by pglast when it is one plain SELECT (no INTO, no data-modifying WITH), else
+    None: what a temporary view may be made of to resolve its function calls."""
+    try:
+        raw = parse_sql(text)
+    except (ParseError, RecursionError, MemoryError, ValueError):
+        return None
+    if len(raw) != 1 or not isinstance(raw[0].stmt, ast.SelectStmt) or raw[0].stmt.intoClause is not None:
+        return None
+    if _facts(raw[0].stmt).writes:  # a data-modifying WITH
+        return None
+    try:
+        return RawStream()(raw[0].stmt)
+    except Exception:  # noqa: BLE001 - a statement pglast cannot print: not resolved, taken at its worst
+        return None
+
+
+def names_in(text: str) -> tuple[list[str], list[str]]:
+    """The functions a text calls and the relations it names (a view's definition, say), as written; two
+    empty lists when the grammar cannot read it."""
+    try:
+        raw = parse_sql(text)
+    except (ParseError, RecursionError, MemoryError, ValueError):
+        return [], []
+    functions, relations = [], []
+    for stmt in raw:
+        facts = _facts(stmt.stmt)
+        functions += facts.functions
+        relations += facts.relations
+    return list(dict.fromkeys(functions)), list(dict.fromkeys(relations))
 
 
 def _object_name(obj) -> str:
@@ -215,17 +252,25 @@ def _analyzes(option) -> bool:
         "false", "off", "0")
 
 
-def _explained(stmt: ast.ExplainStmt, text: str, safe: Collection[str]) -> Statement:
+def _explained(stmt: ast.ExplainStmt, text: str, safe: Collection[str] | None,
+               views: Mapping[str, str] = {}) -> Statement:
     """EXPLAIN only plans its statement; EXPLAIN ANALYZE runs it, and is what it runs."""
     if not any(_analyzes(option) for option in stmt.options or ()):
         return Statement("read", "explains a query", text)
-    inner = _statement(stmt.query, text, safe)
+    inner = _statement(stmt.query, text, safe, views)
     return Statement(inner.kind, f"runs and explains: {inner.verb}", text, writes=inner.writes,
                      destroys=inner.destroys, whole_table=inner.whole_table, functions=inner.functions,
                      reason=inner.reason)
 
 
-def _statement(stmt, text: str, safe: Collection[str]) -> Statement:
+def _unsafe_views(facts: _Facts, views: Mapping[str, str]) -> list[str]:
+    """What makes each view the statement reads change data, in words ("view active, whose definition calls
+    purge()")."""
+    return [f"view {name}, whose definition {views[name]}" for name in dict.fromkeys(facts.relations)
+            if name in views]
+
+
+def _statement(stmt, text: str, safe: Collection[str] | None, views: Mapping[str, str] = {}) -> Statement:
     """One statement's kind and verb."""
     facts = _facts(stmt)
     if facts.capture or _capture_trigger(stmt):
@@ -234,7 +279,7 @@ def _statement(stmt, text: str, safe: Collection[str]) -> Statement:
                          reason=f"it touches {where}, which keeps the rows agents change")
     unsafe = _unsafe(facts.functions, safe)
     if isinstance(stmt, ast.ExplainStmt):
-        return _explained(stmt, text, safe)
+        return _explained(stmt, text, safe, views)
     if isinstance(stmt, ast.TransactionStmt):
         return Statement("read", TRANSACTION_WORDS.get(enums.TransactionStmtKind(stmt.kind).name,
                                                        "controls the transaction"), text)
@@ -254,14 +299,21 @@ def _statement(stmt, text: str, safe: Collection[str]) -> Statement:
                              whole_table=base.whole_table, functions=unsafe, reason=(
                                  f"it calls {named([f + '()' for f in unsafe])}, which may change data that "
                                  "no capture sees"))
+        if through := _unsafe_views(facts, views):
+            verb = f"{base.verb}, through {named(through)}"
+            return Statement("destroy", verb, text, writes=base.writes, destroys=base.destroys,
+                             whole_table=base.whole_table, reason=(
+                                 f"it reads {named(through)}, which may change data that no capture sees"))
         return base
     other = _other(stmt, text)
     return Statement(other.kind, other.verb, text, destroys=other.destroys, functions=unsafe,
                      reason=other.reason)
 
 
-def read(text: str, *, safe: Collection[str] = ()) -> Reading:
-    """Every statement of `text`, in order. `safe`: functions the catalogue says change nothing."""
+def read(text: str, *, safe: Collection[str] | None = None, views: Mapping[str, str] = {}) -> Reading:
+    """Every statement of `text`, in order. `safe`: the functions (by the name as called) the catalogue says
+    change nothing, or None to go by the harmless built-ins' names alone; `views`: the views whose
+    definitions may change data, with what in words ("calls purge()")."""
     try:
         raw = parse_sql(text)
     except ParseError as exc:
@@ -273,5 +325,5 @@ def read(text: str, *, safe: Collection[str] = ()) -> Reading:
     for stmt in raw:
         end = stmt.stmt_location + stmt.stmt_len if stmt.stmt_len else len(encoded)
         piece = encoded[stmt.stmt_location:end].decode(errors="replace").strip()
-        statements.append(_statement(stmt.stmt, piece, safe))
+        statements.append(_statement(stmt.stmt, piece, safe, views))
     return Reading("postgresql", tuple(transaction_control_among_others(statements)))

@@ -12,7 +12,7 @@ import pytest
 from approver import services
 from approver.models import ActionRequest
 from journal import services as journal_services
-from journal.models import Step
+from journal.models import Step, ToolServer
 from journal.telemetry import metrics
 from journal.upstream import database
 from tests.approver.services.test_held_calls import call, set_policy
@@ -163,23 +163,60 @@ def test_a_table_that_declares_on_conflict_replace_holds_a_plain_insert(tmp_path
     assert rows(server_path, "SELECT name FROM contacts WHERE id = 2") == [("Contact 2",)]
 
 
-@needs_postgres
-@needs_node
-def test_a_call_read_as_a_read_that_changed_rows_is_recorded_as_the_rows_say_and_flagged(
-        dbhub_postgres, recorder, admin_user):
-    """A STABLE function PostgreSQL trusts, calling a volatile one that deletes: the statements read as a
-    read; the capture kept the rows; the step is what the rows say, undoable, and says it was misread."""
-    recorder_url, agent_url, token = dbhub_postgres
+def sneaky_functions(agent_url: str) -> None:
+    """What a hostile agent that owns its tables can make: a volatile function that deletes, a STABLE one that
+    calls it, an overload of a harmless built-in's name, and a view whose definition calls it."""
     with psycopg.connect(agent_url, autocommit=True) as connection:
         connection.execute("CREATE FUNCTION purge() RETURNS int LANGUAGE sql VOLATILE AS "
                            "$$ DELETE FROM contacts WHERE id <= 5 RETURNING 1 $$")
         connection.execute("CREATE FUNCTION tidy() RETURNS int LANGUAGE plpgsql STABLE AS "
                            "$$ BEGIN RETURN (SELECT purge()); END $$")
-    set_policy(admin_user, none="allow", unknown="allow")
+        connection.execute("CREATE FUNCTION lower(integer) RETURNS int LANGUAGE plpgsql IMMUTABLE AS "
+                           "$$ BEGIN RETURN (SELECT purge()); END $$")
+        connection.execute("CREATE VIEW tidy_contacts AS SELECT id, purge() AS gone FROM contacts")
+        connection.execute("CREATE VIEW nice AS SELECT * FROM tidy_contacts")
+
+
+@needs_postgres
+@needs_node
+def test_postgresql_functions_and_views_are_judged_by_what_they_are_not_by_their_names(
+        dbhub_postgres, recorder, admin_user, settings):
+    settings.RECORDER_HOLD_WAIT_SECONDS = 1
+    recorder_url, agent_url, token = dbhub_postgres
+    sneaky_functions(agent_url)
+    set_policy(admin_user)
+    held = {"SELECT tidy()": "calling tidy()", "SELECT lower(7)": "calling lower()",
+            "SELECT * FROM tidy_contacts": "through view tidy_contacts, whose definition calls purge()",
+            "SELECT count(*) FROM nice": "through view nice, whose definition reads view tidy_contacts"}
+    for sql, words in held.items():
+        result = call(recorder, token, "crm__execute_sql", {"sql": sql})
+        assert result.is_error and "approval" in result.content[0].text.lower(), sql
+        reading = step_of(sql).earlier_state["database"]["reading"]
+        assert reading["kind"] == "destroy" and words in reading["statements"][0]["verb"], reading
+    # Built-ins go by the catalogue: lower() of a text, now(), a read of a plain table.
+    for sql in ("SELECT lower(name), now() FROM contacts WHERE id = 1", "SELECT count(*) FROM contacts"):
+        assert not call(recorder, token, "crm__execute_sql", {"sql": sql}).is_error
+        assert step_of(sql).reversibility == "read_only"
+    assert pg_rows(recorder_url, "SELECT count(*) FROM contacts") == [(CONTACTS,)]
+
+
+@needs_postgres
+@needs_node
+def test_a_call_read_as_a_read_that_changed_rows_is_recorded_as_the_rows_say_and_flagged(
+        dbhub_postgres, recorder, admin_user):
+    """An admin vouched for a function that lies: the statements read as a read; the capture kept the rows
+    its volatile helper deleted; the step is what the rows say, undoable, and says it was misread."""
+    recorder_url, agent_url, token = dbhub_postgres
+    sneaky_functions(agent_url)
+    server = ToolServer.objects.get(name="crm")
+    recipe = {**server.recipe("execute_sql"), "safeFunctions": ["tidy"]}
+    services.save_recipe(server=server, raw=recipe, by=admin_user)
+    set_policy(admin_user)
     before = metrics.ROWS_MISREAD.labels(server="crm")._value.get()
     sql = "SELECT tidy()"
     assert not call(recorder, token, "crm__execute_sql", {"sql": sql}).is_error
     step = step_of(sql)
+    assert step.earlier_state["database"]["reading"]["kind"] == "read"
     assert pg_rows(recorder_url, "SELECT count(*) FROM contacts") == [(CONTACTS - 5,)]
     left = step.earlier_state["left"]["database"]
     assert left["tables"] == {"public.contacts": {"I": 0, "U": 0, "D": 5}}
