@@ -27,6 +27,7 @@ from ..undo.database.places import (
     sqlite_path,
 )
 from ..undo.database.reading import CAPTURE_SCHEMA, CAPTURE_TRIGGER, SQLITE_PREFIX, Reading
+from . import reach
 
 TIMEOUT_SECONDS = 5  # a connection, and each statement the Recorder runs before a call
 # Each SQLite database's schema, copied in memory once per schema version (SQLite's `schema_version` moves
@@ -304,6 +305,34 @@ def _read(connection: Connection, text: str, safe_listed: Sequence[str] = ()) ->
         return sqlite.read(text, copy=cached[1])
 
 
+def reached(connection: Connection, reading: Reading) -> dict[str, tuple]:
+    """What the text's row changes reach beyond their own tables (PostgreSQL; SQLite's compiling hears it)."""
+    if connection.dialect != POSTGRESQL or reading.kind != "rows":
+        return {}
+    written = [s for s in reading.statements if s.kind == "rows"]
+    verbs = {"inserts": "INSERT", "updates": "UPDATE", "deletes": "DELETE"}
+    events = {verbs.get(part.split(" ", 1)[0]) for s in written for part in s.verb.split("; ")}
+    return reach.reaches(connection, [t for s in written for t in s.writes],
+                         events=reach.EVERY if None in events else frozenset(events))
+
+
+def reached_uncaptured(connection: Connection, table: str, captured_now: frozenset[str]) -> list[str]:
+    """What deleting or updating rows of `table` reaches (foreign keys' actions, triggers) that the capture
+    does not keep, in words: "public.orders (ON DELETE CASCADE)"."""
+    if connection.dialect == POSTGRESQL:
+        found = reach.reaches(connection, [table]).get(table, ())
+        return list(dict.fromkeys(f"{reached} ({how})" if reached else how for reached, _, how in found
+                                  if not reached or reached not in captured_now))
+    quoted_ = capture.quoted(table)
+    missing = []
+    for text in (f"DELETE FROM {quoted_}", f"UPDATE {quoted_} SET rowid = rowid"):
+        for statement in _read(connection, text).statements:
+            missing += [f"{t} (through a trigger or a foreign key)" for t in (*statement.writes,
+                                                                             *statement.triggers)
+                        if t != table and t not in captured_now]
+    return list(dict.fromkeys(missing))
+
+
 def before_call(place: str, text: str, *, split: str = splitting.DATABASE, keeps_connection: bool = False,
                 listed_safe: Sequence[str] = ()) -> dict:
     """What the step keeps of the database just before an agent's SQL is sent (`earlier_state`): the
@@ -314,9 +343,9 @@ def before_call(place: str, text: str, *, split: str = splitting.DATABASE, keeps
         with connected(place) as connection:
             reading = read_statements(connection, text, split=split, keeps_connection=keeps_connection,
                                       listed_safe=listed_safe)
-            catalog = Catalog(keys=keys(connection), captured=captured(connection))
-            catalog = Catalog(keys=catalog.keys, captured=catalog.captured,
-                              counts=counts(connection, judging.to_count(reading)))
+            catalog = Catalog(keys=keys(connection), captured=captured(connection),
+                              counts=counts(connection, judging.to_count(reading)),
+                              reaches=reached(connection, reading))
             declaration = judging.declare(reading, catalog)
             at = head(connection) if reading.kind == "rows" else None
     except DatabaseUnreachable as exc:

@@ -51,6 +51,18 @@ class Command(BaseCommand):
                           f"{', '.join(captured) or 'no table'} ({tables_word}).")
         if note:
             self.stderr.write(self.style.WARNING(note))
+        self._reached(server, captured)
+
+    def _reached(self, server: ToolServer, tables) -> None:
+        """Say which tables a captured table's changes reach that are not captured: until they are, such a
+        change waits for a person."""
+        with database.connected(server.database) as connection:
+            captured = database.captured(connection)
+            for table in tables:
+                if missing := database.reached_uncaptured(connection, table, captured):
+                    self.stdout.write(self.style.WARNING(
+                        f"{table}: changing its rows also changes {', '.join(missing)}, not captured: "
+                        "capture those too, or such changes wait for a person."))
 
     def _status(self, server: ToolServer) -> None:
         with database.connected(server.database) as connection:
@@ -66,3 +78,4 @@ class Command(BaseCommand):
             else:
                 words = "not captured"
             self.stdout.write(f"{table}: {words}")
+        self._reached(server, [t for t in bare if t in captured])

@@ -26,9 +26,16 @@ class Catalog:
     keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     captured: frozenset[str] = frozenset()
     counts: Mapping[str, int] = field(default_factory=dict)
+    # What writing a table reaches beyond it (PostgreSQL's catalogue: `journal.upstream.reach`): for each
+    # table, (a table reached, how) — ("public.orders", "deletes", "ON DELETE CASCADE") — and (how, why) for
+    # what cannot be followed ("", "", "its trigger audit runs SQL it builds as it goes").
+    reaches: Mapping[str, tuple[tuple[str, str, str], ...]] = field(default_factory=dict)
 
     def as_record(self) -> dict:
-        return {"captured": sorted(self.captured), "counts": dict(sorted(self.counts.items()))}
+        data = {"captured": sorted(self.captured), "counts": dict(sorted(self.counts.items()))}
+        if self.reaches:
+            data["reaches"] = {table: [list(r) for r in reached] for table, reached in self.reaches.items()}
+        return data
 
 
 def rows_of(tables: tuple[str, ...], counts: Mapping[str, int]) -> str:
@@ -51,6 +58,26 @@ def uncapturable(statement: Statement, catalog: Catalog) -> str | None:
                     "agents change it)")
         if not catalog.keys.get(table):
             return f"it {verb}, and {table}{through} has no primary key, so its rows cannot be told apart"
+    return unreached(statement, catalog)
+
+
+def unreached(statement: Statement, catalog: Catalog) -> str | None:
+    """Why what a row change reaches beyond its own tables (foreign keys' actions, user triggers, rules)
+    cannot be undone row by row: "deleting companies also deletes orders (ON DELETE CASCADE), which the
+    capture does not keep"; None when all of it can."""
+    doing = {"inserts": "inserting into", "updates": "updating", "deletes": "deleting",
+             "merges": "merging into"}
+    for table in statement.writes:
+        action = doing.get(statement.verb.split(" ", 1)[0], "changing")
+        for reached, verb, how in catalog.reaches.get(table, ()):
+            if not reached:
+                return f"{action} {table} reaches further than the Recorder can follow: {how}"
+            if reached not in catalog.captured:
+                return (f"{action} {table} also {verb} {reached} ({how}), which the capture does not keep "
+                        "(an admin captures a table before agents change it)")
+            if not catalog.keys.get(reached):
+                return (f"{action} {table} also {verb} {reached} ({how}), which has no primary key, so its "
+                        "rows cannot be told apart")
     return None
 
 

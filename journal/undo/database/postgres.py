@@ -151,6 +151,21 @@ def _unsafe(functions: list[str], safe: Collection[str] | None) -> tuple[str, ..
         safe is not None or f.lower().removeprefix("pg_catalog.") not in known)))
 
 
+def writes_in(text: str) -> list[str] | None:
+    """The tables a text's statements write (a trigger function's, say), or None when the grammar cannot
+    read it."""
+    try:
+        raw = parse_sql(text)
+    except (ParseError, RecursionError, MemoryError, ValueError):
+        return None
+    return list(dict.fromkeys(t for stmt in raw for t in _facts(stmt.stmt).writes))
+
+
+def unsafe_of(functions: list[str]) -> tuple[str, ...]:
+    """Of `functions`, those not known by name to change nothing (without asking the catalogue)."""
+    return _unsafe(functions, None)
+
+
 def one_select(text: str) -> str | None:
     """`text` printed again by pglast when it is one plain SELECT (no INTO, no data-modifying WITH), else
     None: what a temporary view may be made of to resolve its function calls."""

@@ -8,6 +8,7 @@ import sqlite3
 
 import psycopg
 import pytest
+from django.core.management import call_command
 
 from approver import services
 from approver.models import ActionRequest
@@ -228,3 +229,72 @@ def test_a_call_read_as_a_read_that_changed_rows_is_recorded_as_the_rows_say_and
     entry = next(e for e in step.run.entries.order_by("seq") if e.event == "result")
     assert entry.data["readAfter"]["database"]["misread"] == left["misread"]
     assert journal_services.verify_run(run=step.run).ok
+
+
+def cascading(connection_execute) -> None:
+    """Orders that go with their company (ON DELETE CASCADE), and an audit a trigger on contacts writes."""
+    for sql in ("CREATE TABLE orders (id integer PRIMARY KEY, company_id integer REFERENCES companies (id) "
+                "ON DELETE CASCADE)",
+                "INSERT INTO companies (id, name) VALUES (11, 'Company 11')",
+                "INSERT INTO orders (id, company_id) VALUES (1, 11), (2, 11), (3, 2)"):
+        connection_execute(sql)
+
+
+@needs_postgres
+@needs_node
+def test_what_a_statement_reaches_beyond_its_tables_on_postgresql_is_followed(
+        dbhub_postgres, recorder, admin_user, settings, capsys):
+    settings.RECORDER_HOLD_WAIT_SECONDS = 1
+    recorder_url, agent_url, token = dbhub_postgres
+    with psycopg.connect(agent_url, autocommit=True) as connection:
+        cascading(connection.execute)
+        connection.execute("CREATE TABLE audit (id serial PRIMARY KEY, what text)")
+        connection.execute("CREATE FUNCTION keep_audit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                           "INSERT INTO audit (what) VALUES (OLD.email); RETURN OLD; END $$")
+        connection.execute("CREATE TRIGGER audited AFTER DELETE ON contacts FOR EACH ROW "
+                           "EXECUTE FUNCTION keep_audit()")
+        connection.execute("CREATE FUNCTION stamp() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                           "NEW.name := trim(NEW.name); RETURN NEW; END $$")
+        connection.execute("CREATE TRIGGER stamped BEFORE UPDATE ON contacts FOR EACH ROW "
+                           "EXECUTE FUNCTION stamp()")
+    set_policy(admin_user)
+    held = {"DELETE FROM companies WHERE id = 11": "Deleting companies also deletes rows of public.orders "
+                                                  "(ON DELETE CASCADE), which the capture does not keep",
+            "DELETE FROM contacts WHERE id = 1": "Deleting contacts also writes public.audit (its trigger "
+                                                 "audited), which the capture does not keep"}
+    for sql, words in held.items():
+        result = call(recorder, token, "crm__execute_sql", {"sql": sql})
+        assert result.is_error and "approval" in result.content[0].text.lower(), sql
+        assert words in ActionRequest.objects.get(step=step_of(sql)).why["reason"]
+    assert pg_rows(recorder_url, "SELECT count(*) FROM orders") == [(3,)]
+    # A trigger that only shapes the row it fires for reaches nothing else: the update goes through.
+    update = "UPDATE contacts SET name = ' Ada ' WHERE id = 2"
+    assert not call(recorder, token, "crm__execute_sql", {"sql": update}).is_error
+    assert step_of(update).reversibility == "compensate"
+    # And the capture's own command names what to add.
+    call_command("capture", "crm")
+    out = capsys.readouterr().out
+    assert "public.companies: changing its rows also changes public.orders (ON DELETE CASCADE)" in out
+    assert "public.contacts: changing its rows also changes public.audit (its trigger audited)" in out
+    database.install(recorder_url, ["orders", "audit"])
+    gone = "DELETE FROM companies WHERE id = 11;"
+    assert not call(recorder, token, "crm__execute_sql", {"sql": gone}).is_error
+    cascade = step_of(gone)
+    assert cascade.reversibility == "compensate"
+    assert cascade.earlier_state["left"]["database"]["tables"] == {
+        "public.companies": {"I": 0, "U": 0, "D": 1}, "public.orders": {"I": 0, "U": 0, "D": 2}}
+
+
+@needs_node
+def test_a_foreign_keys_cascade_on_sqlite_into_a_table_not_captured_is_held(
+        dbhub_sqlite, recorder, admin_user, settings):
+    settings.RECORDER_HOLD_WAIT_SECONDS = 1
+    path, token = dbhub_sqlite
+    with sqlite3.connect(path) as connection:
+        cascading(connection.execute)
+    set_policy(admin_user)
+    sql = "DELETE FROM companies WHERE id = 11"
+    result = call(recorder, token, "crm__execute_sql", {"sql": sql})
+    assert result.is_error and "approval" in result.content[0].text.lower()
+    assert "orders is not captured" in ActionRequest.objects.get().why["reason"]
+    assert rows(path, "SELECT count(*) FROM orders") == [(3,)]

@@ -1,0 +1,140 @@
+"""What writing a PostgreSQL table reaches beyond it, from the catalogue: the foreign keys whose actions
+change other tables (`ON DELETE CASCADE`, `SET NULL`, `SET DEFAULT`, and their `ON UPDATE` kin), the user
+triggers whose functions write other tables (read from the functions' own text: PL/pgSQL through
+libpg_query's PL/pgSQL parser, SQL through the SQL grammar), and rules, followed from table to table. What
+cannot be followed (a trigger in C, SQL built as it runs, a function it calls) is said, and makes the call
+one a person decides. SQLite needs none of this: compiling a statement there hears its triggers and foreign
+keys' actions too (`journal.undo.database.sqlite`). Synchronous, on the Recorder's own connection."""
+
+from collections.abc import Iterator, Sequence
+
+from pglast import parse_plpgsql
+from pglast.parser import ParseError
+
+from ..undo.database import postgres
+from ..undo.database.reading import CAPTURE_TRIGGER
+
+FOLLOWED = 50  # tables followed from a statement's own, at most; past it the rest is not cleared
+ACTIONS = {"c": ("{verb}", "CASCADE"), "n": ("sets to null a column of", "SET NULL"),
+           "d": ("sets to its default a column of", "SET DEFAULT")}
+
+PG_FOREIGN_KEYS = """
+SELECT n.nspname || '.' || r.relname, k.confdeltype, k.confupdtype
+FROM pg_constraint k JOIN pg_class r ON r.oid = k.conrelid JOIN pg_namespace n ON n.oid = r.relnamespace
+WHERE k.contype = 'f' AND k.confrelid = to_regclass(%s)
+"""
+PG_TRIGGERS = """
+SELECT t.tgname, l.lanname, CASE WHEN l.lanname IN ('plpgsql', 'sql') THEN pg_get_functiondef(p.oid) END,
+       p.prosrc, t.tgtype::int
+FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid JOIN pg_language l ON l.oid = p.prolang
+WHERE t.tgrelid = to_regclass(%s) AND NOT t.tgisinternal AND t.tgname <> %s
+"""
+PG_RULES = "SELECT rulename FROM pg_rewrite WHERE ev_class = to_regclass(%s) AND rulename <> '_RETURN'"
+PG_QUALIFIED = """
+SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass(%s)
+"""
+
+
+EVERY = frozenset({"INSERT", "UPDATE", "DELETE"})
+TRIGGER_EVENTS = {"INSERT": 4, "DELETE": 8, "UPDATE": 16}  # pg_trigger.tgtype's bits
+
+
+def reaches(connection, tables: Sequence[str], *, events: frozenset[str] = EVERY) -> dict[str, tuple]:
+    """For each of `tables` (as the SQL names them), what writing it reaches: (table, verb, how) for a
+    table reached, ("", "", why) for what cannot be followed (`judging.Catalog.reaches`). `events`: what the
+    statement does to its tables (INSERT, UPDATE, DELETE): only the triggers and foreign keys' actions
+    those fire are followed."""
+    found = {}
+    for table in dict.fromkeys(tables):
+        found[table] = tuple(_followed(connection, table, events))
+    return {table: reached for table, reached in found.items() if reached}
+
+
+def _followed(connection, table: str, events: frozenset[str]) -> Iterator[tuple[str, str, str]]:
+    """Everything reached from `table`, breadth first, each table once for each set of events."""
+    start = _qualified(connection, table)
+    if start is None:
+        return
+    seen, pending = {(start, events)}, [(start, events)]
+    while pending:
+        current, fired = pending.pop(0)
+        for reached, verb, how, then in _one_step(connection, current, fired):
+            yield reached, verb, how
+            if reached and (reached, then) not in seen:
+                if len(seen) >= FOLLOWED:
+                    yield "", "", f"it reaches more than {FOLLOWED} tables"
+                    return
+                seen.add((reached, then))
+                pending.append((reached, then))
+
+
+def _qualified(connection, table: str) -> str | None:
+    found = connection.rows(PG_QUALIFIED, (table,))
+    return found[0][0] if found else None
+
+
+def _one_step(connection, table: str, events: frozenset[str]) -> Iterator[tuple[str, str, str, frozenset]]:
+    """What one table's writes reach directly, each with the events it fires there."""
+    for referencing, on_delete, on_update in connection.rows(PG_FOREIGN_KEYS, (table,)):
+        for code, event in ((on_delete, "DELETE"), (on_update, "UPDATE")):
+            if code in ACTIONS and event in events:
+                verb, action = ACTIONS[code]
+                deletes = code == "c" and event == "DELETE"
+                yield (referencing, verb.format(verb="deletes rows of" if deletes else "updates rows of"),
+                       f"ON {event} {action}", frozenset({"DELETE" if deletes else "UPDATE"}))
+    for (rule,) in connection.rows(PG_RULES, (table,)):
+        yield "", "", f"{table} has rule {rule}, which may do anything instead", EVERY
+    for name, language, definition, source, kinds in connection.rows(PG_TRIGGERS, (table, CAPTURE_TRIGGER)):
+        if not any(kinds & TRIGGER_EVENTS[event] for event in events):
+            continue
+        for reached, verb, how in _trigger(name, language, definition, source, table):
+            yield (_qualified(connection, reached) or reached) if reached else "", verb, how, EVERY
+
+
+def _trigger(name: str, language: str, definition: str | None, source: str, table: str):
+    """The tables a user trigger's function writes, from its own text."""
+    if language == "sql":
+        queries = [source]
+    elif language == "plpgsql":
+        try:
+            queries = list(_plpgsql_queries(parse_plpgsql(definition or "")))
+        except (ParseError, RecursionError, ValueError) as exc:
+            yield "", "", f"{table}'s trigger {name} cannot be read ({type(exc).__name__})"
+            return
+        if None in queries:
+            yield "", "", f"{table}'s trigger {name} runs SQL it builds as it goes (EXECUTE)"
+            return
+    else:
+        yield "", "", f"{table}'s trigger {name} is written in {language}, which the Recorder cannot read"
+        return
+    for query in queries:
+        functions, _ = postgres.names_in(query)
+        writes = postgres.writes_in(query)
+        if writes is None:
+            yield "", "", f"{table}'s trigger {name} runs a statement the Recorder cannot read"
+            return
+        for written in writes:
+            yield written, "writes", f"its trigger {name}"
+        unsafe = postgres.unsafe_of(functions)
+        if unsafe:
+            yield "", "", (f"{table}'s trigger {name} calls {', '.join(f + '()' for f in unsafe)}, which the "
+                           "Recorder does not follow")
+
+
+def _plpgsql_queries(tree) -> Iterator[str | None]:
+    """Every SQL statement and expression in a PL/pgSQL function's tree; None for SQL built as it runs."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            if key in ("PLpgSQL_stmt_dynexecute", "PLpgSQL_stmt_dynfors"):
+                yield None
+            elif key == "PLpgSQL_expr" and isinstance(value, dict):
+                query = value.get("query") or ""
+                # Expressions and assignments (`NEW.at := now()`) are read as the SELECT PL/pgSQL makes.
+                yield query if value.get("parseMode", 0) == 0 else "SELECT " + query.split(":=", 1)[-1]
+            else:
+                yield from _plpgsql_queries(value)
+    elif isinstance(tree, list):
+        for item in tree:
+            yield from _plpgsql_queries(item)
+
