@@ -105,11 +105,12 @@ BEGIN
     IF TG_EVENT = 'sql_drop' THEN
         FOR gone IN SELECT * FROM pg_event_trigger_dropped_objects() LOOP
             -- A trigger's identity is "name on schema.table"; a dropped table's triggers are not original.
+            -- The capture's owner (the Recorder's login) puts its own triggers in place again.
             IF gone.original AND (gone.object_type = 'trigger'
                                   AND gone.object_identity LIKE '{CAPTURE_TRIGGER} on %'
-                                  OR gone.schema_name = '{CAPTURE_SCHEMA}' AND session_user <> (
+                                  OR gone.schema_name = '{CAPTURE_SCHEMA}') AND session_user <> (
                                       SELECT nspowner::regrole::name FROM pg_namespace
-                                      WHERE nspname = '{CAPTURE_SCHEMA}')) THEN
+                                      WHERE nspname = '{CAPTURE_SCHEMA}') THEN
                 RAISE EXCEPTION 'the undo capture is not yours to drop (%)', gone.object_identity;
             END IF;
         END LOOP;
@@ -144,7 +145,9 @@ def postgresql(tables: dict[str, Sequence[str]], *, recorder: str, agent_roles: 
                      "ON CONFLICT DO NOTHING;\n"
                      for role in agent_roles)
     triggers = "".join(postgresql_table(table, key) for table, key in sorted(tables.items()))
-    return POSTGRESQL_BASE + owner + denied + triggers + (POSTGRESQL_GUARD if guard else "")
+    # The guard first: an earlier guard would refuse the re-install of a capture trigger, this one lets the
+    # capture's owner do it.
+    return POSTGRESQL_BASE + owner + denied + (POSTGRESQL_GUARD if guard else "") + triggers
 
 
 # -- SQLite --------------------------------------------------------------------------------------------------

@@ -123,18 +123,43 @@ class _Facts(Visitor):
         name = dotted(node.funcname)
         if name.split(".")[0] == CAPTURE_SCHEMA:
             self.capture.append(name)
+        if name.lower().removeprefix("pg_catalog.") in SETTING_FUNCTIONS and _capture_setting(node):
+            self.capture.append(f"the capture's settings (through {name}())")
         self.functions.append(name)
+
+    def visit_VariableSetStmt(self, ancestors, node):  # SET, SET LOCAL, RESET; ALTER ROLE … SET
+        if (node.name or "").lower().startswith(f"{CAPTURE_SCHEMA}."):
+            self.capture.append(f"the setting {node.name}")
 
     def _write(self, node):
         name = table_name(node.relation)
         self.writes.append(name)
         self.verbs.append(f"{WRITE_VERBS[type(node).__name__]} {name}")
-        if isinstance(node, ast.DeleteStmt) and node.whereClause is None and not node.usingClause:
+        if isinstance(node, ast.DeleteStmt) and not node.usingClause and not _reads_rows(node.whereClause):
             self.whole.append(name)
             self.verbs[-1] = f"deletes every row of {name}"
 
     visit_InsertStmt = visit_UpdateStmt = visit_DeleteStmt = visit_MergeStmt = (
         lambda self, ancestors, node: self._write(node))
+
+
+class _Columns(Visitor):
+    def __init__(self):
+        super().__init__()
+        self.found = False
+
+    def visit_ColumnRef(self, ancestors, node):
+        self.found = True
+
+
+def _reads_rows(condition) -> bool:
+    """Whether a DELETE's condition reads anything of a row: `WHERE true`, `WHERE 1 = 1` and no WHERE at all
+    take every row of the table (or none)."""
+    if condition is None:
+        return False
+    columns = _Columns()
+    columns(condition)
+    return columns.found
 
 
 def _facts(node) -> _Facts:
@@ -206,6 +231,16 @@ def _object_name(obj) -> str:
     if isinstance(obj, ast.TypeName):
         return dotted(obj.names)
     return getattr(obj, "sval", "") or ""
+
+
+SETTING_FUNCTIONS = {"set_config"}
+
+
+def _capture_setting(node: ast.FuncCall) -> bool:
+    """A set_config() of the capture's own settings, or of a setting named as it runs (which may be one)."""
+    first = (node.args or (None,))[0]
+    value = getattr(getattr(first, "val", None), "sval", None)
+    return not isinstance(value, str) or value.lower().startswith(f"{CAPTURE_SCHEMA}.")
 
 
 def _capture_trigger(stmt) -> bool:
@@ -291,7 +326,7 @@ def _statement(stmt, text: str, safe: Collection[str] | None, views: Mapping[str
     if facts.capture or _capture_trigger(stmt):
         where = named(facts.capture) if facts.capture else "the capture's triggers"
         return Statement("refused", "touches the capture", text,
-                         reason=f"it touches {where}, which keeps the rows agents change")
+                         reason=f"it touches {where}, part of the capture that keeps the rows agents change")
     unsafe = _unsafe(facts.functions, safe)
     if isinstance(stmt, ast.ExplainStmt):
         return _explained(stmt, text, safe, views)

@@ -96,7 +96,10 @@ class Copy:
     rolled back after."""
 
     def __init__(self, schema: Sequence[str], *, shared: bool = False):
-        self.connection = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=not shared)
+        # No statement cache: a cached statement is not compiled again, so the authorizer would hear nothing
+        # the second time a text is read (and a refused text would read as a read).
+        self.connection = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=not shared,
+                                          cached_statements=0)
         for statement in schema:
             try:
                 self.connection.execute(statement)
@@ -163,13 +166,13 @@ class Copy:
         self.connection.close()
 
 
-def _capture(actions: list[tuple]) -> list[str]:
+def _capture(actions: list[tuple], *, own: bool = False) -> list[str]:
     """The capture's own tables and triggers a statement would touch (its triggers' inserts are the capture
-    working, not a touch)."""
+    working, not a touch; `own`: the actions are a trigger's the agent made, whatever its name)."""
     touched = []
     dropped = {first for action, first, *_ in actions if action == A.SQLITE_DROP_TABLE}
     for action, first, second, _, trigger in actions:
-        if trigger and trigger.startswith(SQLITE_PREFIX):
+        if trigger and trigger.startswith(SQLITE_PREFIX) and not own:
             continue
         if action == A.SQLITE_DROP_TRIGGER and second in dropped or action == A.SQLITE_ANALYZE:
             # A dropped table's triggers go with it (the drop is what a person decides), and statistics of
@@ -236,12 +239,15 @@ def _rows(piece: str, actions: list[tuple], word: str, replaced: tuple[str, ...]
                              f"it may replace rows of {named(replaced)} on a conflict (OR REPLACE, or the "
                              "table's own ON CONFLICT REPLACE): SQLite deletes them without telling the "
                              "triggers, so no capture sees them go"))
-    flat = f" {' '.join(piece.upper().split())} "
-    whole = word in ("DELETE", "WITH") and " WHERE " not in flat and bool(own)
+    # A DELETE whose condition reads nothing of its table's rows (none, `WHERE 1`, `WHERE true`, a WHERE in a
+    # comment) takes every row of it, or none: SQLite's authorizer hears each column the condition reads.
+    deleted = [f for a, f, t in writes if a == A.SQLITE_DELETE and not t][:1]
+    read_here = {f for a, f, _, _, t in actions if a == A.SQLITE_READ and not t}
+    whole = word in ("DELETE", "WITH") and bool(deleted) and deleted[0] not in read_here
     if whole and word == "DELETE" and len(own) == 1:
         verbs = f"deletes every row of {own[0]}"
     return Statement("rows", verbs or "changes rows through triggers", piece, writes=own,
-                     triggers=by_triggers, whole_table=whole, destroys=own if whole else ())
+                     triggers=by_triggers, whole_table=whole, destroys=tuple(deleted) if whole else ())
 
 
 def _other(piece: str, actions: list[tuple], word: str) -> Statement:
@@ -259,12 +265,31 @@ def _other(piece: str, actions: list[tuple], word: str) -> Statement:
                      reason="SQLite does not say what it does, so it is taken as the worst")
 
 
+def _triggers_touch(copy: Copy, actions: list[tuple]) -> list[str]:
+    """What of the capture the triggers a statement creates would touch when they fire: each is fired on the
+    copy (compiled, never run) by a write of its table, and what its body does is heard."""
+    touched = []
+    for action, name, table, *_ in actions:
+        if action not in (A.SQLITE_CREATE_TRIGGER, A.SQLITE_CREATE_TEMP_TRIGGER):
+            continue
+        quoted = _quoted(table or "")
+        for write in (f"INSERT INTO {quoted} DEFAULT VALUES", f"UPDATE {quoted} SET rowid = rowid",
+                      f"DELETE FROM {quoted}"):
+            try:
+                heard = copy.compile(write, False)
+            except sqlite3.Error:
+                continue  # a write the table does not take (a view without its INSTEAD OF, say)
+            touched += _capture([a for a in heard if a[4] == name], own=True)
+    return list(dict.fromkeys(touched))
+
+
 def _classify(piece: str, actions: list[tuple], explained: bool, replaced: tuple[str, ...] = ()) -> Statement:
     if explained:
         return Statement("read", "explains a query", piece)
     if touched := _capture(actions):
         return Statement("refused", "touches the capture", piece,
-                         reason=f"it touches {named(touched)}, which keeps the rows agents change")
+                         reason=f"it touches {named(touched)}, part of the capture that keeps the rows "
+                                "agents change")
     mine = [a for a in actions if not a[4]]  # the statement's own, not its triggers'
     if (found := _control(piece, mine) or _schema_or_pragma(piece, mine)) is not None:
         return found
@@ -303,6 +328,10 @@ def read(text: str, *, schema: Sequence[str] = (), copy: Copy | None = None) -> 
             read_.append(statement)
             if statement.kind == "destroy" and any(a in SCHEMA_ACTIONS for a, *_ in actions):
                 copy.apply(piece)
+                if touched := _triggers_touch(copy, actions):
+                    read_[-1] = Statement("refused", "touches the capture", piece.strip(), reason=(
+                        f"it creates a trigger that touches {named(touched)}, part of the capture that keeps "
+                        "the rows agents change"))
     finally:
         copy.connection.execute("ROLLBACK TO reading")
         copy.connection.execute("RELEASE reading")

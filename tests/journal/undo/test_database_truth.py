@@ -16,7 +16,7 @@ from journal import services as journal_services
 from journal.models import Step, ToolServer
 from journal.telemetry import metrics
 from journal.upstream import database
-from tests.approver.services.test_held_calls import call, set_policy
+from tests.approver.services.test_held_calls import call, decide, held, in_background, set_policy
 from tests.services import POSTGRES_URL, needs_node, needs_postgres, needs_sqlite_server
 
 from .databases import CONTACTS, dbhub_crm, make_crm, pg_rows, postgres_crm, rows, server_command
@@ -298,3 +298,96 @@ def test_a_foreign_keys_cascade_on_sqlite_into_a_table_not_captured_is_held(
     assert result.is_error and "approval" in result.content[0].text.lower()
     assert "orders is not captured" in ActionRequest.objects.get().why["reason"]
     assert rows(path, "SELECT count(*) FROM orders") == [(3,)]
+
+
+@needs_postgres
+@needs_node
+def test_the_captures_own_settings_are_refused_never_held(dbhub_postgres, recorder, admin_user):
+    recorder_url, _, token = dbhub_postgres
+    set_policy(admin_user, none="allow", unknown="allow")
+    for sql in ("SET undo_capture.restoring = 'on'", "SET LOCAL undo_capture.restoring TO on",
+                "SELECT set_config('undo_capture.restoring', 'on', false)",
+                "SELECT set_config(name, 'on', false) FROM contacts",
+                "ALTER ROLE undo_agent SET undo_capture.restoring = 'on'"):
+        words = refused_words(call(recorder, token, "crm__execute_sql", {"sql": sql}))
+        assert "Refused: it touches" in words and "capture" in words, sql
+        assert step_of(sql).policy_decision["capture"] is True
+    assert ActionRequest.objects.count() == 0
+    assert pg_rows(recorder_url, "SELECT count(*) FROM pg_db_role_setting") == [(0,)]
+
+
+@needs_sqlite_server
+def test_a_trigger_whose_body_writes_the_capture_is_refused(tmp_path, recorder, admin_user, dana):
+    path = tmp_path / "crm.db"
+    server = sqlite_crm_server(path, admin_user)
+    token = journal_services.create_agent(name="hostile-bot", on_behalf_of=dana)[1]
+    set_policy(admin_user, none="allow", unknown="allow")
+    for sql in ("CREATE TRIGGER tidy AFTER INSERT ON contacts BEGIN DELETE FROM _undo_capture_changes; END",
+                "CREATE TRIGGER tidy AFTER UPDATE ON companies BEGIN "
+                "UPDATE _undo_capture_tables SET key = ''; END"):
+        words = refused_words(call(recorder, token, "crm__write_query", {"query": sql}))
+        assert "Refused: it creates a trigger that touches _undo_capture" in words, sql
+    assert rows(path, "SELECT count(*) FROM sqlite_master WHERE name = 'tidy'") == [(0,)]
+    assert server.name == "crm"
+
+
+@needs_sqlite_server
+def test_a_whole_table_delete_in_any_spelling_is_counted_and_kept_first(tmp_path, recorder, admin_user, dana,
+                                                                        approver_user, settings):
+    settings.RECORDER_HOLD_WAIT_SECONDS = 30
+    path = tmp_path / "crm.db"
+    sqlite_crm_server(path, admin_user)
+    token = journal_services.create_agent(name="cleanup-bot", on_behalf_of=dana)[1]
+    set_policy(admin_user)
+    sql = "DELETE FROM companies WHERE 1 = 1 -- AND id = 3"
+    thread, box = in_background(lambda: call(recorder, token, "crm__write_query", {"query": sql}))
+    action = held()
+    assert "It deletes every row of companies (10 rows)" in action.why["reason"]
+    decide(action, approver_user, "approve")
+    thread.join(timeout=60)
+    assert not box["result"].is_error, box["result"].content[0].text
+    assert rows(path, "SELECT count(*) FROM companies") == [(0,)]
+    step = Step.objects.filter(arguments__query=sql).latest("number")
+    assert step.effect_summary == "Emptied companies (10 rows): kept beforehand, so it can be undone."
+
+
+@needs_postgres
+def test_the_capture_can_be_put_in_place_again_under_its_guard(on_postgres, capsys):
+    recorder_url, agent_url = on_postgres
+    journal_services.register_tool_server(name="crm", command="true", database=recorder_url)
+    call_command("capture", "crm", tables="contacts")
+    assert pg_rows(recorder_url, "SELECT count(*) FROM pg_event_trigger WHERE evtname LIKE 'undo_capture%%'") \
+        == [(2,)]
+    call_command("capture", "crm", tables="contacts,companies")  # again, under the guard: fine
+    assert pg_rows(recorder_url, "SELECT count(*) FROM pg_trigger WHERE tgname = 'undo_capture'") == [(2,)]
+    with psycopg.connect(agent_url, autocommit=True) as connection, pytest.raises(psycopg.Error):
+        connection.execute("DROP TRIGGER undo_capture ON contacts")  # and still refused to anyone else
+
+
+def sqlite_crm_server(path, admin_user):
+    make_crm(path)
+    database.install(str(path), ["contacts"])
+    server = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
+        name="crm", command=server_command("sqlite", str(path)), database=str(path)))
+    services.use_pack(server=server, pack="sqlite", by=admin_user)
+    return server
+
+
+@needs_sqlite_server
+def test_the_same_text_sent_again_is_read_again_not_taken_from_a_cache(tmp_path, recorder, admin_user, dana):
+    """SQLite does not compile a statement it has cached, so its authorizer would hear nothing the second
+    time a text is read: a refused read of the capture would pass as a read."""
+    path = tmp_path / "crm.db"
+    sqlite_crm_server(path, admin_user)
+    token = journal_services.create_agent(name="hostile-bot", on_behalf_of=dana)[1]
+    set_policy(admin_user, none="allow", unknown="allow")
+    call(recorder, token, "crm__write_query", {"query": "UPDATE contacts SET status = 'x' WHERE id = 1"})
+    for _ in range(3):
+        words = refused_words(call(recorder, token, "crm__read_query",
+                                   {"query": "SELECT * FROM _undo_capture_changes"}))
+        assert "Refused: it touches _undo_capture_changes" in words
+    for _ in range(2):
+        assert not call(recorder, token, "crm__write_query",
+                        {"query": "UPDATE contacts SET status = 'y' WHERE id = 2"}).is_error
+    steps = Step.objects.filter(arguments__query="UPDATE contacts SET status = 'y' WHERE id = 2")
+    assert [s.reversibility for s in steps] == ["compensate", "compensate"]
