@@ -91,13 +91,10 @@ class Recipe(_Strict):
     # `sql`: a database's SQL tool, each call decided by its statements (journal.undo.database)
     kind: Literal["compensate", "none", "read_only", "sql"]
     sql: str | None = Field(None, max_length=200)  # the argument that holds the statements
-    # How the server cuts a text into the statements it sends (journal.undo.database.splitting), and whether
-    # it keeps its connection (or hands back a pooled one) between calls, so a transaction one call leaves
-    # open holds the next call's statements.
+    # An SQL server's (journal.undo.database): how it cuts a text (`splitting`), whether it keeps its
+    # connection between calls, and the functions outside pg_catalog an admin vouches change nothing.
     split: Literal["database", "dbhub"] = "database"
     keeps_connection: bool = Field(False, alias="keepsConnection")
-    # PostgreSQL functions outside pg_catalog that an admin vouches change nothing (`tidy`, `public.tidy`):
-    # any other such function is taken to change data, whatever volatility it declares.
     safe_functions: list[str] = Field(default_factory=list, alias="safeFunctions", max_length=200)
     does: str = Field("", max_length=200)  # the undo, in words
     window: Window = None
@@ -129,8 +126,6 @@ class Recipe(_Strict):
         if (self.kind == "sql") != (self.sql is not None) or self.kind == "sql" and self.read is not None:
             raise ValueError("a recipe of kind 'sql' names the argument that holds the statements (sql), and "
                              "no other recipe does")
-        if self.kind != "sql" and (self.split != "database" or self.keeps_connection or self.safe_functions):
-            raise ValueError("only a recipe of kind 'sql' says how its server cuts and runs statements")
         uses_before = "$before.body" in str([call.arguments for call in self.calls])
         needs_read = (uses_before or self.version or self.version_pattern or self.when_read_fails
                       or self.refuse_if_before)
@@ -142,7 +137,6 @@ class Recipe(_Strict):
             except jsonpointer.JsonPointerException as exc:
                 raise ValueError(f"version {self.version!r} is not a JSON Pointer: {exc}") from None
         return self
-
 
     @property
     def calls(self) -> list[Call]:

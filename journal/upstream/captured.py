@@ -168,7 +168,8 @@ class CallRows:
                     [self.found["from"], self.found["to"], list(self.found.get("who") or ())])
         tables = list(self.found.get("tables") or ())
         marks = ", ".join("?" for _ in tables) or "NULL"
-        return f"id > ? AND id <= ? AND tbl IN ({marks})", [self.found["from"], self.found["to"], *tables]
+        return (f"id > ? AND id <= ? AND tbl IN ({marks}) AND op <> 'R'",  # a replace's marker is no row
+                [self.found["from"], self.found["to"], *tables])
 
     def _net_sql(self, dialect: str, *, keyed: str | None = None) -> tuple[str, list]:
         """Each row's net change over the call, worked out by the database: its first before and last

@@ -239,23 +239,13 @@ def unsafe_views(connection: Connection, relations: Sequence[str],
                  listed: Sequence[str] = ()) -> dict[str, str]:
     """The views among `relations`, and the views they read in turn, whose definitions call a function that
     may change data (`safe_functions`), with which in words ("calls purge()")."""
-    definitions: dict[str, tuple[list[str], list[str]]] = {}
-    pending = list(dict.fromkeys(relations))
-    while pending and len(definitions) < VIEWS_FOLLOWED:
-        found = connection.rows(PG_VIEWS, (pending,))
-        pending = []
-        for name, definition in found:
-            called, named_ = postgres.names_in(definition or "")
-            definitions[name] = (called, named_)
-            pending += [r for r in named_ if r not in definitions]
+    definitions, complete = _view_definitions(connection, relations)
     if not definitions:
         return {}
     called = {f for calls, _ in definitions.values() for f in calls}
     safe = safe_functions(connection, sorted(called), listed)
-    unsafe: dict[str, str] = {}
-    for name, (calls, _) in definitions.items():
-        if bad := [f for f in calls if f not in safe]:
-            unsafe[name] = "calls " + readings.named([f + "()" for f in bad])
+    unsafe = {name: "calls " + readings.named([f + "()" for f in calls if f not in safe])
+              for name, (calls, _) in definitions.items() if any(f not in safe for f in calls)}
     changed = True
     while changed:  # a view that reads an unsafe view is unsafe too
         changed = False
@@ -263,10 +253,24 @@ def unsafe_views(connection: Connection, relations: Sequence[str],
             through = next((r for r in reads if r in unsafe and r != name), None)
             if name not in unsafe and through is not None:
                 unsafe[name], changed = f"reads view {through}, whose definition {unsafe[through]}", True
-    if pending:  # more views than are followed: the rest are not cleared
+    if not complete:  # more views than are followed: the rest are not cleared
         for name in definitions:
             unsafe.setdefault(name, "reads more views than the Recorder follows")
     return unsafe
+
+
+def _view_definitions(connection: Connection, relations: Sequence[str]) -> tuple[dict, bool]:
+    """{view: (the functions its definition calls, the relations it reads)} for the views among `relations`
+    and those they read, breadth first; and whether every one was followed (`VIEWS_FOLLOWED`)."""
+    definitions: dict[str, tuple[list[str], list[str]]] = {}
+    pending = list(dict.fromkeys(relations))
+    while pending and len(definitions) < VIEWS_FOLLOWED:
+        found = connection.rows(PG_VIEWS, (pending,))
+        pending = []
+        for name, definition in found:
+            definitions[name] = postgres.names_in(definition or "")
+            pending += [r for r in definitions[name][1] if r not in definitions]
+    return definitions, not pending
 
 
 def read_statements(connection: Connection, text: str, *, split: str = splitting.DATABASE,

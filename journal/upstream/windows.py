@@ -7,6 +7,7 @@ batches and hashed as they come, so a statement of any size is read in memory bo
 
 import fcntl
 import hashlib
+import json
 import os
 import threading
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from typing import Any
 
 from ..undo.database import capture
 from ..undo.database.places import POSTGRESQL, dialect_of, sqlite_path
+from ..undo.database.reading import plural
 from . import captured, database
 
 ADVISORY_KEY = 4_615_313_070_240_905_539  # the capture's advisory lock (any fixed 64-bit number)
@@ -113,6 +115,7 @@ def _read(window: Window, *, tables: list[str] | None, keep: int) -> dict[str, A
     sql = (f"SELECT {captured.columns(window.dialect)} FROM {captured.changes_table(window.dialect)} "
            f"WHERE id > {mark} ORDER BY id")
     with database.connected(window.place, timeout=3600) as connection, captured.snapshot(connection):
+        replacing = _Replacing(connection) if not postgresql else None
         for raw in captured.streamed(connection, sql, [window.head]):
             last, table, op = raw[0], raw[1], raw[2]
             who = raw[6] if postgresql else None
@@ -120,6 +123,8 @@ def _read(window: Window, *, tables: list[str] | None, keep: int) -> dict[str, A
                 other = who or table
                 others[other] = others.get(other, 0) + 1
                 continue
+            if replacing is not None and replacing.heard(table, op, raw[3], raw[5]):
+                continue  # a marker, not a row
             writers.add(who)
             digest.update(captured.line_of(raw))
             per = counts.setdefault(table, {"I": 0, "U": 0, "D": 0})
@@ -133,12 +138,54 @@ def _read(window: Window, *, tables: list[str] | None, keep: int) -> dict[str, A
         found["inCapture"] = True  # over the bound kept in the record: the rows stay in the capture
         if window.dialect == POSTGRESQL:  # and are read again there by their range and writer
             found["who"] = sorted(writers)
-    problem = _mixed(window, writers, others)
+    problem = _mixed(window, writers, others) or (replacing.problem() if replacing is not None else "")
     if problem:
         found["problem"] = problem
     if others:
         found["others"] = others
     return found
+
+
+class _Replacing:
+    """SQLite's hidden deletes in a call's rows: a row the capture marked just before SQLite replaced it
+    (`capture.sqlite_table`'s 'R'), then inserted again under its key, or another row updated onto its key.
+    A marker that no such write follows was an insert ignored or made an update (OR IGNORE, an upsert)."""
+
+    def __init__(self, connection):
+        self.keys = {table: json.loads(key) for table, key in _optional(
+            connection, f"SELECT tbl, key FROM {capture.SQLITE_TABLES}")}
+        self.marked: set[tuple[str, str]] = set()
+        self.replaced: dict[str, int] = {}
+
+    def heard(self, table: str, op: str, key: str, after: str | None) -> bool:
+        """Take in one captured row; True when it is a marker (not one of the call's rows)."""
+        if op == "R":
+            self.marked.add((table, _same(key)))
+            return True
+        if not self.marked:
+            return False
+        landed = _same(key)
+        if op == "U" and after and self.keys.get(table):
+            image = json.loads(after)
+            landed = _same(json.dumps([image.get(column) for column in self.keys[table]]))
+            if landed == _same(key):
+                return False  # an upsert's update of the row itself
+        if op in ("I", "U") and (table, landed) in self.marked:
+            self.marked.discard((table, landed))
+            self.replaced[table] = self.replaced.get(table, 0) + 1
+        return False
+
+    def problem(self) -> str:
+        if not self.replaced:
+            return ""
+        said = "; ".join(f"{plural(n, 'row')} of {table}" for table, n in self.replaced.items())
+        return (f"it replaced rows whose keys it wrote again ({said}): SQLite deleted them without telling "
+                "the triggers, so the undo cannot be worked out from the rows the capture kept")
+
+
+def _same(key: str) -> str:
+    """A captured key in one spelling (SQLite's json_array and Python's json differ in spaces)."""
+    return json.dumps(json.loads(key), sort_keys=True, separators=(",", ":"))
 
 
 def _the_calls(window: Window, table: str, who: str | None, tables: list[str] | None) -> bool:

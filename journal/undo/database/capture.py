@@ -199,10 +199,23 @@ def sqlite_table(table: str, key: Sequence[str], columns: Sequence[str]) -> str:
                         f"{sqlite_image('NEW', columns)});"),
         "d": ("DELETE", f"{insert}'D', {key_of('OLD')}, {sqlite_image('OLD', columns)}, NULL);"),
     }
+    # A row SQLite is about to replace (INSERT OR REPLACE, REPLACE, UPDATE OR REPLACE, or a table's ON
+    # CONFLICT REPLACE, on its primary key) is deleted without telling the delete triggers: a marker ('R',
+    # with the row as it was) kept just before, so the call's rows show a hidden delete (`windows`). An
+    # insert ignored or turned into an update afterwards (OR IGNORE, ON CONFLICT DO UPDATE) leaves a marker
+    # that no insert of the same key follows, which says nothing.
+    same = " AND ".join(f"{quoted(c)} IS NEW.{quoted(c)}" for c in key)
+    moved = " OR ".join(f"NEW.{quoted(c)} IS NOT OLD.{quoted(c)}" for c in key)
+    existing = f"(SELECT {sqlite_image(name, columns)} FROM {name} WHERE {same})"
+    marker = f"{insert}'R', {key_of('NEW')}, {existing}, NULL);"
+    triggers["r"] = ("INSERT", marker,
+                     f"BEFORE INSERT ON {name} WHEN EXISTS (SELECT 1 FROM {name} WHERE {same})")
+    triggers["k"] = ("UPDATE", marker, f"BEFORE UPDATE ON {name} WHEN ({moved}) AND EXISTS (SELECT 1 FROM "
+                                       f"{name} WHERE {same})")
     sql = "".join(f"DROP TRIGGER IF EXISTS {quoted(trigger_name(table, op))};\n"
-                  f"CREATE TRIGGER {quoted(trigger_name(table, op))} AFTER {event} ON {name} "
-                  f"BEGIN {body} END;\n"
-                  for op, (event, body) in triggers.items())
+                  f"CREATE TRIGGER {quoted(trigger_name(table, op))} "
+                  f"{when[0] if when else f'AFTER {event} ON {name}'} BEGIN {body} END;\n"
+                  for op, (event, body, *when) in triggers.items())
     return sql + (f"INSERT OR REPLACE INTO {SQLITE_TABLES} (tbl, key, columns) VALUES ({literal(table)}, "
                   f"{literal(_json_list(key))}, {literal(_json_list(columns))});\n")
 

@@ -356,8 +356,8 @@ def test_the_capture_can_be_put_in_place_again_under_its_guard(on_postgres, caps
     recorder_url, agent_url = on_postgres
     journal_services.register_tool_server(name="crm", command="true", database=recorder_url)
     call_command("capture", "crm", tables="contacts")
-    assert pg_rows(recorder_url, "SELECT count(*) FROM pg_event_trigger WHERE evtname LIKE 'undo_capture%%'") \
-        == [(2,)]
+    guards = "SELECT count(*) FROM pg_event_trigger WHERE evtname LIKE 'undo_capture%%'"
+    assert pg_rows(recorder_url, guards) == [(2,)]
     call_command("capture", "crm", tables="contacts,companies")  # again, under the guard: fine
     assert pg_rows(recorder_url, "SELECT count(*) FROM pg_trigger WHERE tgname = 'undo_capture'") == [(2,)]
     with psycopg.connect(agent_url, autocommit=True) as connection, pytest.raises(psycopg.Error):
@@ -391,3 +391,33 @@ def test_the_same_text_sent_again_is_read_again_not_taken_from_a_cache(tmp_path,
                         {"query": "UPDATE contacts SET status = 'y' WHERE id = 2"}).is_error
     steps = Step.objects.filter(arguments__query="UPDATE contacts SET status = 'y' WHERE id = 2")
     assert [s.reversibility for s in steps] == ["compensate", "compensate"]
+
+
+@needs_sqlite_server
+def test_a_row_sqlite_replaced_unseen_makes_the_steps_undo_unknown_not_a_delete_of_the_new_row(
+        tmp_path, recorder, admin_user, dana, approver_user, settings):
+    """The net under the reading: an approved REPLACE (or one the reading missed) replaced a row whose key
+    existed; the capture's marker says so, and the step's undo is unknown rather than "delete the new row"."""
+    settings.RECORDER_HOLD_WAIT_SECONDS = 30
+    path = tmp_path / "crm.db"
+    sqlite_crm_server(path, admin_user)
+    token = journal_services.create_agent(name="cleanup-bot", on_behalf_of=dana)[1]
+    set_policy(admin_user)
+    sql = "INSERT OR REPLACE INTO contacts (id, name, email, status) VALUES (1, 'Fake', 'f@x.test', 'lead')"
+    thread, box = in_background(lambda: call(recorder, token, "crm__write_query", {"query": sql}))
+    decide(held(), approver_user, "approve")
+    thread.join(timeout=60)
+    assert not box["result"].is_error, box["result"].content[0].text
+    assert rows(path, "SELECT name FROM contacts WHERE id = 1") == [("Fake",)]
+    step = Step.objects.filter(arguments__query=sql).latest("number")
+    assert step.reversibility == "unknown"
+    assert "it replaced rows whose keys it wrote again (1 row of contacts)" in step.undo_problems[0]
+    # An upsert and an ignored insert leave markers that say nothing: their steps are what their rows say.
+    for fine in ("INSERT INTO contacts (id, name, email, status) VALUES (2, 'x', 'x@x', 'lead') "
+                 "ON CONFLICT (id) DO UPDATE SET status = 'vip'",
+                 "INSERT OR IGNORE INTO contacts (id, name, email, status) VALUES (3, 'y', 'y@x', 'lead')"):
+        assert not call(recorder, token, "crm__write_query", {"query": fine}).is_error
+    upsert, ignored = (Step.objects.filter(arguments__query__startswith=f"INSERT {w}").get()
+                       for w in ("INTO contacts (id, name, email, status) VALUES (2", "OR IGNORE"))
+    assert (upsert.reversibility, upsert.effect_summary) == ("compensate", "Updated 1 row of contacts.")
+    assert (ignored.reversibility, ignored.effect_summary) == ("read_only", "It changed no rows.")
