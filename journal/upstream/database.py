@@ -51,8 +51,9 @@ class Connection:
         return list(cursor.fetchall()) if cursor.description else []
 
 
-def connect(place: str, *, timeout: float = TIMEOUT_SECONDS) -> Connection:
-    """A connection to `place` (autocommit on PostgreSQL, with a statement timeout); the caller closes it."""
+def connect(place: str, *, timeout: float = TIMEOUT_SECONDS, shared: bool = False) -> Connection:
+    """A connection to `place` (autocommit on PostgreSQL, with a statement timeout); the caller closes it.
+    `shared`: an SQLite connection used from one thread at a time, but not always the same one."""
     try:
         dialect = dialect_of(place)
     except NotADatabase as exc:
@@ -64,7 +65,7 @@ def connect(place: str, *, timeout: float = TIMEOUT_SECONDS) -> Connection:
                                   options=f"-c statement_timeout={int(timeout * 1000)}")
         else:
             raw = sqlite3.connect(f"file:{sqlite_path(place)}?mode=rw", uri=True, timeout=timeout,
-                                  isolation_level=None)
+                                  isolation_level=None, check_same_thread=not shared)
     except (psycopg.Error, sqlite3.Error) as exc:
         raise DatabaseUnreachable(f"{shown_database(place)} cannot be reached: {_words(exc)}") from None
     return Connection(dialect, raw, place)
@@ -80,6 +81,11 @@ def connected(place: str, *, timeout: float = TIMEOUT_SECONDS) -> Iterator[Conne
         raise DatabaseUnreachable(f"{shown_database(place)} answered with an error: {_words(exc)}") from None
     finally:
         connection.raw.close()
+
+
+def words_of(exc: Exception) -> str:
+    """A database error's first line, as a person reads it."""
+    return _words(exc)
 
 
 def _words(exc: Exception) -> str:
@@ -156,11 +162,14 @@ def counts(connection: Connection, tables: Sequence[str]) -> dict[str, int]:
 
 
 def head(connection: Connection) -> int:
-    """The capture's last change id now (0 when there is no capture): a call's rows come after it."""
+    """The capture's last change id now (0 when there is no capture): a call's rows come after it. Any
+    other failure is raised: a head taken as 0 would make every row ever kept the call's."""
     table = capture.CHANGES if connection.dialect == POSTGRESQL else capture.SQLITE_CHANGES
     try:
         return int(connection.rows(f"SELECT coalesce(max(id), 0) FROM {table}")[0][0])
-    except (psycopg.Error, sqlite3.Error):
+    except (psycopg.errors.UndefinedTable, sqlite3.OperationalError) as exc:
+        if isinstance(exc, sqlite3.OperationalError) and "no such table" not in str(exc):
+            raise
         return 0
 
 

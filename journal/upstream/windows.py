@@ -9,9 +9,12 @@ import fcntl
 import hashlib
 import json
 import os
+import sqlite3
 import threading
 from dataclasses import dataclass, field
 from typing import Any
+
+import psycopg
 
 from ..undo.database import capture
 from ..undo.database.places import POSTGRESQL, dialect_of, sqlite_path
@@ -21,6 +24,12 @@ from . import captured, database
 ADVISORY_KEY = 4_615_313_070_240_905_539  # the capture's advisory lock (any fixed 64-bit number)
 _LOCAL: dict[str, Any] = {}
 _LOCAL_GUARD = threading.Lock()
+# Connections kept between windows, per database and process (every SQL call has a window, reads included,
+# so a connection made for each would cost a read more than it takes): taken by one window at a time.
+_KEPT: dict[tuple[int, str], list] = {}
+KEPT_EACH = 4
+PG_OPEN = (f"SELECT pg_advisory_lock(%s), (SELECT coalesce(max(id), 0) FROM {capture.CHANGES}), "
+           f"(SELECT coalesce(array_agg(role::text), '{{}}') FROM {capture.CAPTURE_SCHEMA}.agents)")
 
 
 @dataclass
@@ -29,15 +38,49 @@ class Window:
     dialect: str
     head: int = 0
     held: Any = None  # the file descriptor or connection that holds the cross-process lock
+    connection: Any = None  # the connection the capture is read on (PostgreSQL: the one holding the lock)
     local: Any = None  # this process's lock on the database (a threading.Lock)
     roles: list[str] = field(default_factory=list)  # PostgreSQL: the agent's roles, as the capture names them
     on_release: Any = None  # called once the window is let go (the caller's own lock on the database)
     released: bool = False
+    spoiled: bool = False  # its connection failed: closed, not kept
 
 
 def _local(place: str):
     with _LOCAL_GUARD:
         return _LOCAL.setdefault(place, threading.Lock())
+
+
+def _file(place: str) -> int | None:
+    """An SQLite file's identity (its inode): a connection kept to a file since replaced is not used."""
+    if dialect_of(place) == POSTGRESQL:
+        return None
+    try:
+        return os.stat(sqlite_path(place)).st_ino
+    except OSError:
+        return None
+
+
+def _take(place: str):
+    """A kept connection to `place` (made in this process, to the same file), or a new one."""
+    now = _file(place)
+    with _LOCAL_GUARD:
+        kept = _KEPT.get((os.getpid(), place)) or []
+        while kept:
+            connection, file = kept.pop()
+            if file == now:
+                return connection
+            connection.raw.close()
+    return database.connect(place, timeout=3600, shared=True)
+
+
+def _give(place: str, connection) -> None:
+    with _LOCAL_GUARD:
+        kept = _KEPT.setdefault((os.getpid(), place), [])
+        if len(kept) < KEPT_EACH:
+            kept.append((connection, _file(place)))
+            return
+    connection.raw.close()
 
 
 def opened(place: str) -> Window:
@@ -46,21 +89,39 @@ def opened(place: str) -> Window:
     window.local.acquire()
     try:
         if window.dialect == POSTGRESQL:
-            window.held = database.connect(place, timeout=3600)
-            window.held.rows("SELECT pg_advisory_lock(%s)", (ADVISORY_KEY,))
-            window.head = database.head(window.held)
-            named = _optional(window.held, f"SELECT role FROM {capture.CAPTURE_SCHEMA}.agents")
-            window.roles = [role for (role,) in named]
+            _open_postgresql(window)
         else:
             fd = os.open(f"{sqlite_path(place)}.undo-lock", os.O_CREAT | os.O_RDWR, 0o600)
             window.held = fd
             fcntl.flock(fd, fcntl.LOCK_EX)
-            with database.connected(place) as connection:
-                window.head = database.head(connection)
+            window.connection = _take(place)
+            window.head = database.head(window.connection)
     except BaseException:
+        window.spoiled = True
         _release(window)
         raise
     return window
+
+
+def _open_postgresql(window: Window) -> None:
+    """The lock, the capture's last change id and the agent's roles, in one round trip on a kept connection
+    (a kept one that fails is replaced once by a new one); a capture without its tables, in three."""
+    for attempt in (1, 2):
+        window.held = window.connection = _take(window.place)
+        try:
+            _, window.head, window.roles = window.held.rows(PG_OPEN, (ADVISORY_KEY,))[0]
+            return
+        except psycopg.errors.UndefinedTable:
+            break  # no capture (yet): the lock is not taken by an aborted statement, take it alone
+        except psycopg.Error:
+            window.held.raw.close()
+            window.held = window.connection = None
+            if attempt == 2:
+                raise
+    window.held.rows("SELECT pg_advisory_lock(%s)", (ADVISORY_KEY,))
+    window.head = database.head(window.held)
+    named = _optional(window.held, f"SELECT role FROM {capture.CAPTURE_SCHEMA}.agents")
+    window.roles = [role for (role,) in named]
 
 
 def _optional(connection, sql: str) -> list[tuple]:
@@ -77,21 +138,40 @@ def release(window: Window | None) -> None:
 
 
 def _release(window: Window) -> None:
-    """Let the window go, once: its cross-process lock, this process's lock, then the caller's."""
+    """Let the window go, once: its cross-process lock (its connection kept for the next window), this
+    process's lock, then the caller's."""
     if window.released:
         return
     window.released = True
     try:
         if isinstance(window.held, int):
             os.close(window.held)  # closing the descriptor releases the file lock
-        elif window.held is not None:
-            window.held.raw.close()  # ending the session releases the advisory lock
+        if window.connection is not None:
+            _hand_back(window)
     finally:
-        window.held = None
+        window.held = window.connection = None
         if window.local is not None:
             window.local.release()
         if window.on_release is not None:
             window.on_release()
+
+
+def _hand_back(window: Window) -> None:
+    """The window's connection, its advisory lock let go, kept for the next; closed when it failed (ending
+    the session releases the advisory lock)."""
+    connection = window.connection
+    if not window.spoiled:
+        try:
+            if window.dialect == POSTGRESQL:
+                connection.rows("SELECT pg_advisory_unlock(%s)", (ADVISORY_KEY,))
+            _give(window.place, connection)
+            return
+        except (psycopg.Error, sqlite3.Error):
+            pass
+    try:
+        connection.raw.close()
+    except (psycopg.Error, sqlite3.Error):
+        pass
 
 
 def closed(window: Window, *, tables: list[str] | None, keep: int) -> dict[str, Any]:
@@ -101,8 +181,10 @@ def closed(window: Window, *, tables: list[str] | None, keep: int) -> dict[str, 
     another writer's), or None when every row in the window is the call's."""
     try:
         return _read(window, tables=tables, keep=keep)
-    except database.DatabaseUnreachable as exc:
-        return {"problem": f"the rows it changed could not be read from the capture: {exc}",
+    except (database.DatabaseUnreachable, psycopg.Error, sqlite3.Error) as exc:
+        window.spoiled = True
+        why = exc if isinstance(exc, database.DatabaseUnreachable) else database.words_of(exc)
+        return {"problem": f"the rows it changed could not be read from the capture: {why}",
                 "from": window.head}
     finally:
         _release(window)
@@ -114,7 +196,11 @@ def _read(window: Window, *, tables: list[str] | None, keep: int) -> dict[str, A
     kept, counts, others, writers, last, digest = [], {}, {}, set(), window.head, hashlib.sha256()
     sql = (f"SELECT {captured.columns(window.dialect)} FROM {captured.changes_table(window.dialect)} "
            f"WHERE id > {mark} ORDER BY id")
-    with database.connected(window.place, timeout=3600) as connection, captured.snapshot(connection):
+    connection = window.connection
+    if database.head(connection) == window.head:  # nothing kept since it opened (most calls: reads)
+        return {"from": window.head, "to": window.head, "count": 0, "tables": {},
+                "sha256": digest.hexdigest(), "rows": []}
+    with captured.snapshot(connection):
         replacing = _Replacing(connection) if not postgresql else None
         for raw in captured.streamed(connection, sql, [window.head]):
             last, table, op = raw[0], raw[1], raw[2]
