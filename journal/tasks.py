@@ -59,8 +59,9 @@ def forget_unused_oauth_clients() -> int:
 
 @shared_task(name="journal.prune_captures")
 def prune_captures() -> int:
-    """Forget the database captures' rows no undo needs any more (`services.prune_capture`), server by
-    server; a database that cannot be reached is tried again next time."""
+    """Sweep each database capture for rows no recorded call made, then forget the rows no undo needs any
+    more (`services.prune_capture`), server by server; a database that cannot be reached is tried again
+    next time, and nothing of it is forgotten unswept."""
     forgotten = 0
     for server in ToolServer.objects.exclude(database=""):
         try:

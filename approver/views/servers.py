@@ -11,7 +11,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from journal.auth import roles
 from journal.auth.access import require_role
 from journal.models import ToolServer
-from journal.services import RecipesRefused, names_too_long
+from journal.services import RecipesRefused, names_too_long, unrecorded_words
 from journal.undo import recipes
 from journal.undo.packs import PACKS
 
@@ -63,6 +63,7 @@ def _page(request, server: ToolServer, *, recipe_form=None, preview=None, status
         "pack_form": PackForm(packs=sorted(PACKS), initial={"pack": server.recipe_pack or None}),
         "recipe_form": recipe_form, "preview": preview, "editing": tool,
         "changes": services.recipe_changes(server), "too_long": names_too_long(server),
+        "unrecorded": [(unrecorded_words(f), f) for f in reversed(server.unrecorded)],
     }, status=status)
 
 

@@ -48,6 +48,10 @@ class ToolServer(models.Model):
     recipe_pack = models.CharField(max_length=40, blank=True)
     recipes_changed_by = models.CharField(max_length=150, blank=True)
     recipes_changed_at = models.DateTimeField(null=True, blank=True)
+    # The database capture's rows swept so far, and what the sweeps found there that no recorded call's
+    # window holds (the latest 50 findings): written by `services.sweep_capture` only.
+    capture_swept_to = models.BigIntegerField(default=0)
+    unrecorded = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     # Moves with every save; the Recorder compares it to know its copy of the server is still current.
     updated_at = models.DateTimeField(auto_now=True)

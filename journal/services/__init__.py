@@ -51,6 +51,8 @@ from .servers import (
     save_catalogue,
     save_tool_server,
     set_recipes,
+    sweep_capture,
+    unrecorded_words,
 )
 from .steps import (
     READ,
@@ -122,6 +124,8 @@ __all__ = [
     "RecipesRefused",
     "names_too_long",
     "prune_capture",
+    "sweep_capture",
+    "unrecorded_words",
     "recipe_problems",
     "recipes_record",
     "set_recipes",

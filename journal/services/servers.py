@@ -1,6 +1,7 @@
 """Tool servers: every write to their rows (the command, the admin and the demo alike) and their
 catalogues."""
 
+import logging
 from datetime import datetime
 from typing import Any
 
@@ -13,9 +14,12 @@ from ..models import ToolServer
 from ..models.servers import SEPARATOR
 from ..record import chain
 from ..record.canonical import to_ijson
+from ..telemetry import metrics
 from ..undo import declarations, recipes
-from ..upstream import captured, snapshots
+from ..upstream import captured, snapshots, unrecorded
 from ..upstream.client import ToolServerError, Upstreams, endpoint_of
+
+logger = logging.getLogger(__name__)
 
 
 def register_tool_server(*, name: str, url: str = "", command: str = "", alias: str = "",
@@ -195,6 +199,7 @@ def prune_capture(*, server: ToolServer, now: datetime | None = None) -> int:
     if not server.database:
         return 0
     now = now or timezone.now()
+    swept_to = sweep_capture(server=server, now=now)  # nothing is forgotten before it was swept
     upto, needed, copies = 0, [], []
     steps = server.steps.filter(compensation_arguments__isnull=False).values_list(
         "compensation_arguments", "undo_by")
@@ -209,4 +214,35 @@ def prune_capture(*, server: ToolServer, now: datetime | None = None) -> int:
         if arguments.get("inCapture") and open_window:
             needed.append((int(arguments.get("from") or 0), arguments["to"]))
     forgotten = snapshots.forget(server.database, copies) if copies else 0
+    upto = min(upto, swept_to)
     return forgotten + (captured.prune(server.database, upto=upto, needed=needed) if upto else 0)
+
+
+UNRECORDED_KEPT = 50
+
+
+def sweep_capture(*, server: ToolServer, now: datetime | None = None) -> int:
+    """Read `server`'s capture since the last sweep against the windows of the calls the Recorder made to it
+    (`journal.upstream.unrecorded`): rows no window holds are changes no recorded call made, kept as a
+    finding on the server (its page shows them), counted in the metrics and logged. Returns the change id
+    swept to. DatabaseUnreachable when the database cannot be read."""
+    now = now or timezone.now()
+    ranges = server.steps.filter(earlier_state__left__database__has_key="to").values_list(
+        "earlier_state__left__database__from", "earlier_state__left__database__to")
+    swept = unrecorded.sweep(server.database, after=server.capture_swept_to, ranges=list(ranges),
+                             lag_seconds=settings.RECORDER_CAPTURE_SWEEP_LAG_SECONDS)
+    findings = server.unrecorded
+    if swept.rows:
+        findings = [*server.unrecorded, swept.as_record(now.isoformat())][-UNRECORDED_KEPT:]
+        metrics.ROWS_UNRECORDED.labels(server=server.name).inc(swept.rows)
+        logger.warning("%s: %s changed by no recorded call (capture ids %s to %s)", server.name,
+                       unrecorded_words(swept.as_record(now.isoformat())), swept.first, swept.last)
+    ToolServer.objects.filter(pk=server.pk).update(capture_swept_to=swept.upto, unrecorded=findings)
+    server.capture_swept_to, server.unrecorded = swept.upto, findings
+    return swept.upto
+
+
+def unrecorded_words(finding: dict) -> str:
+    """"5 rows of public.contacts and 2 of public.companies"."""
+    parts = [f"{n:,} row{'' if n == 1 else 's'} of {table}" for table, n in finding.get("tables", {}).items()]
+    return "; ".join(parts) or "no rows"

@@ -64,6 +64,9 @@ JOURNAL_QUEUE = Gauge(
 ROWS_MISREAD = Counter(
     "undo_database_rows_misread", "Rows a database's capture kept for SQL calls whose statements read as "
     "reads (the record says what the rows say, and flags the call), by server.", ["server"])
+ROWS_UNRECORDED = Counter(
+    "undo_database_rows_unrecorded", "Rows a database's capture kept that no recorded call's window holds "
+    "(changed by no recorded call), found by the capture's sweep, by server.", ["server"])
 CHECKS = Counter("undo_checks", "Checks of plan items against their tool servers, by result (ok, "
                  "conflict, expired, unavailable, error).", ["result"])
 COMPENSATIONS = Counter(

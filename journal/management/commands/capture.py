@@ -79,3 +79,8 @@ class Command(BaseCommand):
                 words = "not captured"
             self.stdout.write(f"{table}: {words}")
         self._reached(server, [t for t in bare if t in captured])
+        for finding in server.unrecorded:
+            self.stdout.write(self.style.WARNING(
+                f"Changed by no recorded call: {journal_services.unrecorded_words(finding)}, between "
+                f"{finding['since']} and {finding['until']} (capture ids {finding['from']} to "
+                f"{finding['to']})."))

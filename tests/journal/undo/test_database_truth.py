@@ -5,10 +5,12 @@ anything is sent. Against the pinned DBHub (PostgreSQL and SQLite) and mcp-serve
 checked in the database's own rows."""
 
 import sqlite3
+from io import StringIO
 
 import psycopg
 import pytest
 from django.core.management import call_command
+from django.test import Client
 
 from approver import services
 from approver.models import ActionRequest
@@ -19,7 +21,7 @@ from journal.upstream import database
 from tests.approver.services.test_held_calls import call, decide, held, in_background, set_policy
 from tests.services import POSTGRES_URL, needs_node, needs_postgres, needs_sqlite_server
 
-from .databases import CONTACTS, dbhub_crm, make_crm, pg_rows, postgres_crm, rows, server_command
+from .databases import AGENT_ROLE, CONTACTS, dbhub_crm, make_crm, pg_rows, postgres_crm, rows, server_command
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -421,3 +423,54 @@ def test_a_row_sqlite_replaced_unseen_makes_the_steps_undo_unknown_not_a_delete_
                        for w in ("INTO contacts (id, name, email, status) VALUES (2", "OR IGNORE"))
     assert (upsert.reversibility, upsert.effect_summary) == ("compensate", "Updated 1 row of contacts.")
     assert (ignored.reversibility, ignored.effect_summary) == ("read_only", "It changed no rows.")
+
+
+@needs_postgres
+def test_rows_no_recorded_call_made_are_found_shown_and_never_pruned_unseen(on_postgres, admin_user,
+                                                                            settings):
+    """The net: rows an agent's role changed outside every window (here, with its credentials, around the
+    Recorder) are found by the sweep before the prune may forget them, and shown on the server's page."""
+    settings.RECORDER_CAPTURE_SWEEP_LAG_SECONDS = 0
+    recorder_url, agent_url = on_postgres
+    server = journal_services.register_tool_server(name="crm", command="true", database=recorder_url)
+    database.install(recorder_url, ["contacts"], agent_roles=[AGENT_ROLE])
+    with psycopg.connect(recorder_url, autocommit=True) as connection:  # another writer: not the agents'
+        connection.execute("UPDATE contacts SET status = 'by-dba' WHERE id = 9")
+    with psycopg.connect(agent_url, autocommit=True) as connection:
+        connection.execute("DELETE FROM contacts WHERE id IN (1, 2, 3)")
+    before = metrics.ROWS_UNRECORDED.labels(server="crm")._value.get()
+    assert journal_services.prune_capture(server=server) == 0
+    server.refresh_from_db()
+    assert len(server.unrecorded) == 1
+    finding = server.unrecorded[0]
+    assert (finding["rows"], finding["tables"], finding["roles"]) == (3, {"public.contacts": 3}, [AGENT_ROLE])
+    assert metrics.ROWS_UNRECORDED.labels(server="crm")._value.get() == before + 3
+    assert pg_rows(recorder_url, "SELECT count(*) FROM undo_capture.changes") == [(4,)]
+    web = Client()
+    web.force_login(admin_user)
+    page = web.get(f"/servers/{server.pk}/").content.decode()
+    assert "Changed by no recorded call" in page and "3 rows of public.contacts" in page
+    journal_services.sweep_capture(server=server)  # swept once: not found again
+    server.refresh_from_db()
+    assert len(server.unrecorded) == 1 and server.capture_swept_to == 4
+    out = StringIO()
+    call_command("capture", "crm", stdout=out)
+    assert "Changed by no recorded call: 3 rows of public.contacts, between" in out.getvalue()
+
+
+@needs_sqlite_server
+def test_on_sqlite_a_calls_rows_are_in_its_window_and_others_are_changed_by_no_recorded_call(
+        tmp_path, recorder, admin_user, dana, settings):
+    settings.RECORDER_CAPTURE_SWEEP_LAG_SECONDS = 0
+    path = tmp_path / "crm.db"
+    server = sqlite_crm_server(path, admin_user)
+    token = journal_services.create_agent(name="cleanup-bot", on_behalf_of=dana)[1]
+    set_policy(admin_user)
+    assert not call(recorder, token, "crm__write_query",
+                    {"query": "UPDATE contacts SET status = 'x' WHERE id <= 4"}).is_error
+    with sqlite3.connect(path) as connection:  # around the Recorder
+        connection.execute("UPDATE contacts SET status = 'y' WHERE id BETWEEN 10 AND 11")
+    journal_services.sweep_capture(server=server)
+    server.refresh_from_db()
+    assert [(f["rows"], f["tables"], f["from"], f["to"]) for f in server.unrecorded] == [
+        (2, {"contacts": 2}, 5, 6)]
