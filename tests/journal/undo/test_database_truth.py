@@ -59,6 +59,12 @@ def refused_words(result) -> str:
     return result.content[0].text
 
 
+def transactions_refused(recorder, token, *texts: str) -> None:
+    for sql in texts:
+        words = refused_words(call(recorder, token, "crm__execute_sql", {"sql": sql}))
+        assert "send the whole transaction, from its BEGIN to its COMMIT, in one call" in words, sql
+
+
 def step_of(sql: str) -> Step:
     return Step.objects.get(arguments__sql=sql)
 
@@ -90,10 +96,8 @@ def test_a_transaction_across_calls_is_refused_on_dbhubs_kept_postgresql_clients
         dbhub_postgres, recorder, admin_user):
     recorder_url, _, token = dbhub_postgres
     set_policy(admin_user, none="allow", unknown="allow")
-    for sql in ("BEGIN", "START TRANSACTION", "COMMIT", "SAVEPOINT s", "PREPARE TRANSACTION 'x'",
-                "BEGIN; DELETE FROM contacts WHERE id <= 5"):
-        words = refused_words(call(recorder, token, "crm__execute_sql", {"sql": sql}))
-        assert "send the whole transaction, from its BEGIN to its COMMIT, in one call" in words, sql
+    transactions_refused(recorder, token, "BEGIN", "START TRANSACTION", "COMMIT", "SAVEPOINT s",
+                         "PREPARE TRANSACTION 'x'", "BEGIN; DELETE FROM contacts WHERE id <= 5")
     assert pg_rows(recorder_url, "SELECT count(*) FROM contacts") == [(CONTACTS,)]
     # Sent whole, the transaction's rows are the call's.
     whole = "BEGIN; DELETE FROM contacts WHERE id <= 5; COMMIT"
@@ -109,11 +113,9 @@ def test_a_transaction_across_calls_is_refused_on_dbhubs_kept_sqlite_connection(
         dbhub_sqlite, recorder, admin_user):
     path, token = dbhub_sqlite
     set_policy(admin_user, none="allow", unknown="allow")
-    for sql in ("BEGIN", "BEGIN IMMEDIATE", "SAVEPOINT s", "COMMIT",
-                "BEGIN; DELETE FROM contacts WHERE id <= 5",
-                "SAVEPOINT a; DELETE FROM contacts WHERE id <= 5"):
-        words = refused_words(call(recorder, token, "crm__execute_sql", {"sql": sql}))
-        assert "send the whole transaction" in words, sql
+    transactions_refused(recorder, token, "BEGIN", "BEGIN IMMEDIATE", "SAVEPOINT s", "COMMIT",
+                         "BEGIN; DELETE FROM contacts WHERE id <= 5",
+                         "SAVEPOINT a; DELETE FROM contacts WHERE id <= 5")
     assert rows(path, "SELECT count(*) FROM contacts") == [(CONTACTS,)]
     # A write sent after the refused BEGIN is committed by itself, in its own window.
     write = "DELETE FROM contacts WHERE id <= 7"
@@ -336,18 +338,10 @@ def test_a_trigger_whose_body_writes_the_capture_is_refused(tmp_path, recorder, 
 @needs_sqlite_server
 def test_a_whole_table_delete_in_any_spelling_is_counted_and_kept_first(tmp_path, recorder, admin_user, dana,
                                                                         approver_user, settings):
-    settings.RECORDER_HOLD_WAIT_SECONDS = 30
-    path = tmp_path / "crm.db"
-    sqlite_crm_server(path, admin_user)
-    token = journal_services.create_agent(name="cleanup-bot", on_behalf_of=dana)[1]
-    set_policy(admin_user)
+    path, token = sqlite_agent(tmp_path, admin_user, dana, settings)
     sql = "DELETE FROM companies WHERE 1 = 1 -- AND id = 3"
-    thread, box = in_background(lambda: call(recorder, token, "crm__write_query", {"query": sql}))
-    action = held()
-    assert "It deletes every row of companies (10 rows)" in action.why["reason"]
-    decide(action, approver_user, "approve")
-    thread.join(timeout=60)
-    assert not box["result"].is_error, box["result"].content[0].text
+    reason = approved_call(recorder, token, approver_user, sql)
+    assert "It deletes every row of companies (10 rows)" in reason
     assert rows(path, "SELECT count(*) FROM companies") == [(0,)]
     step = Step.objects.filter(arguments__query=sql).latest("number")
     assert step.effect_summary == "Emptied companies (10 rows): kept beforehand, so it can be undone."
@@ -364,6 +358,25 @@ def test_the_capture_can_be_put_in_place_again_under_its_guard(on_postgres, caps
     assert pg_rows(recorder_url, "SELECT count(*) FROM pg_trigger WHERE tgname = 'undo_capture'") == [(2,)]
     with psycopg.connect(agent_url, autocommit=True) as connection, pytest.raises(psycopg.Error):
         connection.execute("DROP TRIGGER undo_capture ON contacts")  # and still refused to anyone else
+
+
+def sqlite_agent(tmp_path, admin_user, dana, settings):
+    """The CRM on mcp-server-sqlite, cleanup-bot's token, the default policies, and a held call's wait."""
+    settings.RECORDER_HOLD_WAIT_SECONDS = 30
+    path = tmp_path / "crm.db"
+    sqlite_crm_server(path, admin_user)
+    set_policy(admin_user)
+    return path, journal_services.create_agent(name="cleanup-bot", on_behalf_of=dana)[1]
+
+
+def approved_call(recorder, token, approver_user, sql: str) -> str:
+    """An agent's write_query, held, approved and sent: why it was held."""
+    thread, box = in_background(lambda: call(recorder, token, "crm__write_query", {"query": sql}))
+    action = held()
+    decide(action, approver_user, "approve")
+    thread.join(timeout=60)
+    assert not box["result"].is_error, box["result"].content[0].text
+    return action.why["reason"]
 
 
 def sqlite_crm_server(path, admin_user):
@@ -400,16 +413,9 @@ def test_a_row_sqlite_replaced_unseen_makes_the_steps_undo_unknown_not_a_delete_
         tmp_path, recorder, admin_user, dana, approver_user, settings):
     """The net under the reading: an approved REPLACE (or one the reading missed) replaced a row whose key
     existed; the capture's marker says so, and the step's undo is unknown rather than "delete the new row"."""
-    settings.RECORDER_HOLD_WAIT_SECONDS = 30
-    path = tmp_path / "crm.db"
-    sqlite_crm_server(path, admin_user)
-    token = journal_services.create_agent(name="cleanup-bot", on_behalf_of=dana)[1]
-    set_policy(admin_user)
+    path, token = sqlite_agent(tmp_path, admin_user, dana, settings)
     sql = "INSERT OR REPLACE INTO contacts (id, name, email, status) VALUES (1, 'Fake', 'f@x.test', 'lead')"
-    thread, box = in_background(lambda: call(recorder, token, "crm__write_query", {"query": sql}))
-    decide(held(), approver_user, "approve")
-    thread.join(timeout=60)
-    assert not box["result"].is_error, box["result"].content[0].text
+    assert "may replace rows of contacts" in approved_call(recorder, token, approver_user, sql)
     assert rows(path, "SELECT name FROM contacts WHERE id = 1") == [("Fake",)]
     step = Step.objects.filter(arguments__query=sql).latest("number")
     assert step.reversibility == "unknown"
