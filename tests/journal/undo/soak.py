@@ -233,3 +233,21 @@ def _net(captured: list[dict]) -> dict[tuple[str, str], tuple[str | None, str | 
         where = (_bare(row["table"]), canonical(row["key"]))
         found[where] = (found[where][0] if where in found else before, after)
     return found
+
+
+def judge_together(steps, rows: dict, tally: Tally) -> None:
+    """Several agents at once: the rows the database changed over all their calls against the net of every
+    row all their steps hold, in the capture's order (each call's window is its own, so their rows never
+    interleave)."""
+    held: list[dict] = []
+    for step in steps:
+        kind = standing(step)
+        tally.statements += 1
+        tally.kinds[kind] += 1
+        held += (step.earlier_state or {}).get("left", {}).get("database", {}).get("rows") or []
+    tally.rows_changed += len(rows)
+    net = _net(held)
+    for (table, key), change in rows.items():
+        found = net.get((_bare(table), key), "nothing")
+        if found != change:
+            tally.unexplained.append(f"{table} {key}: the steps hold {found}, the database has {change}")

@@ -17,7 +17,7 @@ from journal import services as journal_services
 from journal.models import Step
 from journal.upstream import database
 from tests.approver.services.test_held_calls import set_policy
-from tests.journal.helpers import run_agent, settle
+from tests.journal.helpers import agent_client, run_agent, settle
 from tests.services import POSTGRES_URL, needs_node, needs_postgres, needs_sqlite_server
 
 from . import soak
@@ -61,11 +61,44 @@ def run_soak(recorder, token: str, agent: str, pack: str, place: str, texts: lis
     return tally
 
 
+def run_together(recorder, tokens: list[str], pack: str, place: str, texts: list[str]) -> soak.Tally:
+    """`texts` shared out among several agents calling at once, each in a session of its own."""
+    tally = soak.Tally()
+    before = soak.snapshot(place)
+
+    async def agent(token: str, share: list[str]):
+        async def script(client):
+            for text in share:
+                tool, arguments = tool_for(pack, text)
+                try:
+                    await client.call_tool(f"crm__{tool}", arguments)
+                except MCPError:
+                    pass
+
+        async with agent_client(recorder, token) as client:
+            await script(client)
+
+    async def main():
+        async with anyio.create_task_group() as group:
+            for number, token in enumerate(tokens):
+                group.start_soon(agent, token, texts[number::len(tokens)])
+
+    anyio.run(main)
+    settle(recorder)
+    steps = Step.objects.filter(run__agent__name__in=[f"soak-{n}" for n in range(len(tokens))]).order_by("id")
+    soak.judge_together(steps, soak.changed(before, soak.snapshot(place)), tally)
+    return tally
+
+
 def registered(pack: str, agent_place: str, recorder_place: str, admin_user) -> None:
     server = journal_services.refresh_catalogue(server=journal_services.register_tool_server(
         name="crm", command=server_command(pack, agent_place), database=recorder_place))
     assert server.catalogue, server.catalogue_error
     services.use_pack(server=server, pack=pack, by=admin_user)
+
+
+def agents(dana) -> list[str]:
+    return [journal_services.create_agent(name=f"soak-{n}", on_behalf_of=dana)[1] for n in range(3)]
 
 
 def reported(name: str, tally: soak.Tally) -> None:
@@ -75,7 +108,7 @@ def reported(name: str, tally: soak.Tally) -> None:
             out.write(tally.line(name) + "\n")
     assert tally.figure == 0, tally.unexplained[:20]
     # Every way a call ends was reached: the reference server runs every text read-only, so its writes fail.
-    written = "failed" if name == PACKS["postgres"][1] else "compensate"
+    written = "failed" if name.startswith(PACKS["postgres"][1]) else "compensate"
     assert all(tally.kinds[kind] for kind in (written, "read_only", "held", "refused")), tally.kinds
 
 
@@ -95,6 +128,8 @@ def test_every_row_sqlite_changes_is_held_by_a_step_or_explained(name, tmp_path,
     token = journal_services.create_agent(name="soak-bot", on_behalf_of=dana)[1]
     reported(PACKS[name][1], run_soak(recorder, token, "soak-bot", pack, str(path),
                                       soak.statements("sqlite", STATEMENTS, seed=58)))
+    reported(f"{PACKS[name][1]}, three agents at once", run_together(
+        recorder, agents(dana), pack, str(path), soak.statements("sqlite", STATEMENTS // 2, seed=59)))
 
 
 @needs_postgres
@@ -114,7 +149,10 @@ def test_every_row_postgresql_changes_is_held_by_a_step_or_explained(name, recor
         token = journal_services.create_agent(name="soak-bot", on_behalf_of=dana)[1]
         tally = run_soak(recorder, token, "soak-bot", pack, recorder_url,
                          soak.statements("postgresql", STATEMENTS, seed=58))
+        together = run_together(recorder, agents(dana), pack, recorder_url,
+                                soak.statements("postgresql", STATEMENTS // 2, seed=59))
         triggers = "SELECT count(*) FROM pg_trigger WHERE tgname = 'undo_capture'"
         assert pg_rows(recorder_url, triggers) == [(2,)]
     reported(PACKS[name][1], tally)
+    reported(f"{PACKS[name][1]}, three agents at once", together)
 
