@@ -198,50 +198,77 @@ VIEWS_FOLLOWED = 100  # views read through views, at most, before the rest are t
 
 
 def safe_functions(connection: Connection, functions: Sequence[str], listed: Sequence[str] = (),
-                   select: str | None = None) -> set[str]:
-    """Of `functions` (as called: `lower`, `public.tidy`), those that change nothing, by every function of
-    that name in the catalogue, whatever its argument types: none may be a user's (outside pg_catalog and
-    not an extension's) unless an admin listed the name as safe (`listed`: `tidy` or `public.tidy`), and
-    each built-in must be immutable or stable, or one of the harmless volatile ones known by name
-    (`postgres.SAFE_FUNCTIONS`). A user's function is never trusted for its volatility: a STABLE function may
-    call a volatile one. Where a user's function shares a built-in's name, the call is resolved with its
-    arguments' types by PostgreSQL itself when the text is one SELECT (`select`: pglast's printing of it);
-    otherwise it is taken to be the user's."""
+                   used: set[str] | None = None) -> set[str]:
+    """Of `functions` (as called: `lower`, `public.tidy`, `operator ###`), those that change nothing, by
+    every function (or operator) of that name in the catalogue, whatever its argument types: none may be a
+    user's (outside pg_catalog and not an extension's) unless an admin listed the name as safe (`listed`:
+    `tidy` or `public.tidy`), and each built-in function must be immutable or stable, or one of the harmless
+    volatile ones known by name (`postgres.SAFE_FUNCTIONS`). A user's function is never trusted for its
+    volatility: a STABLE function may call a volatile one. A name only quotes make (`"COUNT"`) is no
+    built-in's. Where a user's function shares a built-in's name, the call is the built-in when PostgreSQL
+    resolved one SELECT's calls with their arguments' types and used no user's function of that name
+    (`used`: `users_objects_used`); otherwise it is taken to be the user's."""
     if connection.dialect != POSTGRESQL or not functions:
         return set()
     allowed = {name.lower() for name in listed}
-    safe, overloaded = set(), {}
-    for name, known, users, volatile in connection.rows(PG_FUNCTIONS, (list(functions),)):
+    named_ = [f for f in functions if not f.startswith("operator ") and '"' not in f]
+    operators = [f.removeprefix("operator ") for f in functions if f.startswith("operator ")]
+    safe = {f for f in functions if f.lower() in allowed}
+    for operator, users in connection.rows(PG_OPERATORS, (operators,)) if operators else ():
+        if not users or used is not None and f"operator {operator}" not in used:
+            safe.add(f"operator {operator}")
+    for name, known, users, volatile in connection.rows(PG_FUNCTIONS, (named_,)) if named_ else ():
         bare = name.lower().split(".")[-1]
         builtin = known and (not volatile or bare in postgres.SAFE_FUNCTIONS)
-        if name.lower() in allowed or bare in allowed or builtin and not users:
+        if bare in allowed or builtin and (not users or used is not None and f"{bare}()" not in used):
             safe.add(name)
-        elif builtin:  # a user's function shares the name: the call may resolve to either
-            overloaded[name] = bare
-    if overloaded and select is not None and (used := users_functions_used(connection, select)) is not None:
-        safe.update(name for name, bare in overloaded.items() if bare not in used)
     return safe
 
 
+PG_OPERATORS = """
+SELECT o, EXISTS (SELECT 1 FROM pg_operator p JOIN pg_namespace n ON n.oid = p.oprnamespace
+                  WHERE p.oprname = o AND n.nspname <> 'pg_catalog'
+                    AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_operator'::regclass
+                                    AND d.objid = p.oid AND d.deptype = 'e'))
+FROM unnest(%s::text[]) o
+"""
+# What a temporary view of one SELECT depends on outside the built-ins (which are pinned, so never listed)
+# and the extensions: the user's functions (called by name, by column notation, behind an operator), its
+# operators, and its domains (whose checks may call functions).
 PG_USED = """
-SELECT DISTINCT p.proname FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid
-JOIN pg_proc p ON p.oid = d.refobjid
-WHERE d.classid = 'pg_rewrite'::regclass AND d.refclassid = 'pg_proc'::regclass
-  AND r.ev_class = 'pg_temp.undo_capture_resolve'::regclass
+WITH deps AS (
+    SELECT d.refclassid, d.refobjid FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid
+    WHERE d.classid = 'pg_rewrite'::regclass AND r.ev_class = 'pg_temp.undo_capture_resolve'::regclass
+      AND NOT EXISTS (SELECT 1 FROM pg_depend e WHERE e.classid = d.refclassid AND e.objid = d.refobjid
+                      AND e.deptype = 'e'))
+SELECT p.proname || '()', n.nspname || '.' || p.proname FROM deps JOIN pg_proc p ON p.oid = deps.refobjid
+JOIN pg_namespace n ON n.oid = p.pronamespace WHERE deps.refclassid = 'pg_proc'::regclass
+UNION ALL
+SELECT 'operator ' || o.oprname, 'operator ' || o.oprname FROM deps
+JOIN pg_operator o ON o.oid = deps.refobjid WHERE deps.refclassid = 'pg_operator'::regclass
+UNION ALL
+SELECT 'domain ' || t.typname, 'domain ' || t.typname FROM deps JOIN pg_type t ON t.oid = deps.refobjid
+WHERE deps.refclassid = 'pg_type'::regclass AND t.typtype = 'd'
 """
 
 
-def users_functions_used(connection: Connection, select: str) -> set[str] | None:
-    """The names of the functions outside the built-ins that one SELECT calls, as PostgreSQL resolves each
-    call with its arguments' types: read from the dependencies of a temporary view made of it, in a
-    transaction rolled back (a view is made, never run; `select` is pglast's own printing of one parsed
-    SELECT, so nothing else can ride along). None when PostgreSQL will not make the view."""
+def users_objects_used(connection: Connection, select: str, listed: Sequence[str] = ()) -> set[str] | None:
+    """What one SELECT uses outside the built-ins and the extensions, as PostgreSQL resolves it (a
+    function's call with its arguments' types, a function called by column notation, an operator, a
+    domain): `shout()`, `operator ###`, `domain evil_int`, but those an admin listed. Read from the
+    dependencies of a temporary view made of it, in a transaction rolled back (a view is made, never run;
+    `select` is pglast's own printing of one parsed SELECT, so nothing else can ride along). None when
+    PostgreSQL will not make the view."""
+    allowed = {name.lower() for name in listed}
     try:
         with connection.raw.transaction(force_rollback=True):
-            connection.raw.execute(f"CREATE TEMPORARY VIEW undo_capture_resolve AS {select}")
-            return {name for (name,) in connection.rows(PG_USED)}
+            connection.raw.execute("CREATE TEMPORARY VIEW undo_capture_resolve AS SELECT 1 FROM "
+                                   f"({select}) AS agents_select")
+            found = connection.rows(PG_USED)
     except psycopg.Error:
         return None
+    return {shown for shown, qualified in found
+            if shown.removesuffix("()") not in allowed and qualified.lower() not in allowed}
 
 
 def unsafe_views(connection: Connection, relations: Sequence[str],
@@ -295,10 +322,14 @@ def read_statements(connection: Connection, text: str, *, split: str = splitting
 def _read(connection: Connection, text: str, safe_listed: Sequence[str] = ()) -> Reading:
     if connection.dialect == POSTGRESQL:
         functions, relations = postgres.names_in(text)
-        if not functions and not relations:
+        select = postgres.one_select(text)
+        # One SELECT is resolved by PostgreSQL itself (what it calls by any means, its domains); a text that
+        # names nothing else and is no SELECT needs the catalogue for nothing.
+        used = users_objects_used(connection, select, safe_listed) if select is not None else None
+        if not functions and not relations and not used:
             return postgres.read(text, safe=())
-        return postgres.read(text, safe=safe_functions(connection, functions, safe_listed,
-                                                       postgres.one_select(text)),
+        return postgres.read(text, safe=safe_functions(connection, functions, safe_listed, used),
+                             hidden=sorted(used or ()),
                              views=unsafe_views(connection, relations, safe_listed))
     place = connection.place
     try:  # a file put in another's place is another database, whatever its schema version says
@@ -318,15 +349,18 @@ def _read(connection: Connection, text: str, safe_listed: Sequence[str] = ()) ->
         return sqlite.read(text, copy=cached[1])
 
 
-def reached(connection: Connection, reading: Reading) -> dict[str, tuple]:
-    """What the text's row changes reach beyond their own tables (PostgreSQL; SQLite's compiling hears it)."""
+def reached(connection: Connection, reading: Reading, listed: Sequence[str] = ()) -> dict[str, tuple]:
+    """What the text's row changes reach beyond their own tables (PostgreSQL; SQLite's compiling hears it),
+    the functions met on the way judged by the catalogue (`safe_functions`, with those an admin listed)."""
     if connection.dialect != POSTGRESQL or reading.kind != "rows":
         return {}
     written = [s for s in reading.statements if s.kind == "rows"]
     verbs = {"inserts": "INSERT", "updates": "UPDATE", "deletes": "DELETE"}
     events = {verbs.get(part.split(" ", 1)[0]) for s in written for part in s.verb.split("; ")}
     return reach.reaches(connection, [t for s in written for t in s.writes],
-                         events=reach.EVERY if None in events else frozenset(events))
+                         events=reach.EVERY if None in events else frozenset(events), listed=listed,
+                         unsafe=lambda functions: [f for f in functions if f not in safe_functions(
+                             connection, functions, listed)])
 
 
 def reached_uncaptured(connection: Connection, table: str, captured_now: frozenset[str]) -> list[str]:
@@ -358,7 +392,7 @@ def before_call(place: str, text: str, *, split: str = splitting.DATABASE, keeps
                                       listed_safe=listed_safe)
             catalog = Catalog(keys=keys(connection), captured=captured(connection),
                               counts=counts(connection, judging.to_count(reading)),
-                              reaches=reached(connection, reading))
+                              reaches=reached(connection, reading, listed_safe))
             declaration = judging.declare(reading, catalog)
             at = head(connection) if reading.kind == "rows" else None
     except DatabaseUnreachable as exc:

@@ -6,7 +6,7 @@ cannot be followed (a trigger in C, SQL built as it runs, a function it calls) i
 one a person decides. SQLite needs none of this: compiling a statement there hears its triggers and foreign
 keys' actions too (`journal.undo.database.sqlite`). Synchronous, on the Recorder's own connection."""
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from pglast import parse_plpgsql
 from pglast.parser import ParseError
@@ -30,6 +30,20 @@ FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid JOIN pg_language l ON l.oid
 WHERE t.tgrelid = to_regclass(%s) AND NOT t.tgisinternal AND t.tgname <> %s
 """
 PG_RULES = "SELECT rulename FROM pg_rewrite WHERE ev_class = to_regclass(%s) AND rulename <> '_RETURN'"
+# The functions outside the built-ins and the extensions that a table's column defaults and CHECK
+# constraints call (the built-ins are pinned, so no dependency on them is recorded).
+PG_EXPRESSIONS = """
+SELECT DISTINCT CASE WHEN d.classid = 'pg_attrdef'::regclass THEN 'a column default' ELSE 'a check' END,
+       n.nspname || '.' || p.proname, p.proname
+FROM pg_depend d JOIN pg_proc p ON d.refclassid = 'pg_proc'::regclass AND p.oid = d.refobjid
+JOIN pg_namespace n ON n.oid = p.pronamespace
+WHERE (d.classid = 'pg_attrdef'::regclass
+       AND d.objid IN (SELECT oid FROM pg_attrdef WHERE adrelid = to_regclass(%s))
+       OR d.classid = 'pg_constraint'::regclass
+          AND d.objid IN (SELECT oid FROM pg_constraint WHERE conrelid = to_regclass(%s)))
+  AND NOT EXISTS (SELECT 1 FROM pg_depend e WHERE e.classid = 'pg_proc'::regclass AND e.objid = p.oid
+                  AND e.deptype = 'e')
+"""
 PG_QUALIFIED = """
 SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass(%s)
@@ -40,33 +54,65 @@ EVERY = frozenset({"INSERT", "UPDATE", "DELETE"})
 TRIGGER_EVENTS = {"INSERT": 4, "DELETE": 8, "UPDATE": 16}  # pg_trigger.tgtype's bits
 
 
-def reaches(connection, tables: Sequence[str], *, events: frozenset[str] = EVERY) -> dict[str, tuple]:
+def reaches(connection, tables: Sequence[str], *, events: frozenset[str] = EVERY,
+            unsafe: Callable[[list[str]], list[str]] = lambda functions: postgres.unsafe_of(functions),
+            listed: Sequence[str] = ()) -> dict[str, tuple]:
     """For each of `tables` (as the SQL names them), what writing it reaches: (table, verb, how) for a
     table reached, ("", "", why) for what cannot be followed (`judging.Catalog.reaches`). `events`: what the
     statement does to its tables (INSERT, UPDATE, DELETE): only the triggers and foreign keys' actions
-    those fire are followed."""
+    those fire are followed. `unsafe`: of the functions a trigger calls, those that may change data (the
+    catalogue's word, `database.safe_functions`); `listed`: the functions an admin vouches for."""
     found = {}
+    follow = _Follow(connection, unsafe, {name.lower() for name in listed})
     for table in dict.fromkeys(tables):
-        found[table] = tuple(_followed(connection, table, events))
+        found[table] = tuple(follow.all(table, events))
     return {table: reached for table, reached in found.items() if reached}
 
 
-def _followed(connection, table: str, events: frozenset[str]) -> Iterator[tuple[str, str, str]]:
-    """Everything reached from `table`, breadth first, each table once for each set of events."""
-    start = _qualified(connection, table)
-    if start is None:
-        return
-    seen, pending = {(start, events)}, [(start, events)]
-    while pending:
-        current, fired = pending.pop(0)
-        for reached, verb, how, then in _one_step(connection, current, fired):
-            yield reached, verb, how
-            if reached and (reached, then) not in seen:
-                if len(seen) >= FOLLOWED:
-                    yield "", "", f"it reaches more than {FOLLOWED} tables"
-                    return
-                seen.add((reached, then))
-                pending.append((reached, then))
+class _Follow:
+    """One statement's following, with the catalogue's judgment of the functions met on the way."""
+
+    def __init__(self, connection, unsafe, listed: set[str]):
+        self.connection, self.unsafe, self.listed = connection, unsafe, listed
+
+    def all(self, table: str, events: frozenset[str]) -> Iterator[tuple[str, str, str]]:
+        """Everything reached from `table`, breadth first, each table once for each set of events."""
+        start = _qualified(self.connection, table)
+        if start is None:
+            return
+        seen, pending = {(start, events)}, [(start, events)]
+        while pending:
+            current, fired = pending.pop(0)
+            for reached, verb, how, then in self.step(current, fired):
+                yield reached, verb, how
+                if reached and (reached, then) not in seen:
+                    if len(seen) >= FOLLOWED:
+                        yield "", "", f"it reaches more than {FOLLOWED} tables"
+                        return
+                    seen.add((reached, then))
+                    pending.append((reached, then))
+
+    def step(self, table: str, events: frozenset[str]) -> Iterator[tuple[str, str, str, frozenset]]:
+        """What one table's writes reach directly, each with the events it fires there."""
+        rows = self.connection.rows
+        for referencing, on_delete, on_update in rows(PG_FOREIGN_KEYS, (table,)):
+            for code, event in ((on_delete, "DELETE"), (on_update, "UPDATE")):
+                if code in ACTIONS and event in events:
+                    verb, action = ACTIONS[code]
+                    deletes = code == "c" and event == "DELETE"
+                    yield (referencing, verb.format(verb="deletes rows of" if deletes else "updates rows of"),
+                           f"ON {event} {action}", frozenset({"DELETE" if deletes else "UPDATE"}))
+        for (rule,) in rows(PG_RULES, (table,)):
+            yield "", "", f"{table} has rule {rule}, which may do anything instead", EVERY
+        if events & {"INSERT", "UPDATE"}:
+            for kind, qualified, bare in rows(PG_EXPRESSIONS, (table, table)):
+                if qualified.lower() not in self.listed and bare.lower() not in self.listed:
+                    yield "", "", f"{kind} of {table} calls {qualified}(), which may change data", EVERY
+        for name, language, definition, source, kinds in rows(PG_TRIGGERS, (table, CAPTURE_TRIGGER)):
+            if any(kinds & TRIGGER_EVENTS[event] for event in events):
+                for reached, verb, how in _trigger(name, language, definition, source, table, self.unsafe):
+                    qualified = (_qualified(self.connection, reached) or reached) if reached else ""
+                    yield qualified, verb, how, EVERY
 
 
 def _qualified(connection, table: str) -> str | None:
@@ -74,25 +120,7 @@ def _qualified(connection, table: str) -> str | None:
     return found[0][0] if found else None
 
 
-def _one_step(connection, table: str, events: frozenset[str]) -> Iterator[tuple[str, str, str, frozenset]]:
-    """What one table's writes reach directly, each with the events it fires there."""
-    for referencing, on_delete, on_update in connection.rows(PG_FOREIGN_KEYS, (table,)):
-        for code, event in ((on_delete, "DELETE"), (on_update, "UPDATE")):
-            if code in ACTIONS and event in events:
-                verb, action = ACTIONS[code]
-                deletes = code == "c" and event == "DELETE"
-                yield (referencing, verb.format(verb="deletes rows of" if deletes else "updates rows of"),
-                       f"ON {event} {action}", frozenset({"DELETE" if deletes else "UPDATE"}))
-    for (rule,) in connection.rows(PG_RULES, (table,)):
-        yield "", "", f"{table} has rule {rule}, which may do anything instead", EVERY
-    for name, language, definition, source, kinds in connection.rows(PG_TRIGGERS, (table, CAPTURE_TRIGGER)):
-        if not any(kinds & TRIGGER_EVENTS[event] for event in events):
-            continue
-        for reached, verb, how in _trigger(name, language, definition, source, table):
-            yield (_qualified(connection, reached) or reached) if reached else "", verb, how, EVERY
-
-
-def _trigger(name: str, language: str, definition: str | None, source: str, table: str):
+def _trigger(name: str, language: str, definition: str | None, source: str, table: str, unsafe_of):
     """The tables a user trigger's function writes, from its own text."""
     if language == "sql":
         queries = [source]
@@ -100,26 +128,26 @@ def _trigger(name: str, language: str, definition: str | None, source: str, tabl
         try:
             queries = list(_plpgsql_queries(parse_plpgsql(definition or "")))
         except (ParseError, RecursionError, ValueError) as exc:
-            yield "", "", f"{table}'s trigger {name} cannot be read ({type(exc).__name__})"
+            yield "", "", f"trigger {name} on {table} cannot be read ({type(exc).__name__})"
             return
         if None in queries:
-            yield "", "", f"{table}'s trigger {name} runs SQL it builds as it goes (EXECUTE)"
+            yield "", "", f"trigger {name} on {table} runs SQL it builds as it goes (EXECUTE)"
             return
     else:
-        yield "", "", f"{table}'s trigger {name} is written in {language}, which the Recorder cannot read"
+        yield "", "", f"trigger {name} on {table} is written in {language}, which the Recorder cannot read"
         return
     for query in queries:
         functions, _ = postgres.names_in(query)
         writes = postgres.writes_in(query)
         if writes is None:
-            yield "", "", f"{table}'s trigger {name} runs a statement the Recorder cannot read"
+            yield "", "", f"trigger {name} on {table} runs a statement the Recorder cannot read"
             return
         for written in writes:
             yield written, "writes", f"its trigger {name}"
-        unsafe = postgres.unsafe_of(functions)
+        unsafe = unsafe_of(functions)
         if unsafe:
-            yield "", "", (f"{table}'s trigger {name} calls {', '.join(f + '()' for f in unsafe)}, which the "
-                           "Recorder does not follow")
+            called = ", ".join(postgres.shown(f) for f in unsafe)
+            yield "", "", f"trigger {name} on {table} calls {called}, which the Recorder does not follow"
 
 
 def _plpgsql_queries(tree) -> Iterator[str | None]:

@@ -2,10 +2,11 @@
 verb and the tables it acts on (`reading`). No ORM and no clock: what the catalogue knows (which functions
 are free of side effects) comes in as `safe`."""
 
+import re
 from collections.abc import Collection, Mapping
 
 from pglast import ast, enums, parse_sql
-from pglast.parser import ParseError
+from pglast.parser import ParseError, scan
 from pglast.stream import RawStream
 from pglast.visitors import Visitor
 
@@ -51,6 +52,12 @@ has_database_privilege has_function_privilege obj_description col_description fo
 pg_backend_pid inet_client_addr txid_current_if_assigned pg_current_xact_id_if_assigned array_dims
 ts_rank to_tsvector to_tsquery plainto_tsquery websearch_to_tsquery phraseto_tsquery ts_headline
 similarity levenshtein soundex difference
+""".split())
+# The built-in operators' names: one of them is a read unless a user's operator shares the name (asked of the
+# catalogue when there is one).
+SAFE_OPERATORS = frozenset("""
+= <> != < > <= >= + - * / % ^ || ~~ !~~ ~~* !~~* ~ ~* !~ !~* @> <@ && -> ->> #> #>> ? ?| ?& @? @@ @@@ |/ ||/
+@ & | # << >> <-> <#> <=> -|- &< &> |>> <<| #- !!
 """.split())
 TRIGGER_SWITCHES = {
     getattr(enums.AlterTableType, name) for name in (
@@ -101,6 +108,16 @@ def dotted(names) -> str:
     return ".".join(getattr(n, "sval", "") or "" for n in names or ())
 
 
+_PLAIN_NAME = re.compile(r"[a-z_][a-z0-9_$]*\Z")
+
+
+def function_name(names) -> str:
+    """A called function's name as the catalogue is asked of it: `lower`, `pg_catalog.lower`; a part that
+    only quotes make a name (`"COUNT"`, `"pg_catalog.abs"`) is kept quoted, so it matches no built-in."""
+    parts = [getattr(n, "sval", "") or "" for n in names or ()]
+    return ".".join(p if _PLAIN_NAME.match(p) else '"' + p.replace('"', '""') + '"' for p in parts)
+
+
 class _Facts(Visitor):
     """Everything a statement's tree names: the tables it writes (with their CTE names set aside), the
     functions it calls, and whether it reaches into the capture."""
@@ -120,12 +137,17 @@ class _Facts(Visitor):
         self.relations.append(table_name(node))
 
     def visit_FuncCall(self, ancestors, node):
-        name = dotted(node.funcname)
+        name = function_name(node.funcname)
         if name.split(".")[0] == CAPTURE_SCHEMA:
             self.capture.append(name)
         if name.lower().removeprefix("pg_catalog.") in SETTING_FUNCTIONS and _capture_setting(node):
             self.capture.append(f"the capture's settings (through {name}())")
         self.functions.append(name)
+
+    def visit_A_Expr(self, ancestors, node):  # an operator is a function by another name
+        name = dotted(node.name) if isinstance(node.name, tuple) else ""
+        if name and not name.replace(" ", "").isalpha():  # BETWEEN, NOT BETWEEN… are words, not operators
+            self.functions.append(f"operator {name}")
 
     def visit_VariableSetStmt(self, ancestors, node):  # SET, SET LOCAL, RESET; ALTER ROLE … SET
         if (node.name or "").lower().startswith(f"{CAPTURE_SCHEMA}."):
@@ -168,10 +190,16 @@ def _facts(node) -> _Facts:
     return facts
 
 
+def shown(function: str) -> str:
+    """`lower()`, or `operator ###` as it is."""
+    return function if function.startswith("operator ") else function + "()"
+
+
 def _unsafe(functions: list[str], safe: Collection[str] | None) -> tuple[str, ...]:
     """The functions that may change data: of those the catalogue cleared (`safe`, by the name as called),
     or without a catalogue, of the harmless built-ins known by name."""
-    known = SAFE_FUNCTIONS if safe is None else {name.lower() for name in safe}
+    known = SAFE_FUNCTIONS | {f"operator {o}" for o in SAFE_OPERATORS} if safe is None else {
+        name.lower() for name in safe}
     return tuple(dict.fromkeys(f for f in functions if f.lower() not in known and (
         safe is not None or f.lower().removeprefix("pg_catalog.") not in known)))
 
@@ -189,6 +217,22 @@ def writes_in(text: str) -> list[str] | None:
 def unsafe_of(functions: list[str]) -> tuple[str, ...]:
     """Of `functions`, those not known by name to change nothing (without asking the catalogue)."""
     return _unsafe(functions, None)
+
+
+def backslashed(text: str) -> bool:
+    """Whether a plain quoted string ('…', not E'…' or $$…$$) holds a backslash: what ends it, and so what
+    the statements are, then hangs on a setting of the session the Recorder cannot see."""
+    encoded = text.encode()
+    try:
+        tokens = scan(text)
+    except (ParseError, RecursionError, ValueError):
+        return False  # the grammar cannot read it: the reading says so
+    for token in tokens:
+        if token.name == "SCONST":
+            piece = encoded[token.start:token.end + 1]
+            if piece[:1] in (b"'", b"N", b"n") and b"\\" in piece:
+                return True
+    return False
 
 
 def one_select(text: str) -> str | None:
@@ -344,10 +388,10 @@ def _statement(stmt, text: str, safe: Collection[str] | None, views: Mapping[str
         else:
             base = Statement("read", "reads" if isinstance(stmt, ast.SelectStmt) else "shows a setting", text)
         if unsafe:
-            verb = f"{base.verb}, calling {named([f + '()' for f in unsafe])}"
+            verb = f"{base.verb}, calling {named([shown(f) for f in unsafe])}"
             return Statement("destroy", verb, text, writes=base.writes, destroys=base.destroys,
                              whole_table=base.whole_table, functions=unsafe, reason=(
-                                 f"it calls {named([f + '()' for f in unsafe])}, which may change data that "
+                                 f"it calls {named([shown(f) for f in unsafe])}, which may change data that "
                                  "no capture sees"))
         if through := _unsafe_views(facts, views):
             verb = f"{base.verb}, through {named(through)}"
@@ -360,20 +404,35 @@ def _statement(stmt, text: str, safe: Collection[str] | None, views: Mapping[str
                      reason=other.reason)
 
 
-def read(text: str, *, safe: Collection[str] | None = None, views: Mapping[str, str] = {}) -> Reading:
+def read(text: str, *, safe: Collection[str] | None = None, views: Mapping[str, str] = {},
+         hidden: Collection[str] = ()) -> Reading:
     """Every statement of `text`, in order. `safe`: the functions (by the name as called) the catalogue says
     change nothing, or None to go by the harmless built-ins' names alone; `views`: the views whose
-    definitions may change data, with what in words ("calls purge()")."""
+    definitions may change data, with what in words ("calls purge()"); `hidden`: what a text of one SELECT
+    uses outside the built-ins as PostgreSQL resolved it (`shout()` called by column notation, `operator
+    ###`, `domain evil_int`), none of which is trusted to change nothing."""
     try:
         raw = parse_sql(text)
     except ParseError as exc:
         return Reading("postgresql", problem=f"PostgreSQL's grammar cannot read it: {exc}")
     except (RecursionError, MemoryError, ValueError) as exc:
         return Reading("postgresql", problem=f"it cannot be read: {type(exc).__name__}")
+    if backslashed(text):
+        return Reading("postgresql", (Statement("refused", "has a backslash in a quoted string", reason=(
+            "it has a backslash inside a plain quoted string, which PostgreSQL reads one way or the other as "
+            "the session's standard_conforming_strings says (with it off, 'a\\' , ' ends in another place "
+            "and what follows is other statements); write such a string as E'…', or without the "
+            "backslash")),))
     encoded = text.encode()
     statements = []
     for stmt in raw:
         end = stmt.stmt_location + stmt.stmt_len if stmt.stmt_len else len(encoded)
         piece = encoded[stmt.stmt_location:end].decode(errors="replace").strip()
-        statements.append(_statement(stmt.stmt, piece, safe, views))
+        statement = _statement(stmt.stmt, piece, safe, views)
+        if hidden and statement.kind == "read":
+            verb = f"{statement.verb}, using {named(list(hidden))}"
+            statement = Statement("destroy", verb, piece, functions=tuple(hidden), reason=(
+                f"it uses {named(list(hidden))}, defined in the database, which may change data that no "
+                "capture sees"))
+        statements.append(statement)
     return Reading("postgresql", tuple(transaction_control_among_others(statements)))

@@ -156,6 +156,14 @@ def as_run(reading: Reading, *, keeps_connection: bool, split_problem: str | Non
                                                    reason=split_problem),), notes=reading.notes)
     if reading.problem or not reading.statements:
         return reading
+    if keeps_connection and reading.dialect == "sqlite" and any(s.verb in TRANSACTION_VERBS
+                                                                for s in reading.statements):
+        return Reading(reading.dialect, (Statement(
+            "refused", "controls a transaction on a kept connection", reason=(
+                "it controls a transaction, and this server runs each statement of a text on its own over a "
+                "connection it keeps, leaving a transaction open when a statement fails, so later calls' "
+                "rows would be committed outside their windows; send the statements without BEGIN and "
+                "COMMIT")),), notes=reading.notes)
     if left_open(reading.statements, reading.dialect):
         return Reading(reading.dialect, (Statement(
             "refused", "leaves a transaction open", reason=(

@@ -59,10 +59,12 @@ def refused_words(result) -> str:
     return result.content[0].text
 
 
-def transactions_refused(recorder, token, *texts: str) -> None:
+WHOLE = "send the whole transaction, from its BEGIN to its COMMIT, in one call"
+
+
+def transactions_refused(recorder, token, *texts: str, words: str = WHOLE):
     for sql in texts:
-        words = refused_words(call(recorder, token, "crm__execute_sql", {"sql": sql}))
-        assert "send the whole transaction, from its BEGIN to its COMMIT, in one call" in words, sql
+        assert words in refused_words(call(recorder, token, "crm__execute_sql", {"sql": sql})), sql
 
 
 def step_of(sql: str) -> Step:
@@ -85,6 +87,11 @@ def test_a_text_dbhub_cuts_otherwise_than_postgresql_reads_it_is_refused_and_nev
     assert pg_rows(recorder_url, "SELECT count(*) FROM contacts") == [(CONTACTS,)]
     assert pg_rows(recorder_url, "SELECT to_regclass('notes') IS NOT NULL") == [(True,)]
     assert pg_rows(recorder_url, "SELECT count(*) FROM undo_capture.changes") == [(0,)]
+    # A plain string with a backslash ends where the session's standard_conforming_strings says: refused.
+    sly = "SELECT 'a\\' , ' ; COMMIT; TRUNCATE contacts; DROP TABLE notes; -- '"
+    words = refused_words(call(recorder, token, "crm__execute_sql", {"sql": sly}))
+    assert "Refused: it has a backslash inside a plain quoted string" in words
+    assert pg_rows(recorder_url, "SELECT count(*) FROM contacts") == [(CONTACTS,)]
     # The same statements, cut where both read them alike, go through as what they are.
     fine = call(recorder, token, "crm__execute_sql", {"sql": 'SELECT 1 AS "a$q$"; SELECT 2'})
     assert not fine.is_error, fine.content[0].text
@@ -113,9 +120,13 @@ def test_a_transaction_across_calls_is_refused_on_dbhubs_kept_sqlite_connection(
         dbhub_sqlite, recorder, admin_user):
     path, token = dbhub_sqlite
     set_policy(admin_user, none="allow", unknown="allow")
+    # DBHub runs each statement of a text on its own there, and leaves a failed transaction open: no
+    # transaction control at all, not even a whole transaction.
     transactions_refused(recorder, token, "BEGIN", "BEGIN IMMEDIATE", "SAVEPOINT s", "COMMIT",
                          "BEGIN; DELETE FROM contacts WHERE id <= 5",
-                         "SAVEPOINT a; DELETE FROM contacts WHERE id <= 5")
+                         "SAVEPOINT a; DELETE FROM contacts WHERE id <= 5",
+                         "BEGIN; DELETE FROM contacts WHERE id <= 3; INSERT INTO companies (id, name) "
+                         "VALUES (99, NULL); COMMIT", words="send the statements without BEGIN and COMMIT")
     assert rows(path, "SELECT count(*) FROM contacts") == [(CONTACTS,)]
     # A write sent after the refused BEGIN is committed by itself, in its own window.
     write = "DELETE FROM contacts WHERE id <= 7"
@@ -180,6 +191,19 @@ def sneaky_functions(agent_url: str) -> None:
                            "$$ BEGIN RETURN (SELECT purge()); END $$")
         connection.execute("CREATE VIEW tidy_contacts AS SELECT id, purge() AS gone FROM contacts")
         connection.execute("CREATE VIEW nice AS SELECT * FROM tidy_contacts")
+        # Calls that name no function the way a reader of the text would see: a name only quotes make, an
+        # operator, column notation, a domain whose check runs a function.
+        connection.execute('CREATE FUNCTION "pg_catalog.abs"(integer) RETURNS int LANGUAGE sql AS '
+                           "$$ SELECT purge() $$")
+        connection.execute('CREATE FUNCTION "COUNT"(integer) RETURNS int LANGUAGE sql AS '
+                           "$$ SELECT purge() $$")
+        connection.execute("CREATE FUNCTION purge_op(integer, integer) RETURNS int LANGUAGE sql AS "
+                           "$$ SELECT purge() $$")
+        connection.execute("CREATE OPERATOR ### (LEFTARG = integer, RIGHTARG = integer, FUNCTION = purge_op)")
+        connection.execute("CREATE FUNCTION shout(contacts) RETURNS int LANGUAGE sql AS $$ SELECT purge() $$")
+        connection.execute("CREATE FUNCTION positive(integer) RETURNS boolean LANGUAGE sql AS "
+                           "$$ SELECT purge() IS NOT NULL $$")
+        connection.execute("CREATE DOMAIN evil_int AS integer CHECK (positive(VALUE))")
 
 
 @needs_postgres
@@ -192,14 +216,19 @@ def test_postgresql_functions_and_views_are_judged_by_what_they_are_not_by_their
     set_policy(admin_user)
     held = {"SELECT tidy()": "calling tidy()", "SELECT lower(7)": "calling lower()",
             "SELECT * FROM tidy_contacts": "through view tidy_contacts, whose definition calls purge()",
-            "SELECT count(*) FROM nice": "through view nice, whose definition reads view tidy_contacts"}
+            "SELECT count(*) FROM nice": "through view nice, whose definition reads view tidy_contacts",
+            'SELECT "pg_catalog.abs"(1)': 'calling "pg_catalog.abs"()',
+            'SELECT "COUNT"(1)': 'calling "COUNT"()',
+            "SELECT 1 ### 2": "calling operator ###", "SELECT c.shout FROM contacts c WHERE id = 1":
+            "using shout()", "SELECT 5::evil_int": "using domain evil_int"}
     for sql, words in held.items():
         result = call(recorder, token, "crm__execute_sql", {"sql": sql})
         assert result.is_error and "approval" in result.content[0].text.lower(), sql
         reading = step_of(sql).earlier_state["database"]["reading"]
         assert reading["kind"] == "destroy" and words in reading["statements"][0]["verb"], reading
     # Built-ins go by the catalogue: lower() of a text, now(), a read of a plain table.
-    for sql in ("SELECT lower(name), now() FROM contacts WHERE id = 1", "SELECT count(*) FROM contacts"):
+    for sql in ("SELECT lower(name), now() FROM contacts WHERE id = 1", "SELECT count(*) FROM contacts",
+                "SELECT 1 + 2, abs(-1), count(*) FROM contacts WHERE name LIKE 'C%' AND id BETWEEN 1 AND 9"):
         assert not call(recorder, token, "crm__execute_sql", {"sql": sql}).is_error
         assert step_of(sql).reversibility == "read_only"
     assert pg_rows(recorder_url, "SELECT count(*) FROM contacts") == [(CONTACTS,)]
@@ -275,6 +304,25 @@ def test_what_a_statement_reaches_beyond_its_tables_on_postgresql_is_followed(
     update = "UPDATE contacts SET name = ' Ada ' WHERE id = 2"
     assert not call(recorder, token, "crm__execute_sql", {"sql": update}).is_error
     assert step_of(update).reversibility == "compensate"
+    # A trigger calling what only the catalogue can tell from a built-in, and a default calling a user's
+    # function, reach as far as what they call.
+    with psycopg.connect(agent_url, autocommit=True) as connection:
+        connection.execute("CREATE FUNCTION lower(integer) RETURNS int LANGUAGE sql AS "
+                           "$$ DELETE FROM notes RETURNING 1 $$")
+        connection.execute("CREATE FUNCTION sly() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                           "PERFORM lower(1); RETURN NEW; END $$")
+        connection.execute("CREATE TRIGGER sly AFTER UPDATE OF email ON contacts FOR EACH ROW "
+                           "EXECUTE FUNCTION sly()")
+        connection.execute("CREATE FUNCTION next_name() RETURNS text LANGUAGE sql AS "
+                           "$$ DELETE FROM notes RETURNING 'x' $$")
+        connection.execute("ALTER TABLE companies ALTER COLUMN name SET DEFAULT next_name()")
+    for sql, words in (("UPDATE contacts SET email = 'e' WHERE id = 3",
+                        "trigger sly on public.contacts calls lower(), which the Recorder does not follow"),
+                       ("INSERT INTO companies (id) VALUES (50)",
+                        "a column default of public.companies calls public.next_name(), which may change")):
+        result = call(recorder, token, "crm__execute_sql", {"sql": sql})
+        assert result.is_error and "approval" in result.content[0].text.lower(), sql
+        assert words in ActionRequest.objects.get(step=step_of(sql)).why["reason"], sql
     # And the capture's own command names what to add.
     call_command("capture", "crm")
     out = capsys.readouterr().out
