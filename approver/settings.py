@@ -311,6 +311,9 @@ RECORDER_DATABASE_ROWS_KEPT = env_int("RECORDER_DATABASE_ROWS_KEPT", 10_000)
 # How old a captured row must be before the hourly sweep judges whether a call's window holds it (a call in
 # flight has not closed its window yet): rows outside every window are changes no recorded call made.
 RECORDER_CAPTURE_SWEEP_LAG_SECONDS = env_int("RECORDER_CAPTURE_SWEEP_LAG_SECONDS", 600)
+# How long a database's window waits, after a call that may have acted went unanswered (a timeout), for its
+# statement to end on the database, so that its rows are its own and no later call's.
+RECORDER_DATABASE_SETTLE_SECONDS = env_int("RECORDER_DATABASE_SETTLE_SECONDS", 60)
 # A run bundle or audit log over this many bytes is refused before it is parsed (`import_run`).
 RECORDER_IMPORT_MAX_BYTES = env_int("RECORDER_IMPORT_MAX_BYTES", 256 * 1024 * 1024)
 # The stdio tool server commands an admin may pick in the web admin (a command runs as the Recorder's user, so

@@ -171,9 +171,10 @@ def misread(found: dict[str, Any]) -> str:
 
 
 async def rows_after(opened_window: windows.Window | None, earlier: dict[str, Any] | None,
-                     server_name: str = "") -> dict | None:
+                     server_name: str = "", *, unanswered: bool = False) -> dict | None:
     """The rows the call changed, read from the capture right after it, the window closed: what the record
-    keeps as the call's (`{"database": …}`), or None for a call that opened no window."""
+    keeps as the call's (`{"database": …}`), or None for a call that opened no window. `unanswered`: the
+    call failed and may have acted (a timeout): the window is held until its statement has ended."""
     if opened_window is None:
         return {"database": {"problem": "its database could not be reached to read the rows it changed"}} \
             if in_window(earlier) else None
@@ -182,8 +183,10 @@ async def rows_after(opened_window: windows.Window | None, earlier: dict[str, An
     # other call's are all its own: the reading did not foresee them.
     tables = [t for s in earlier["database"]["reading"].get("statements", ())
               for t in (*s.get("writes", ()), *s.get("triggers", ()))] if kind == "rows" else None
+    # A call that went unanswered (it timed out) may still be running on the database: its window waits.
+    settle = settings.RECORDER_DATABASE_SETTLE_SECONDS if unanswered else 0
     found = await asyncio.to_thread(windows.closed, opened_window, tables=tables,
-                                    keep=settings.RECORDER_DATABASE_ROWS_KEPT)
+                                    keep=settings.RECORDER_DATABASE_ROWS_KEPT, settle=settle)
     if kind == "read" and found.get("count"):
         found["misread"] = misread(found)
         metrics.ROWS_MISREAD.labels(server=server_name).inc(found["count"])

@@ -363,7 +363,8 @@ class Recorder:
             self.outcomes.cancelled(opened, started, sent=bool(sent))
             raise
         except ToolServerError as exc:
-            rows = await earlier_reads.rows_after(window, opened.earlier, server_name)
+            rows = await earlier_reads.rows_after(window, opened.earlier, server_name,
+                                                  unanswered=exc.may_have_acted)
             calls.current().upstream_failed(exc)
             if (
                 exc.oversized is not None

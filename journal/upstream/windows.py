@@ -11,6 +11,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,13 +175,19 @@ def _hand_back(window: Window) -> None:
         pass
 
 
-def closed(window: Window, *, tables: list[str] | None, keep: int) -> dict[str, Any]:
+def closed(window: Window, *, tables: list[str] | None, keep: int, settle: float = 0) -> dict[str, Any]:
     """The rows the capture kept since the window opened, then the window released: the call's rows
     (at most `keep` of them kept; all of them counted and hashed), and `problem` when they cannot be told
     apart from another writer's. `tables`: those the call may write (on SQLite, rows of any other are
-    another writer's), or None when every row in the window is the call's."""
+    another writer's), or None when every row in the window is the call's. `settle`: the call failed
+    without an answer (it timed out) and its statement may still be running: the window is held until the
+    database says no agent's statement is (at most `settle` seconds), so its rows land in it."""
     try:
-        return _read(window, tables=tables, keep=keep)
+        still = "" if not settle else _settled(window, settle)
+        found = _read(window, tables=tables, keep=keep)
+        if still:
+            found["problem"] = still
+        return found
     except (database.DatabaseUnreachable, psycopg.Error, sqlite3.Error) as exc:
         window.spoiled = True
         why = exc if isinstance(exc, database.DatabaseUnreachable) else database.words_of(exc)
@@ -188,6 +195,43 @@ def closed(window: Window, *, tables: list[str] | None, keep: int) -> dict[str, 
                 "from": window.head}
     finally:
         _release(window)
+
+
+PG_BUSY = """
+SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+  AND (usename = ANY(%s) OR cardinality(%s::text[]) = 0 AND usename <> current_user)
+  AND coalesce(state, 'unknown') NOT IN ('idle')
+"""
+
+
+def _settled(window: Window, seconds: float) -> str:
+    """Wait until no agent's statement is running on the database (PostgreSQL: no session of the agents'
+    roles active, as pg_stat_activity shows it to the Recorder's role; SQLite: no writer holds the file), at
+    most `seconds`; why the rows may not be all the call's when it still is."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if window.dialect == POSTGRESQL:
+            busy = window.connection.rows(PG_BUSY, (window.roles, window.roles))[0][0]
+        else:
+            busy = not _writable(window.connection)
+        if not busy:
+            return ""
+        time.sleep(0.2)
+    return (f"its statement was still running {seconds:.0f} s after the call failed, so what it changed "
+            "after is not in this step (the capture's sweep shows it as changed by no recorded call)")
+
+
+def _writable(connection) -> bool:
+    """Whether SQLite lets a writer in now (the failed call's statement holds the file while it runs)."""
+    connection.raw.execute("PRAGMA busy_timeout = 200")
+    try:
+        connection.raw.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        connection.raw.execute("PRAGMA busy_timeout = 3600000")  # as the window's connection was made
+    connection.raw.execute("ROLLBACK")
+    return True
 
 
 def _read(window: Window, *, tables: list[str] | None, keep: int) -> dict[str, Any]:

@@ -528,3 +528,29 @@ def test_on_sqlite_a_calls_rows_are_in_its_window_and_others_are_changed_by_no_r
     server.refresh_from_db()
     assert [(f["rows"], f["tables"], f["from"], f["to"]) for f in server.unrecorded] == [
         (2, {"contacts": 2}, 5, 6)]
+
+
+@pytest.fixture
+def quick_timeout(settings):
+    settings.TOOL_SERVER_TIMEOUT = 2  # read when the Recorder starts
+
+
+@needs_postgres
+@needs_node
+def test_a_call_that_times_out_keeps_its_window_until_its_statement_ends(
+        quick_timeout, dbhub_postgres, recorder, admin_user, dana):
+    """The agent hears the timeout once the database has finished the statement, and its rows are its own
+    step's: not rows of no call, and never a later call's."""
+    recorder_url, _, token = dbhub_postgres
+    set_policy(admin_user)
+    slow = "DELETE FROM contacts WHERE id <= 5 AND (SELECT count(*) FROM (SELECT pg_sleep(4)) s) = 1"
+    assert call(recorder, token, "crm__execute_sql", {"sql": slow}).is_error
+    other = journal_services.create_agent(name="other-bot", on_behalf_of=dana)[1]
+    read = "SELECT count(*) FROM contacts"
+    assert not call(recorder, other, "crm__execute_sql", {"sql": read}).is_error
+    assert pg_rows(recorder_url, "SELECT count(*) FROM contacts") == [(CONTACTS - 5,)]
+    timed_out = step_of(slow)
+    assert timed_out.may_have_acted
+    deleted = {"public.contacts": {"I": 0, "U": 0, "D": 5}}
+    assert timed_out.earlier_state["left"]["database"]["tables"] == deleted
+    assert (step_of(read).reversibility, step_of(read).effect_summary) == ("read_only", "It changed no rows.")
