@@ -127,8 +127,8 @@ class Copy:
                 continue  # a virtual table, say: it has no rows to replace
             probes[name] = table
         self.connection.execute("PRAGMA recursive_triggers = ON")
-        # Foreign keys' actions (ON DELETE CASCADE…) compiled too, whether or not the server's connection turns
-        # them on (a change of that pragma is held): the authorizer hears the rows they would change.
+        # Foreign keys' actions (ON DELETE CASCADE…) compiled too, whether or not the server's connection
+        # turns them on (a change of that pragma is held): the authorizer hears the rows they would change.
         self.connection.execute("PRAGMA foreign_keys = ON")
         return probes
 
