@@ -204,7 +204,8 @@ def test_the_dashboard_and_the_page_name_only_metrics_the_product_exports(settin
     exported = set()
     for family in (metrics.TOOL_CALLS, metrics.TOOL_CALL_SECONDS, metrics.JOURNAL_COMMIT_SECONDS,
                    metrics.JOURNAL_GROUP_SIZE, metrics.JOURNAL_QUEUE, metrics.CHECKS, metrics.COMPENSATIONS,
-                   metrics.AUDIT_DELIVERED, metrics.AUDIT_FAILURES, metrics.ANSWERS_LOST):
+                   metrics.AUDIT_DELIVERED, metrics.AUDIT_FAILURES, metrics.ANSWERS_LOST,
+                   metrics.ROWS_MISREAD, metrics.ROWS_UNRECORDED):
         exported |= {sample.name for metric in family.describe() for sample in metric.samples} | {
             f"{family._name}{suffix}" for suffix in ("", "_total", "_bucket", "_count", "_sum")}
     exported |= {metric.name for metric in observed.States().collect()}
