@@ -222,15 +222,14 @@ def unsafe_of(functions: list[str]) -> tuple[str, ...]:
 def backslashed(text: str) -> bool:
     """Whether a plain quoted string ('…', not E'…' or $$…$$) holds a backslash: what ends it, and so what
     the statements are, then hangs on a setting of the session the Recorder cannot see."""
-    encoded = text.encode()
     try:
         tokens = scan(text)
     except (ParseError, RecursionError, ValueError):
         return False  # the grammar cannot read it: the reading says so
     for token in tokens:
         if token.name == "SCONST":
-            piece = encoded[token.start:token.end + 1]
-            if piece[:1] in (b"'", b"N", b"n") and b"\\" in piece:
+            piece = text[token.start:token.end + 1]  # pglast gives offsets in characters, not bytes
+            if piece[:1] in ("'", "N", "n") and "\\" in piece:
                 return True
     return False
 
@@ -423,11 +422,11 @@ def read(text: str, *, safe: Collection[str] | None = None, views: Mapping[str, 
             "the session's standard_conforming_strings says (with it off, 'a\\' , ' ends in another place "
             "and what follows is other statements); write such a string as E'…', or without the "
             "backslash")),))
-    encoded = text.encode()
     statements = []
     for stmt in raw:
-        end = stmt.stmt_location + stmt.stmt_len if stmt.stmt_len else len(encoded)
-        piece = encoded[stmt.stmt_location:end].decode(errors="replace").strip()
+        # pglast gives a statement's place in characters (libpg_query's bytes, converted).
+        end = stmt.stmt_location + stmt.stmt_len if stmt.stmt_len else len(text)
+        piece = text[stmt.stmt_location:end].strip()
         statement = _statement(stmt.stmt, piece, safe, views)
         if hidden and statement.kind == "read":
             verb = f"{statement.verb}, using {named(list(hidden))}"

@@ -89,8 +89,9 @@ def test_a_text_dbhub_cuts_otherwise_than_postgresql_reads_it_is_refused_and_nev
     assert pg_rows(recorder_url, "SELECT count(*) FROM undo_capture.changes") == [(0,)]
     # A plain string with a backslash ends where the session's standard_conforming_strings says: refused.
     sly = "SELECT 'a\\' , ' ; COMMIT; TRUNCATE contacts; DROP TABLE notes; -- '"
-    words = refused_words(call(recorder, token, "crm__execute_sql", {"sql": sly}))
-    assert "Refused: it has a backslash inside a plain quoted string" in words
+    for text in (sly, "/* é */ " + sly, "SELECT 'é'; " + sly):  # what comes before moves no offset
+        words = refused_words(call(recorder, token, "crm__execute_sql", {"sql": text}))
+        assert "Refused: it has a backslash inside a plain quoted string" in words, text
     assert pg_rows(recorder_url, "SELECT count(*) FROM contacts") == [(CONTACTS,)]
     # The same statements, cut where both read them alike, go through as what they are.
     fine = call(recorder, token, "crm__execute_sql", {"sql": 'SELECT 1 AS "a$q$"; SELECT 2'})
