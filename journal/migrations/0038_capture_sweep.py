@@ -8,4 +8,6 @@ class Migration(migrations.Migration):
                             field=models.BigIntegerField(default=0)),
         migrations.AddField(model_name="toolserver", name="unrecorded",
                             field=models.JSONField(blank=True, default=list)),
+        migrations.AddField(model_name="toolserver", name="capture_horizon",
+                            field=models.JSONField(blank=True, default=dict)),
     ]

@@ -52,6 +52,9 @@ class ToolServer(models.Model):
     # window holds (the latest 50 findings): written by `services.sweep_capture` only.
     capture_swept_to = models.BigIntegerField(default=0)
     unrecorded = models.JSONField(default=list, blank=True)
+    # PostgreSQL: the capture's last change id handed out at the last sweep, and the transactions then
+    # running (a change id is taken when a row is written, and may be committed long after).
+    capture_horizon = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     # Moves with every save; the Recorder compares it to know its copy of the server is still current.
     updated_at = models.DateTimeField(auto_now=True)

@@ -230,15 +230,17 @@ def sweep_capture(*, server: ToolServer, now: datetime | None = None) -> int:
     ranges = server.steps.filter(earlier_state__left__database__has_key="to").values_list(
         "earlier_state__left__database__from", "earlier_state__left__database__to")
     swept = unrecorded.sweep(server.database, after=server.capture_swept_to, ranges=list(ranges),
-                             lag_seconds=settings.RECORDER_CAPTURE_SWEEP_LAG_SECONDS)
+                             lag_seconds=settings.RECORDER_CAPTURE_SWEEP_LAG_SECONDS,
+                             horizon=server.capture_horizon)
     findings = server.unrecorded
     if swept.rows:
         findings = [*server.unrecorded, swept.as_record(now.isoformat())][-UNRECORDED_KEPT:]
         metrics.ROWS_UNRECORDED.labels(server=server.name).inc(swept.rows)
         logger.warning("%s: %s changed by no recorded call (capture ids %s to %s)", server.name,
                        unrecorded_words(swept.as_record(now.isoformat())), swept.first, swept.last)
-    ToolServer.objects.filter(pk=server.pk).update(capture_swept_to=swept.upto, unrecorded=findings)
-    server.capture_swept_to, server.unrecorded = swept.upto, findings
+    ToolServer.objects.filter(pk=server.pk).update(capture_swept_to=swept.upto, unrecorded=findings,
+                                                   capture_horizon=swept.horizon)
+    server.capture_swept_to, server.unrecorded, server.capture_horizon = swept.upto, findings, swept.horizon
     return swept.upto
 
 

@@ -27,6 +27,7 @@ class Swept:
     since: str = ""
     until: str = ""
     roles: list[str] = field(default_factory=list)
+    horizon: dict = field(default_factory=dict)  # PostgreSQL: for the next sweep (`sweep`)
 
     def as_record(self, now: str) -> dict:
         return {"found": now, "rows": self.rows, "tables": dict(sorted(self.tables.items())),
@@ -50,16 +51,30 @@ def covered(starts: list[int], ends: list[int], change: int) -> bool:
     return index >= 0 and starts[index] < change <= ends[index]
 
 
-def sweep(place: str, *, after: int, ranges: Sequence[tuple[int, int]], lag_seconds: int) -> Swept:
+PG_HORIZON = (f"SELECT (SELECT last_value FROM {capture.CHANGES}_id_seq), "
+              "pg_snapshot_xmax(pg_current_snapshot())::text::bigint, "
+              "pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+
+
+def sweep(place: str, *, after: int, ranges: Sequence[tuple[int, int]], lag_seconds: int,
+          horizon: dict | None = None) -> Swept:
     """The capture's rows after change `after`, read against the calls' windows (`ranges`): the sweep goes
     past every row a window holds and every other writer's, and stops at the first row outside every window
-    that is younger than `lag_seconds` (its call may still be in flight, its window not yet recorded)."""
+    that is younger than `lag_seconds` (its call may still be in flight, its window not yet recorded). On
+    PostgreSQL a change id is taken when its row is written and may be committed much later, so a sweep
+    goes no further than the last id handed out at the sweep before (`horizon`) once every transaction then
+    running has ended; it leaves the horizon for the next in `Swept.horizon`."""
     starts, ends = windows_of(ranges)
     with database.connected(place, timeout=600) as connection:
         postgresql = connection.dialect == POSTGRESQL
         table = capture.CHANGES if postgresql else capture.SQLITE_CHANGES
+        limit = None
         if postgresql:
             roles = {r for (r,) in connection.rows(f"SELECT role FROM {capture.CAPTURE_SCHEMA}.agents")}
+            last, running_until, oldest_running = connection.rows(PG_HORIZON)[0]
+            earlier = horizon or {}
+            settled = earlier and oldest_running >= int(earlier.get("xmax", 0))
+            limit = int(earlier["last"]) if settled else after
             sql = (f"SELECT id, tbl, at::text, who::text, at < clock_timestamp() - make_interval(secs => %s) "
                    f"FROM {table} WHERE id > %s ORDER BY id")
         else:
@@ -69,8 +84,13 @@ def sweep(place: str, *, after: int, ranges: Sequence[tuple[int, int]], lag_seco
                    "WHERE id > ? AND op <> 'R' ORDER BY id")
         lag = lag_seconds if postgresql else f"-{lag_seconds} seconds"
         swept = Swept(upto=after)
+        if postgresql:  # the horizon the next sweep waits for: the one not reached yet, or where ids are now
+            swept.horizon = dict(earlier) if earlier and not settled else {
+                "last": int(last or 0), "xmax": int(running_until)}
         with captured.snapshot(connection):
             for change, tbl, at, who, old in captured.streamed(connection, sql, [lag, after]):
+                if limit is not None and change > limit:
+                    break
                 if not (covered(starts, ends, change) or (roles and who not in roles)):
                     if not old:
                         break

@@ -494,6 +494,11 @@ def test_rows_no_recorded_call_made_are_found_shown_and_never_pruned_unseen(on_p
     with psycopg.connect(agent_url, autocommit=True) as connection:
         connection.execute("DELETE FROM contacts WHERE id IN (1, 2, 3)")
     before = metrics.ROWS_UNRECORDED.labels(server="crm")._value.get()
+    # A change id is taken when a row is written and may be committed much later: the first sweep notes how
+    # far ids go and which transactions run; the next goes that far once they have all ended.
+    journal_services.sweep_capture(server=server)
+    server.refresh_from_db()
+    assert (server.capture_swept_to, server.unrecorded) == (0, [])
     assert journal_services.prune_capture(server=server) == 0
     server.refresh_from_db()
     assert len(server.unrecorded) == 1
@@ -505,9 +510,22 @@ def test_rows_no_recorded_call_made_are_found_shown_and_never_pruned_unseen(on_p
     web.force_login(admin_user)
     page = web.get(f"/servers/{server.pk}/").content.decode()
     assert "Changed by no recorded call" in page and "3 rows of public.contacts" in page
-    journal_services.sweep_capture(server=server)  # swept once: not found again
+    journal_services.sweep_capture(server=server)  # swept: not found again
     server.refresh_from_db()
     assert len(server.unrecorded) == 1 and server.capture_swept_to == 4
+    # A transaction that took its ids before a sweep and commits after it is found all the same.
+    with psycopg.connect(agent_url) as late:
+        late.execute("DELETE FROM contacts WHERE id IN (20, 21)")  # ids 5 and 6, not committed yet
+        with psycopg.connect(recorder_url, autocommit=True) as connection:
+            connection.execute("UPDATE contacts SET status = 'by-dba' WHERE id = 30")  # id 7, committed
+        journal_services.sweep_capture(server=server)
+        journal_services.sweep_capture(server=server)
+        server.refresh_from_db()
+        assert server.capture_swept_to == 4  # not past ids a running transaction may hold
+    journal_services.sweep_capture(server=server)  # committed: the horizon is reached
+    server.refresh_from_db()
+    last = server.unrecorded[-1]
+    assert (last["rows"], last["from"], last["to"]) == (2, 5, 6)
     out = StringIO()
     call_command("capture", "crm", stdout=out)
     assert "Changed by no recorded call: 3 rows of public.contacts, between" in out.getvalue()
