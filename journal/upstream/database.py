@@ -95,7 +95,7 @@ def _words(exc: Exception) -> str:
 # -- what the database says about its tables ----------------------------------------------------------------
 
 PG_TABLES = """
-SELECT n.nspname, c.relname, n.nspname = current_schema() AS visible,
+SELECT n.nspname, c.relname, pg_table_is_visible(c.oid) AS visible,
        coalesce(array_agg(a.attname ORDER BY array_position(i.indkey::int2[], a.attnum))
                 FILTER (WHERE a.attname IS NOT NULL), '{}')
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -103,10 +103,10 @@ LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary
 LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = ANY (i.indkey)
 WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema', %s)
   AND n.nspname NOT LIKE 'pg_toast%%'
-GROUP BY n.nspname, c.relname
+GROUP BY c.oid, n.nspname, c.relname
 """
 PG_CAPTURED = """
-SELECT n.nspname, c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+SELECT n.nspname, c.relname, pg_table_is_visible(c.oid) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace WHERE t.tgname = %s AND t.tgenabled = 'O'
 """
 
@@ -133,9 +133,9 @@ def captured(connection: Connection) -> frozenset[str]:
     written for the table's columns as they are)."""
     if connection.dialect == POSTGRESQL:
         names = set()
-        for schema, table in connection.rows(PG_CAPTURED, (CAPTURE_TRIGGER,)):
+        for schema, table, visible in connection.rows(PG_CAPTURED, (CAPTURE_TRIGGER,)):
             names.add(f"{schema}.{table}")
-            if schema == connection.rows("SELECT current_schema()")[0][0]:
+            if visible:
                 names.add(table)
         return frozenset(names)
     if not connection.rows("SELECT 1 FROM sqlite_master WHERE name = ?", (capture.SQLITE_TABLES,)):
@@ -380,6 +380,35 @@ def reached_uncaptured(connection: Connection, table: str, captured_now: frozens
     return list(dict.fromkeys(missing))
 
 
+PG_AGENT_PATH = """
+SELECT r.rolname, coalesce(
+    (SELECT substring(c FROM '^search_path=(.*)$') FROM pg_db_role_setting s, unnest(s.setconfig) c
+     WHERE s.setrole = r.oid AND s.setdatabase IN (d.oid, 0) AND c LIKE 'search_path=%%'
+     ORDER BY s.setdatabase DESC LIMIT 1),
+    (SELECT substring(c FROM '^search_path=(.*)$') FROM pg_db_role_setting s, unnest(s.setconfig) c
+     WHERE s.setrole = 0 AND s.setdatabase = d.oid AND c LIKE 'search_path=%%'),
+    (SELECT boot_val FROM pg_settings WHERE name = 'search_path'))
+FROM pg_roles r, pg_database d
+WHERE r.rolname IN (SELECT role FROM undo_capture.agents) AND d.datname = current_database()
+ORDER BY r.rolname LIMIT 1
+"""
+
+
+def as_the_agent(connection: Connection) -> None:
+    """Read names as the agent's server will: the search path of the agent's role (the capture names it),
+    `$user` its own schema, so a table or function of the agent's schema is the one the reading finds."""
+    if connection.dialect != POSTGRESQL:
+        return
+    try:
+        found = connection.rows(PG_AGENT_PATH)
+    except psycopg.errors.UndefinedTable:
+        return  # no capture yet: no role named
+    if found:
+        role, path = found[0]
+        path = path.replace('"$user"', capture.quoted(role)).replace("$user", capture.quoted(role))
+        connection.raw.execute(f"SELECT set_config('search_path', {capture.literal(path)}, false)")
+
+
 def before_call(place: str, text: str, *, split: str = splitting.DATABASE, keeps_connection: bool = False,
                 listed_safe: Sequence[str] = ()) -> dict:
     """What the step keeps of the database just before an agent's SQL is sent (`earlier_state`): the
@@ -388,6 +417,7 @@ def before_call(place: str, text: str, *, split: str = splitting.DATABASE, keeps
     unknown, and the policies hold it)."""
     try:
         with connected(place) as connection:
+            as_the_agent(connection)
             reading = read_statements(connection, text, split=split, keeps_connection=keeps_connection,
                                       listed_safe=listed_safe)
             catalog = Catalog(keys=keys(connection), captured=captured(connection),

@@ -573,3 +573,27 @@ def test_a_call_that_times_out_keeps_its_window_until_its_statement_ends(
     deleted = {"public.contacts": {"I": 0, "U": 0, "D": 5}}
     assert timed_out.earlier_state["left"]["database"]["tables"] == deleted
     assert (step_of(read).reversibility, step_of(read).effect_summary) == ("read_only", "It changed no rows.")
+
+
+@needs_postgres
+@needs_node
+def test_names_are_read_on_the_agents_search_path_not_the_recorders(dbhub_postgres, recorder, admin_user,
+                                                                     settings):
+    """The agent's role has a schema of its own, first on its path ("$user"): its contacts (not captured)
+    and a view calling a writing function there are what its server reaches, and what the reading reads."""
+    settings.RECORDER_HOLD_WAIT_SECONDS = 0
+    recorder_url, agent_url, token = dbhub_postgres
+    sneaky_functions(agent_url)
+    with psycopg.connect(agent_url, autocommit=True) as connection:
+        connection.execute(f"CREATE SCHEMA {AGENT_ROLE}")
+        connection.execute(f"CREATE TABLE {AGENT_ROLE}.contacts (id integer PRIMARY KEY, name text)")
+        connection.execute(f"INSERT INTO {AGENT_ROLE}.contacts VALUES (1, 'a'), (2, 'b'), (3, 'c')")
+        connection.execute(f"CREATE VIEW {AGENT_ROLE}.companies AS SELECT 1 AS id, purge() AS gone")
+    set_policy(admin_user)
+    for sql in ("DELETE FROM contacts WHERE id <= 3", "SELECT * FROM companies WHERE id = 1"):
+        result = call(recorder, token, "crm__execute_sql", {"sql": sql})
+        assert result.is_error and "approval" in result.content[0].text.lower(), sql
+    assert pg_rows(recorder_url, f"SELECT count(*) FROM {AGENT_ROLE}.contacts") == [(3,)]
+    assert pg_rows(recorder_url, "SELECT count(*) FROM public.contacts") == [(CONTACTS,)]
+    reasons = [a.why["reason"] for a in ActionRequest.objects.order_by("pk")]
+    assert "contacts is not captured" in reasons[0] and "purge()" in reasons[1], reasons
