@@ -182,8 +182,9 @@ SELECT f,
                WHERE p.proname = lower(split_part(f, '.', -1))
                  AND (strpos(f, '.') = 0 OR n.nspname = lower(split_part(f, '.', 1)))
                  AND n.nspname <> 'pg_catalog'
-                 AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass
-                                 AND d.objid = p.oid AND d.deptype = 'e')) AS users,
+                 AND (pg_get_userbyid(p.proowner) = ANY(%s::text[])
+                      OR NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass
+                                     AND d.objid = p.oid AND d.deptype = 'e'))) AS users,
        EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
                WHERE p.proname = lower(split_part(f, '.', -1))
                  AND (strpos(f, '.') = 0 OR n.nspname = lower(split_part(f, '.', 1)))
@@ -217,7 +218,8 @@ def safe_functions(connection: Connection, functions: Sequence[str], listed: Seq
     for operator, users in connection.rows(PG_OPERATORS, (operators,)) if operators else ():
         if not users or used is not None and f"operator {operator}" not in used:
             safe.add(f"operator {operator}")
-    for name, known, users, volatile in connection.rows(PG_FUNCTIONS, (named_,)) if named_ else ():
+    agents = agent_roles(connection)
+    for name, known, users, volatile in connection.rows(PG_FUNCTIONS, (agents, named_)) if named_ else ():
         bare = name.lower().split(".")[-1]
         builtin = known and (not volatile or bare in postgres.SAFE_FUNCTIONS)
         if bare in allowed or builtin and (not users or used is not None and f"{bare}()" not in used):
@@ -240,7 +242,10 @@ WITH deps AS (
     SELECT d.refclassid, d.refobjid FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid
     WHERE d.classid = 'pg_rewrite'::regclass AND r.ev_class = 'pg_temp.undo_capture_resolve'::regclass
       AND NOT EXISTS (SELECT 1 FROM pg_depend e WHERE e.classid = d.refclassid AND e.objid = d.refobjid
-                      AND e.deptype = 'e'))
+                      AND e.deptype = 'e'
+                      AND NOT (e.classid = 'pg_proc'::regclass AND EXISTS (
+                          SELECT 1 FROM pg_proc a WHERE a.oid = e.objid
+                          AND pg_get_userbyid(a.proowner) = ANY(%s::text[])))))
 SELECT p.proname || '()', n.nspname || '.' || p.proname FROM deps JOIN pg_proc p ON p.oid = deps.refobjid
 JOIN pg_namespace n ON n.oid = p.pronamespace WHERE deps.refclassid = 'pg_proc'::regclass
 UNION ALL
@@ -252,19 +257,30 @@ WHERE deps.refclassid = 'pg_type'::regclass AND t.typtype = 'd'
 """
 
 
-def users_objects_used(connection: Connection, select: str, listed: Sequence[str] = ()) -> set[str] | None:
-    """What one SELECT uses outside the built-ins and the extensions, as PostgreSQL resolves it (a
+def agent_roles(connection: Connection) -> list[str]:
+    """The roles the capture names as the agents' (none before the capture is in place)."""
+    try:
+        return [role for (role,) in connection.rows(f"SELECT role FROM {CAPTURE_SCHEMA}.agents")]
+    except psycopg.errors.UndefinedTable:
+        return []
+
+
+def users_objects_used(connection: Connection, selects: Sequence[str],
+                       listed: Sequence[str] = ()) -> set[str] | None:
+    """What each SELECT uses outside the built-ins and the extensions (an extension's function the agent
+    owns, added to it, is the agent's), as PostgreSQL resolves it (a
     function's call with its arguments' types, a function called by column notation, an operator, a
     domain): `shout()`, `operator ###`, `domain evil_int`, but those an admin listed. Read from the
-    dependencies of a temporary view made of it, in a transaction rolled back (a view is made, never run;
-    `select` is pglast's own printing of one parsed SELECT, so nothing else can ride along). None when
-    PostgreSQL will not make the view."""
-    allowed = {name.lower() for name in listed}
+    dependencies of a temporary view made of each, in a transaction rolled back (a view is made, never run;
+    each is pglast's own printing of one parsed SELECT, so nothing else can ride along). None when
+    PostgreSQL will not make a view of one."""
+    allowed, agents, found = {name.lower() for name in listed}, agent_roles(connection), []
     try:
-        with connection.raw.transaction(force_rollback=True):
-            connection.raw.execute("CREATE TEMPORARY VIEW undo_capture_resolve AS SELECT 1 FROM "
-                                   f"({select}) AS agents_select")
-            found = connection.rows(PG_USED)
+        for select in selects:
+            with connection.raw.transaction(force_rollback=True):
+                connection.raw.execute("CREATE TEMPORARY VIEW undo_capture_resolve AS SELECT 1 FROM "
+                                       f"({select}) AS agents_select")
+                found += connection.rows(PG_USED, (agents,))
     except psycopg.Error:
         return None
     return {shown for shown, qualified in found
@@ -274,25 +290,45 @@ def users_objects_used(connection: Connection, select: str, listed: Sequence[str
 def unsafe_views(connection: Connection, relations: Sequence[str],
                  listed: Sequence[str] = ()) -> dict[str, str]:
     """The views among `relations`, and the views they read in turn, whose definitions call a function that
-    may change data (`safe_functions`), with which in words ("calls purge()")."""
+    may change data (`safe_functions`), and the tables whose row security policies call one, each with why
+    in words ("view tidy_contacts, whose definition calls purge()")."""
     definitions, complete = _view_definitions(connection, relations)
-    if not definitions:
-        return {}
     called = {f for calls, _ in definitions.values() for f in calls}
     safe = safe_functions(connection, sorted(called), listed)
-    unsafe = {name: "calls " + readings.named([f + "()" for f in calls if f not in safe])
+    unsafe = {name: f"view {name}, whose definition calls "
+                    + readings.named([postgres.shown(f) for f in calls if f not in safe])
               for name, (calls, _) in definitions.items() if any(f not in safe for f in calls)}
+    unsafe.update(_policed(connection, [*relations, *definitions], listed))
     changed = True
-    while changed:  # a view that reads an unsafe view is unsafe too
+    while changed:  # a view that reads an unsafe view (or table) is unsafe too
         changed = False
         for name, (_, reads) in definitions.items():
             through = next((r for r in reads if r in unsafe and r != name), None)
             if name not in unsafe and through is not None:
-                unsafe[name], changed = f"reads view {through}, whose definition {unsafe[through]}", True
+                unsafe[name], changed = f"view {name}, whose definition reads {unsafe[through]}", True
     if not complete:  # more views than are followed: the rest are not cleared
         for name in definitions:
-            unsafe.setdefault(name, "reads more views than the Recorder follows")
+            unsafe.setdefault(name, f"view {name}, which reads more views than the Recorder follows")
     return unsafe
+
+
+PG_POLICED = """
+SELECT DISTINCT f, pol.polname, n.nspname || '.' || p.proname
+FROM unnest(%s::text[]) f JOIN pg_policy pol ON pol.polrelid = to_regclass(f)
+JOIN pg_depend d ON d.classid = 'pg_policy'::regclass AND d.objid = pol.oid
+JOIN pg_proc p ON d.refclassid = 'pg_proc'::regclass AND p.oid = d.refobjid
+JOIN pg_namespace n ON n.oid = p.pronamespace
+"""
+
+
+def _policed(connection: Connection, relations: Sequence[str], listed: Sequence[str]) -> dict[str, str]:
+    """The tables whose row security policies call a function outside the built-ins, in words."""
+    allowed = {name.lower() for name in listed}
+    found: dict[str, str] = {}
+    for table, policy, function in connection.rows(PG_POLICED, (list(dict.fromkeys(relations)),)):
+        if function.lower() not in allowed and function.split(".")[-1].lower() not in allowed:
+            found.setdefault(table, f"table {table}, whose row security policy {policy} calls {function}()")
+    return found
 
 
 def _view_definitions(connection: Connection, relations: Sequence[str]) -> tuple[dict, bool]:
@@ -322,10 +358,10 @@ def read_statements(connection: Connection, text: str, *, split: str = splitting
 def _read(connection: Connection, text: str, safe_listed: Sequence[str] = ()) -> Reading:
     if connection.dialect == POSTGRESQL:
         functions, relations = postgres.names_in(text)
-        select = postgres.one_select(text)
-        # One SELECT is resolved by PostgreSQL itself (what it calls by any means, its domains); a text that
-        # names nothing else and is no SELECT needs the catalogue for nothing.
-        used = users_objects_used(connection, select, safe_listed) if select is not None else None
+        selects = postgres.selects(text)
+        # Each SELECT is resolved by PostgreSQL itself (what it calls by any means, its domains); a text
+        # that names nothing else and has no SELECT needs the catalogue for nothing.
+        used = users_objects_used(connection, selects, safe_listed) if selects else None
         if not functions and not relations and not used:
             return postgres.read(text, safe=())
         return postgres.read(text, safe=safe_functions(connection, functions, safe_listed, used),

@@ -30,19 +30,36 @@ FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid JOIN pg_language l ON l.oid
 WHERE t.tgrelid = to_regclass(%s) AND NOT t.tgisinternal AND t.tgname <> %s
 """
 PG_RULES = "SELECT rulename FROM pg_rewrite WHERE ev_class = to_regclass(%s) AND rulename <> '_RETURN'"
-# The functions outside the built-ins and the extensions that a table's column defaults and CHECK
-# constraints call (the built-ins are pinned, so no dependency on them is recorded).
+# What a table's column defaults, CHECK constraints, triggers' WHEN conditions and row security policies
+# use outside the built-ins and the extensions (the built-ins are pinned, so no dependency on them is
+# recorded): functions and operators; and the domains of its columns whose checks may call anything.
 PG_EXPRESSIONS = """
-SELECT DISTINCT CASE WHEN d.classid = 'pg_attrdef'::regclass THEN 'a column default' ELSE 'a check' END,
-       n.nspname || '.' || p.proname, p.proname
-FROM pg_depend d JOIN pg_proc p ON d.refclassid = 'pg_proc'::regclass AND p.oid = d.refobjid
-JOIN pg_namespace n ON n.oid = p.pronamespace
-WHERE (d.classid = 'pg_attrdef'::regclass
-       AND d.objid IN (SELECT oid FROM pg_attrdef WHERE adrelid = to_regclass(%s))
-       OR d.classid = 'pg_constraint'::regclass
-          AND d.objid IN (SELECT oid FROM pg_constraint WHERE conrelid = to_regclass(%s)))
-  AND NOT EXISTS (SELECT 1 FROM pg_depend e WHERE e.classid = 'pg_proc'::regclass AND e.objid = p.oid
+WITH mine AS (
+    SELECT 'pg_attrdef'::regclass AS classid, oid, 'a column default' AS kind FROM pg_attrdef
+    WHERE adrelid = to_regclass(%(table)s)
+    UNION ALL SELECT 'pg_constraint'::regclass, oid, 'a check' FROM pg_constraint
+    WHERE conrelid = to_regclass(%(table)s)
+    UNION ALL SELECT 'pg_trigger'::regclass, oid, 'the condition of trigger ' || tgname FROM pg_trigger
+    WHERE tgrelid = to_regclass(%(table)s) AND NOT tgisinternal
+    UNION ALL SELECT 'pg_policy'::regclass, oid, 'row security policy ' || polname FROM pg_policy
+    WHERE polrelid = to_regclass(%(table)s))
+SELECT DISTINCT mine.kind, CASE WHEN d.refclassid = 'pg_proc'::regclass
+                                THEN (SELECT n.nspname || '.' || p.proname || '()' FROM pg_proc p
+                                      JOIN pg_namespace n ON n.oid = p.pronamespace WHERE p.oid = d.refobjid)
+                                ELSE (SELECT 'operator ' || o.oprname FROM pg_operator o
+                                      WHERE o.oid = d.refobjid)
+                           END
+FROM mine JOIN pg_depend d ON d.classid = mine.classid AND d.objid = mine.oid
+WHERE d.refclassid IN ('pg_proc'::regclass, 'pg_operator'::regclass)
+  AND NOT (mine.classid = 'pg_trigger'::regclass
+           AND d.refobjid = (SELECT tgfoid FROM pg_trigger WHERE oid = mine.oid))
+  AND NOT EXISTS (SELECT 1 FROM pg_depend e WHERE e.classid = d.refclassid AND e.objid = d.refobjid
                   AND e.deptype = 'e')
+UNION ALL
+SELECT 'a column of domain ' || t.typname, 'its checks'
+FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+WHERE a.attrelid = to_regclass(%(table)s) AND a.attnum > 0 AND NOT a.attisdropped AND t.typtype = 'd'
+  AND EXISTS (SELECT 1 FROM pg_constraint c WHERE c.contypid = t.oid)
 """
 PG_QUALIFIED = """
 SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -104,10 +121,13 @@ class _Follow:
                            f"ON {event} {action}", frozenset({"DELETE" if deletes else "UPDATE"}))
         for (rule,) in rows(PG_RULES, (table,)):
             yield "", "", f"{table} has rule {rule}, which may do anything instead", EVERY
-        if events & {"INSERT", "UPDATE"}:
-            for kind, qualified, bare in rows(PG_EXPRESSIONS, (table, table)):
-                if qualified.lower() not in self.listed and bare.lower() not in self.listed:
-                    yield "", "", f"{kind} of {table} calls {qualified}(), which may change data", EVERY
+        writes_values = bool(events & {"INSERT", "UPDATE"})
+        for kind, used in rows(PG_EXPRESSIONS, {"table": table}):
+            if kind.startswith(("a column", "a check")) and not writes_values:
+                continue  # defaults, checks and columns' domains are for the values a row is given
+            bare = used.removesuffix("()")
+            if bare.lower() not in self.listed and bare.split(".")[-1].lower() not in self.listed:
+                yield "", "", f"{kind} of {table} uses {used}, which may change data", EVERY
         for name, language, definition, source, kinds in rows(PG_TRIGGERS, (table, CAPTURE_TRIGGER)):
             if any(kinds & TRIGGER_EVENTS[event] for event in events):
                 for reached, verb, how in _trigger(name, language, definition, source, table, self.unsafe):

@@ -234,21 +234,24 @@ def backslashed(text: str) -> bool:
     return False
 
 
-def one_select(text: str) -> str | None:
-    """`text` printed again by pglast when it is one plain SELECT (no INTO, no data-modifying WITH), else
-    None: what a temporary view may be made of to resolve its function calls."""
+def selects(text: str) -> list[str]:
+    """Each plain SELECT of `text` (no INTO, no data-modifying WITH), and each that an EXPLAIN ANALYZE runs,
+    printed again by pglast: what temporary views may be made of to resolve what they call."""
     try:
         raw = parse_sql(text)
     except (ParseError, RecursionError, MemoryError, ValueError):
-        return None
-    if len(raw) != 1 or not isinstance(raw[0].stmt, ast.SelectStmt) or raw[0].stmt.intoClause is not None:
-        return None
-    if _facts(raw[0].stmt).writes:  # a data-modifying WITH
-        return None
-    try:
-        return RawStream()(raw[0].stmt)
-    except Exception:  # noqa: BLE001 - a statement pglast cannot print: not resolved, taken at its worst
-        return None
+        return []
+    found = []
+    for stmt in (r.stmt for r in raw):
+        if isinstance(stmt, ast.ExplainStmt):
+            stmt = stmt.query
+        if not isinstance(stmt, ast.SelectStmt) or stmt.intoClause is not None or _facts(stmt).writes:
+            continue
+        try:
+            found.append(RawStream()(stmt))
+        except Exception:  # noqa: BLE001 - a statement pglast cannot print: not resolved, taken by its names
+            continue
+    return found
 
 
 def names_in(text: str) -> tuple[list[str], list[str]]:
@@ -357,10 +360,9 @@ def _explained(stmt: ast.ExplainStmt, text: str, safe: Collection[str] | None,
 
 
 def _unsafe_views(facts: _Facts, views: Mapping[str, str]) -> list[str]:
-    """What makes each view the statement reads change data, in words ("view active, whose definition calls
-    purge()")."""
-    return [f"view {name}, whose definition {views[name]}" for name in dict.fromkeys(facts.relations)
-            if name in views]
+    """What makes each view (or policed table) the statement reads change data, in words ("view active,
+    whose definition calls purge()")."""
+    return [views[name] for name in dict.fromkeys(facts.relations) if name in views]
 
 
 def _statement(stmt, text: str, safe: Collection[str] | None, views: Mapping[str, str] = {}) -> Statement:
@@ -407,7 +409,8 @@ def read(text: str, *, safe: Collection[str] | None = None, views: Mapping[str, 
          hidden: Collection[str] = ()) -> Reading:
     """Every statement of `text`, in order. `safe`: the functions (by the name as called) the catalogue says
     change nothing, or None to go by the harmless built-ins' names alone; `views`: the views whose
-    definitions may change data, with what in words ("calls purge()"); `hidden`: what a text of one SELECT
+    definitions may change data and the tables whose row security policies may, each with why in words
+    ("view tidy_contacts, whose definition calls purge()"); `hidden`: what a text of one SELECT
     uses outside the built-ins as PostgreSQL resolved it (`shout()` called by column notation, `operator
     ###`, `domain evil_int`), none of which is trusted to change nothing."""
     try:

@@ -205,6 +205,15 @@ def sneaky_functions(agent_url: str) -> None:
         connection.execute("CREATE FUNCTION positive(integer) RETURNS boolean LANGUAGE sql AS "
                            "$$ SELECT purge() IS NOT NULL $$")
         connection.execute("CREATE DOMAIN evil_int AS integer CHECK (positive(VALUE))")
+        # A row security policy that calls it, and a function the agent added to an extension it made.
+        connection.execute("CREATE TABLE vault (id integer PRIMARY KEY, v text)")
+        connection.execute("INSERT INTO vault VALUES (1, 'a')")
+        connection.execute("ALTER TABLE vault ENABLE ROW LEVEL SECURITY")
+        connection.execute("ALTER TABLE vault FORCE ROW LEVEL SECURITY")
+        connection.execute("CREATE POLICY sly ON vault USING (positive(id))")
+        connection.execute("CREATE EXTENSION IF NOT EXISTS pgcrypto")
+        connection.execute("CREATE FUNCTION calm() RETURNS int LANGUAGE sql STABLE AS $$ SELECT 1 $$")
+        connection.execute("ALTER EXTENSION pgcrypto ADD FUNCTION calm()")
 
 
 @needs_postgres
@@ -221,12 +230,19 @@ def test_postgresql_functions_and_views_are_judged_by_what_they_are_not_by_their
             'SELECT "pg_catalog.abs"(1)': 'calling "pg_catalog.abs"()',
             'SELECT "COUNT"(1)': 'calling "COUNT"()',
             "SELECT 1 ### 2": "calling operator ###", "SELECT c.shout FROM contacts c WHERE id = 1":
-            "using shout()", "SELECT 5::evil_int": "using domain evil_int"}
+            "using shout()", "SELECT 5::evil_int": "using domain evil_int",
+            "SELECT 1; SELECT 5::evil_int": "using domain evil_int",
+            "EXPLAIN ANALYZE SELECT c.shout FROM contacts c WHERE id = 1": "using shout()",
+            "SELECT * FROM vault": "through table vault, whose row security policy sly calls "
+                                   "public.positive()",
+            "UPDATE vault SET v = 'q' WHERE id = 1": "whose row security policy sly calls public.positive()",
+            "SELECT calm()": "calling calm()"}
     for sql, words in held.items():
         result = call(recorder, token, "crm__execute_sql", {"sql": sql})
         assert result.is_error and "approval" in result.content[0].text.lower(), sql
         reading = step_of(sql).earlier_state["database"]["reading"]
-        assert reading["kind"] == "destroy" and words in reading["statements"][0]["verb"], reading
+        verbs = " / ".join(statement["verb"] for statement in reading["statements"])
+        assert reading["kind"] == "destroy" and words in verbs, reading
     # Built-ins go by the catalogue: lower() of a text, now(), a read of a plain table.
     for sql in ("SELECT lower(name), now() FROM contacts WHERE id = 1", "SELECT count(*) FROM contacts",
                 "SELECT 1 + 2, abs(-1), count(*) FROM contacts WHERE name LIKE 'C%' AND id BETWEEN 1 AND 9"):
@@ -320,7 +336,7 @@ def test_what_a_statement_reaches_beyond_its_tables_on_postgresql_is_followed(
     for sql, words in (("UPDATE contacts SET email = 'e' WHERE id = 3",
                         "trigger sly on public.contacts calls lower(), which the Recorder does not follow"),
                        ("INSERT INTO companies (id) VALUES (50)",
-                        "a column default of public.companies calls public.next_name(), which may change")):
+                        "a column default of public.companies uses public.next_name(), which may change")):
         result = call(recorder, token, "crm__execute_sql", {"sql": sql})
         assert result.is_error and "approval" in result.content[0].text.lower(), sql
         assert words in ActionRequest.objects.get(step=step_of(sql)).why["reason"], sql
@@ -597,3 +613,31 @@ def test_names_are_read_on_the_agents_search_path_not_the_recorders(dbhub_postgr
     assert pg_rows(recorder_url, "SELECT count(*) FROM public.contacts") == [(CONTACTS,)]
     reasons = [a.why["reason"] for a in ActionRequest.objects.order_by("pk")]
     assert "contacts is not captured" in reasons[0] and "purge()" in reasons[1], reasons
+
+
+@needs_postgres
+@needs_node
+def test_what_a_tables_conditions_checks_and_domains_call_is_followed(dbhub_postgres, recorder, admin_user,
+                                                                     settings):
+    settings.RECORDER_HOLD_WAIT_SECONDS = 0
+    recorder_url, agent_url, token = dbhub_postgres
+    sneaky_functions(agent_url)
+    with psycopg.connect(agent_url, autocommit=True) as connection:
+        connection.execute("CREATE FUNCTION stamp() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                           "RETURN NEW; END $$")
+        connection.execute("CREATE TRIGGER whenever BEFORE UPDATE ON companies FOR EACH ROW "
+                           "WHEN (positive(NEW.id)) EXECUTE FUNCTION stamp()")
+        connection.execute("ALTER TABLE contacts ADD CONSTRAINT sly CHECK (id ### 1 = 1 OR true) NOT VALID")
+        connection.execute("CREATE TABLE tagged (id integer PRIMARY KEY, n evil_int)")
+    database.install(recorder_url, ["tagged"], agent_roles=[AGENT_ROLE])
+    set_policy(admin_user)
+    for sql, words in (("UPDATE companies SET name = 'x' WHERE id = 2",
+                        "the condition of trigger whenever of public.companies uses public.positive()"),
+                       ("UPDATE contacts SET status = 'x' WHERE id = 2",
+                        "a check of public.contacts uses operator ###"),
+                       ("INSERT INTO tagged (id) VALUES (1)",
+                        "a column of domain evil_int of public.tagged")):
+        result = call(recorder, token, "crm__execute_sql", {"sql": sql})
+        assert result.is_error and "approval" in result.content[0].text.lower(), sql
+        assert words in ActionRequest.objects.get(step=step_of(sql)).why["reason"], sql
+    assert pg_rows(recorder_url, "SELECT count(*) FROM contacts") == [(CONTACTS,)]
