@@ -27,7 +27,7 @@ from ..undo.database.places import (
     sqlite_path,
 )
 from ..undo.database.reading import CAPTURE_SCHEMA, CAPTURE_TRIGGER, SQLITE_PREFIX, Reading
-from . import reach
+from . import catalogue, reach
 
 TIMEOUT_SECONDS = 5  # a connection, and each statement the Recorder runs before a call
 # Each SQLite database's schema, copied in memory once per schema version (SQLite's `schema_version` moves
@@ -173,178 +173,6 @@ def head(connection: Connection) -> int:
         return 0
 
 
-PG_FUNCTIONS = """
-SELECT f,
-       EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-               WHERE p.proname = lower(split_part(f, '.', -1))
-                 AND (strpos(f, '.') = 0 OR n.nspname = lower(split_part(f, '.', 1)))) AS known,
-       EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-               WHERE p.proname = lower(split_part(f, '.', -1))
-                 AND (strpos(f, '.') = 0 OR n.nspname = lower(split_part(f, '.', 1)))
-                 AND n.nspname <> 'pg_catalog'
-                 AND (pg_get_userbyid(p.proowner) = ANY(%s::text[])
-                      OR NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass
-                                     AND d.objid = p.oid AND d.deptype = 'e'))) AS users,
-       EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-               WHERE p.proname = lower(split_part(f, '.', -1))
-                 AND (strpos(f, '.') = 0 OR n.nspname = lower(split_part(f, '.', 1)))
-                 AND p.provolatile = 'v') AS volatile
-FROM unnest(%s::text[]) f
-"""
-PG_VIEWS = """
-SELECT f, pg_get_viewdef(to_regclass(f)) FROM unnest(%s::text[]) f
-WHERE (SELECT relkind FROM pg_class WHERE oid = to_regclass(f)) = 'v'
-"""
-VIEWS_FOLLOWED = 100  # views read through views, at most, before the rest are taken to change data
-
-
-def safe_functions(connection: Connection, functions: Sequence[str], listed: Sequence[str] = (),
-                   used: set[str] | None = None) -> set[str]:
-    """Of `functions` (as called: `lower`, `public.tidy`, `operator ###`), those that change nothing, by
-    every function (or operator) of that name in the catalogue, whatever its argument types: none may be a
-    user's (outside pg_catalog and not an extension's) unless an admin listed the name as safe (`listed`:
-    `tidy` or `public.tidy`), and each built-in function must be immutable or stable, or one of the harmless
-    volatile ones known by name (`postgres.SAFE_FUNCTIONS`). A user's function is never trusted for its
-    volatility: a STABLE function may call a volatile one. A name only quotes make (`"COUNT"`) is no
-    built-in's. Where a user's function shares a built-in's name, the call is the built-in when PostgreSQL
-    resolved one SELECT's calls with their arguments' types and used no user's function of that name
-    (`used`: `users_objects_used`); otherwise it is taken to be the user's."""
-    if connection.dialect != POSTGRESQL or not functions:
-        return set()
-    allowed = {name.lower() for name in listed}
-    named_ = [f for f in functions if not f.startswith("operator ") and '"' not in f]
-    operators = [f.removeprefix("operator ") for f in functions if f.startswith("operator ")]
-    safe = {f for f in functions if f.lower() in allowed}
-    for operator, users in connection.rows(PG_OPERATORS, (operators,)) if operators else ():
-        if not users or used is not None and f"operator {operator}" not in used:
-            safe.add(f"operator {operator}")
-    agents = agent_roles(connection)
-    for name, known, users, volatile in connection.rows(PG_FUNCTIONS, (agents, named_)) if named_ else ():
-        bare = name.lower().split(".")[-1]
-        builtin = known and (not volatile or bare in postgres.SAFE_FUNCTIONS)
-        if bare in allowed or builtin and (not users or used is not None and f"{bare}()" not in used):
-            safe.add(name)
-    return safe
-
-
-PG_OPERATORS = """
-SELECT o, EXISTS (SELECT 1 FROM pg_operator p JOIN pg_namespace n ON n.oid = p.oprnamespace
-                  WHERE p.oprname = o AND n.nspname <> 'pg_catalog'
-                    AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_operator'::regclass
-                                    AND d.objid = p.oid AND d.deptype = 'e'))
-FROM unnest(%s::text[]) o
-"""
-# What a temporary view of one SELECT depends on outside the built-ins (which are pinned, so never listed)
-# and the extensions: the user's functions (called by name, by column notation, behind an operator), its
-# operators, and its domains (whose checks may call functions).
-PG_USED = """
-WITH deps AS (
-    SELECT d.refclassid, d.refobjid FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid
-    WHERE d.classid = 'pg_rewrite'::regclass AND r.ev_class = 'pg_temp.undo_capture_resolve'::regclass
-      AND NOT EXISTS (SELECT 1 FROM pg_depend e WHERE e.classid = d.refclassid AND e.objid = d.refobjid
-                      AND e.deptype = 'e'
-                      AND NOT (e.classid = 'pg_proc'::regclass AND EXISTS (
-                          SELECT 1 FROM pg_proc a WHERE a.oid = e.objid
-                          AND pg_get_userbyid(a.proowner) = ANY(%s::text[])))))
-SELECT p.proname || '()', n.nspname || '.' || p.proname FROM deps JOIN pg_proc p ON p.oid = deps.refobjid
-JOIN pg_namespace n ON n.oid = p.pronamespace WHERE deps.refclassid = 'pg_proc'::regclass
-UNION ALL
-SELECT 'operator ' || o.oprname, 'operator ' || o.oprname FROM deps
-JOIN pg_operator o ON o.oid = deps.refobjid WHERE deps.refclassid = 'pg_operator'::regclass
-UNION ALL
-SELECT 'domain ' || t.typname, 'domain ' || t.typname FROM deps JOIN pg_type t ON t.oid = deps.refobjid
-WHERE deps.refclassid = 'pg_type'::regclass AND t.typtype = 'd'
-"""
-
-
-def agent_roles(connection: Connection) -> list[str]:
-    """The roles the capture names as the agents' (none before the capture is in place)."""
-    try:
-        return [role for (role,) in connection.rows(f"SELECT role FROM {CAPTURE_SCHEMA}.agents")]
-    except psycopg.errors.UndefinedTable:
-        return []
-
-
-def users_objects_used(connection: Connection, selects: Sequence[str],
-                       listed: Sequence[str] = ()) -> set[str] | None:
-    """What each SELECT uses outside the built-ins and the extensions (an extension's function the agent
-    owns, added to it, is the agent's), as PostgreSQL resolves it (a
-    function's call with its arguments' types, a function called by column notation, an operator, a
-    domain): `shout()`, `operator ###`, `domain evil_int`, but those an admin listed. Read from the
-    dependencies of a temporary view made of each, in a transaction rolled back (a view is made, never run;
-    each is pglast's own printing of one parsed SELECT, so nothing else can ride along). None when
-    PostgreSQL will not make a view of one."""
-    allowed, agents, found = {name.lower() for name in listed}, agent_roles(connection), []
-    try:
-        for select in selects:
-            with connection.raw.transaction(force_rollback=True):
-                connection.raw.execute("CREATE TEMPORARY VIEW undo_capture_resolve AS SELECT 1 FROM "
-                                       f"({select}) AS agents_select")
-                found += connection.rows(PG_USED, (agents,))
-    except psycopg.Error:
-        return None
-    return {shown for shown, qualified in found
-            if shown.removesuffix("()") not in allowed and qualified.lower() not in allowed}
-
-
-def unsafe_views(connection: Connection, relations: Sequence[str],
-                 listed: Sequence[str] = ()) -> dict[str, str]:
-    """The views among `relations`, and the views they read in turn, whose definitions call a function that
-    may change data (`safe_functions`), and the tables whose row security policies call one, each with why
-    in words ("view tidy_contacts, whose definition calls purge()")."""
-    definitions, complete = _view_definitions(connection, relations)
-    called = {f for calls, _ in definitions.values() for f in calls}
-    safe = safe_functions(connection, sorted(called), listed)
-    unsafe = {name: f"view {name}, whose definition calls "
-                    + readings.named([postgres.shown(f) for f in calls if f not in safe])
-              for name, (calls, _) in definitions.items() if any(f not in safe for f in calls)}
-    unsafe.update(_policed(connection, [*relations, *definitions], listed))
-    changed = True
-    while changed:  # a view that reads an unsafe view (or table) is unsafe too
-        changed = False
-        for name, (_, reads) in definitions.items():
-            through = next((r for r in reads if r in unsafe and r != name), None)
-            if name not in unsafe and through is not None:
-                unsafe[name], changed = f"view {name}, whose definition reads {unsafe[through]}", True
-    if not complete:  # more views than are followed: the rest are not cleared
-        for name in definitions:
-            unsafe.setdefault(name, f"view {name}, which reads more views than the Recorder follows")
-    return unsafe
-
-
-PG_POLICED = """
-SELECT DISTINCT f, pol.polname, n.nspname || '.' || p.proname
-FROM unnest(%s::text[]) f JOIN pg_policy pol ON pol.polrelid = to_regclass(f)
-JOIN pg_depend d ON d.classid = 'pg_policy'::regclass AND d.objid = pol.oid
-JOIN pg_proc p ON d.refclassid = 'pg_proc'::regclass AND p.oid = d.refobjid
-JOIN pg_namespace n ON n.oid = p.pronamespace
-"""
-
-
-def _policed(connection: Connection, relations: Sequence[str], listed: Sequence[str]) -> dict[str, str]:
-    """The tables whose row security policies call a function outside the built-ins, in words."""
-    allowed = {name.lower() for name in listed}
-    found: dict[str, str] = {}
-    for table, policy, function in connection.rows(PG_POLICED, (list(dict.fromkeys(relations)),)):
-        if function.lower() not in allowed and function.split(".")[-1].lower() not in allowed:
-            found.setdefault(table, f"table {table}, whose row security policy {policy} calls {function}()")
-    return found
-
-
-def _view_definitions(connection: Connection, relations: Sequence[str]) -> tuple[dict, bool]:
-    """{view: (the functions its definition calls, the relations it reads)} for the views among `relations`
-    and those they read, breadth first; and whether every one was followed (`VIEWS_FOLLOWED`)."""
-    definitions: dict[str, tuple[list[str], list[str]]] = {}
-    pending = list(dict.fromkeys(relations))
-    while pending and len(definitions) < VIEWS_FOLLOWED:
-        found = connection.rows(PG_VIEWS, (pending,))
-        pending = []
-        for name, definition in found:
-            definitions[name] = postgres.names_in(definition or "")
-            pending += [r for r in definitions[name][1] if r not in definitions]
-    return definitions, not pending
-
-
 def read_statements(connection: Connection, text: str, *, split: str = splitting.DATABASE,
                     keeps_connection: bool = False, listed_safe: Sequence[str] = ()) -> Reading:
     """`text` read by its database's grammar, with what the database's catalogue knows, as its server will
@@ -361,12 +189,12 @@ def _read(connection: Connection, text: str, safe_listed: Sequence[str] = ()) ->
         selects = postgres.selects(text)
         # Each SELECT is resolved by PostgreSQL itself (what it calls by any means, its domains); a text
         # that names nothing else and has no SELECT needs the catalogue for nothing.
-        used = users_objects_used(connection, selects, safe_listed) if selects else None
+        used = catalogue.users_objects_used(connection, selects, safe_listed) if selects else None
         if not functions and not relations and not used:
             return postgres.read(text, safe=())
-        return postgres.read(text, safe=safe_functions(connection, functions, safe_listed, used),
+        return postgres.read(text, safe=catalogue.safe_functions(connection, functions, safe_listed, used),
                              hidden=sorted(used or ()),
-                             views=unsafe_views(connection, relations, safe_listed))
+                             views=catalogue.unsafe_views(connection, relations, safe_listed))
     place = connection.place
     try:  # a file put in another's place is another database, whatever its schema version says
         version = (os.stat(sqlite_path(place)).st_ino, connection.rows("PRAGMA schema_version")[0][0])
@@ -395,7 +223,7 @@ def reached(connection: Connection, reading: Reading, listed: Sequence[str] = ()
     events = {verbs.get(part.split(" ", 1)[0]) for s in written for part in s.verb.split("; ")}
     return reach.reaches(connection, [t for s in written for t in s.writes],
                          events=reach.EVERY if None in events else frozenset(events), listed=listed,
-                         unsafe=lambda functions: [f for f in functions if f not in safe_functions(
+                         unsafe=lambda functions: [f for f in functions if f not in catalogue.safe_functions(
                              connection, functions, listed)])
 
 
@@ -416,35 +244,6 @@ def reached_uncaptured(connection: Connection, table: str, captured_now: frozens
     return list(dict.fromkeys(missing))
 
 
-PG_AGENT_PATH = """
-SELECT r.rolname, coalesce(
-    (SELECT substring(c FROM '^search_path=(.*)$') FROM pg_db_role_setting s, unnest(s.setconfig) c
-     WHERE s.setrole = r.oid AND s.setdatabase IN (d.oid, 0) AND c LIKE 'search_path=%%'
-     ORDER BY s.setdatabase DESC LIMIT 1),
-    (SELECT substring(c FROM '^search_path=(.*)$') FROM pg_db_role_setting s, unnest(s.setconfig) c
-     WHERE s.setrole = 0 AND s.setdatabase = d.oid AND c LIKE 'search_path=%%'),
-    (SELECT boot_val FROM pg_settings WHERE name = 'search_path'))
-FROM pg_roles r, pg_database d
-WHERE r.rolname IN (SELECT role FROM undo_capture.agents) AND d.datname = current_database()
-ORDER BY r.rolname LIMIT 1
-"""
-
-
-def as_the_agent(connection: Connection) -> None:
-    """Read names as the agent's server will: the search path of the agent's role (the capture names it),
-    `$user` its own schema, so a table or function of the agent's schema is the one the reading finds."""
-    if connection.dialect != POSTGRESQL:
-        return
-    try:
-        found = connection.rows(PG_AGENT_PATH)
-    except psycopg.errors.UndefinedTable:
-        return  # no capture yet: no role named
-    if found:
-        role, path = found[0]
-        path = path.replace('"$user"', capture.quoted(role)).replace("$user", capture.quoted(role))
-        connection.raw.execute(f"SELECT set_config('search_path', {capture.literal(path)}, false)")
-
-
 def before_call(place: str, text: str, *, split: str = splitting.DATABASE, keeps_connection: bool = False,
                 listed_safe: Sequence[str] = ()) -> dict:
     """What the step keeps of the database just before an agent's SQL is sent (`earlier_state`): the
@@ -453,7 +252,7 @@ def before_call(place: str, text: str, *, split: str = splitting.DATABASE, keeps
     unknown, and the policies hold it)."""
     try:
         with connected(place) as connection:
-            as_the_agent(connection)
+            catalogue.as_the_agent(connection)
             reading = read_statements(connection, text, split=split, keeps_connection=keeps_connection,
                                       listed_safe=listed_safe)
             catalog = Catalog(keys=keys(connection), captured=captured(connection),

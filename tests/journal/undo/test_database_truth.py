@@ -67,6 +67,14 @@ def transactions_refused(recorder, token, *texts: str, words: str = WHOLE):
         assert words in refused_words(call(recorder, token, "crm__execute_sql", {"sql": sql})), sql
 
 
+def held_saying(recorder, token, texts: dict[str, str]) -> None:
+    """Each text, sent through DBHub, held for a person with the words given in its reason."""
+    for sql, words in texts.items():
+        result = call(recorder, token, "crm__execute_sql", {"sql": sql})
+        assert result.is_error and "approval" in result.content[0].text.lower(), sql
+        assert words in ActionRequest.objects.get(step=step_of(sql)).why["reason"], sql
+
+
 def step_of(sql: str) -> Step:
     return Step.objects.get(arguments__sql=sql)
 
@@ -333,13 +341,11 @@ def test_what_a_statement_reaches_beyond_its_tables_on_postgresql_is_followed(
         connection.execute("CREATE FUNCTION next_name() RETURNS text LANGUAGE sql AS "
                            "$$ DELETE FROM notes RETURNING 'x' $$")
         connection.execute("ALTER TABLE companies ALTER COLUMN name SET DEFAULT next_name()")
-    for sql, words in (("UPDATE contacts SET email = 'e' WHERE id = 3",
-                        "trigger sly on public.contacts calls lower(), which the Recorder does not follow"),
-                       ("INSERT INTO companies (id) VALUES (50)",
-                        "a column default of public.companies uses public.next_name(), which may change")):
-        result = call(recorder, token, "crm__execute_sql", {"sql": sql})
-        assert result.is_error and "approval" in result.content[0].text.lower(), sql
-        assert words in ActionRequest.objects.get(step=step_of(sql)).why["reason"], sql
+    held_saying(recorder, token, {
+        "UPDATE contacts SET email = 'e' WHERE id = 3":
+            "trigger sly on public.contacts calls lower(), which the Recorder does not follow",
+        "INSERT INTO companies (id) VALUES (50)":
+            "a column default of public.companies uses public.next_name(), which may change"})
     # And the capture's own command names what to add.
     call_command("capture", "crm")
     out = capsys.readouterr().out
@@ -631,13 +637,9 @@ def test_what_a_tables_conditions_checks_and_domains_call_is_followed(dbhub_post
         connection.execute("CREATE TABLE tagged (id integer PRIMARY KEY, n evil_int)")
     database.install(recorder_url, ["tagged"], agent_roles=[AGENT_ROLE])
     set_policy(admin_user)
-    for sql, words in (("UPDATE companies SET name = 'x' WHERE id = 2",
-                        "the condition of trigger whenever of public.companies uses public.positive()"),
-                       ("UPDATE contacts SET status = 'x' WHERE id = 2",
-                        "a check of public.contacts uses operator ###"),
-                       ("INSERT INTO tagged (id) VALUES (1)",
-                        "a column of domain evil_int of public.tagged")):
-        result = call(recorder, token, "crm__execute_sql", {"sql": sql})
-        assert result.is_error and "approval" in result.content[0].text.lower(), sql
-        assert words in ActionRequest.objects.get(step=step_of(sql)).why["reason"], sql
+    held_saying(recorder, token, {
+        "UPDATE companies SET name = 'x' WHERE id = 2":
+            "the condition of trigger whenever of public.companies uses public.positive()",
+        "UPDATE contacts SET status = 'x' WHERE id = 2": "a check of public.contacts uses operator ###",
+        "INSERT INTO tagged (id) VALUES (1)": "a column of domain evil_int of public.tagged"})
     assert pg_rows(recorder_url, "SELECT count(*) FROM contacts") == [(CONTACTS,)]
