@@ -78,7 +78,7 @@ def reaches(connection, tables: Sequence[str], *, events: frozenset[str] = EVERY
     table reached, ("", "", why) for what cannot be followed (`judging.Catalog.reaches`). `events`: what the
     statement does to its tables (INSERT, UPDATE, DELETE): only the triggers and foreign keys' actions
     those fire are followed. `unsafe`: of the functions a trigger calls, those that may change data (the
-    catalogue's word, `database.safe_functions`); `listed`: the functions an admin vouches for."""
+    catalogue's word, `catalogue.safe_functions`); `listed`: the functions an admin vouches for."""
     found = {}
     follow = _Follow(connection, unsafe, {name.lower() for name in listed})
     for table in dict.fromkeys(tables):
