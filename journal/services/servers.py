@@ -227,7 +227,8 @@ def sweep_capture(*, server: ToolServer, now: datetime | None = None) -> int:
     finding on the server (its page shows them), counted in the metrics and logged. Returns the change id
     swept to. DatabaseUnreachable when the database cannot be read."""
     now = now or timezone.now()
-    ranges = server.steps.filter(earlier_state__left__database__has_key="to").values_list(
+    # Only the windows that end past the last sweep can hold a row it has not read.
+    ranges = server.steps.filter(earlier_state__left__database__to__gt=server.capture_swept_to).values_list(
         "earlier_state__left__database__from", "earlier_state__left__database__to")
     swept = unrecorded.sweep(server.database, after=server.capture_swept_to, ranges=list(ranges),
                              lag_seconds=settings.RECORDER_CAPTURE_SWEEP_LAG_SECONDS,

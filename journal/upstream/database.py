@@ -67,7 +67,7 @@ def connect(place: str, *, timeout: float = TIMEOUT_SECONDS, shared: bool = Fals
             raw = sqlite3.connect(f"file:{sqlite_path(place)}?mode=rw", uri=True, timeout=timeout,
                                   isolation_level=None, check_same_thread=not shared)
     except (psycopg.Error, sqlite3.Error) as exc:
-        raise DatabaseUnreachable(f"{shown_database(place)} cannot be reached: {_words(exc)}") from None
+        raise DatabaseUnreachable(f"{shown_database(place)} cannot be reached: {words_of(exc)}") from None
     return Connection(dialect, raw, place)
 
 
@@ -78,17 +78,14 @@ def connected(place: str, *, timeout: float = TIMEOUT_SECONDS) -> Iterator[Conne
     try:
         yield connection
     except (psycopg.Error, sqlite3.Error) as exc:
-        raise DatabaseUnreachable(f"{shown_database(place)} answered with an error: {_words(exc)}") from None
+        raise DatabaseUnreachable(
+            f"{shown_database(place)} answered with an error: {words_of(exc)}") from None
     finally:
         connection.raw.close()
 
 
 def words_of(exc: Exception) -> str:
     """A database error's first line, as a person reads it."""
-    return _words(exc)
-
-
-def _words(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
