@@ -4,10 +4,10 @@ and how long the oldest of them has waited."""
 from datetime import datetime
 
 from django.conf import settings
-from django.db.models import F, Min, OuterRef, Subquery, Sum
+from django.db.models import Count, F, Min, OuterRef, Subquery, Sum
 from prometheus_client.core import GaugeMetricFamily
 
-from ..models import AuditSink, ChainEntry
+from ..models import AuditSink, ChainEntry, Notice
 from .sinks import shown
 from .stream import behind
 
@@ -34,7 +34,11 @@ def lag(sink_id: int, now: datetime) -> tuple[int, float]:
     runs = behind(sink_id)
     first = Subquery(ChainEntry.objects.filter(run=OuterRef("pk"), seq=OuterRef("done") + 1).values("ts")[:1])
     found = runs.annotate(first=first).aggregate(entries=Sum(F("head_seq") - F("done")), oldest=Min("first"))
-    if not found["entries"]:
+    done = AuditSink.objects.filter(pk=sink_id).values_list("notices_to", flat=True).first() or 0
+    notices = Notice.objects.filter(pk__gt=done).aggregate(count=Count("pk"), oldest=Min("at"))
+    count = int(found["entries"] or 0) + notices["count"]
+    if not count:
         return 0, 0.0
-    oldest = datetime.fromisoformat(found["oldest"]) if found["oldest"] else now
-    return int(found["entries"]), max((now - oldest).total_seconds(), 0.0)
+    oldest = [moment for moment in (
+        datetime.fromisoformat(found["oldest"]) if found["oldest"] else None, notices["oldest"]) if moment]
+    return count, max((now - min(oldest, default=now)).total_seconds(), 0.0)

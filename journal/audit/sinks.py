@@ -37,7 +37,8 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 SIGNATURE_HEADER = "Undo-Audit-Signature"
 TIMEOUT_SECONDS = 10
 ENTERPRISE = "undo@32473"  # RFC 5424 structured data: 32473 is the enterprise number kept for examples
-NOTICE = frozenset({"approval", "override", "action_decision", "plan_approved", "plan_aborted", "saga"})
+NOTICE = frozenset({"approval", "override", "action_decision", "plan_approved", "plan_aborted", "saga",
+                    "capture_unrecorded", "committed_later"})
 UDP_LIMIT = 60_000
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -52,6 +53,9 @@ class NotDelivered(Exception):
 
 @dataclass(frozen=True)
 class Event:
+    """An entry of a run's record, or (`notice` set, no run) a notice of the product's own: rows changed by
+    no recorded call (`models.Notice`), with the tool server it is about."""
+
     run: str
     seq: int
     ts: str
@@ -61,10 +65,22 @@ class Event:
     hash: str
     agent: str
     team: str
+    notice: int = 0
+    server: str = ""
 
     def as_wire(self) -> dict[str, Any]:
+        if self.notice:
+            return {"notice": self.notice, "ts": self.ts, "event": self.event, "data": self.data,
+                    "server": self.server}
         return {"run": self.run, "seq": self.seq, "ts": self.ts, "event": self.event, "data": self.data,
                 "prevHash": self.prev_hash, "hash": self.hash, "agent": self.agent, "team": self.team}
+
+    def identity(self) -> tuple[tuple[str, Any], ...]:
+        """What names it for a SIEM to index: an entry its run, seq and hashes; a notice its id."""
+        if self.notice:
+            return ("notice", self.notice), ("server", self.server)
+        return (("run", self.run), ("seq", self.seq), ("hash", self.hash), ("prevHash", self.prev_hash),
+                ("agent", self.agent))
 
 
 def signature(secret: str, timestamp: int, body: bytes) -> str:
@@ -112,9 +128,7 @@ class Syslog:
     def line(self, event: Event, *, with_data: bool = True) -> bytes:
         severity = 5 if event.event in NOTICE else 6
         wire = event.as_wire() if with_data else {**event.as_wire(), "data": None, "dataOmitted": True}
-        params = " ".join(f'{key}="{_sd(value)}"' for key, value in (
-            ("run", event.run), ("seq", event.seq), ("hash", event.hash), ("prevHash", event.prev_hash),
-            ("agent", event.agent)))
+        params = " ".join(f'{key}="{_sd(value)}"' for key, value in event.identity())
         msgid = "".join(c for c in event.event if 33 <= ord(c) <= 126)[:32] or "-"
         header = f"<{16 * 8 + severity}>1 {event.ts} {self.hostname} agent-undo {os.getpid()} {msgid}"
         return f"{header} [{ENTERPRISE} {params}] ".encode() + json.dumps(wire, separators=(",", ":"),
@@ -195,9 +209,7 @@ class Otlp:
             severity_number=10 if event.event in NOTICE else 9,
             severity_text="NOTICE" if event.event in NOTICE else "INFO",
             body=AnyValue(string_value=json.dumps(event.as_wire(), separators=(",", ":"))),
-            attributes=[_pair("undo.run.id", event.run), _pair("undo.seq", event.seq),
-                        _pair("undo.entry.hash", event.hash), _pair("undo.event", event.event),
-                        _pair("undo.agent", event.agent)]) for event in events]
+            attributes=_attributes(event)) for event in events]
         request = ExportLogsServiceRequest(resource_logs=[ResourceLogs(
             resource=Resource(attributes=[_pair("service.name", self.service)]),
             scope_logs=[ScopeLogs(scope=InstrumentationScope(name="agent-undo.audit"),
@@ -207,6 +219,15 @@ class Otlp:
 
     def close(self) -> None:
         pass
+
+
+def _attributes(event: Event) -> list[KeyValue]:
+    if event.notice:
+        return [_pair("undo.notice.id", event.notice), _pair("undo.server", event.server),
+                _pair("undo.event", event.event)]
+    return [_pair("undo.run.id", event.run), _pair("undo.seq", event.seq),
+            _pair("undo.entry.hash", event.hash), _pair("undo.event", event.event),
+            _pair("undo.agent", event.agent)]
 
 
 def _posted(url: str, name: str, body: bytes, headers: dict) -> None:

@@ -24,7 +24,8 @@ from django.db.models import F, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
-from ..models import AuditPosition, AuditSink, ChainEntry, Run
+from ..models import AuditPosition, AuditSink, ChainEntry, Notice, Run
+from ..record import chain
 from ..telemetry import metrics
 from .sinks import Event, NotDelivered, sink_for
 
@@ -89,7 +90,7 @@ def behind(sink_id: int):
 
 def next_batch(sink_id: int, limit: int = BATCH) -> list[Event]:
     """The next entries to send, in seq order per run: a fair share of `limit` for each run behind, the
-    longest-waiting runs first."""
+    longest-waiting runs first; then the notices not sent yet, in id order, in what is left of `limit`."""
     runs = list(behind(sink_id).order_by("pk").values_list(
         "pk", "public_id", "done", "agent__name", "agent_label", "team__name")[:RUNS_A_TURN])
     share = max(limit // max(len(runs), 1), 1)
@@ -100,7 +101,16 @@ def next_batch(sink_id: int, limit: int = BATCH) -> list[Event]:
         events += [Event(run=str(public_id), seq=seq, ts=ts, event=event, data=data, prev_hash=prev,
                          hash=digest, agent=agent or label, team=team or "")
                    for seq, ts, event, data, prev, digest in rows]
-    return events
+    return events + notices_after(sink_id, max(limit - len(events), 0))
+
+
+def notices_after(sink_id: int, limit: int) -> list[Event]:
+    """The notices the sink has not had, in id order, at most `limit`."""
+    done = AuditSink.objects.filter(pk=sink_id).values_list("notices_to", flat=True).get()
+    rows = Notice.objects.filter(pk__gt=done).order_by("pk").values_list(
+        "pk", "at", "event", "data", "server_name")[:limit]
+    return [Event(run="", seq=0, ts=chain.format_ts(at), event=event, data=data, prev_hash="", hash="",
+                  agent="", team="", notice=pk, server=server) for pk, at, event, data, server in rows]
 
 
 def advance(name: str, me: str, events: list[Event], now: datetime) -> bool:
@@ -108,7 +118,9 @@ def advance(name: str, me: str, events: list[Event], now: datetime) -> bool:
     lease; False when it lost it meanwhile (the new holder sends from where the record says)."""
     last: dict[str, int] = {}
     for event in events:
-        last[event.run] = max(last.get(event.run, 0), event.seq)
+        if not event.notice:
+            last[event.run] = max(last.get(event.run, 0), event.seq)
+    notices_to = max((event.notice for event in events), default=0)
     runs = dict(Run.objects.filter(public_id__in=list(last)).values_list("public_id", "pk"))
     with transaction.atomic():
         sink = AuditSink.objects.select_for_update().filter(name=name, holder=me).first()
@@ -120,6 +132,7 @@ def advance(name: str, me: str, events: list[Event], now: datetime) -> bool:
                 AuditPosition.objects.create(sink=sink, run_id=pk, seq=seq)
         AuditSink.objects.filter(pk=sink.pk).update(
             delivered=F("delivered") + len(events), last_delivered_at=now,
+            notices_to=Greatest(F("notices_to"), notices_to),
             held_until=now + timedelta(seconds=LEASE_SECONDS))
     return True
 

@@ -185,8 +185,9 @@ async def rows_after(opened_window: windows.Window | None, earlier: dict[str, An
               for t in (*s.get("writes", ()), *s.get("triggers", ()))] if kind == "rows" else None
     # A call that went unanswered (it timed out) may still be running on the database: its window waits.
     settle = settings.RECORDER_DATABASE_SETTLE_SECONDS if unanswered else 0
+    texts = [s.get("text") or "" for s in earlier["database"].get("reading", {}).get("statements", ())]
     found = await asyncio.to_thread(windows.closed, opened_window, tables=tables,
-                                    keep=settings.RECORDER_DATABASE_ROWS_KEPT, settle=settle)
+                                    keep=settings.RECORDER_DATABASE_ROWS_KEPT, settle=settle, texts=texts)
     if kind == "read" and found.get("count"):
         found["misread"] = misread(found)
         metrics.ROWS_MISREAD.labels(server=server_name).inc(found["count"])

@@ -14,6 +14,7 @@ from ..ports import HeldEnd
 from ..undo import recovery
 from .audit import AuditPosition as AuditPosition  # re-exported: one place to import from
 from .audit import AuditSink as AuditSink
+from .audit import Notice as Notice
 from .clients import ClientAuthorization as ClientAuthorization
 from .clients import RedeemedCode as RedeemedCode
 from .identities import ProviderIdentity as ProviderIdentity

@@ -15,6 +15,7 @@ class AuditSink(models.Model):
     last_delivered_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     last_error_at = models.DateTimeField(null=True, blank=True)
+    notices_to = models.PositiveBigIntegerField(default=0)  # every notice up to this id has been delivered
 
     def __str__(self):
         return f"audit sink {self.name}"
@@ -32,3 +33,19 @@ class AuditPosition(models.Model):
 
     def __str__(self):
         return f"{self.sink.name}: run {self.run_id} up to {self.seq}"
+
+
+class Notice(models.Model):
+    """Something the audit stream says that is no run's: rows a database's capture kept that no recorded call
+    made (`capture_unrecorded`), found by the capture's sweep. Sent in id order after the runs' entries; ids
+    are taken one writer at a time (`services.notices.notify`), so none commits behind one already read."""
+
+    at = models.DateTimeField()
+    event = models.CharField(max_length=60)
+    server = models.ForeignKey("journal.ToolServer", on_delete=models.SET_NULL, null=True, blank=True,
+                               related_name="+")
+    server_name = models.CharField(max_length=60, blank=True)
+    data = models.JSONField(default=dict)
+
+    def __str__(self):
+        return f"notice {self.pk}: {self.event} ({self.server_name})"

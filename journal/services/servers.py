@@ -7,10 +7,11 @@ from typing import Any
 
 import anyio
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from ..errors import Refused
-from ..models import ToolServer
+from ..models import Step, ToolServer
 from ..models.servers import SEPARATOR
 from ..record import chain
 from ..record.canonical import to_ijson
@@ -18,6 +19,7 @@ from ..telemetry import metrics
 from ..undo import declarations, recipes
 from ..upstream import captured, snapshots, unrecorded
 from ..upstream.client import ToolServerError, Upstreams, endpoint_of
+from . import notices, record
 
 logger = logging.getLogger(__name__)
 
@@ -219,30 +221,77 @@ def prune_capture(*, server: ToolServer, now: datetime | None = None) -> int:
 
 
 UNRECORDED_KEPT = 50
+STILL_RUNNING_KEPT = 500  # the latest calls that gave up while their statement ran
 
 
 def sweep_capture(*, server: ToolServer, now: datetime | None = None) -> int:
     """Read `server`'s capture since the last sweep against the windows of the calls the Recorder made to it
     (`journal.upstream.unrecorded`): rows no window holds are changes no recorded call made, kept as a
-    finding on the server (its page shows them), counted in the metrics and logged. Returns the change id
-    swept to. DatabaseUnreachable when the database cannot be read."""
+    finding on the server (its page shows them), counted in the metrics and logged; rows a call's own
+    transaction committed after its window closed are that call's, said on its step and in its run's record
+    (`committed_later`). Returns the change id swept to. DatabaseUnreachable when the database cannot be
+    read."""
     now = now or timezone.now()
     # Only the windows that end past the last sweep can hold a row it has not read.
     ranges = server.steps.filter(earlier_state__left__database__to__gt=server.capture_swept_to).values_list(
         "earlier_state__left__database__from", "earlier_state__left__database__to")
+    late, sessions = _still_running(server)
     swept = unrecorded.sweep(server.database, after=server.capture_swept_to, ranges=list(ranges),
                              lag_seconds=settings.RECORDER_CAPTURE_SWEEP_LAG_SECONDS,
-                             horizon=server.capture_horizon)
+                             horizon=server.capture_horizon, late=late, sessions=sessions)
+    for step_id, rows in swept.attached.items():
+        _committed_later(step_id, server, rows, now)
     findings = server.unrecorded
     if swept.rows:
-        findings = [*server.unrecorded, swept.as_record(now.isoformat())][-UNRECORDED_KEPT:]
+        finding = swept.as_record(now.isoformat())
+        if swept.probably:
+            steps = {pk: (run, number) for pk, run, number in Step.objects.filter(
+                pk__in=list(swept.probably)).values_list("pk", "run__public_id", "number")}
+            finding["probably"] = [{"run": str(steps[p["step"]][0]), "step": steps[p["step"]][1],
+                                    "rows": p["rows"]} for p in finding["probably"] if p["step"] in steps]
+        findings = [*server.unrecorded, finding][-UNRECORDED_KEPT:]
+    with transaction.atomic():  # the finding and its notice with the sweep's progress, or none of them
+        if swept.rows:
+            notices.notify(event="capture_unrecorded", server=server, now=now,
+                           data={**finding, "words": f"{unrecorded_words(finding)} changed by no recorded "
+                                                     f"call to {server.name}"})
+        ToolServer.objects.filter(pk=server.pk).update(capture_swept_to=swept.upto, unrecorded=findings,
+                                                       capture_horizon=swept.horizon)
+    if swept.rows:
         metrics.ROWS_UNRECORDED.labels(server=server.name).inc(swept.rows)
         logger.warning("%s: %s changed by no recorded call (capture ids %s to %s)", server.name,
-                       unrecorded_words(swept.as_record(now.isoformat())), swept.first, swept.last)
-    ToolServer.objects.filter(pk=server.pk).update(capture_swept_to=swept.upto, unrecorded=findings,
-                                                   capture_horizon=swept.horizon)
+                       unrecorded_words(finding), swept.first, swept.last)
     server.capture_swept_to, server.unrecorded, server.capture_horizon = swept.upto, findings, swept.horizon
     return swept.upto
+
+
+def _still_running(server: ToolServer) -> tuple[dict[int, int], dict[int, int]]:
+    """The calls to `server` that gave up while their statement still ran (`windows.closed`): by the
+    transaction id their own session had then, and by the pid of every session running then (step ids)."""
+    late, sessions = {}, {}
+    steps = server.steps.filter(earlier_state__left__database__has_key="running").order_by("-pk").values_list(
+        "pk", "earlier_state__left__database__running")[:STILL_RUNNING_KEPT]
+    for step_id, running in steps:
+        for session in running if isinstance(running, list) else ():
+            if not isinstance(session, dict):
+                continue
+            if isinstance(session.get("pid"), int):
+                sessions.setdefault(session["pid"], step_id)
+            if session.get("ours") and isinstance(session.get("xid"), int):
+                late.setdefault(session["xid"], step_id)
+    return late, sessions
+
+
+def _committed_later(step_id: int, server: ToolServer, late: unrecorded.Late, now: datetime) -> None:
+    """Rows the call of step `step_id` committed after it gave up: in its run's record and on the step."""
+    words = (f"its transaction committed {unrecorded_words(late.as_record())} after the call gave up "
+             f"(capture ids {late.first} to {late.last}); they are not in this step's undo")
+    with transaction.atomic():
+        step = Step.objects.select_for_update().get(pk=step_id)
+        record.record_event(run_id=step.run_id, event="committed_later", now=now,
+                            data={"step": step.number, "server": server.name, **late.as_record()})
+        Step.objects.filter(pk=step_id).update(undo_problems=[*step.undo_problems, words])
+    logger.warning("%s: step %s of run %s: %s", server.name, step.number, step.run_id, words)
 
 
 def unrecorded_words(finding: dict) -> str:

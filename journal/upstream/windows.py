@@ -12,6 +12,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,18 +176,22 @@ def _hand_back(window: Window) -> None:
         pass
 
 
-def closed(window: Window, *, tables: list[str] | None, keep: int, settle: float = 0) -> dict[str, Any]:
+def closed(window: Window, *, tables: list[str] | None, keep: int, settle: float = 0,
+           texts: Sequence[str] = ()) -> dict[str, Any]:
     """The rows the capture kept since the window opened, then the window released: the call's rows
     (at most `keep` of them kept; all of them counted and hashed), and `problem` when they cannot be told
     apart from another writer's. `tables`: those the call may write (on SQLite, rows of any other are
     another writer's), or None when every row in the window is the call's. `settle`: the call failed
     without an answer (it timed out) and its statement may still be running: the window is held until the
-    database says no agent's statement is (at most `settle` seconds), so its rows land in it."""
+    database says no agent's statement is (at most `settle` seconds), so its rows land in it; `texts`, the
+    call's statements as the record has them, tell its own session among those still running then."""
     try:
-        still = "" if not settle else _settled(window, settle)
+        still, running = ("", []) if not settle else _settled(window, settle, texts)
         found = _read(window, tables=tables, keep=keep)
         if still:
             found["problem"] = still
+        if running:
+            found["running"] = running
         return found
     except (database.DatabaseUnreachable, psycopg.Error, sqlite3.Error) as exc:
         window.spoiled = True
@@ -197,28 +202,51 @@ def closed(window: Window, *, tables: list[str] | None, keep: int, settle: float
         _release(window)
 
 
+# The agents' sessions running a statement now, with their transaction's id once it has one (it has written):
+# 32 bits, as pg_stat_activity gives it; the capture keeps the whole `xid8`, whose low 32 bits it is.
 PG_BUSY = """
-SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+SELECT pid, backend_xid::text::bigint, left(query, 2000) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid()
   AND (usename = ANY(%s) OR cardinality(%s::text[]) = 0 AND usename <> current_user)
   AND coalesce(state, 'unknown') NOT IN ('idle')
+ORDER BY pid
 """
 
 
-def _settled(window: Window, seconds: float) -> str:
+def _settled(window: Window, seconds: float, texts: Sequence[str]) -> tuple[str, list[dict]]:
     """Wait until no agent's statement is running on the database (PostgreSQL: no session of the agents'
     roles active, as pg_stat_activity shows it to the Recorder's role; SQLite: no writer holds the file), at
-    most `seconds`; why the rows may not be all the call's when it still is."""
+    most `seconds`; why the rows may not be all the call's when it still is, and (PostgreSQL) the sessions
+    still running then, `{"pid", "xid", "ours"}` each (`xid` None before it has written; `ours` when the
+    statement it runs is one of the call's `texts`): the capture's sweep attaches what the call's own
+    transaction commits later to this step (`journal.upstream.unrecorded`)."""
     deadline = time.monotonic() + seconds
+    running: list = []
     while time.monotonic() < deadline:
         if window.dialect == POSTGRESQL:
-            busy = window.connection.rows(PG_BUSY, (window.roles, window.roles))[0][0]
+            running = window.connection.rows(PG_BUSY, (window.roles, window.roles))
         else:
-            busy = not _writable(window.connection)
-        if not busy:
-            return ""
+            running = [] if _writable(window.connection) else [None]
+        if not running:
+            return "", []
         time.sleep(0.2)
+    sessions = [{"pid": pid, "xid": xid, "ours": _running_one_of(query, texts)}
+                for pid, xid, query in running] if window.dialect == POSTGRESQL else []
     return (f"its statement was still running {seconds:.0f} s after the call failed, so what it changed "
-            "after is not in this step (the capture's sweep shows it as changed by no recorded call)")
+            "after is not in this step's undo (the capture's sweep says so here, or shows it as changed by "
+            "no recorded call)"), sessions
+
+
+def _squeezed(text: str) -> str:
+    return " ".join((text or "").split()).rstrip(";").rstrip()
+
+
+def _running_one_of(query: str | None, texts: Sequence[str]) -> bool:
+    """Whether a session's statement (pg_stat_activity's `query`) is one of the call's: the text the server
+    sent whole, or one statement of it (the record keeps each statement's first 300 characters)."""
+    running = _squeezed(query or "")
+    return bool(running) and any(
+        (mine := _squeezed(text)) and (running.startswith(mine[:250]) or mine in running) for text in texts)
 
 
 def _writable(connection) -> bool:

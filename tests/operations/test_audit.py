@@ -23,7 +23,9 @@ from django.utils import timezone
 
 from journal import services as journal_services
 from journal.audit import lag, sinks, stream
-from journal.models import AuditPosition, AuditSink, ChainEntry, Run
+from journal.models import AuditPosition, AuditSink, ChainEntry, Run, ToolServer
+from journal.record import chain
+from journal.services import notices
 from samples import agent as scripted
 from tests.conftest import free_port
 from tests.journal.helpers import register_samples
@@ -260,3 +262,37 @@ def test_an_audit_webhook_must_be_https_in_production(settings):
 def test_every_run_is_in_the_lag_until_delivered(globex):
     count, waited = lag.lag(0, timezone.now())
     assert count == Run.objects.get(pk=globex.pk).head_seq and waited > 0
+
+
+def test_a_notice_of_rows_no_recorded_call_made_is_streamed_after_the_runs_entries_once(globex):
+    """Rows a database's capture kept that no call made belong to no run: the sweep's finding is a notice of
+    its own, sent to each sink after the runs' entries, once, named by its id and server (no chain hash:
+    it is no entry of a run's record), and counted in the lag until it is delivered."""
+    server = ToolServer.objects.first()
+    finding = {"rows": 3, "tables": {"public.contacts": 3}, "from": 4, "to": 6,
+               "words": "3 rows of public.contacts changed by no recorded call to crm"}
+    notice = notices.notify(event="capture_unrecorded", server=server, data=finding, now=timezone.now())
+    receiver, siem = WebhookReceiver("audit-secret-1", fail_first=False), SyslogReceiver()
+    webhook, syslog = sinks.sink_for(receiver.url, secret="audit-secret-1"), sinks.sink_for(siem.address)
+    streamer = stream.Streamer([webhook, syslog])
+    try:
+        for sink in (webhook, syslog):
+            while streamer.turn(sink, 0) == (0, 0):
+                pass
+            sink_id = AuditSink.objects.get(name=sink.name).pk
+            assert lag.lag(sink_id, timezone.now()) == (0, 0.0)
+        wait_for(lambda: len(siem.messages) == globex.entries.count() + 1, "the messages")
+    finally:
+        receiver.server.shutdown()
+        syslog.close()
+        siem.close()
+    delivered = receiver.events()
+    assert [e for e in delivered if "notice" in e] == [{
+        "notice": notice.pk, "ts": chain.format_ts(notice.at), "event": "capture_unrecorded",
+        "data": finding, "server": server.name}]
+    assert delivered[-1]["notice"] == notice.pk and len(delivered) == globex.entries.count() + 1
+    [line] = [m for m in siem.messages if "notice" in m["event"]]
+    assert line["sd"].endswith(f'notice="{notice.pk}" server="{server.name}"]') and line["pri"] == 16 * 8 + 5
+    assert {sink.notices_to for sink in AuditSink.objects.all()} == {notice.pk}
+    notices.notify(event="capture_unrecorded", server=server, data=finding, now=timezone.now())
+    assert lag.lag(AuditSink.objects.first().pk, timezone.now())[0] == 1

@@ -5,6 +5,7 @@ anything is sent. Against the pinned DBHub (PostgreSQL and SQLite) and mcp-serve
 checked in the database's own rows."""
 
 import sqlite3
+import time
 from io import StringIO
 
 import psycopg
@@ -15,7 +16,7 @@ from django.test import Client
 from approver import services
 from approver.models import ActionRequest
 from journal import services as journal_services
-from journal.models import Step, ToolServer
+from journal.models import Notice, Step, ToolServer
 from journal.telemetry import metrics
 from journal.upstream import database
 from tests.approver.services.test_held_calls import call, decide, held, in_background, set_policy
@@ -643,3 +644,56 @@ def test_what_a_tables_conditions_checks_and_domains_call_is_followed(dbhub_post
         "UPDATE contacts SET status = 'x' WHERE id = 2": "a check of public.contacts uses operator ###",
         "INSERT INTO tagged (id) VALUES (1)": "a column of domain evil_int of public.tagged"})
     assert pg_rows(recorder_url, "SELECT count(*) FROM contacts") == [(CONTACTS,)]
+
+
+def run_text(url: str, text: str) -> None:
+    """A text of several statements, sent whole (the simple query protocol: one implicit transaction)."""
+    with psycopg.connect(url, autocommit=True) as connection:
+        connection.execute(text)
+
+
+@needs_postgres
+@needs_node
+def test_what_a_call_that_gave_up_commits_later_is_its_steps_and_no_one_elses(
+        quick_timeout, dbhub_postgres, recorder, admin_user, dana, settings):
+    """A call whose statement outlives its window (it timed out, and was still running when the settle wait
+    ran out): what its own transaction commits later is attached to its step, proven by the transaction id
+    (its run's record says so; the server's findings do not count it). Another session of the agents' roles
+    running then proves nothing: its rows are changed by no recorded call, probably that call's. The
+    finding goes to the audit stream as a notice of its own."""
+    settings.RECORDER_DATABASE_SETTLE_SECONDS, settings.RECORDER_CAPTURE_SWEEP_LAG_SECONDS = 1, 0
+    recorder_url, agent_url, token = dbhub_postgres
+    set_policy(admin_user)
+    server = ToolServer.objects.get(name="crm")
+    outsider, _ = in_background(lambda: run_text(
+        agent_url, "UPDATE contacts SET status = 'outside' WHERE id = 30; SELECT pg_sleep(7)"))
+    # The delete runs first (its transaction has an id from then on), then the statement sleeps past the
+    # timeout and the settle wait, and commits.
+    slow = ("WITH gone AS (DELETE FROM contacts WHERE id <= 5 RETURNING id) "
+            "SELECT (SELECT count(*) FROM gone), pg_sleep(5)")
+    time.sleep(0.5)
+    assert call(recorder, token, "crm__execute_sql", {"sql": slow}).is_error
+    timed_out = step_of(slow)
+    running = timed_out.earlier_state["left"]["database"]["running"]
+    assert [s["ours"] for s in running if s["xid"]].count(True) == 1 and len(running) == 2
+    outsider.join(timeout=30)
+    time.sleep(1)
+    assert pg_rows(recorder_url, "SELECT count(*) FROM contacts WHERE id <= 5") == [(0,)]
+    journal_services.sweep_capture(server=server)
+    journal_services.sweep_capture(server=server)  # the horizon: every transaction running then has ended
+    server.refresh_from_db()
+    timed_out.refresh_from_db()
+    later = timed_out.run.entries.get(event="committed_later").data
+    assert (later["step"], later["rows"], later["tables"]) == (timed_out.number, 5, {"public.contacts": 5})
+    assert any("committed 5 rows of public.contacts after the call gave up" in p
+               for p in timed_out.undo_problems)
+    [finding] = server.unrecorded
+    assert (finding["rows"], finding["tables"]) == (1, {"public.contacts": 1})
+    assert finding["probably"] == [{"run": str(timed_out.run.public_id), "step": timed_out.number, "rows": 1}]
+    web = Client()
+    web.force_login(admin_user)
+    page = web.get(f"/servers/{server.pk}/").content.decode()
+    assert "1 row of public.contacts" in page and f"step {timed_out.number}</a> when its call gave up" in page
+    [notice] = Notice.objects.all()
+    assert (notice.event, notice.server_name, notice.data["rows"]) == ("capture_unrecorded", "crm", 1)
+    assert notice.data["words"] == "1 row of public.contacts changed by no recorded call to crm"
