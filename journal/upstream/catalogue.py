@@ -113,26 +113,31 @@ def agent_roles(connection) -> list[str]:
         return []
 
 
-def users_objects_used(connection, selects: Sequence[str],
-                       listed: Sequence[str] = ()) -> set[str] | None:
-    """What each SELECT uses outside the built-ins and the extensions (an extension's function the agent
-    owns, added to it, is the agent's), as PostgreSQL resolves it (a
-    function's call with its arguments' types, a function called by column notation, an operator, a
-    domain): `shout()`, `operator ###`, `domain evil_int`, but those an admin listed. Read from the
-    dependencies of a temporary view made of each, in a transaction rolled back (a view is made, never run;
-    each is pglast's own printing of one parsed SELECT, so nothing else can ride along). None when
-    PostgreSQL will not make a view of one."""
-    allowed, agents, found = {name.lower() for name in listed}, agent_roles(connection), []
-    try:
-        for select in selects:
+def users_objects_used(connection, selects: Sequence[tuple[int, str, bool]],
+                       listed: Sequence[str] = ()) -> dict[int, set[str]] | None:
+    """What each SELECT (`resolving.selects`: its statement's index, its text, whether it was derived from a
+    row change) uses outside the built-ins and the extensions (an extension's function the agent owns,
+    added to it, is the agent's), as PostgreSQL resolves it (a function's call with its arguments' types, a
+    function called by column notation, an operator, a domain): `shout()`, `operator ###`, `domain
+    evil_int`, but those an admin listed; by statement. Read from the dependencies of a temporary view made
+    of each, in a transaction rolled back (a view is made, never run; each is pglast's own printing of
+    parsed SQL, so nothing else can ride along). None when PostgreSQL will not make a view of a plain
+    SELECT; a derived one it will not make a view of tells nothing, and is passed by."""
+    allowed, agents, found = {name.lower() for name in listed}, agent_roles(connection), {}
+    for index, select, derived in selects:
+        try:
             with connection.raw.transaction(force_rollback=True):
                 connection.raw.execute("CREATE TEMPORARY VIEW undo_capture_resolve AS SELECT 1 FROM "
                                        f"({select}) AS agents_select")
-                found += connection.rows(PG_USED, (agents,))
-    except psycopg.Error:
-        return None
-    return {shown for shown, qualified in found
-            if shown.removesuffix("()") not in allowed and qualified.lower() not in allowed}
+                used = connection.rows(PG_USED, (agents,))
+        except psycopg.Error:
+            if derived:
+                continue
+            return None
+        found.setdefault(index, set()).update(
+            shown for shown, qualified in used
+            if shown.removesuffix("()") not in allowed and qualified.lower() not in allowed)
+    return {index: used for index, used in found.items() if used}
 
 
 def unsafe_views(connection, relations: Sequence[str],

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from ..undo.database import capture, judging, postgres, splitting, sqlite
+from ..undo.database import capture, judging, postgres, resolving, splitting, sqlite
 from ..undo.database import reading as readings
 from ..undo.database.judging import Catalog
 from ..undo.database.places import (
@@ -183,14 +183,15 @@ def read_statements(connection: Connection, text: str, *, split: str = splitting
 def _read(connection: Connection, text: str, safe_listed: Sequence[str] = ()) -> Reading:
     if connection.dialect == POSTGRESQL:
         functions, relations = postgres.names_in(text)
-        selects = postgres.selects(text)
-        # Each SELECT is resolved by PostgreSQL itself (what it calls by any means, its domains); a text
-        # that names nothing else and has no SELECT needs the catalogue for nothing.
+        selects = resolving.selects(text)
+        # Each SELECT, and what each row change evaluates, is resolved by PostgreSQL itself (what it calls
+        # by any means, its domains); a text that names nothing else needs the catalogue for nothing.
         used = catalogue.users_objects_used(connection, selects, safe_listed) if selects else None
         if not functions and not relations and not used:
             return postgres.read(text, safe=())
-        return postgres.read(text, safe=catalogue.safe_functions(connection, functions, safe_listed, used),
-                             hidden=sorted(used or ()),
+        every = set().union(*used.values()) if used is not None else None
+        return postgres.read(text, safe=catalogue.safe_functions(connection, functions, safe_listed, every),
+                             hidden=used or {},
                              views=catalogue.unsafe_views(connection, relations, safe_listed))
     place = connection.place
     try:  # a file put in another's place is another database, whatever its schema version says

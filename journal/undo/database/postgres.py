@@ -7,7 +7,6 @@ from collections.abc import Collection, Mapping
 
 from pglast import ast, enums, parse_sql
 from pglast.parser import ParseError, scan
-from pglast.stream import RawStream
 from pglast.visitors import Visitor
 
 from .reading import (
@@ -234,24 +233,9 @@ def backslashed(text: str) -> bool:
     return False
 
 
-def selects(text: str) -> list[str]:
-    """Each plain SELECT of `text` (no INTO, no data-modifying WITH), and each that an EXPLAIN ANALYZE runs,
-    printed again by pglast: what temporary views may be made of to resolve what they call."""
-    try:
-        raw = parse_sql(text)
-    except (ParseError, RecursionError, MemoryError, ValueError):
-        return []
-    found = []
-    for stmt in (r.stmt for r in raw):
-        if isinstance(stmt, ast.ExplainStmt):
-            stmt = stmt.query
-        if not isinstance(stmt, ast.SelectStmt) or stmt.intoClause is not None or _facts(stmt).writes:
-            continue
-        try:
-            found.append(RawStream()(stmt))
-        except Exception:  # noqa: BLE001 - a statement pglast cannot print: not resolved, taken by its names
-            continue
-    return found
+def writes_of(node) -> list[str]:
+    """The tables a parsed statement (or part of one) writes."""
+    return _facts(node).writes
 
 
 def names_in(text: str) -> tuple[list[str], list[str]]:
@@ -406,11 +390,11 @@ def _statement(stmt, text: str, safe: Collection[str] | None, views: Mapping[str
 
 
 def read(text: str, *, safe: Collection[str] | None = None, views: Mapping[str, str] = {},
-         hidden: Collection[str] = ()) -> Reading:
+         hidden: Mapping[int, Collection[str]] = {}) -> Reading:
     """Every statement of `text`, in order. `safe`: the functions (by the name as called) the catalogue says
     change nothing, or None to go by the harmless built-ins' names alone; `views`: the views whose
     definitions may change data and the tables whose row security policies may, each with why in words
-    ("view tidy_contacts, whose definition calls purge()"); `hidden`: what a text of one SELECT
+    ("view tidy_contacts, whose definition calls purge()"); `hidden`: by statement (its index), what it
     uses outside the built-ins as PostgreSQL resolved it (`shout()` called by column notation, `operator
     ###`, `domain evil_int`), none of which is trusted to change nothing."""
     try:
@@ -426,15 +410,17 @@ def read(text: str, *, safe: Collection[str] | None = None, views: Mapping[str, 
             "and what follows is other statements); write such a string as E'…', or without the "
             "backslash")),))
     statements = []
-    for stmt in raw:
+    for index, stmt in enumerate(raw):
         # pglast gives a statement's place in characters (libpg_query's bytes, converted).
         end = stmt.stmt_location + stmt.stmt_len if stmt.stmt_len else len(text)
         piece = text[stmt.stmt_location:end].strip()
         statement = _statement(stmt.stmt, piece, safe, views)
-        if hidden and statement.kind == "read":
-            verb = f"{statement.verb}, using {named(list(hidden))}"
-            statement = Statement("destroy", verb, piece, functions=tuple(hidden), reason=(
-                f"it uses {named(list(hidden))}, defined in the database, which may change data that no "
-                "capture sees"))
+        if (uses := sorted(hidden.get(index, ()))) and statement.kind in ("read", "rows"):
+            verb = f"{statement.verb}, using {named(uses)}"
+            statement = Statement(
+                "destroy", verb, piece, writes=statement.writes, destroys=statement.destroys,
+                whole_table=statement.whole_table, functions=tuple(uses),
+                reason=f"it uses {named(uses)}, defined in the database, which may change data that no "
+                       "capture sees")
         statements.append(statement)
     return Reading("postgresql", tuple(transaction_control_among_others(statements)))

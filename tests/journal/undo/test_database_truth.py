@@ -262,6 +262,38 @@ def test_postgresql_functions_and_views_are_judged_by_what_they_are_not_by_their
 
 @needs_postgres
 @needs_node
+def test_what_a_row_change_evaluates_is_resolved_by_postgresql_as_a_reads_is(dbhub_postgres, recorder,
+                                                                             admin_user, settings):
+    """A write calls a function as a read can, where no reader of the text sees a call: by column notation,
+    through a cast to a domain whose check calls one, in its RETURNING, in ON CONFLICT's update. What each
+    row change evaluates is resolved by PostgreSQL (a view of it, made and rolled back) and held, never
+    sent; plain writes stay undoable."""
+    settings.RECORDER_HOLD_WAIT_SECONDS = 1
+    recorder_url, agent_url, token = dbhub_postgres
+    sneaky_functions(agent_url)
+    set_policy(admin_user)
+    held_saying(recorder, token, {
+        "UPDATE contacts c SET status = 'x' WHERE c.shout = 1": "uses shout()",
+        "UPDATE contacts c SET status = c.shout::text WHERE id = 1": "uses shout()",
+        "UPDATE contacts SET status = 'x' WHERE id = 3::evil_int": "uses domain evil_int",
+        "UPDATE contacts c SET (status, name) = (SELECT c.shout::text, 'n') WHERE id = 1": "uses shout()",
+        "DELETE FROM contacts c WHERE id = 2 RETURNING c.shout": "uses shout()",
+        "INSERT INTO contacts (id, name, email, status) SELECT c.id + 1000, c.name, c.email, c.shout::text "
+        "FROM contacts c WHERE id = 1": "uses shout()",
+        "INSERT INTO contacts (id, name, email, status) VALUES (1, 'a', 'a@x', 'new') ON CONFLICT (id) DO "
+        "UPDATE SET status = excluded.shout::text": "uses shout()",
+        "INSERT INTO contacts (id, name, email, status) VALUES (5000, 'a', 'a@x', 7::evil_int::text)":
+            "uses domain evil_int"})
+    assert pg_rows(recorder_url, "SELECT count(*), count(*) FILTER (WHERE status = 'x') FROM contacts") == [
+        (CONTACTS, 0)]
+    plain = "UPDATE contacts SET status = 'fine' WHERE id = 1 RETURNING id, lower(name)"
+    assert not call(recorder, token, "crm__execute_sql", {"sql": plain}).is_error
+    assert (step_of(plain).reversibility, step_of(plain).effect_summary) == (
+        "compensate", "Updated 1 row of public.contacts.")
+
+
+@needs_postgres
+@needs_node
 def test_a_call_read_as_a_read_that_changed_rows_is_recorded_as_the_rows_say_and_flagged(
         dbhub_postgres, recorder, admin_user):
     """An admin vouched for a function that lies: the statements read as a read; the capture kept the rows
