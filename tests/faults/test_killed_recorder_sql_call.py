@@ -80,6 +80,7 @@ def test_a_recorder_killed_while_an_sql_call_runs_leaves_its_rows_to_the_sweep_n
         [finding] = server.unrecorded
         assert (finding["rows"], finding["tables"], finding["roles"]) == (
             7, {"public.contacts": 7}, [AGENT_ROLE])
-        assert Notice.objects.get().data["words"] == "7 rows of public.contacts changed by no recorded call to crm"
+        words = "7 rows of public.contacts changed by no recorded call to crm"
+        assert Notice.objects.get().data["words"] == words
         with psycopg.connect(recorder_url, autocommit=True) as connection:  # every row still in the capture
             assert connection.execute("SELECT count(*) FROM undo_capture.changes").fetchone() == (7,)
