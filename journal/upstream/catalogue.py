@@ -8,6 +8,7 @@ PostgreSQL."""
 from collections.abc import Sequence
 
 import psycopg
+import psycopg.sql
 
 from ..undo.database import capture, postgres
 from ..undo.database import reading as readings
@@ -82,25 +83,29 @@ SELECT o, EXISTS (SELECT 1 FROM pg_operator p JOIN pg_namespace n ON n.oid = p.o
                                     AND d.objid = p.oid AND d.deptype = 'e'))
 FROM unnest(%s::text[]) o
 """
-# What a temporary view of one SELECT depends on outside the built-ins (which are pinned, so never listed)
-# and the extensions: the user's functions (called by name, by column notation, behind an operator), its
-# operators, and its domains (whose checks may call functions).
+# What each temporary view (`undo_capture_resolve_N`, of one SELECT) depends on outside the built-ins (which
+# are pinned, so never listed) and the extensions: the user's functions (called by name, by column notation,
+# behind an operator), its operators, and its domains (whose checks may call functions). `{agents}`: the
+# agents' roles, as a literal (the query goes with the views' creation, in one text, so it has no parameters).
 PG_USED = """
 WITH deps AS (
-    SELECT d.refclassid, d.refobjid FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid
-    WHERE d.classid = 'pg_rewrite'::regclass AND r.ev_class = 'pg_temp.undo_capture_resolve'::regclass
+    SELECT c.relname AS view, d.refclassid, d.refobjid FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid
+    JOIN pg_class c ON c.oid = r.ev_class
+    WHERE d.classid = 'pg_rewrite'::regclass AND c.relnamespace = pg_my_temp_schema()
+      AND c.relname LIKE 'undo\\_capture\\_resolve\\_%'
       AND NOT EXISTS (SELECT 1 FROM pg_depend e WHERE e.classid = d.refclassid AND e.objid = d.refobjid
                       AND e.deptype = 'e'
                       AND NOT (e.classid = 'pg_proc'::regclass AND EXISTS (
                           SELECT 1 FROM pg_proc a WHERE a.oid = e.objid
-                          AND pg_get_userbyid(a.proowner) = ANY(%s::text[])))))
-SELECT p.proname || '()', n.nspname || '.' || p.proname FROM deps JOIN pg_proc p ON p.oid = deps.refobjid
-JOIN pg_namespace n ON n.oid = p.pronamespace WHERE deps.refclassid = 'pg_proc'::regclass
+                          AND pg_get_userbyid(a.proowner) = ANY({agents}::text[])))))
+SELECT view, p.proname || '()', n.nspname || '.' || p.proname
+FROM deps JOIN pg_proc p ON p.oid = deps.refobjid JOIN pg_namespace n ON n.oid = p.pronamespace
+WHERE deps.refclassid = 'pg_proc'::regclass
 UNION ALL
-SELECT 'operator ' || o.oprname, 'operator ' || o.oprname FROM deps
+SELECT view, 'operator ' || o.oprname, 'operator ' || o.oprname FROM deps
 JOIN pg_operator o ON o.oid = deps.refobjid WHERE deps.refclassid = 'pg_operator'::regclass
 UNION ALL
-SELECT 'domain ' || t.typname, 'domain ' || t.typname FROM deps JOIN pg_type t ON t.oid = deps.refobjid
+SELECT view, 'domain ' || t.typname, 'domain ' || t.typname FROM deps JOIN pg_type t ON t.oid = deps.refobjid
 WHERE deps.refclassid = 'pg_type'::regclass AND t.typtype = 'd'
 """
 
@@ -121,23 +126,45 @@ def users_objects_used(connection, selects: Sequence[tuple[int, str, bool]],
     function called by column notation, an operator, a domain): `shout()`, `operator ###`, `domain
     evil_int`, but those an admin listed; by statement. Read from the dependencies of a temporary view made
     of each, in a transaction rolled back (a view is made, never run; each is pglast's own printing of
-    parsed SQL, so nothing else can ride along). None when PostgreSQL will not make a view of a plain
-    SELECT; a derived one it will not make a view of tells nothing, and is passed by."""
-    allowed, agents, found = {name.lower() for name in listed}, agent_roles(connection), {}
-    for index, select, derived in selects:
-        try:
-            with connection.raw.transaction(force_rollback=True):
-                connection.raw.execute("CREATE TEMPORARY VIEW undo_capture_resolve AS SELECT 1 FROM "
-                                       f"({select}) AS agents_select")
-                used = connection.rows(PG_USED, (agents,))
-        except psycopg.Error:
-            if derived:
-                continue
-            return None
-        found.setdefault(index, set()).update(
-            shown for shown, qualified in used
-            if shown.removesuffix("()") not in allowed and qualified.lower() not in allowed)
-    return {index: used for index, used in found.items() if used}
+    parsed SQL, so nothing else can ride along), all in one round trip; when PostgreSQL will not make one of
+    them, one by one. None when it will not make a view of a plain SELECT; a derived one it will not make a
+    view of tells nothing, and is passed by."""
+    allowed = {name.lower() for name in listed}
+    used_sql = PG_USED.format(agents=psycopg.sql.Literal(agent_roles(connection)).as_string(connection.raw))
+    try:
+        found = _views_used(connection, list(enumerate(selects)), used_sql)
+    except psycopg.Error:
+        found = []
+        for number, select in enumerate(selects):
+            try:
+                found += _views_used(connection, [(number, select)], used_sql)
+            except psycopg.Error:
+                if not select[2]:
+                    return None
+    used: dict[int, set[str]] = {}
+    for number, shown, qualified in found:
+        if shown.removesuffix("()") not in allowed and qualified.lower() not in allowed:
+            used.setdefault(selects[number][0], set()).add(shown)
+    return used
+
+
+def _views_used(connection, selects: list[tuple[int, tuple[int, str, bool]]], used_sql: str) -> list[tuple]:
+    """`(number, shown, qualified)` for what each SELECT's view uses: the views made, read and rolled back in
+    one text (psycopg sends a text without parameters as one simple query: one round trip)."""
+    made = "".join(f"CREATE TEMPORARY VIEW undo_capture_resolve_{number} AS SELECT 1 FROM ({select}) AS "
+                   f"agents_select;\n" for number, (_, select, _) in selects)
+    try:
+        cursor = connection.raw.execute(f"BEGIN;\n{made}{used_sql};\nROLLBACK")
+        rows = []
+        while True:  # the results of each statement in turn: the query's are the rows
+            if cursor.description is not None:
+                rows = cursor.fetchall()
+            if not cursor.nextset():
+                break
+    except psycopg.Error:
+        connection.raw.execute("ROLLBACK")
+        raise
+    return [(int(view.rsplit("_", 1)[1]), shown, qualified) for view, shown, qualified in rows]
 
 
 def unsafe_views(connection, relations: Sequence[str],

@@ -283,7 +283,11 @@ def test_what_a_row_change_evaluates_is_resolved_by_postgresql_as_a_reads_is(dbh
         "INSERT INTO contacts (id, name, email, status) VALUES (1, 'a', 'a@x', 'new') ON CONFLICT (id) DO "
         "UPDATE SET status = excluded.shout::text": "uses shout()",
         "INSERT INTO contacts (id, name, email, status) VALUES (5000, 'a', 'a@x', 7::evil_int::text)":
-            "uses domain evil_int"})
+            "uses domain evil_int",
+        # A row change PostgreSQL will not make a view of (its FROM names a WITH that writes) beside one it
+        # will: each is then resolved alone.
+        "WITH g AS (DELETE FROM notes RETURNING *) INSERT INTO notes SELECT * FROM g; "
+        "UPDATE contacts c SET status = 'x' WHERE c.shout = 1": "uses shout()"})
     assert pg_rows(recorder_url, "SELECT count(*), count(*) FILTER (WHERE status = 'x') FROM contacts") == [
         (CONTACTS, 0)]
     plain = "UPDATE contacts SET status = 'fine' WHERE id = 1 RETURNING id, lower(name)"
