@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import psycopg
 import psycopg.sql
 
-from ..undo.database import capture, postgres
+from ..undo.database import capture, postgres, resolving
 from ..undo.database import reading as readings
 from ..undo.database.places import POSTGRESQL
 from ..undo.database.reading import CAPTURE_SCHEMA
@@ -85,8 +85,10 @@ FROM unnest(%s::text[]) o
 """
 # What each temporary view (`undo_capture_resolve_N`, of one SELECT) depends on outside the built-ins (which
 # are pinned, so never listed) and the extensions: the user's functions (called by name, by column notation,
-# behind an operator), its operators, and its domains (whose checks may call functions). `{agents}`: the
-# agents' roles, as a literal (the query goes with the views' creation, in one text, so it has no parameters).
+# behind an operator), its operators, and its domains (and arrays of them) whose checks or default call a
+# function or operator of the database's own (a domain whose check uses only built-ins changes nothing).
+# `{agents}`: the agents' roles, as a literal (the query goes with the views' creation, in one text, so it has
+# no parameters).
 PG_USED = """
 WITH deps AS (
     SELECT c.relname AS view, d.refclassid, d.refobjid FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid
@@ -105,8 +107,14 @@ UNION ALL
 SELECT view, 'operator ' || o.oprname, 'operator ' || o.oprname FROM deps
 JOIN pg_operator o ON o.oid = deps.refobjid WHERE deps.refclassid = 'pg_operator'::regclass
 UNION ALL
-SELECT view, 'domain ' || t.typname, 'domain ' || t.typname FROM deps JOIN pg_type t ON t.oid = deps.refobjid
-WHERE deps.refclassid = 'pg_type'::regclass AND t.typtype = 'd'
+SELECT view, 'domain ' || d.typname, 'domain ' || d.typname FROM deps JOIN pg_type t ON t.oid = deps.refobjid
+JOIN pg_type d ON d.oid = CASE WHEN t.typtype = 'd' THEN t.oid ELSE t.typelem END AND d.typtype = 'd'
+WHERE deps.refclassid = 'pg_type'::regclass AND (
+    EXISTS (SELECT 1 FROM pg_constraint c JOIN pg_depend x ON x.classid = 'pg_constraint'::regclass
+            AND x.objid = c.oid AND x.refclassid IN ('pg_proc'::regclass, 'pg_operator'::regclass)
+            WHERE c.contypid = d.oid)
+    OR EXISTS (SELECT 1 FROM pg_depend x WHERE x.classid = 'pg_type'::regclass AND x.objid = d.oid
+               AND x.refclassid IN ('pg_proc'::regclass, 'pg_operator'::regclass)))
 """
 
 
@@ -127,21 +135,26 @@ def users_objects_used(connection, selects: Sequence[tuple[int, str, bool]],
     evil_int`, but those an admin listed; by statement. Read from the dependencies of a temporary view made
     of each, in a transaction rolled back (a view is made, never run; each is pglast's own printing of
     parsed SQL, so nothing else can ride along), all in one round trip; when PostgreSQL will not make one of
-    them, one by one. None when it will not make a view of a plain SELECT; a derived one it will not make a
-    view of tells nothing, and is passed by."""
+    them, one by one. None when it will not make a view of a plain SELECT; for a row change whose SELECT it
+    will not make a view of (or that could not be printed), `postgres.UNRESOLVED`: unknown, never passed
+    by."""
     allowed = {name.lower() for name in listed}
     used_sql = PG_USED.format(agents=psycopg.sql.Literal(agent_roles(connection)).as_string(connection.raw))
+    used: dict[int, set[str]] = {}
+    asked = [(number, select) for number, select in enumerate(selects) if select[1] != resolving.UNRESOLVED]
+    for index, _, _ in (select for select in selects if select[1] == resolving.UNRESOLVED):
+        used.setdefault(index, set()).add(postgres.UNRESOLVED)
     try:
-        found = _views_used(connection, list(enumerate(selects)), used_sql)
+        found = _views_used(connection, asked, used_sql) if asked else []
     except psycopg.Error:
         found = []
-        for number, select in enumerate(selects):
+        for number, select in asked:
             try:
                 found += _views_used(connection, [(number, select)], used_sql)
             except psycopg.Error:
                 if not select[2]:
                     return None
-    used: dict[int, set[str]] = {}
+                used.setdefault(select[0], set()).add(postgres.UNRESOLVED)
     for number, shown, qualified in found:
         if shown.removesuffix("()") not in allowed and qualified.lower() not in allowed:
             used.setdefault(selects[number][0], set()).add(shown)

@@ -29,6 +29,14 @@ SELECT t.tgname, l.lanname, CASE WHEN l.lanname IN ('plpgsql', 'sql') THEN pg_ge
 FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid JOIN pg_language l ON l.oid = p.prolang
 WHERE t.tgrelid = to_regclass(%s) AND NOT t.tgisinternal AND t.tgname <> %s
 """
+# Tables that inherit from it: an UPDATE or DELETE of the parent changes their rows too, and a parent's row
+# triggers (the capture's) do not fire for them. A partitioned table's are its partitions, whose row
+# triggers are its own, cloned: not followed.
+PG_CHILDREN = """
+SELECT n.nspname || '.' || c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_class p ON p.oid = i.inhparent
+WHERE i.inhparent = to_regclass(%s) AND p.relkind <> 'p'
+"""
 PG_RULES = "SELECT rulename FROM pg_rewrite WHERE ev_class = to_regclass(%s) AND rulename <> '_RETURN'"
 # What a table's column defaults, CHECK constraints, triggers' WHEN conditions and row security policies
 # use outside the built-ins and the extensions (the built-ins are pinned, so no dependency on them is
@@ -112,13 +120,7 @@ class _Follow:
     def step(self, table: str, events: frozenset[str]) -> Iterator[tuple[str, str, str, frozenset]]:
         """What one table's writes reach directly, each with the events it fires there."""
         rows = self.connection.rows
-        for referencing, on_delete, on_update in rows(PG_FOREIGN_KEYS, (table,)):
-            for code, event in ((on_delete, "DELETE"), (on_update, "UPDATE")):
-                if code in ACTIONS and event in events:
-                    verb, action = ACTIONS[code]
-                    deletes = code == "c" and event == "DELETE"
-                    yield (referencing, verb.format(verb="deletes rows of" if deletes else "updates rows of"),
-                           f"ON {event} {action}", frozenset({"DELETE" if deletes else "UPDATE"}))
+        yield from self.related(table, events)
         for (rule,) in rows(PG_RULES, (table,)):
             yield "", "", f"{table} has rule {rule}, which may do anything instead", EVERY
         writes_values = bool(events & {"INSERT", "UPDATE"})
@@ -133,6 +135,21 @@ class _Follow:
                 for reached, verb, how in _trigger(name, language, definition, source, table, self.unsafe):
                     qualified = (_qualified(self.connection, reached) or reached) if reached else ""
                     yield qualified, verb, how, EVERY
+
+
+    def related(self, table: str, events: frozenset[str]) -> Iterator[tuple[str, str, str, frozenset]]:
+        """The tables whose foreign keys' actions the events fire, and those that inherit from `table`."""
+        rows = self.connection.rows
+        for referencing, on_delete, on_update in rows(PG_FOREIGN_KEYS, (table,)):
+            for code, event in ((on_delete, "DELETE"), (on_update, "UPDATE")):
+                if code in ACTIONS and event in events:
+                    verb, action = ACTIONS[code]
+                    deletes = code == "c" and event == "DELETE"
+                    yield (referencing, verb.format(verb="deletes rows of" if deletes else "updates rows of"),
+                           f"ON {event} {action}", frozenset({"DELETE" if deletes else "UPDATE"}))
+        inherited = events & {"UPDATE", "DELETE"}
+        for (child,) in rows(PG_CHILDREN, (table,)) if inherited else ():
+            yield child, "also changes rows of", f"it inherits from {table}", inherited
 
 
 def _qualified(connection, table: str) -> str | None:

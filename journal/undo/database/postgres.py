@@ -233,6 +233,10 @@ def backslashed(text: str) -> bool:
     return False
 
 
+# In what `read` is told a statement uses: PostgreSQL could not be asked (`resolving`, `catalogue`).
+UNRESOLVED = "(unresolved)"
+
+
 def writes_of(node) -> list[str]:
     """The tables a parsed statement (or part of one) writes."""
     return _facts(node).writes
@@ -415,7 +419,14 @@ def read(text: str, *, safe: Collection[str] | None = None, views: Mapping[str, 
         end = stmt.stmt_location + stmt.stmt_len if stmt.stmt_len else len(text)
         piece = text[stmt.stmt_location:end].strip()
         statement = _statement(stmt.stmt, piece, safe, views)
-        if (uses := sorted(hidden.get(index, ()))) and statement.kind in ("read", "rows"):
+        uses = sorted(set(hidden.get(index, ())) - {UNRESOLVED})
+        if UNRESOLVED in hidden.get(index, ()) and statement.kind in ("read", "rows"):
+            statement = Statement(
+                "destroy", f"{statement.verb}, evaluating what PostgreSQL could not be asked about", piece,
+                writes=statement.writes, destroys=statement.destroys, whole_table=statement.whole_table,
+                reason="PostgreSQL could not be asked what it evaluates (it would not make a view of it), so "
+                       "a function it calls, which may change data that no capture sees, could go unseen")
+        elif uses and statement.kind in ("read", "rows"):
             verb = f"{statement.verb}, using {named(uses)}"
             statement = Statement(
                 "destroy", verb, piece, writes=statement.writes, destroys=statement.destroys,

@@ -298,6 +298,53 @@ def test_what_a_row_change_evaluates_is_resolved_by_postgresql_as_a_reads_is(dbh
 
 @needs_postgres
 @needs_node
+def test_what_postgresql_cannot_be_asked_about_is_held_and_every_form_of_a_write_is_asked(
+        dbhub_postgres, recorder, admin_user, settings):
+    """The second review's bypasses: MERGE, a SELECT whose WITH writes, subscripts of the column set, a cast
+    to an array of a domain, a WITH of plain and writing parts, a name clash with the Recorder's own, a
+    long VALUES list, and a text too deep to print: each held, never sent. A domain whose check uses only
+    built-ins changes nothing, and a parent table's UPDATE or DELETE reaches the tables that inherit it."""
+    settings.RECORDER_HOLD_WAIT_SECONDS = 1
+    recorder_url, agent_url, token = dbhub_postgres
+    sneaky_functions(agent_url)
+    with psycopg.connect(agent_url, autocommit=True) as connection:
+        connection.execute("ALTER TABLE contacts ADD COLUMN tags text[]")
+        connection.execute("CREATE DOMAIN email_t AS text CHECK (VALUE LIKE '%@%')")
+        connection.execute("CREATE TABLE kid () INHERITS (companies)")
+        connection.execute("INSERT INTO kid VALUES (500, 'Kid')")
+    set_policy(admin_user)
+    many = ", ".join(f"({n}, 'n', 'e@x', 'new')" for n in range(6000, 6420))
+    held_saying(recorder, token, {
+        "MERGE INTO contacts c USING (SELECT 1 AS id) s ON c.id = s.id WHEN MATCHED AND c.shout = 1 THEN "
+        "UPDATE SET status = 'm1'": "uses shout()",
+        "WITH u AS (UPDATE contacts c SET status = 'w' WHERE id = 3 AND c.shout = 1 RETURNING 1) "
+        "SELECT count(*) FROM u": "uses shout()",
+        "UPDATE contacts c SET tags[c.shout] = 'x' WHERE id = 5": "uses shout()",
+        "UPDATE contacts SET status = ('{6}'::evil_int[])::text WHERE id = 6": "uses domain evil_int",
+        "SELECT '{1}'::evil_int[]": "uses domain evil_int",
+        "WITH k AS (SELECT 4 AS id), d AS (DELETE FROM notes WHERE false RETURNING 1) "
+        "UPDATE contacts c SET status = 'k' FROM k WHERE c.id = k.id AND c.shout = 1": "using shout()",
+        "UPDATE contacts c SET (status, email) = (SELECT 's', 'e') FROM (SELECT 11 AS id) AS "
+        "undo_capture_set_0 WHERE c.id = undo_capture_set_0.id AND c.shout = 1":
+            "PostgreSQL could not be asked",
+        "UPDATE contacts c SET (status, email) = (SELECT name, email) WHERE name = 'Contact 10' "
+        "AND c.shout = 1": "uses shout()",
+        f"INSERT INTO contacts (id, name, email, status) VALUES (5999, 'n', 'e@x', "
+        f"(SELECT c.shout::text FROM contacts c WHERE id = 1)), {many}": "uses shout()",
+        "UPDATE contacts c SET status = 'deep' WHERE id = 8 AND " + " + ".join(["1"] * 300) + " > 0":
+            "PostgreSQL could not be asked",
+        "DELETE FROM companies WHERE id = 500": "also changes rows of public.kid (it inherits from "
+                                                "public.companies)"})
+    assert pg_rows(recorder_url, "SELECT count(*), count(*) FILTER (WHERE status <> 'active' AND status <> "
+                   "'lead') FROM contacts") == [(CONTACTS, 0)]
+    assert pg_rows(recorder_url, "SELECT count(*) FROM kid") == [(1,)]
+    for sql in ("SELECT 'a@b'::email_t", "UPDATE contacts SET email = 'z@x'::email_t WHERE id = 1"):
+        assert not call(recorder, token, "crm__execute_sql", {"sql": sql}).is_error, sql
+        assert step_of(sql).reversibility in ("read_only", "compensate"), sql
+
+
+@needs_postgres
+@needs_node
 def test_a_call_read_as_a_read_that_changed_rows_is_recorded_as_the_rows_say_and_flagged(
         dbhub_postgres, recorder, admin_user):
     """An admin vouched for a function that lies: the statements read as a read; the capture kept the rows
